@@ -1,0 +1,130 @@
+"""Typed schema of a run, registered in Hydra's ConfigStore.
+
+`conf/config.yaml` starts from `run_schema`, so every group file (backend/, model/, ...) is merged into
+these dataclasses: a misspelt key or a wrong type fails in Hydra with its own message, before any rank
+starts. Group files hold only what differs from the defaults here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class BackendConfig:
+    name: str = MISSING
+    family: str = MISSING  # ddp | fsdp | deepspeed: picks the strategy module
+    zero_stage: int = 0  # deepspeed only
+    # FSDP2: True = FULL_SHARD (free gathered params after forward); False = SHARD_GRAD_OP (ZeRO-2 analogue)
+    reshard_after_forward: bool = True
+    offload_optimizer: bool = False  # deepspeed: optimizer state and step on the CPU
+    offload_params: bool = False  # deepspeed stage 3: parameters on the CPU
+    bucket_elements: int = 0  # gradient bucket (DDP bucket_cap, DeepSpeed reduce/allgather); 0 = min(25M, params)
+    deepspeed: Dict[str, Any] = field(default_factory=dict)  # extra DeepSpeed JSON keys, merged last
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    family: str = MISSING  # llama | gpt2
+    vocab_size: int = 256
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: Optional[int] = None  # llama GQA; None = num_heads
+    intermediate_size: Optional[int] = None  # None = the family's default (4h for gpt2)
+    max_positions: int = 1024
+    tie_embeddings: bool = False
+    rope_theta: float = 10000.0
+    # host: build the full model on every rank; meta: build on the meta device and materialise shards only
+    # (FSDP) or partition at construction (deepspeed.zero.Init, ZeRO-3); auto: meta when the backend allows
+    # it and the model has more than `meta_above_params` parameters.
+    init: str = "auto"
+    meta_above_params: int = 500_000_000
+    pretrained_path: Optional[str] = None  # local directory for from_pretrained; nothing is downloaded
+
+
+@dataclass
+class ParallelismConfig:
+    name: str = MISSING
+    device: str = "cpu"  # cpu (gloo) | cuda (nccl)
+    nproc_per_node: int = 2
+    nnodes: int = 1
+    micro_batch: int = 2
+    grad_accum: int = 1
+    seq_len: int = 64
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 20
+    warmup_steps: int = 5  # excluded from every timing and peak-memory figure
+    seed: int = 0
+    precision: str = "fp32"  # fp32 | bf16 | fp16; master weights and optimizer state stay fp32 everywhere
+    activation_checkpointing: bool = False
+    on_nonfinite: str = "stop"  # stop: a NaN/inf loss ends the run as failed | continue
+    measure_flops: bool = True  # count FLOPs once with FlopCounterMode on a meta-device copy
+
+
+@dataclass
+class OptimConfig:
+    """AdamW, with the same hyperparameters in every backend."""
+
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+
+
+@dataclass
+class DataConfig:
+    name: str = "stdlib"  # stdlib: the Python standard library's source, byte-level; synthetic: random tokens
+    max_corpus_bytes: int = 16_000_000
+
+
+@dataclass
+class LoggerConfig:
+    mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
+    project: str = "shardbench"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class DistConfig:
+    timeout_s: int = 300  # collective timeout: a hung peer turns into a `timeout` result after this long
+    master_port: int = 0  # 0 = pick a free port
+
+
+@dataclass
+class PathsConfig:
+    root: str = "results"  # every run and sweep dir lives under here
+
+
+@dataclass
+class SweepConfig:
+    name: str = "adhoc"  # sweep dir name under <root>/sweeps/, and the W&B group
+
+
+@dataclass
+class RunConfig:
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="run_schema", node=RunConfig)

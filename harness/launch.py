@@ -1,0 +1,122 @@
+"""Start the ranks of one run with torchrun, wait, and turn what happened into a summary.
+
+torchrun runs in its own process group, so the parent can always stop every rank it started: on success
+(stragglers), on failure, and on Ctrl-C. torchrun itself stops the surviving ranks when one fails. Its
+output goes to `<run_dir>/launcher.log`, each rank's outcome to `<run_dir>/ranks/rank<R>.json`.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import results
+
+REPO = Path(__file__).resolve().parent.parent
+# Worst first: the status of a failed run is the worst any rank reported.
+SEVERITY = {"oom": 0, "timeout": 1, "failed": 2, "killed": 3, "terminated": 4, "ok": 5}
+
+
+def rank_env(cfg) -> dict:
+    env = dict(os.environ)
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if cfg.parallelism.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # one core per rank: ranks that oversubscribe cores time each other, not the strategy
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.parallelism.nproc_per_node))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("WANDB_SILENT", "true")
+    return env
+
+
+def torchrun_cmd(cfg, run_dir: Path) -> list[str]:
+    par = cfg.parallelism
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={par.nproc_per_node}",
+           "--max-restarts=0", "--monitor-interval=0.2"]
+    if par.nnodes == 1:
+        cmd.append("--standalone")
+    else:
+        # multi-node: every node runs this with its own node rank; the first node hosts the rendezvous
+        node_rank = os.environ.get("SHARDBENCH_NODE_RANK", os.environ.get("SLURM_NODEID", "0"))
+        master = os.environ.get("SHARDBENCH_MASTER_ADDR", "127.0.0.1")
+        port = cfg.dist.master_port or 29500
+        cmd += [f"--nnodes={par.nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={master}:{port}", f"--rdzv-id={run_dir.name}"]
+    return cmd + ["-m", "harness.worker", str(run_dir)]
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the whole process group, then SIGKILL whatever is left after `grace_s`."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.time() + wait_s
+        while time.time() < deadline:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def exit_codes(log_text: str) -> dict[int, int]:
+    """Per-rank exit codes from torchrun's failure report (`rank: R ... exitcode: C`)."""
+    found = {}
+    for m in re.finditer(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", log_text):
+        found[int(m.group(1))] = int(m.group(2))
+    return found
+
+
+def failure_summary(identity: dict, run_dir: Path, world: int, returncode: int) -> dict:
+    log = (run_dir / "launcher.log").read_text(errors="replace") if (run_dir / "launcher.log").exists() else ""
+    codes = exit_codes(log)
+    outcomes = []
+    for rank in range(world):
+        o = results.read_json(run_dir / "ranks" / f"rank{rank}.json")
+        if o is None:
+            code = codes.get(rank)
+            how = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+            o = {"rank": rank, "status": "killed",
+                 "reason": f"exited without a report ({how if code is not None else 'killed by a signal?'})"}
+        outcomes.append(o)
+    worst = min(outcomes, key=lambda o: SEVERITY.get(o["status"], 2))
+    status = worst["status"] if worst["status"] in ("oom", "timeout") else "failed"
+    if worst["status"] == "ok":
+        reason = f"launcher exited with code {returncode} after every rank reported ok"
+    else:
+        reason = f"rank {worst['rank']} {worst['status']}: {worst.get('error', '')} {worst.get('reason', '')}"
+    return {**identity, "status": status, "reason": " ".join(reason.split()), "figures": {}, "ranks": outcomes}
+
+
+def launch(cfg, run_dir: Path, identity: dict) -> dict:
+    """Run the ranks to completion and return the run's summary (also written to summary.json)."""
+    run_dir = Path(run_dir)
+    (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    world = cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes
+    with open(run_dir / "launcher.log", "w") as log:
+        proc = subprocess.Popen(torchrun_cmd(cfg, run_dir), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=rank_env(cfg), start_new_session=True)
+        try:
+            returncode = proc.wait()
+        except BaseException:  # Ctrl-C or a kill of the parent: no rank may outlive it
+            _stop_group(proc)
+            proc.wait()
+            interrupted = {**identity, "status": "failed", "reason": "interrupted (SIGINT) before the run ended",
+                           "figures": {}}
+            results.write_json(run_dir / "summary.json", interrupted)
+            raise
+        finally:
+            _stop_group(proc, grace_s=2.0)
+    summary = results.read_json(run_dir / "summary.json")
+    if returncode == 0 and summary and summary.get("status") == "ok":
+        return summary
+    summary = failure_summary(identity, run_dir, world, returncode)
+    results.write_json(run_dir / "summary.json", summary)
+    return summary

@@ -1,0 +1,100 @@
+"""Where per-step metrics go: metrics.jsonl (one flushed line per step) and W&B.
+
+`open_sink(None, None)` returns a sink with the same methods that does nothing, so the loop never asks
+whether logging is on (the DummyWandb idea from nanoGPT). W&B failures never fail a run: the run trains
+and writes its local results, and a warning says why.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+
+class NullSink:
+    def log(self, record: dict) -> None:
+        pass
+
+    def summary(self, figures: dict) -> None:
+        pass
+
+    def finish(self, ok: bool = True) -> None:
+        pass
+
+
+def wandb_mode(requested: str) -> str:
+    """auto -> online when an API key is configured (env or netrc), else offline."""
+    if requested != "auto":
+        return requested
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        import netrc
+
+        if netrc.netrc().authenticators("api.wandb.ai"):
+            return "online"
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return "offline"
+
+
+def run_name(cfg) -> str:
+    return f"{cfg.backend.name}-{cfg.model.name}-n{cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes}-{cfg.train.precision}"
+
+
+class Sink(NullSink):
+    def __init__(self, cfg, run_dir: Path):
+        self.file = open(Path(run_dir) / "metrics.jsonl", "a", buffering=1)
+        self.wandb = None
+        mode = wandb_mode(cfg.logger.mode)
+        if mode == "disabled":
+            return
+        try:
+            import wandb
+
+            self.wandb = wandb.init(
+                project=cfg.logger.project,
+                entity=cfg.logger.entity,
+                group=cfg.logger.group or cfg.sweep.name,
+                name=run_name(cfg),
+                tags=[cfg.backend.name, cfg.model.name, cfg.train.precision,
+                      f"world{cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes}", *cfg.logger.tags],
+                config=OmegaConf.to_container(cfg, resolve=True),
+                dir=str(run_dir),
+                mode=mode,
+                settings=wandb.Settings(silent=True, console="off", init_timeout=60),
+            )
+        except Exception as exc:  # noqa: BLE001 - an unreachable W&B must not fail the run
+            warnings.warn(f"W&B disabled for this run ({mode}): {type(exc).__name__}: {exc}", stacklevel=2)
+            print(f"warning: W&B unavailable, local results only: {exc}", file=sys.stderr)
+            self.wandb = None
+
+    def _wandb(self, fn, *args, **kw) -> None:
+        if self.wandb is None:
+            return
+        try:
+            fn(*args, **kw)
+        except Exception as exc:  # noqa: BLE001
+            print(f"warning: W&B call failed, continuing without it: {exc}", file=sys.stderr)
+            self.wandb = None
+
+    def log(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        self._wandb(lambda: self.wandb.log({f"train/{k}": v for k, v in record.items() if k != "step"},
+                                           step=record["step"]))
+
+    def summary(self, figures: dict) -> None:
+        self._wandb(lambda: self.wandb.summary.update(figures))
+
+    def finish(self, ok: bool = True) -> None:
+        self.file.close()
+        self._wandb(lambda: self.wandb.finish(exit_code=0 if ok else 1))
+
+
+def open_sink(cfg, run_dir):
+    return NullSink() if cfg is None else Sink(cfg, run_dir)

@@ -1,0 +1,92 @@
+"""The one training loop. It never asks which backend it runs: everything backend-specific is behind the
+Strategy interface (harness/strategies/base.py).
+
+Measurement, per step (see metrics.py for each probe):
+- Step time runs from the start of one step to the start of the next, after a device synchronisation, so
+  it includes everything the loop does (data, forward, backward, step, logging), not only the kernels.
+- Steps before `train.warmup_steps` are recorded but excluded from every timing and peak figure. The peak
+  counters (CUDA allocator peaks, the kernel's RSS high-water mark) are reset when the timed window opens.
+- Model-state bytes are counted from the tensors each rank holds on the first timed step, after backward
+  and before the optimizer step, when parameters, gradients and optimizer states are all alive.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from . import metrics
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+@dataclass
+class LoopResult:
+    records: List[dict] = field(default_factory=list)
+    timed_step_s: List[float] = field(default_factory=list)
+    model_states: Dict[str, int] = field(default_factory=dict)
+    host_peak_bytes: int = 0
+    host_peak_reset: bool = False
+    device: Dict[str, int] = field(default_factory=dict)
+
+
+def train(model, strategy, batches, cfg, device, sink, hooks=None) -> LoopResult:
+    """Run `train.steps` optimizer steps. `sink.log(record)` receives one dict per step (rank 0 writes it)."""
+    steps, warmup = cfg.train.steps, cfg.train.warmup_steps
+    ga, world = cfg.parallelism.grad_accum, strategy.world_size
+    tokens_per_step = cfg.parallelism.micro_batch * ga * world * cfg.parallelism.seq_len
+    result = LoopResult()
+    metrics.device_sync(device)
+    started = time.perf_counter()
+    for step in range(steps):
+        if step == warmup:
+            result.host_peak_reset = metrics.reset_host_peak()
+            metrics.reset_device_peak(device)
+        if hooks:
+            hooks.before_step(step)
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(ga):
+            inputs, targets = batches.get(step, micro)
+            with strategy.sync_context(last=micro == ga - 1):
+                with strategy.autocast():
+                    logits = model(input_ids=inputs).logits
+                loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+                if hooks:
+                    loss = hooks.on_loss(step, loss)
+                strategy.backward(loss)
+            loss_sum += loss.detach()
+        if step == warmup:
+            result.model_states = strategy.model_state_bytes()
+        grad_norm = strategy.step()
+        # one scalar collective per step: the global mean loss over all ranks and micro-batches
+        dist.all_reduce(loss_sum)
+        loss_value = loss_sum.item() / (ga * world)
+        if not math.isfinite(loss_value) and cfg.train.on_nonfinite == "stop":
+            raise NonFiniteLoss(f"non-finite loss at step {step}")
+        metrics.device_sync(device)
+        now = time.perf_counter()
+        step_s, started = now - started, now
+        record = {
+            "step": step,
+            "loss": loss_value,
+            "grad_norm": float(grad_norm),
+            "step_time_s": step_s,
+            "tokens_per_s": tokens_per_step / step_s,
+            "warmup": step < warmup,
+        }
+        if step >= warmup:
+            result.timed_step_s.append(step_s)
+        result.records.append(record)
+        sink.log(record)
+        if hooks:
+            hooks.after_step(step, result)
+    result.host_peak_bytes = metrics.host_peak_bytes()
+    result.device = metrics.device_memory(device)
+    return result

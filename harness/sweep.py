@@ -1,0 +1,103 @@
+"""The side-by-side table of a sweep. A Hydra callback builds it when a multirun ends; `python -m
+harness.sweep <sweep_dir>` rebuilds it from the run dirs at any time.
+
+Every run dir with a summary.json is a row, whatever its status: a failed run is a row, not a gap.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from pathlib import Path
+from typing import List
+
+from hydra.experimental.callback import Callback
+
+from . import results
+
+# (header, how to get it from a summary, format)
+COLUMNS = [
+    ("backend", lambda s: s.get("backend", "?"), "{}"),
+    ("status", lambda s: s.get("status", "?"), "{}"),
+    ("tokens/s", lambda s: s["figures"].get("throughput/tokens_per_s"), "{:,.0f}"),
+    ("step p50 ms", lambda s: _ms(s["figures"].get("throughput/step_time_p50_s")), "{:.1f}"),
+    ("peak mem MiB", lambda s: _mib(s["figures"].get("memory/peak_mem_bytes")), "{:,.0f}"),
+    ("model states MiB/rank", lambda s: _mib(s["figures"].get("memory/model_states_total_bytes_max")), "{:.3f}"),
+    ("final loss", lambda s: s["figures"].get("loss/final_loss"), "{:.5f}"),
+    ("optimizer", lambda s: s.get("optimizer", ""), "{}"),
+]
+
+
+def _ms(x):
+    return None if x is None else 1e3 * x
+
+
+def _mib(x):
+    return None if x is None else x / 2**20
+
+
+def collect(sweep_dir: Path) -> List[dict]:
+    rows = []
+    for path in sorted(Path(sweep_dir).glob("*/summary.json")):
+        summary = results.read_json(path)
+        if summary is None:  # unreadable: still a row
+            summary = {"status": "failed", "reason": "summary.json unreadable"}
+        summary.setdefault("figures", {})
+        summary["run_dir"] = path.parent.name
+        rows.append(summary)
+    return rows
+
+
+def cells(summary: dict) -> List[str]:
+    out = []
+    for _, get, fmt in COLUMNS:
+        value = get(summary)
+        out.append("" if value is None else fmt.format(value))
+    return out
+
+
+def write_tables(sweep_dir: Path, rows: List[dict]) -> str:
+    """summary.csv (every figure of every run) and summary.md (the side-by-side table); returns the md."""
+    figure_keys = sorted({k for r in rows for k in r["figures"]})
+    ident = ["run_dir", "status", "reason", "backend", "model", "world_size", "precision", "params", "optimizer"]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=ident + figure_keys, extrasaction="ignore")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({**{k: r.get(k, "") for k in ident}, **r["figures"]})
+    results.write_text(sweep_dir / "summary.csv", buf.getvalue())
+    lines = ["| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
+    failed = [f"- {r.get('backend')}: {r.get('status')}: {r.get('reason')}" for r in rows if r.get("status") != "ok"]
+    md = "\n".join(lines) + ("\n\nNot ok:\n" + "\n".join(failed) if failed else "") + "\n"
+    results.write_text(sweep_dir / "summary.md", md)
+    return md
+
+
+def print_table(rows: List[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="shardbench: side by side (timed window, warm-up excluded)")
+    for header, _, _ in COLUMNS:
+        table.add_column(header, justify="left" if header in ("backend", "status", "optimizer") else "right")
+    for r in rows:
+        table.add_row(*cells(r))
+    Console(file=sys.stdout, width=160).print(table)
+
+
+def build(sweep_dir: Path) -> List[dict]:
+    rows = collect(sweep_dir)
+    write_tables(Path(sweep_dir), rows)
+    print_table(rows)
+    print(f"wrote {sweep_dir}/summary.csv and summary.md")
+    return rows
+
+
+class SweepTable(Callback):
+    def on_multirun_end(self, config, **kwargs) -> None:
+        build(Path(config.hydra.sweep.dir))
+
+
+if __name__ == "__main__":
+    build(Path(sys.argv[1]))

@@ -1,0 +1,132 @@
+"""Entry point: `python -m harness.train [overrides]` (add `-m` for a Hydra multirun).
+
+In this one process: compose the config (Hydra), validate it, create the run dir with the resolved
+config and env.json, then start the ranks with torchrun and wait. A single run exits non-zero when it
+fails; inside a multirun a failed or invalid run is a recorded row and the sweep goes on.
+"""
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from . import config, launch, models, results, validate
+
+config.register()
+
+# Only these environment variables are recorded: secrets (API keys, tokens) never reach a run dir.
+ENV_WHITELIST = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TORCH_EXTENSIONS_DIR", "WANDB_MODE",
+                 "WANDB_PROJECT", "SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NTASKS", "NCCL_DEBUG")
+MIN_FREE_BYTES = 50 * 2**20
+
+
+def device_name(cfg) -> str:
+    if cfg.parallelism.device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cuda (unavailable)"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"cpu: {line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return f"cpu: {platform.processor()} ({os.cpu_count()} cores)"
+
+
+def environment(cfg) -> dict:
+    def version(pkg):
+        try:
+            return md.version(pkg)
+        except md.PackageNotFoundError:
+            return None
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=launch.REPO, capture_output=True, text=True,
+                                timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "deepspeed": version("deepspeed"),
+        "transformers": version("transformers"),
+        "hydra-core": version("hydra-core"),
+        "wandb": version("wandb"),
+        "device": device_name(cfg),
+        "host": platform.node(),
+        "git_commit": commit,
+        "env": {k: os.environ[k] for k in ENV_WHITELIST if k in os.environ},
+    }
+
+
+def check_run_dir(run_dir: Path, root: str) -> None:
+    """The run dir must sit under paths.root, be writable, and have room for results."""
+    root_path = Path(root).resolve()
+    if not run_dir.resolve().is_relative_to(root_path):
+        raise validate.ConfigError(f"hydra.run.dir={run_dir}: outside paths.root={root}; set paths.root to a "
+                                   "parent of the run dir, or drop the override")
+    if not os.access(run_dir, os.W_OK):
+        raise validate.ConfigError(f"run dir {run_dir}: not writable; set paths.root to a writable directory")
+    free = shutil.disk_usage(run_dir).free
+    if free < MIN_FREE_BYTES:
+        raise validate.ConfigError(f"run dir {run_dir}: only {free // 2**20} MiB free; free disk space or set "
+                                   "paths.root elsewhere")
+
+
+def identity(cfg) -> dict:
+    par = cfg.parallelism
+    return {"backend": cfg.backend.name, "model": cfg.model.name, "world_size": par.nproc_per_node * par.nnodes,
+            "precision": cfg.train.precision, "params": models.param_count(cfg.model)["total"]}
+
+
+def run_one(cfg: DictConfig) -> dict:
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    in_sweep = hc.mode == RunMode.MULTIRUN
+    try:
+        validate.check(cfg)
+        check_run_dir(run_dir, cfg.paths.root)
+    except validate.ConfigError as err:
+        if not in_sweep:
+            print(f"shardbench: invalid config: {err}", file=sys.stderr)
+            sys.exit(2)
+        summary = {"status": "invalid", "reason": str(err), "backend": cfg.backend.name, "model": cfg.model.name,
+                   "figures": {}}
+        results.write_json(run_dir / "summary.json", summary)
+        return summary
+    results.write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    results.write_json(run_dir / "env.json", environment(cfg))
+    summary = launch.launch(cfg, run_dir, identity(cfg))
+    print(one_line(summary, run_dir), flush=True)
+    if not in_sweep and summary["status"] != "ok":
+        sys.exit(1)
+    return summary
+
+
+def one_line(summary: dict, run_dir: Path) -> str:
+    f = summary.get("figures", {})
+    if summary["status"] != "ok":
+        return f"[{summary['status']}] {summary.get('backend')}: {summary.get('reason')} ({run_dir})"
+    return (f"[ok] {summary['backend']} {summary['model']} x{summary['world_size']} {summary['precision']}: "
+            f"{f['throughput/tokens_per_s']:.0f} tok/s, p50 step {f['throughput/step_time_p50_s'] * 1e3:.1f} ms, "
+            f"peak {f['memory/peak_mem_bytes'] / 2**20:.0f} MiB, final loss {f['loss/final_loss']:.4f} ({run_dir})")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> dict:
+    return run_one(cfg)
+
+
+if __name__ == "__main__":
+    main()

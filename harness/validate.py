@@ -1,0 +1,118 @@
+"""Rules a composed config must satisfy before any rank starts. Hydra's structured schema already rejects
+unknown groups, misspelt keys and wrong types; these rules catch what types cannot: values that are out of
+range, combinations that cannot work, and requests the machine cannot serve.
+
+Each violation is one line that names the key, the problem and the fix.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, List
+
+CHOICES = {
+    "backend.family": ("ddp", "fsdp", "deepspeed"),
+    "model.family": ("llama", "gpt2"),
+    "model.init": ("auto", "host", "meta"),
+    "parallelism.device": ("cpu", "cuda"),
+    "train.precision": ("fp32", "bf16", "fp16"),
+    "train.on_nonfinite": ("stop", "continue"),
+    "data.name": ("stdlib", "synthetic"),
+    "logger.mode": ("auto", "online", "offline", "disabled"),
+}
+
+POSITIVE = ("train.steps", "parallelism.micro_batch", "parallelism.grad_accum", "parallelism.seq_len",
+            "parallelism.nproc_per_node", "parallelism.nnodes", "dist.timeout_s", "model.vocab_size",
+            "model.hidden_size", "model.num_layers", "model.num_heads", "model.max_positions")
+
+
+class ConfigError(ValueError):
+    """An invalid config; str(err) is the one line shown to the user."""
+
+
+def _get(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[str]:
+    """Every violated rule, as `key=value: problem; fix`."""
+    out: List[str] = []
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            out.append(f"{key}={value}: unknown value; use one of {', '.join(allowed)}")
+    for key in POSITIVE:
+        value = _get(cfg, key)
+        if value <= 0:
+            out.append(f"{key}={value}: must be positive; set {key} to 1 or more")
+    if cfg.backend.bucket_elements < 0:
+        out.append(f"backend.bucket_elements={cfg.backend.bucket_elements}: must be >= 0 (0 = automatic)")
+    if out:
+        return out  # the rules below assume values of the right kind
+
+    t, par, b, m = cfg.train, cfg.parallelism, cfg.backend, cfg.model
+    if not 0 <= t.warmup_steps < t.steps:
+        out.append(f"train.warmup_steps={t.warmup_steps}: must be >= 0 and below train.steps={t.steps}, "
+                   "or no step is timed; lower it or raise train.steps")
+    if par.seq_len > m.max_positions:
+        out.append(f"parallelism.seq_len={par.seq_len}: longer than model {m.name}'s {m.max_positions} positions;"
+                   f" use parallelism.seq_len<={m.max_positions}")
+    if m.hidden_size % m.num_heads:
+        out.append(f"model.num_heads={m.num_heads}: does not divide model.hidden_size={m.hidden_size}; "
+                   "pick a divisor")
+    if m.num_kv_heads and m.num_heads % m.num_kv_heads:
+        out.append(f"model.num_kv_heads={m.num_kv_heads}: must divide model.num_heads={m.num_heads}")
+
+    # precision and devices
+    if t.precision == "fp16" and par.device == "cpu":
+        out.append("train.precision=fp16: not supported on CPU (DeepSpeed and CPU autocast refuse it); "
+                   "use train.precision=bf16 or fp32")
+    if par.device == "cuda":
+        have = cuda_devices()
+        if par.nproc_per_node > have:
+            out.append(f"parallelism.nproc_per_node={par.nproc_per_node}: more ranks than the {have} CUDA "
+                       f"device(s) here; use parallelism.nproc_per_node<={have} or parallelism=cpu2")
+    elif par.nproc_per_node > (os.cpu_count() or 1):
+        out.append(f"parallelism.nproc_per_node={par.nproc_per_node}: more CPU ranks than the "
+                   f"{os.cpu_count()} cores here; use parallelism.nproc_per_node<={os.cpu_count()}")
+    world = par.nproc_per_node * par.nnodes
+
+    # backend combinations
+    if b.family != "deepspeed":
+        for key in ("offload_optimizer", "offload_params"):
+            if b[key]:
+                out.append(f"backend.{key}=true: offload is a DeepSpeed option, not {b.name}'s; "
+                           "use backend=ds_zero2_offload or ds_zero3_offload")
+        if b.zero_stage:
+            out.append(f"backend.zero_stage={b.zero_stage}: only DeepSpeed backends have ZeRO stages")
+        if b.deepspeed:
+            out.append(f"backend.deepspeed: pass-through keys need a DeepSpeed backend, not {b.name}")
+    else:
+        if b.zero_stage not in (0, 1, 2, 3):
+            out.append(f"backend.zero_stage={b.zero_stage}: DeepSpeed has stages 0-3")
+        if b.offload_params and b.zero_stage != 3:
+            out.append(f"backend.offload_params=true: parameter offload needs ZeRO stage 3, not "
+                       f"{b.zero_stage}; use backend=ds_zero3_offload")
+        if b.offload_optimizer and b.zero_stage == 0:
+            out.append("backend.offload_optimizer=true: optimizer offload needs ZeRO stage 1-3")
+        from .strategies.deepspeed import conflicts
+
+        for c in conflicts(cfg, world):
+            out.append(f"backend.deepspeed.{c}: contradicts the harness config; remove the key and set the "
+                       "harness's own option instead (parallelism.*, optim.grad_clip, train.precision)")
+    return out
+
+
+def check(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> None:
+    found = problems(cfg, cuda_devices)
+    if found:
+        more = f" (and {len(found) - 1} more: {'; '.join(found[1:])})" if len(found) > 1 else ""
+        raise ConfigError(found[0] + more)
