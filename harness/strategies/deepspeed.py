@@ -11,8 +11,14 @@ import copy
 from typing import Any, Dict
 
 import torch
+from omegaconf import OmegaConf
 
 from .base import Strategy, bucket_elements, tensors_in
+
+
+def pass_through(cfg) -> Dict[str, Any]:
+    """The user's extra DeepSpeed keys as plain dicts (OmegaConf nodes do not pass isinstance(dict))."""
+    return OmegaConf.to_container(cfg.backend.deepspeed, resolve=True) if cfg.backend.deepspeed else {}
 
 
 def deep_merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
@@ -62,7 +68,7 @@ def ds_config(cfg, world_size: int) -> Dict[str, Any]:
     if cfg.train.precision == "bf16":
         # accumulate and reduce gradients in fp32, as the torch backends do
         base["data_types"] = {"grad_accum_dtype": "fp32"}
-    return deep_merge(base, dict(b.deepspeed))
+    return deep_merge(base, pass_through(cfg))
 
 
 def conflicts(cfg, world_size: int) -> list[str]:
@@ -78,7 +84,7 @@ def conflicts(cfg, world_size: int) -> list[str]:
             elif value != ours[key]:
                 found.append(".".join(path + [key]) + f"={value!r} (the harness sets {ours[key]!r})")
 
-    walk(harness_keys(cfg, world_size), dict(cfg.backend.deepspeed), [])
+    walk(harness_keys(cfg, world_size), pass_through(cfg), [])
     return found
 
 

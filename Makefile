@@ -1,0 +1,47 @@
+# shardbench: `make help` lists every target. The first target that needs the environment creates it.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+LOCK ?= requirements/cpu.lock
+STAMP := $(VENV)/.installed-$(notdir $(LOCK))
+OPS_STAMP := .cache/torch_extensions/.warm
+ARGS ?=
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+
+.DEFAULT_GOAL := help
+.PHONY: help install warm demo compare run test clean lock
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## create .venv with the pinned CPU stack (torch 2.13.0 CPU; never the CUDA build)
+$(STAMP): pyproject.toml $(LOCK)
+	test -x $(PY) || python3 -m venv $(VENV)
+	# torch first, pinned, so that no later requirement can pull the multi-GB CUDA build
+	$(PY) -m pip install -q -c $(LOCK) torch==2.13.0
+	$(PY) -m pip install -q -c $(LOCK) -e '.[dev]'
+	touch $@
+
+warm: $(OPS_STAMP) ## build DeepSpeed's JIT ops once into .cache/torch_extensions (~2 min per op, first time only)
+$(OPS_STAMP): | $(STAMP)
+	$(PY) -m harness.warm_ops
+	touch $@
+
+demo: install warm ## the main job: every backend trains tiny_llama on 2 CPU ranks; prints the side-by-side table
+	$(PY) -m harness.train experiment=compare_all $(ARGS)
+	mkdir -p results/demo && cp results/sweeps/compare_all/summary.{md,csv} results/demo/
+
+compare: demo ## alias of demo: every backend, side by side
+
+run: install warm ## one run: make run ARGS="backend=ds_zero3 model=tiny_gpt2"
+	$(PY) -m harness.train $(ARGS)
+
+test: install warm ## the test suite: unit tests and real 2-rank runs of every backend (gloo, CPU)
+	$(PY) -m pytest $(ARGS)
+
+lock: ## re-pin requirements/cpu.lock from the current .venv
+	{ echo "# Exact versions CI and the CPU install use (pip constraints). Regenerate with: make lock"; \
+	  $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//'; } > $(LOCK)
+
+clean: ## remove raw run and sweep dirs (curated results/ files stay)
+	rm -rf results/runs results/sweeps outputs multirun

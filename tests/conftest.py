@@ -1,0 +1,54 @@
+"""Shared helpers: run the real CLI (`python -m harness.train`) in a subprocess, as a user would."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BACKENDS = ["ddp", "fsdp", "fsdp_grad_op", "ds_zero1", "ds_zero2", "ds_zero3", "ds_zero2_offload",
+            "ds_zero3_offload"]
+FAST = ["logger=none", "train.steps=5", "train.warmup_steps=2"]
+
+
+def cli(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+    return subprocess.run([sys.executable, "-m", "harness.train", *overrides], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def sweep(root: Path, name: str, *overrides: str) -> dict:
+    """Run every backend as one Hydra multirun; return {backend: (summary, per-step records)}."""
+    proc = cli("-m", f"backend={','.join(BACKENDS)}", f"paths.root={root}", f"sweep.name={name}", *FAST,
+               *overrides, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = {}
+    for summary_path in (root / "sweeps" / name).glob("*/summary.json"):
+        summary = json.loads(summary_path.read_text())
+        metrics_path = summary_path.parent / "metrics.jsonl"
+        records = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+        out[summary["backend"]] = (summary, records, summary_path.parent)
+    return out
+
+
+@pytest.fixture(scope="session")
+def fp32_runs(tmp_path_factory):
+    """Every backend, tiny_llama, fp32, grad_accum 1."""
+    return sweep(tmp_path_factory.mktemp("fp32"), "fp32", "model=tiny_llama")
+
+
+@pytest.fixture(scope="session")
+def accum_runs(tmp_path_factory):
+    """Every backend, tiny_gpt2 (a second family), fp32, grad_accum 2."""
+    return sweep(tmp_path_factory.mktemp("accum"), "accum", "model=tiny_gpt2", "parallelism.grad_accum=2")
+
+
+@pytest.fixture(scope="session")
+def bf16_runs(tmp_path_factory):
+    """Every backend, tiny_llama, bf16."""
+    return sweep(tmp_path_factory.mktemp("bf16"), "bf16", "model=tiny_llama", "train.precision=bf16")

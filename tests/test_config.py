@@ -1,0 +1,74 @@
+"""Configs compose, the typed schema rejects what Hydra can type-check, and the rules reject the rest."""
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import OmegaConfBaseException
+
+from conftest import BACKENDS, REPO
+from harness import config, validate
+
+config.register()
+
+
+def make(*overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def no_cuda():
+    return 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_gpt2", "gpt2_124m", "llama_1b", "llama_7b", "llama_13b"])
+def test_every_backend_and_model_composes_and_validates(backend, model):
+    cfg = make(f"backend={backend}", f"model={model}", "parallelism.seq_len=64")
+    assert cfg.backend.name == backend and cfg.model.name == model
+    assert validate.problems(cfg, no_cuda) == []
+
+
+@pytest.mark.parametrize("override", ["train.stepz=3", "backend.zero_stag=2", "train.steps=three",
+                                      "backend=nope", "model=gpt5"])
+def test_schema_rejects_misspelt_keys_wrong_types_and_unknown_options(override):
+    with pytest.raises((ConfigCompositionException, OmegaConfBaseException)):
+        make(override)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["train.precision=fp16"], "train.precision"),
+    (["train.precision=fp8"], "train.precision"),
+    (["parallelism.nproc_per_node=512"], "parallelism.nproc_per_node"),
+    (["parallelism=gpu1"], "parallelism.nproc_per_node"),
+    (["parallelism.seq_len=4096"], "parallelism.seq_len"),
+    (["train.steps=0"], "train.steps"),
+    (["train.steps=-3"], "train.steps"),
+    (["parallelism.micro_batch=0"], "parallelism.micro_batch"),
+    (["parallelism.grad_accum=0"], "parallelism.grad_accum"),
+    (["train.warmup_steps=20"], "train.warmup_steps"),
+    (["backend=ddp", "backend.offload_optimizer=true"], "backend.offload_optimizer"),
+    (["backend=fsdp", "backend.zero_stage=2"], "backend.zero_stage"),
+    (["backend=ds_zero2", "backend.offload_params=true"], "backend.offload_params"),
+    (["backend=ds_zero2", "+backend.deepspeed.train_batch_size=999"], "backend.deepspeed.train_batch_size"),
+    (["backend=ds_zero3", "+backend.deepspeed.zero_optimization.stage=1"], "zero_optimization.stage"),
+    (["model.num_heads=5"], "model.num_heads"),
+    (["data.name=wikipedia"], "data.name"),
+])
+def test_rules_reject_bad_values_in_one_line_that_names_the_key(overrides, key):
+    cfg = make(*overrides)
+    with pytest.raises(validate.ConfigError) as err:
+        validate.check(cfg, no_cuda)
+    message = str(err.value)
+    assert key in message and "\n" not in message
+
+
+def test_deepspeed_pass_through_keys_that_agree_or_are_new_are_accepted():
+    cfg = make("backend=ds_zero2", "+backend.deepspeed.train_batch_size=4",
+               "+backend.deepspeed.zero_optimization.round_robin_gradients=true")
+    assert validate.problems(cfg, no_cuda) == []
+    from harness.strategies.deepspeed import ds_config
+
+    merged = ds_config(cfg, world_size=2)
+    assert merged["zero_optimization"]["round_robin_gradients"] is True
+    assert merged["zero_optimization"]["stage"] == 2 and merged["train_batch_size"] == 4
