@@ -99,6 +99,8 @@ class DeepSpeedStrategy(Strategy):
         if self.stage == 3 and use_meta:
             import deepspeed
 
+            # zero.Init sizes its partitions from DeepSpeed's comm layer: attach it to our process group first
+            deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
             # parameters are partitioned as each module is constructed: no rank ever holds the full model
             return deepspeed.zero.Init(config_dict_or_path=self.config, dtype=self.dtype)
         return super().init_context(use_meta)
