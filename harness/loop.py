@@ -37,7 +37,7 @@ class LoopResult:
     device: Dict[str, int] = field(default_factory=dict)
 
 
-def train(model, strategy, batches, cfg, device, sink, hooks=None) -> LoopResult:
+def train(model, strategy, batches, cfg, device, sink) -> LoopResult:
     """Run `train.steps` optimizer steps. `sink.log(record)` receives one dict per step (rank 0 writes it)."""
     steps, warmup = cfg.train.steps, cfg.train.warmup_steps
     ga, world = cfg.parallelism.grad_accum, strategy.world_size
@@ -49,8 +49,6 @@ def train(model, strategy, batches, cfg, device, sink, hooks=None) -> LoopResult
         if step == warmup:
             result.host_peak_reset = metrics.reset_host_peak()
             metrics.reset_device_peak(device)
-        if hooks:
-            hooks.before_step(step)
         loss_sum = torch.zeros((), device=device)
         for micro in range(ga):
             inputs, targets = batches.get(step, micro)
@@ -58,8 +56,6 @@ def train(model, strategy, batches, cfg, device, sink, hooks=None) -> LoopResult
                 with strategy.autocast():
                     logits = model(input_ids=inputs).logits
                 loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-                if hooks:
-                    loss = hooks.on_loss(step, loss)
                 strategy.backward(loss)
             loss_sum += loss.detach()
         if step == warmup:
@@ -85,8 +81,6 @@ def train(model, strategy, batches, cfg, device, sink, hooks=None) -> LoopResult
             result.timed_step_s.append(step_s)
         result.records.append(record)
         sink.log(record)
-        if hooks:
-            hooks.after_step(step, result)
     result.host_peak_bytes = metrics.host_peak_bytes()
     result.device = metrics.device_memory(device)
     return result

@@ -6,7 +6,6 @@ Metric keys use one scheme everywhere (metrics.jsonl, summary.json, W&B): `group
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Dict, List
 
@@ -135,7 +134,3 @@ def calibrate_matmul_tflops(device: torch.device, precision: str, n: int = 1024)
         device_sync(device)
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best / 1e12
-
-
-def threads() -> int:
-    return int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))

@@ -7,7 +7,9 @@ onto its transformers config class.
 from __future__ import annotations
 
 import contextlib
+from functools import lru_cache
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
@@ -79,7 +81,12 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
 
 def param_count(m) -> dict:
     """Exact parameter counts from a meta-device build: total, embedding (input), and per block."""
-    model = build(m, device="meta")
+    return _param_count(OmegaConf.to_yaml(m))
+
+
+@lru_cache(maxsize=32)
+def _param_count(model_yaml: str) -> dict:
+    model = build(OmegaConf.create(model_yaml), device="meta")
     total = sum(p.numel() for p in model.parameters())
     emb = model.get_input_embeddings().weight.numel()
     per_block = sum(p.numel() for p in blocks(model)[0].parameters())

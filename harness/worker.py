@@ -60,7 +60,7 @@ def run(cfg, run_dir: Path, rank: int, world: int, device: torch.device) -> dict
     model = strategy.setup(model, cfg.optim)
     after_setup = {"host_rss": metrics.host_rss_bytes(), "device_allocated": metrics.device_allocated(device)}
     batches = data.Batches(cfg.data, cfg.parallelism, cfg.model.vocab_size, cfg.train.seed, rank, world, device)
-    sink = open_sink(cfg, run_dir) if rank == 0 else open_sink(None, None)
+    sink = open_sink(cfg if rank == 0 else None, run_dir)  # only rank 0 writes metrics and W&B
     try:
         result = loop.train(model, strategy, batches, cfg, device, sink)
         peak_tflops, peak_source = metrics.device_peak_tflops(device, cfg.train.precision)
