@@ -44,9 +44,8 @@ def fp32_runs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def accum_runs(tmp_path_factory):
-    """Every backend, tiny_gpt2 (a second family), fp32, grad_accum 2, activation checkpointing on."""
-    return sweep(tmp_path_factory.mktemp("accum"), "accum", "model=tiny_gpt2", "parallelism.grad_accum=2",
-                 "train.activation_checkpointing=true")
+    """Every backend, tiny_gpt2 (a second family), fp32, grad_accum 2."""
+    return sweep(tmp_path_factory.mktemp("accum"), "accum", "model=tiny_gpt2", "parallelism.grad_accum=2")
 
 
 @pytest.fixture(scope="session")
