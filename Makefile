@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare run test clean lock
+.PHONY: help install warm demo compare run estimate bench test clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -35,6 +35,12 @@ compare: demo ## alias of demo: every backend, side by side
 
 run: install warm ## one run: make run ARGS="backend=ds_zero3 model=tiny_gpt2"
 	$(PY) -m harness.train $(ARGS)
+
+estimate: install ## predict memory and comm for every backend, no training: make estimate ARGS="model=llama_7b parallelism=gpu8"
+	$(PY) -m harness.estimate $(ARGS)
+
+bench: install warm ## harness overhead: step time vs a hand-written loop (DDP, FSDP, ZeRO-2) -> results/bench/
+	$(PY) -m harness.bench $(ARGS)
 
 test: install warm ## the test suite: unit tests and real 2-rank runs of every backend (gloo, CPU)
 	$(PY) -m pytest $(ARGS)

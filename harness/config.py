@@ -124,6 +124,8 @@ class RunConfig:
     dist: DistConfig = field(default_factory=DistConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    # in a sweep, a run whose dir already holds an ok result for the same resolved config is skipped
+    force: bool = False  # true: run it again anyway
 
 
 def register() -> None:

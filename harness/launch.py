@@ -6,6 +6,7 @@ output goes to `<run_dir>/launcher.log`, each rank's outcome to `<run_dir>/ranks
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -95,6 +96,33 @@ def failure_summary(identity: dict, run_dir: Path, world: int, returncode: int) 
     return {**identity, "status": status, "reason": " ".join(reason.split()), "figures": {}, "ranks": outcomes}
 
 
+def wait_with_progress(proc: subprocess.Popen, cfg, run_dir: Path) -> int:
+    """Wait for torchrun; on a terminal, show a progress bar fed by rank 0's metrics.jsonl (steps, tokens/s)."""
+    if not sys.stdout.isatty():
+        return proc.wait()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    metrics_path, offset = run_dir / "metrics.jsonl", 0
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[rate]}"))
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task(f"{cfg.backend.name} {cfg.model.name}", total=cfg.train.steps, rate="starting")
+        while proc.poll() is None:
+            time.sleep(0.5)
+            if not metrics_path.exists():
+                continue
+            with open(metrics_path) as f:
+                f.seek(offset)
+                chunk = f.read()
+            lines = chunk.split("\n")
+            offset += len(chunk) - len(lines[-1])  # keep a partly written last line for the next poll
+            for line in lines[:-1]:
+                record = json.loads(line)
+                rate = f"{record['throughput/tokens_per_s']:,.0f} tok/s" + (" (warm-up)" if record["warmup"] else "")
+                bar.update(task, completed=record["step"] + 1, rate=rate)
+    return proc.returncode
+
+
 def launch(cfg, run_dir: Path, identity: dict) -> dict:
     """Run the ranks to completion and return the run's summary (also written to summary.json)."""
     run_dir = Path(run_dir)
@@ -104,7 +132,7 @@ def launch(cfg, run_dir: Path, identity: dict) -> dict:
         proc = subprocess.Popen(torchrun_cmd(cfg, run_dir), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=rank_env(cfg), start_new_session=True)
         try:
-            returncode = proc.wait()
+            returncode = wait_with_progress(proc, cfg, run_dir)
         except BaseException:  # Ctrl-C or a kill of the parent: no rank may outlive it
             _stop_group(proc)
             proc.wait()

@@ -85,8 +85,8 @@ class Sink(NullSink):
     def log(self, record: dict) -> None:
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
-        self._wandb(lambda: self.wandb.log({f"train/{k}": v for k, v in record.items() if k != "step"},
-                                           step=record["step"]))
+        # the same keys as metrics.jsonl and summary.json (W&B history per step; its summary, the final figures)
+        self._wandb(lambda: self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"]))
 
     def summary(self, figures: dict) -> None:
         self._wandb(lambda: self.wandb.summary.update(figures))

@@ -7,7 +7,8 @@ Measurement, per step (see metrics.py for each probe):
 - Steps before `train.warmup_steps` are recorded but excluded from every timing and peak figure. The peak
   counters (CUDA allocator peaks, the kernel's RSS high-water mark) are reset when the timed window opens.
 - Model-state bytes are counted from the tensors each rank holds on the first timed step, after backward
-  and before the optimizer step, when parameters, gradients and optimizer states are all alive.
+  and before the optimizer step, when parameters, gradients and optimizer states are all alive. The time
+  the count takes is subtracted from that step.
 """
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ def train(model, strategy, batches, cfg, device, sink) -> LoopResult:
         if step == warmup:
             result.host_peak_reset = metrics.reset_host_peak()
             metrics.reset_device_peak(device)
+            metrics.device_sync(device)
+            started = time.perf_counter()  # the resets are not part of the first timed step
+        probe_s = 0.0
         loss_sum = torch.zeros((), device=device)
         for micro in range(ga):
             inputs, targets = batches.get(step, micro)
@@ -59,7 +63,9 @@ def train(model, strategy, batches, cfg, device, sink) -> LoopResult:
                 strategy.backward(loss)
             loss_sum += loss.detach()
         if step == warmup:
+            probe_started = time.perf_counter()
             result.model_states = strategy.model_state_bytes()
+            probe_s = time.perf_counter() - probe_started  # counting storages is not training: not timed
         grad_norm = strategy.step()
         # one scalar collective per step: the global mean loss over all ranks and micro-batches
         dist.all_reduce(loss_sum)
@@ -68,13 +74,13 @@ def train(model, strategy, batches, cfg, device, sink) -> LoopResult:
             raise NonFiniteLoss(f"non-finite loss at step {step}")
         metrics.device_sync(device)
         now = time.perf_counter()
-        step_s, started = now - started, now
+        step_s, started = now - started - probe_s, now
         record = {
             "step": step,
-            "loss": loss_value,
-            "grad_norm": float(grad_norm),
-            "step_time_s": step_s,
-            "tokens_per_s": tokens_per_step / step_s,
+            "loss/loss": loss_value,
+            "loss/grad_norm": float(grad_norm),
+            "throughput/step_time_s": step_s,
+            "throughput/tokens_per_s": tokens_per_step / step_s,
             "warmup": step < warmup,
         }
         if step >= warmup:

@@ -80,7 +80,7 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
 
 
 def param_count(m) -> dict:
-    """Exact parameter counts from a meta-device build: total, embedding (input), and per block."""
+    """Exact parameter counts from a meta-device build: total, embedding (input), per block, largest tensor."""
     return _param_count(OmegaConf.to_yaml(m))
 
 
@@ -90,7 +90,9 @@ def _param_count(model_yaml: str) -> dict:
     total = sum(p.numel() for p in model.parameters())
     emb = model.get_input_embeddings().weight.numel()
     per_block = sum(p.numel() for p in blocks(model)[0].parameters())
-    return {"total": total, "embedding": emb, "per_block": per_block}
+    # the largest single tensor sizes DeepSpeed's offload staging buffers and ZeRO-3's gathered working set
+    largest = max(p.numel() for p in model.parameters())
+    return {"total": total, "embedding": emb, "per_block": per_block, "largest_param": largest}
 
 
 def init_weights_(model: nn.Module, seed: int) -> None:

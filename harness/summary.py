@@ -1,6 +1,8 @@
 """Turn every rank's figures into one run summary (summary.json, and the W&B run summary).
 
 Keys are `group/name_unit`; identity fields (status, backend, model, ...) sit at the top level.
+Memory figures are measured (`memory/model_states_*_bytes_{max,mean}`) and predicted by memory_model
+(`*_predicted_bytes`, the ZeRO paper's `memory/model_states_paper_bytes`), with `*_error_pct` between them.
 Throughput is computed from the per-step maximum over ranks (the slowest rank sets the pace of a
 synchronous step), over the timed window only.
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Dict, List
 
-from . import metrics
+from . import memory_model, metrics
 
 
 def _over_ranks(values: List[float], key: str) -> Dict[str, float]:
@@ -32,8 +34,8 @@ def figures(cfg, ranks: List[dict], flops: dict) -> dict:
         "throughput/step_time_p90_s": metrics.percentile(step_s, 0.9),
         "throughput/step_time_max_s": max(step_s),
         "throughput/timed_steps": len(step_s),
-        "loss/final_loss": records[-1]["loss"],
-        "loss/first_loss": records[0]["loss"],
+        "loss/final_loss": records[-1]["loss/loss"],
+        "loss/first_loss": records[0]["loss/loss"],
     }
     # FLOPs and MFU (MFU uses the counted FLOPs; the formula is shown beside it)
     if flops.get("counted"):
@@ -64,6 +66,17 @@ def figures(cfg, ranks: List[dict], flops: dict) -> dict:
     for component in ranks[0]["model_states"]:
         out.update(_over_ranks([r["model_states"][component] for r in ranks],
                                f"memory/model_states_{component}_bytes"))
+    # theory beside every measurement: the error is the most-loaded rank against the prediction
+    predicted = memory_model.predict(cfg, world)
+    out.update(predicted)
+    for measured, expected in (("memory/model_states_total_bytes_max", "memory/model_states_predicted_bytes"),
+                               ("memory/model_states_device_bytes_max",
+                                "memory/model_states_device_predicted_bytes"),
+                               ("memory/model_states_host_bytes_max", "memory/model_states_host_predicted_bytes"),
+                               ("memory/model_states_buffers_bytes_max", "memory/buffers_predicted_bytes")):
+        name = expected.replace("predicted_bytes", "error_pct")
+        if measured in out and predicted.get(expected):
+            out[name] = 100 * (out[measured] - predicted[expected]) / predicted[expected]
     return out
 
 

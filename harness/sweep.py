@@ -1,7 +1,8 @@
 """The side-by-side table of a sweep. A Hydra callback builds it when a multirun ends; `python -m
 harness.sweep <sweep_dir>` rebuilds it from the run dirs at any time.
 
-Every run dir with a summary.json is a row, whatever its status: a failed run is a row, not a gap.
+Every run dir with a summary.json is a row, whatever its status: a failed run is a row, not a gap. The
+callback also writes the report (harness/report.py).
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import csv
 import io
 import sys
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 from hydra.experimental.callback import Callback
 
@@ -23,6 +24,8 @@ COLUMNS = [
     ("step p50 ms", lambda s: _ms(s["figures"].get("throughput/step_time_p50_s")), "{:.1f}"),
     ("peak mem MiB", lambda s: _mib(s["figures"].get("memory/peak_mem_bytes")), "{:,.0f}"),
     ("model states MiB/rank", lambda s: _mib(s["figures"].get("memory/model_states_total_bytes_max")), "{:.3f}"),
+    ("predicted", lambda s: _mib(s["figures"].get("memory/model_states_predicted_bytes")), "{:.3f}"),
+    ("error %", lambda s: s["figures"].get("memory/model_states_error_pct"), "{:+.2f}"),
     ("final loss", lambda s: s["figures"].get("loss/final_loss"), "{:.5f}"),
     ("optimizer", lambda s: s.get("optimizer", ""), "{}"),
 ]
@@ -36,6 +39,30 @@ def _mib(x):
     return None if x is None else x / 2**20
 
 
+def flat_config(run_dir: Path) -> Dict[str, object]:
+    """The run's resolved config as dotted keys (empty when the run died before writing it)."""
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        return {}
+    try:
+        import yaml
+
+        tree = yaml.safe_load(path.read_text()) or {}
+    except Exception:  # noqa: BLE001 - a damaged config must not break the table
+        return {}
+    out: Dict[str, object] = {}
+
+    def walk(node, prefix):
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                walk(value, f"{prefix}{key}.")
+            else:
+                out[f"{prefix}{key}"] = value
+
+    walk(tree, "")
+    return out
+
+
 def collect(sweep_dir: Path) -> List[dict]:
     rows = []
     for path in sorted(Path(sweep_dir).glob("*/summary.json")):
@@ -44,8 +71,19 @@ def collect(sweep_dir: Path) -> List[dict]:
             summary = {"status": "failed", "reason": "summary.json unreadable"}
         summary.setdefault("figures", {})
         summary["run_dir"] = path.parent.name
+        summary["config"] = flat_config(path.parent)
         rows.append(summary)
-    return rows
+    order = {"ok": 0}
+    return sorted(rows, key=lambda r: (order.get(r.get("status"), 1), r.get("backend") or "", r["run_dir"]))
+
+
+def varying_keys(rows: List[dict]) -> List[str]:
+    """Config keys whose value differs between runs (what the sweep varies), run dirs and names aside."""
+    keys = sorted({k for r in rows for k in r["config"]})
+    skip = ("paths.", "hydra.", "backend.", "model.")  # a backend or model is varied as a whole: its name says it
+    varying = [k for k in keys if len({repr(r["config"].get(k)) for r in rows}) > 1
+               and (not k.startswith(skip) or k in ("backend.name", "model.name"))]
+    return varying
 
 
 def cells(summary: dict) -> List[str]:
@@ -60,11 +98,13 @@ def write_tables(sweep_dir: Path, rows: List[dict]) -> str:
     """summary.csv (every figure of every run) and summary.md (the side-by-side table); returns the md."""
     figure_keys = sorted({k for r in rows for k in r["figures"]})
     ident = ["run_dir", "status", "reason", "backend", "model", "world_size", "precision", "params", "optimizer"]
+    varying = [k for k in varying_keys(rows) if k not in ("backend.name", "model.name")]
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=ident + figure_keys, extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=ident + varying + figure_keys, extrasaction="ignore")
     writer.writeheader()
     for r in rows:
-        writer.writerow({**{k: r.get(k, "") for k in ident}, **r["figures"]})
+        writer.writerow({**{k: r.get(k, "") for k in ident}, **{k: r["config"].get(k, "") for k in varying},
+                         **r["figures"]})
     results.write_text(sweep_dir / "summary.csv", buf.getvalue())
     lines = ["| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
@@ -87,14 +127,37 @@ def print_table(rows: List[dict]) -> None:
 
 
 def build(sweep_dir: Path) -> List[dict]:
+    from . import report
+
     rows = collect(sweep_dir)
     write_tables(Path(sweep_dir), rows)
     print_table(rows)
-    print(f"wrote {sweep_dir}/summary.csv and summary.md")
+    report.build(Path(sweep_dir))
+    print(f"wrote {sweep_dir}/summary.csv, summary.md, report.md, report.html and plots/")
     return rows
 
 
+def job_count(config) -> int:
+    """How many runs the sweep will launch: the product of every swept override's values."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    overrides += list(config.hydra.overrides.task)  # the command line wins over the experiment's params
+    by_key = {o.key_or_group: o for o in OverridesParser.create().parse_overrides(overrides)}
+    count = 1
+    for override in by_key.values():
+        if override.is_sweep_override():
+            count *= len(list(override.sweep_string_iterator()))
+    return count
+
+
 class SweepTable(Callback):
+    def on_multirun_start(self, config, **kwargs) -> None:
+        try:
+            results.write_text(Path(config.hydra.sweep.dir) / ".jobs", str(job_count(config)))
+        except Exception as exc:  # noqa: BLE001 - a progress count must never stop a sweep
+            print(f"warning: could not count the sweep's runs: {exc}", file=sys.stderr)
+
     def on_multirun_end(self, config, **kwargs) -> None:
         build(Path(config.hydra.sweep.dir))
 

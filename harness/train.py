@@ -84,6 +84,32 @@ def check_run_dir(run_dir: Path, root: str) -> None:
                                    "paths.root elsewhere")
 
 
+def _comparable(cfg) -> dict:
+    out = OmegaConf.to_container(cfg, resolve=True)
+    out.pop("force", None)
+    return out
+
+
+def already_done(run_dir: Path, cfg) -> dict | None:
+    """The earlier ok summary of this run, if it trained the same resolved config and force is off."""
+    if cfg.force:
+        return None
+    summary = results.read_json(run_dir / "summary.json")
+    if not summary or summary.get("status") != "ok" or not (run_dir / "config.yaml").exists():
+        return None
+    try:
+        earlier = OmegaConf.load(run_dir / "config.yaml")
+    except Exception:  # noqa: BLE001 - an unreadable config means: run again
+        return None
+    return summary if _comparable(earlier) == _comparable(cfg) else None
+
+
+def sweep_position(hc) -> str:
+    """`i/n` for the progress line: n is the job count the SweepTable callback recorded at sweep start."""
+    total = (Path(hc.sweep.dir) / ".jobs").read_text().strip() if (Path(hc.sweep.dir) / ".jobs").exists() else "?"
+    return f"{hc.job.num + 1}/{total}"
+
+
 def identity(cfg) -> dict:
     par = cfg.parallelism
     return {"backend": cfg.backend.name, "model": cfg.model.name, "world_size": par.nproc_per_node * par.nnodes,
@@ -105,7 +131,15 @@ def run_one(cfg: DictConfig) -> dict:
                    "figures": {}}
         results.write_json(run_dir / "summary.json", summary)
         return summary
-    results.write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    resolved = OmegaConf.to_yaml(cfg, resolve=True)
+    if in_sweep:
+        print(f"[sweep {sweep_position(hc)}] {cfg.backend.name} {cfg.model.name} -> {run_dir}", flush=True)
+        done = already_done(run_dir, cfg)
+        if done is not None:
+            print(f"[skip] {cfg.backend.name}: ok result with the same config in {run_dir} (force=true reruns it)",
+                  flush=True)
+            return done
+    results.write_text(run_dir / "config.yaml", resolved)
     results.write_json(run_dir / "env.json", environment(cfg))
     summary = launch.launch(cfg, run_dir, identity(cfg))
     print(one_line(summary, run_dir), flush=True)

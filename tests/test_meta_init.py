@@ -20,6 +20,9 @@ def test_meta_device_and_zero_init_runs_train(tmp_path):
         assert s["status"] == "ok" and s["model_init"] == "meta", s.get("reason")
         losses = s["figures"]["loss/first_loss"], s["figures"]["loss/final_loss"]
         assert 4.0 < losses[0] < 6.5 and losses[1] < losses[0]  # random init near ln(256)=5.5, then learning
+        # each rank holds exactly what the layout predicts for fp32 (half the weights, all of them fp32):
+        # this caught zero.Init building bf16 weights for an fp32 run
+        predicted = s["figures"]["memory/model_states_params_predicted_bytes"]
+        assert predicted == 4 * s["params"] / 2
         for rank in s["per_rank"]:
-            held = rank["model_states"].get("params", 0)
-            assert 0 < held <= 4 * s["params"] / 2 * 1.05  # no rank holds more than its half of the weights
+            assert rank["model_states"]["params"] == pytest.approx(predicted, rel=0.05)

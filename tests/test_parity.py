@@ -13,18 +13,18 @@ pytestmark = pytest.mark.slow
 
 
 def assert_losses_match(runs: dict, rel: float) -> None:
-    ref = [r["loss"] for r in runs["ddp"][1]]
+    ref = [r["loss/loss"] for r in runs["ddp"][1]]
     assert len(ref) == 5
     for backend in BACKENDS:
         summary, records, _ = runs[backend]
         assert summary["status"] == "ok", (backend, summary.get("reason"))
-        losses = [r["loss"] for r in records]
+        losses = [r["loss/loss"] for r in records]
         assert losses == pytest.approx(ref, rel=rel), f"{backend} diverges from ddp: {losses} vs {ref}"
 
 
 def test_fp32_losses_match_ddp(fp32_runs):
     assert_losses_match(fp32_runs, rel=1e-4)
-    losses = [r["loss"] for r in fp32_runs["ddp"][1]]
+    losses = [r["loss/loss"] for r in fp32_runs["ddp"][1]]
     assert losses[-1] < losses[0], "training must lower the loss on the stdlib corpus"
 
 
@@ -44,12 +44,12 @@ def test_run_outputs_have_the_promised_fields(fp32_runs):
     summary, records, run_dir = fp32_runs["ds_zero2"]
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "env.json"):
         assert (run_dir / name).exists(), name
-    assert {"step", "loss", "grad_norm", "step_time_s", "tokens_per_s"} <= set(records[0])
+    assert {"step", "loss/loss", "loss/grad_norm", "throughput/step_time_s", "throughput/tokens_per_s"} <= set(records[0])
     for key in ("status", "reason", "backend", "model", "world_size", "precision", "params"):
         assert key in summary
     assert summary["world_size"] == 2 and summary["params"] > 0
     f = summary["figures"]
     assert f["throughput/tokens_per_s"] > 0 and f["throughput/step_time_p50_s"] > 0
-    assert f["memory/peak_mem_bytes"] > 0 and f["loss/final_loss"] == records[-1]["loss"]
+    assert f["memory/peak_mem_bytes"] > 0 and f["loss/final_loss"] == records[-1]["loss/loss"]
     # warm-up steps are recorded but not timed
     assert f["throughput/timed_steps"] == 3 and [r["warmup"] for r in records] == [True, True, False, False, False]

@@ -122,11 +122,12 @@ class Strategy(ABC):
         """
 
     def model_state_bytes(self) -> Dict[str, int]:
-        """Exact bytes of model states this rank holds, by component (distinct storages, counted once)."""
+        """Exact bytes this rank holds, by component (distinct storages, counted once), with totals."""
+        from ..memory_model import totals
+
         seen: set = set()
         out = {name: storage_bytes(ts, seen) for name, ts in self.state_tensors().items()}
-        out["total"] = sum(out.values())
-        return out
+        return {**out, **totals(out)}  # + device, host and total (model states only, buffers apart)
 
     def describe(self) -> Dict[str, str]:
         """Facts about what really ran, for the summary (e.g. which optimizer class)."""

@@ -101,8 +101,11 @@ class DeepSpeedStrategy(Strategy):
 
             # zero.Init sizes its partitions from DeepSpeed's comm layer: attach it to our process group first
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
-            # parameters are partitioned as each module is constructed: no rank ever holds the full model
-            return deepspeed.zero.Init(config_dict_or_path=self.config, dtype=self.dtype)
+            # Parameters are partitioned as each module is constructed: no rank ever holds the full model.
+            # No `dtype=`: DeepSpeed 0.19 drops an explicit dtype on devices without fp16 (an operator
+            # precedence slip in Init._set_dtype), and an fp32 run would silently build bf16 weights. Left
+            # to itself, Init takes the dtype from the config's bf16/fp16 sections, which we set.
+            return deepspeed.zero.Init(config_dict_or_path=self.config)
         return super().init_context(use_meta)
 
     def setup(self, model, o):
