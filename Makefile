@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare run estimate bench test clean lock
+.PHONY: help install warm demo compare sweep report run estimate bench browser test clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -27,11 +27,21 @@ $(OPS_STAMP): | $(STAMP)
 	$(PY) -m harness.warm_ops
 	touch $@
 
-demo: install warm ## the main job: every backend trains tiny_llama on 2 CPU ranks; prints the side-by-side table
+demo: install warm ## the main job: every backend on the default CPU setting, then its report -> results/demo/
 	$(PY) -m harness.train experiment=compare_all $(ARGS)
-	mkdir -p results/demo && cp results/sweeps/compare_all/summary.{md,csv} results/demo/
+	rm -rf results/demo/plots && mkdir -p results/demo
+	cp -r results/sweeps/compare_all/{summary.md,summary.csv,report.md,report.html,plots} results/demo/
 
-compare: demo ## alias of demo: every backend, side by side
+compare: install warm ## every backend side by side (Hydra multirun of experiment=compare_all)
+	$(PY) -m harness.train experiment=compare_all $(ARGS)
+
+sweep: install warm ## any experiment: make sweep EXP=model_scaling [ARGS="force=true ..."] (conf/experiment/)
+	@test -n "$(EXP)" || { echo "usage: make sweep EXP=<$$(ls conf/experiment | sed 's/.yaml//' | paste -sd'|')>"; exit 2; }
+	$(PY) -m harness.train experiment=$(EXP) $(ARGS)
+
+report: install ## rebuild a finished sweep's summary.csv and report: make report SWEEP=results/sweeps/<name>
+	@test -n "$(SWEEP)" || { echo "usage: make report SWEEP=results/sweeps/<name>"; exit 2; }
+	$(PY) -m harness.sweep $(SWEEP)
 
 run: install warm ## one run: make run ARGS="backend=ds_zero3 model=tiny_gpt2"
 	$(PY) -m harness.train $(ARGS)
@@ -42,7 +52,11 @@ estimate: install ## predict memory and comm for every backend, no training: mak
 bench: install warm ## harness overhead: step time vs a hand-written loop (DDP, FSDP, ZeRO-2) -> results/bench/
 	$(PY) -m harness.bench $(ARGS)
 
-test: install warm ## the test suite: unit tests and real 2-rank runs of every backend (gloo, CPU)
+browser: ## install headless Chromium (Debian's `chromium`), which the report test opens report.html in
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: install warm browser ## the test suite: unit tests and real 2-rank runs of every backend (gloo, CPU)
 	$(PY) -m pytest $(ARGS)
 
 lock: ## re-pin requirements/cpu.lock from the current .venv

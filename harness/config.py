@@ -67,6 +67,9 @@ class TrainConfig:
     activation_checkpointing: bool = False
     on_nonfinite: str = "stop"  # stop: a NaN/inf loss ends the run as failed | continue
     measure_flops: bool = True  # count FLOPs once with FlopCounterMode on a meta-device copy
+    # 0 = none. Else a rank whose model states on the device (params, grads, master, optimizer; offloaded
+    # and buffers excluded) exceed this many bytes fails as `oom`: a smaller card, emulated on any device.
+    memory_budget_bytes: int = 0
 
 
 @dataclass

@@ -35,6 +35,20 @@ def rank_env(cfg) -> dict:
     return env
 
 
+def rendezvous_host() -> str:
+    """SHARDBENCH_MASTER_ADDR, else under SLURM (submitit) the job's first host, else this machine."""
+    if os.environ.get("SHARDBENCH_MASTER_ADDR"):
+        return os.environ["SHARDBENCH_MASTER_ADDR"]
+    if os.environ.get("SLURM_JOB_ID"):
+        try:
+            import submitit
+
+            return submitit.JobEnvironment().hostnames[0]
+        except Exception:  # noqa: BLE001 - not inside a submitit job: fall back to this machine
+            pass
+    return "127.0.0.1"
+
+
 def torchrun_cmd(cfg, run_dir: Path) -> list[str]:
     par = cfg.parallelism
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={par.nproc_per_node}",
@@ -44,7 +58,7 @@ def torchrun_cmd(cfg, run_dir: Path) -> list[str]:
     else:
         # multi-node: every node runs this with its own node rank; the first node hosts the rendezvous
         node_rank = os.environ.get("SHARDBENCH_NODE_RANK", os.environ.get("SLURM_NODEID", "0"))
-        master = os.environ.get("SHARDBENCH_MASTER_ADDR", "127.0.0.1")
+        master = rendezvous_host()
         port = cfg.dist.master_port or 29500
         cmd += [f"--nnodes={par.nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={master}:{port}", f"--rdzv-id={run_dir.name}"]

@@ -28,6 +28,18 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
+class MemoryBudgetExceeded(torch.OutOfMemoryError):
+    """Raised when a rank's device model states exceed train.memory_budget_bytes; recorded as `oom`."""
+
+
+def check_budget(states: Dict[str, int], budget: int, step: int) -> None:
+    if budget and states["device"] > budget:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        raise MemoryBudgetExceeded(
+            f"out of memory (emulated): rank {rank} holds {states['device']:,} B of model states on the device "
+            f"at step {step}, over train.memory_budget_bytes={budget:,}")
+
+
 @dataclass
 class LoopResult:
     records: List[dict] = field(default_factory=list)
@@ -66,6 +78,7 @@ def train(model, strategy, batches, cfg, device, sink) -> LoopResult:
             probe_started = time.perf_counter()
             result.model_states = strategy.model_state_bytes()
             probe_s = time.perf_counter() - probe_started  # counting storages is not training: not timed
+            check_budget(result.model_states, cfg.train.memory_budget_bytes, step)
         grad_norm = strategy.step()
         # one scalar collective per step: the global mean loss over all ranks and micro-batches
         dist.all_reduce(loss_sum)

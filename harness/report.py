@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -147,6 +148,12 @@ def _plots(rows: List[dict], labels: List[str], sweep_dir: Path, out_dir: Path) 
     return made
 
 
+def _inline(text: str) -> str:
+    """The markdown this report uses (**bold**, `code`) as HTML."""
+    text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+
+
 def _cell(value, fmt, best) -> tuple[str, bool]:
     if value is None:
         return "", False
@@ -188,7 +195,7 @@ def build(sweep_dir: Path) -> Path:
 
     rows_html = "".join("<tr>" + "".join(f'<td class="{"best" if b else ""}">{html.escape(c)}</td>' for c, b in cells)
                         + "</tr>" for cells in body)
-    methods_html = "".join(f"<li>{html.escape(line.lstrip('- ').strip())}</li>"
+    methods_html = "".join(f"<li>{_inline(line.lstrip('- ').strip())}</li>"
                            for line in METHODS.replace("\n  ", " ").splitlines() if line.strip())
     failed_html = "".join(f"<li>{html.escape(lab)}: <b>{html.escape(str(r.get('status')))}</b>: "
                           f"{html.escape(str(r.get('reason', '')))}</li>" for lab, r in failed)
@@ -200,7 +207,11 @@ td.best{{font-weight:bold;background:#d9f2d9}}figure{{display:inline-block;margi
 <p>Best in each column highlighted.</p><table id="summary"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in headers)}
 </tr></thead><tbody>{rows_html}</tbody></table>{f"<h2>Runs that did not finish</h2><ul>{failed_html}</ul>" if failed else ""}
 <div id="plots">{"".join(img(p) for p in plots.values())}</div>
-<h2>How each figure was measured</h2><ul>{methods_html}</ul></body></html>"""
+<h2>How each figure was measured</h2><ul>{methods_html}</ul>
+<script>/* mark each plot the browser really decoded: the report test reads these marks */
+window.addEventListener("load", () => document.querySelectorAll("img").forEach(i =>
+  i.setAttribute(i.complete && i.naturalWidth > 0 ? "data-rendered" : "data-broken", "yes")));</script>
+</body></html>"""
     results.write_text(sweep_dir / "report.html", page)
     return sweep_dir / "report.html"
 

@@ -159,7 +159,38 @@ class SweepTable(Callback):
             print(f"warning: could not count the sweep's runs: {exc}", file=sys.stderr)
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        build(Path(config.hydra.sweep.dir))
+        sweep_dir = Path(config.hydra.sweep.dir)
+        build(sweep_dir)
+        log_to_wandb(config, sweep_dir)
+
+
+def log_to_wandb(config, sweep_dir: Path) -> None:
+    """The side-by-side table as a wandb.Table in a summary run of the sweep's group, with the report's plots.
+
+    Offline, it is written locally like every other run (`wandb sync` uploads it later). Never fails a sweep.
+    """
+    from .logging_sink import wandb_mode
+
+    mode = wandb_mode(config.logger.mode)
+    if mode == "disabled":
+        return
+    try:
+        import wandb
+
+        rows = collect(sweep_dir)
+        keys = ["backend", "status", "model", "world_size", "precision"]
+        figure_keys = sorted({k for r in rows for k in r["figures"]})
+        table = wandb.Table(columns=keys + figure_keys,
+                            data=[[r.get(k) for k in keys] + [r["figures"].get(k) for k in figure_keys] for r in rows])
+        run = wandb.init(project=config.logger.project, entity=config.logger.entity,
+                         group=config.logger.group or config.sweep.name, name=f"{config.sweep.name}-summary",
+                         job_type="sweep-summary", dir=str(sweep_dir), mode=mode,
+                         settings=wandb.Settings(silent=True, console="off", init_timeout=60))
+        images = {f"plots/{p.stem}": wandb.Image(str(p)) for p in sorted((sweep_dir / "plots").glob("*.png"))}
+        run.log({"sweep/summary": table, **images})
+        run.finish()
+    except Exception as exc:  # noqa: BLE001 - W&B trouble never loses the local results
+        print(f"warning: W&B summary run not logged ({mode}): {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[s
             out.append(f"{key}={value}: must be positive; set {key} to 1 or more")
     if cfg.backend.bucket_elements < 0:
         out.append(f"backend.bucket_elements={cfg.backend.bucket_elements}: must be >= 0 (0 = automatic)")
+    if cfg.train.memory_budget_bytes < 0:
+        out.append(f"train.memory_budget_bytes={cfg.train.memory_budget_bytes}: must be >= 0 (0 = no budget)")
     if out:
         return out  # the rules below assume values of the right kind
 

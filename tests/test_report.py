@@ -1,0 +1,75 @@
+"""The offline dashboard: summary.csv, report.md and a self-contained report.html that a real browser renders,
+built from a real 8-backend sweep, and built all the same when runs died at any point."""
+from __future__ import annotations
+
+import csv
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import BACKENDS, REPO
+from harness import report, sweep
+
+pytestmark = pytest.mark.slow
+ARTIFACTS = REPO / "tests" / "artifacts"
+
+
+def sweep_dir(runs) -> Path:
+    return next(iter(runs.values()))[2].parent
+
+
+def test_summary_csv_has_a_row_per_run_with_status_and_figures(fp32_runs):
+    rows = list(csv.DictReader(open(sweep_dir(fp32_runs) / "summary.csv")))
+    assert sorted(r["backend"] for r in rows) == sorted(BACKENDS)
+    for r in rows:
+        assert r["status"] == "ok"
+        assert float(r["throughput/tokens_per_s"]) > 0
+        assert float(r["memory/model_states_predicted_bytes"]) > 0
+
+
+def test_report_marks_the_best_figure_of_each_column(fp32_runs):
+    md = (sweep_dir(fp32_runs) / "report.md").read_text()
+    best_tokens = max(s["figures"]["throughput/tokens_per_s"] for s, _, _ in fp32_runs.values())
+    assert f"**{best_tokens:,.0f}**" in md
+    for plot in ("tradeoff", "bars", "loss_curves", "memory_predicted_vs_measured"):
+        assert f"plots/{plot}.png" in md and (sweep_dir(fp32_runs) / "plots" / f"{plot}.png").stat().st_size > 5000
+    assert "How each figure was measured" in md
+
+
+def test_report_html_renders_in_headless_chromium(fp32_runs):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert browser, "chromium is not installed: run `make browser` (apt-get install chromium), as `make test` does"
+    page = sweep_dir(fp32_runs) / "report.html"
+    assert "http://" not in page.read_text() and "https://" not in page.read_text()  # self-contained
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
+             "--virtual-time-budget=5000"]
+    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    # the page's own script marks each image the browser decoded (naturalWidth > 0) once it has loaded
+    assert len(re.findall(r'data-rendered="yes"', dom)) == 4, dom[-2000:]
+    assert 'data-broken="yes"' not in dom
+    assert len(re.findall(r"<tr>", dom)) == 1 + len(BACKENDS)  # header + a row per backend
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    subprocess.run([*flags, "--window-size=1400,2600", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 50_000  # a rendered page, not a blank one
+
+
+def test_report_survives_runs_that_died_at_any_point(fp32_runs, tmp_path):
+    src = sweep_dir(fp32_runs)
+    dead = tmp_path / "damaged"
+    top_level = {"plots", "report.md", "report.html", "summary.csv", "summary.md"}
+    shutil.copytree(src, dead, ignore=lambda d, names: [n for n in names if Path(d) == src and n in top_level])
+    runs = sorted(p for p in dead.iterdir() if p.is_dir() and (p / "summary.json").exists())
+    (runs[0] / "summary.json").write_text('{"status": "ok", "figu')  # torn write (cannot happen, but still)
+    (runs[1] / "metrics.jsonl").write_text((runs[1] / "metrics.jsonl").read_text()[:-40])  # killed mid-line
+    (runs[2] / "summary.json").write_text('{"status": "oom", "reason": "rank 1 oom at step 3", "backend": "x"}')
+    (runs[3] / "config.yaml").unlink()
+    rows = sweep.build(dead)
+    html = report.build(dead).read_text()
+    statuses = sorted(r["status"] for r in rows)
+    assert statuses.count("ok") == len(BACKENDS) - 2 and "oom" in statuses and "failed" in statuses
+    assert "rank 1 oom at step 3" in html and "summary.json unreadable" in html

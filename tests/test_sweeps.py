@@ -1,0 +1,47 @@
+"""Sweeps: a failed run is a row and the sweep goes on, re-running skips what already succeeded, and the same
+multirun goes through hydra-submitit-launcher (submitit_local: the SLURM code path, on this machine)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import cli
+
+pytestmark = pytest.mark.slow
+
+# tiny_llama in fp32 holds 2.0 MB of model states per rank under DDP and 1.0 MB under FSDP (2 ranks)
+BUDGET = "train.memory_budget_bytes=1500000"
+COMMON = [BUDGET, "logger=none", "train.steps=3", "train.warmup_steps=1", "train.measure_flops=false"]
+ARGS = ["-m", "backend=ddp,fsdp", *COMMON]
+
+
+def summaries(sweep_dir):
+    return {json.loads(p.read_text())["backend"]: (json.loads(p.read_text()), p)
+            for p in sweep_dir.glob("*/summary.json")}
+
+
+def test_submitit_sweep_records_oom_row_and_rerun_skips_successes(tmp_path):
+    sweep_dir = tmp_path / "sweeps" / "sub"
+    proc = cli(*ARGS, "hydra/launcher=submitit_local", f"paths.root={tmp_path}", "sweep.name=sub")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = summaries(sweep_dir)
+    assert runs["fsdp"][0]["status"] == "ok"
+    oom = runs["ddp"][0]
+    assert oom["status"] == "oom", oom
+    assert "rank 0" in oom["reason"] and "at step 1" in oom["reason"] and "memory_budget_bytes" in oom["reason"]
+    assert (sweep_dir / ".submitit").is_dir()  # it really went through submitit
+    table = (sweep_dir / "summary.md").read_text()
+    assert "oom" in table and "ok" in table
+
+    ok_mtime = runs["fsdp"][1].stat().st_mtime_ns
+    again = cli(*ARGS, f"paths.root={tmp_path}", "sweep.name=sub")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[skip] fsdp" in again.stdout and "[skip] ddp" not in again.stdout
+    rerun = summaries(sweep_dir)
+    assert rerun["fsdp"][1].stat().st_mtime_ns == ok_mtime  # the finished result is untouched
+    assert rerun["ddp"][0]["status"] == "oom"  # the failed run ran again
+
+    forced = cli("-m", "backend=fsdp", *COMMON, "force=true", f"paths.root={tmp_path}", "sweep.name=sub")
+    assert forced.returncode == 0 and "[skip]" not in forced.stdout
+    assert summaries(sweep_dir)["fsdp"][1].stat().st_mtime_ns != ok_mtime
