@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare sweep report run estimate bench browser test clean lock
+.PHONY: help install warm demo compare sweep report run estimate bench capacity collectives browser test clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -51,6 +51,12 @@ estimate: install ## predict memory and comm for every backend, no training: mak
 
 bench: install warm ## harness overhead: step time vs a hand-written loop (DDP, FSDP, ZeRO-2) -> results/bench/
 	$(PY) -m harness.bench $(ARGS)
+
+capacity: install warm ## largest model per backend under a budget: make capacity ARGS="--budget-mib 256" -> results/capacity/
+	$(PY) -m harness.capacity $(ARGS)
+
+collectives: install ## all-reduce, reduce-scatter, all-gather, broadcast: time and busbw, 1 KiB-256 MiB -> results/collectives/
+	$(PY) -m harness.collectives $(ARGS)
 
 browser: ## install headless Chromium (Debian's `chromium`), which the report test opens report.html in
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \

@@ -69,6 +69,7 @@ class TrainConfig:
     measure_flops: bool = True  # count FLOPs once with FlopCounterMode on a meta-device copy
     # 0 = none. Else a rank whose model states on the device (params, grads, master, optimizer; offloaded
     # and buffers excluded) exceed this many bytes fails as `oom`: a smaller card, emulated on any device.
+    # On CUDA it also caps the caching allocator (set_per_process_memory_fraction), so activations count.
     memory_budget_bytes: int = 0
 
 

@@ -19,7 +19,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from . import config, launch, models, results, validate
+# torch and transformers (harness.models) load only once the config is valid: bad input fails in ~1 s
+from . import config, launch, results, validate
 
 config.register()
 
@@ -110,10 +111,16 @@ def sweep_position(hc) -> str:
     return f"{hc.job.num + 1}/{total}"
 
 
+def param_count(cfg) -> int:
+    from . import models
+
+    return models.param_count(cfg.model)["total"]
+
+
 def identity(cfg) -> dict:
     par = cfg.parallelism
     return {"backend": cfg.backend.name, "model": cfg.model.name, "world_size": par.nproc_per_node * par.nnodes,
-            "precision": cfg.train.precision, "params": models.param_count(cfg.model)["total"]}
+            "precision": cfg.train.precision, "params": param_count(cfg)}
 
 
 def run_one(cfg: DictConfig) -> dict:

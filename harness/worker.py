@@ -102,6 +102,10 @@ def main() -> int:
     if cfg.parallelism.device == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+        if cfg.train.memory_budget_bytes:
+            # a smaller card, emulated: the caching allocator refuses to go past the budget (a real CUDA OOM)
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.train.memory_budget_bytes / total), device)
     else:
         device = torch.device("cpu")
     outcome_path = run_dir / "ranks" / f"rank{rank}.json"

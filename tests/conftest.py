@@ -45,10 +45,12 @@ def fp32_runs(tmp_path_factory):
 @pytest.fixture(scope="session")
 def accum_runs(tmp_path_factory):
     """Every backend, tiny_gpt2 (a second family), fp32, grad_accum 2."""
-    return sweep(tmp_path_factory.mktemp("accum"), "accum", "model=tiny_gpt2", "parallelism.grad_accum=2")
+    return sweep(tmp_path_factory.mktemp("accum"), "accum", "model=tiny_gpt2", "parallelism.grad_accum=2",
+                 "train.measure_flops=false")  # FLOPs are checked on the fp32 sweep; this saves a second a run
 
 
 @pytest.fixture(scope="session")
 def bf16_runs(tmp_path_factory):
     """Every backend, tiny_llama, bf16."""
-    return sweep(tmp_path_factory.mktemp("bf16"), "bf16", "model=tiny_llama", "train.precision=bf16")
+    return sweep(tmp_path_factory.mktemp("bf16"), "bf16", "model=tiny_llama", "train.precision=bf16",
+                 "train.measure_flops=false")

@@ -8,7 +8,6 @@ import pytest
 
 from conftest import cli
 
-pytestmark = pytest.mark.slow
 
 # tiny_llama in fp32 holds 2.0 MB of model states per rank under DDP and 1.0 MB under FSDP (2 ranks)
 BUDGET = "train.memory_budget_bytes=1500000"
@@ -21,6 +20,7 @@ def summaries(sweep_dir):
             for p in sweep_dir.glob("*/summary.json")}
 
 
+@pytest.mark.slow
 def test_submitit_sweep_records_oom_row_and_rerun_skips_successes(tmp_path):
     sweep_dir = tmp_path / "sweeps" / "sub"
     proc = cli(*ARGS, "hydra/launcher=submitit_local", f"paths.root={tmp_path}", "sweep.name=sub")
@@ -42,6 +42,17 @@ def test_submitit_sweep_records_oom_row_and_rerun_skips_successes(tmp_path):
     assert rerun["fsdp"][1].stat().st_mtime_ns == ok_mtime  # the finished result is untouched
     assert rerun["ddp"][0]["status"] == "oom"  # the failed run ran again
 
-    forced = cli("-m", "backend=fsdp", *COMMON, "force=true", f"paths.root={tmp_path}", "sweep.name=sub")
-    assert forced.returncode == 0 and "[skip]" not in forced.stdout
-    assert summaries(sweep_dir)["fsdp"][1].stat().st_mtime_ns != ok_mtime
+
+def test_force_reruns_and_a_changed_config_is_not_skipped(tmp_path):
+    from omegaconf import OmegaConf
+
+    from harness import results, train
+
+    cfg = OmegaConf.create({"backend": {"name": "fsdp"}, "train": {"steps": 3}, "force": False})
+    results.write_text(tmp_path / "config.yaml", OmegaConf.to_yaml(cfg))
+    results.write_json(tmp_path / "summary.json", {"status": "ok", "backend": "fsdp"})
+    assert train.already_done(tmp_path, cfg)["status"] == "ok"
+    assert train.already_done(tmp_path, OmegaConf.merge(cfg, {"force": True})) is None
+    assert train.already_done(tmp_path, OmegaConf.merge(cfg, {"train": {"steps": 4}})) is None
+    results.write_json(tmp_path / "summary.json", {"status": "oom", "backend": "fsdp"})
+    assert train.already_done(tmp_path, cfg) is None  # failed runs run again

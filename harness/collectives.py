@@ -1,0 +1,186 @@
+"""`make collectives`: time all-reduce, reduce-scatter, all-gather, broadcast, and reduce-scatter followed by
+all-gather, from 1 KiB to 256 MiB, and report bandwidth as nccl-tests defines it.
+
+    python -m harness.collectives [--max-mib 256] [--out results/collectives] [overrides: parallelism=..., logger=...]
+
+The parent composes the usual config (device and ranks from `parallelism`, W&B from `logger`) and starts the
+ranks with torchrun; gloo on CPU, NCCL on CUDA. `size` is the whole buffer in bytes, as in nccl-tests: the
+input of all-reduce, reduce-scatter and broadcast, the output of all-gather. For each size the time is the
+median over timed iterations, each ended by a device synchronisation, after 2 untimed ones.
+algbw = size / time; busbw = algbw x factor, the factor that makes busbw comparable with the link speed
+(nccl-tests, doc/PERFORMANCE.md): all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n, broadcast 1.
+Reduce-scatter followed by all-gather moves what all-reduce does, so it uses all-reduce's factor.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce_scatter+all_gather")
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor for `op` on `n` ranks."""
+    if op in ("all_reduce", "reduce_scatter+all_gather"):
+        return 2 * (n - 1) / n
+    if op in ("reduce_scatter", "all_gather"):
+        return (n - 1) / n
+    if op == "broadcast":
+        return 1.0
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def bandwidths(op: str, size_bytes: int, seconds: float, n: int) -> dict:
+    algbw = size_bytes / seconds
+    return {"algbw_gbps": algbw / 1e9, "busbw_gbps": algbw * bus_factor(op, n) / 1e9}
+
+
+def sizes(max_mib: float) -> list[int]:
+    """1 KiB, 4 KiB, ... up to max_mib MiB: powers of four."""
+    out, size = [], 1024
+    while size <= max_mib * 2**20:
+        out.append(size)
+        size *= 4
+    return out
+
+
+def _worker(out_dir: Path, max_mib: float, device_type: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    rows = []
+    for size in sizes(max_mib):
+        elems = size // 4  # fp32
+        elems -= elems % n  # divisible into n shards
+        full = torch.ones(elems, device=device)
+        shard = torch.empty(elems // n, device=device)
+        calls = {
+            "all_reduce": lambda: dist.all_reduce(full),
+            "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full),
+            "all_gather": lambda: dist.all_gather_into_tensor(full, shard),
+            "broadcast": lambda: dist.broadcast(full, src=0),
+            "reduce_scatter+all_gather": lambda: (dist.reduce_scatter_tensor(shard, full),
+                                                  dist.all_gather_into_tensor(full, shard)),
+        }
+        iters = max(3, min(50, int(2**26 // max(size, 1))))  # fewer repetitions for big buffers
+        for op in OPS:
+            times = []
+            for i in range(iters + 2):
+                sync()
+                dist.barrier()
+                started = time.perf_counter()
+                calls[op]()
+                sync()
+                if i >= 2:
+                    times.append(time.perf_counter() - started)
+            # the slowest rank's time is the collective's time
+            t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            rows.append({"op": op, "size_bytes": elems * 4, "time_s": t.item(), "iters": iters, "ranks": n,
+                         **bandwidths(op, elems * 4, t.item(), n)})
+    if rank == 0:
+        (out_dir / "collectives.json").write_text(json.dumps(rows, indent=1))
+    dist.destroy_process_group()
+
+
+def _report(rows: list[dict], out_dir: Path, cfg, command: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from . import results
+
+    n, device = rows[0]["ranks"], cfg.parallelism.device
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for op in OPS:
+        pts = [r for r in rows if r["op"] == op]
+        ax.plot([r["size_bytes"] for r in pts], [r["busbw_gbps"] for r in pts], marker="o", label=op)
+    ax.set(xscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)",
+           title=f"Collectives, {n} ranks, {'NCCL' if device == 'cuda' else 'gloo'} on {device}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "collectives.png", dpi=110)
+    plt.close(fig)
+    lines = [f"# Collectives: {n} ranks, {'NCCL' if device == 'cuda' else 'gloo'} on {device}", "",
+             f"Command: `{command}`. Time: median per size, slowest rank. Bandwidths in GB/s (1e9 B/s), "
+             "nccl-tests definitions (busbw factor: all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n, "
+             "broadcast 1).", "", "| op | size | time (ms) | algbw | busbw |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['op']} | {_human(r['size_bytes'])} | {r['time_s'] * 1e3:.3f} | {r['algbw_gbps']:.3f} | "
+              f"{r['busbw_gbps']:.3f} |" for r in rows]
+    big = max(r["size_bytes"] for r in rows)
+    t = {r["op"]: r["time_s"] for r in rows if r["size_bytes"] == big}
+    lines += ["", f"At {_human(big)}: reduce-scatter + all-gather takes {t['reduce_scatter+all_gather'] * 1e3:.1f} ms "
+              f"against all-reduce's {t['all_reduce'] * 1e3:.1f} ms (ratio "
+              f"{t['reduce_scatter+all_gather'] / t['all_reduce']:.2f}).", "", "![busbw](collectives.png)"]
+    results.write_text(out_dir / "collectives.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    from .logging_sink import wandb_mode
+
+    mode = wandb_mode(cfg.logger.mode)
+    if mode != "disabled":
+        try:
+            import wandb
+
+            run = wandb.init(project=cfg.logger.project, entity=cfg.logger.entity, group="collectives",
+                             name=f"collectives-n{n}-{device}", job_type="collectives", dir=str(out_dir), mode=mode,
+                             settings=wandb.Settings(silent=True, console="off", init_timeout=60))
+            keys = list(rows[0])
+            run.log({"collectives/table": wandb.Table(columns=keys, data=[[r[k] for k in keys] for r in rows]),
+                     "collectives/plot": wandb.Image(str(out_dir / "collectives.png"))})
+            run.finish()
+        except Exception as exc:  # noqa: BLE001 - W&B trouble never loses the local results
+            print(f"warning: W&B not logged ({mode}): {exc}", file=sys.stderr)
+
+
+def _human(size: int) -> str:
+    for unit, k in (("MiB", 2**20), ("KiB", 2**10)):
+        if size >= k:
+            return f"{size / k:g} {unit}"
+    return f"{size} B"
+
+
+def main(argv=None) -> int:
+    if argv is None and len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        _worker(Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4])
+        return 0
+    from . import estimate, launch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-mib", type=float, default=256)
+    parser.add_argument("--out", default="results/collectives")
+    args, overrides = parser.parse_known_args(argv)
+    cfg = estimate.compose_cfg(overrides)
+    out_dir = (launch.REPO / args.out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    par = cfg.parallelism
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={par.nproc_per_node}",
+           "-m", "harness.collectives", "--worker", str(out_dir), str(args.max_mib), par.device]
+    proc = subprocess.run(cmd, cwd=launch.REPO, env=launch.rank_env(cfg))
+    if proc.returncode != 0:
+        print(f"collectives: ranks failed (exit {proc.returncode})", file=sys.stderr)
+        return 1
+    rows = json.loads((out_dir / "collectives.json").read_text())
+    _report(rows, out_dir, cfg, "python -m harness.collectives " + " ".join(argv if argv is not None else sys.argv[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

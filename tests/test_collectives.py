@@ -1,0 +1,47 @@
+"""The collective benchmark reports bandwidth exactly as nccl-tests defines it, from a real 2-rank gloo run."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from harness import collectives
+
+
+@pytest.mark.parametrize("n, factors", [
+    (2, {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5, "broadcast": 1.0}),
+    (8, {"all_reduce": 1.75, "reduce_scatter": 0.875, "all_gather": 0.875, "broadcast": 1.0}),
+])
+def test_bus_bandwidth_follows_nccl_tests(n, factors):
+    # nccl-tests doc/PERFORMANCE.md: busbw = algbw * 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter and
+    # all-gather, 1 for broadcast; algbw = size / time
+    for op, factor in factors.items():
+        got = collectives.bandwidths(op, 1_000_000_000, 0.5, n)
+        assert got["algbw_gbps"] == pytest.approx(2.0)
+        assert got["busbw_gbps"] == pytest.approx(2.0 * factor)
+    # reduce-scatter then all-gather moves what all-reduce moves
+    assert collectives.bus_factor("reduce_scatter+all_gather", n) == collectives.bus_factor("all_reduce", n)
+    with pytest.raises(ValueError):
+        collectives.bus_factor("all_to_all", n)
+
+
+def test_sizes_run_from_1kib_in_powers_of_four():
+    assert collectives.sizes(256)[0] == 1024 and collectives.sizes(256)[-1] == 256 * 2**20
+    assert all(b == 4 * a for a, b in zip(collectives.sizes(256), collectives.sizes(256)[1:]))
+
+
+@pytest.mark.slow
+def test_real_gloo_run_reports_every_op_and_size(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "harness.collectives", "--max-mib", "0.0625", "--out", str(tmp_path),
+                           "logger=none"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "collectives.json").read_text())
+    assert {(r["op"], r["size_bytes"]) for r in rows} == {(op, s) for op in collectives.OPS for s in (1024, 4096, 16384, 65536)}
+    for r in rows:
+        assert r["ranks"] == 2 and r["time_s"] > 0
+        assert r["algbw_gbps"] == pytest.approx(r["size_bytes"] / r["time_s"] / 1e9)
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * collectives.bus_factor(r["op"], 2))
+    assert (tmp_path / "collectives.png").stat().st_size > 5000 and "busbw" in (tmp_path / "collectives.md").read_text()
