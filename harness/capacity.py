@@ -113,6 +113,8 @@ def capacity(backend: str, budget: int, candidates: List[List[str]], names: List
 
     best, probed = search(len(candidates), guess, fits)
     return {"backend": backend, "budget_bytes": budget, "largest": names[best] if best is not None else None,
+            # the top rung trained: the true capacity is at least this (a longer ladder would tell)
+            "ladder_exhausted": best == len(candidates) - 1,
             "largest_params": params[best] if best is not None else 0,
             "predicted": names[guess] if device[guess] <= budget else None,
             "predicted_params": params[guess] if device[guess] <= budget else 0, "probes": len(probed),
@@ -132,8 +134,10 @@ def write(rows: List[dict], out: Path, command: str, budget: int) -> None:
     lines = [f"# Capacity: largest trainable model per backend, budget {budget / 2**20:,.0f} MiB per rank", "",
              f"Command: `{command}`. Each probe: 3 steps (1 warm-up) under train.memory_budget_bytes.", "",
              "| backend | largest that trains (params) | theory predicts (params) | probes |", "|---|---:|---:|---:|"]
-    lines += [f"| {r['backend']} | {r['largest']}: {r['largest_params']:,} | {r['predicted']}: "
-              f"{r['predicted_params']:,} | {r['probes']} |" for r in rows]
+    lines += [f"| {r['backend']} | {'≥ ' if r['ladder_exhausted'] else ''}{r['largest']}: {r['largest_params']:,} | "
+              f"{r['predicted']}: {r['predicted_params']:,} | {r['probes']} |" for r in rows]
+    if any(r["ladder_exhausted"] for r in rows):
+        lines += ["", "≥: the ladder's top rung trained, so the capacity is at least that (use more --rungs)."]
     results.write_text(out / "capacity.md", "\n".join(lines) + "\n\n![capacity](capacity.png)\n")
     fig, ax = plt.subplots(figsize=(8, 4.5))
     xs = range(len(rows))
@@ -152,7 +156,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-mib", type=float, default=256)
     parser.add_argument("--backends", default="ddp,ds_zero2,ds_zero2_offload,fsdp,ds_zero3,ds_zero3_offload")
-    parser.add_argument("--rungs", type=int, default=14)
+    parser.add_argument("--rungs", type=int, default=20, help="ladder rungs from 1e5 parameters in 1.5x steps")
     parser.add_argument("--micro-batch", action="store_true", help="search micro-batch 1..512 for the given model")
     parser.add_argument("--out", default="results/capacity")
     args, common = parser.parse_known_args(argv)

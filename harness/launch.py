@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -142,6 +143,20 @@ def launch(cfg, run_dir: Path, identity: dict) -> dict:
     run_dir = Path(run_dir)
     (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
     world = cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        return _launch(cfg, run_dir, identity, world)
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")  # a kill of the parent goes the Ctrl-C way: stop the ranks
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        return _launch(cfg, run_dir, identity, world)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _launch(cfg, run_dir: Path, identity: dict, world: int) -> dict:
     with open(run_dir / "launcher.log", "w") as log:
         proc = subprocess.Popen(torchrun_cmd(cfg, run_dir), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=rank_env(cfg), start_new_session=True)
@@ -150,7 +165,7 @@ def launch(cfg, run_dir: Path, identity: dict) -> dict:
         except BaseException:  # Ctrl-C or a kill of the parent: no rank may outlive it
             _stop_group(proc)
             proc.wait()
-            interrupted = {**identity, "status": "failed", "reason": "interrupted (SIGINT) before the run ended",
+            interrupted = {**identity, "status": "failed", "reason": "interrupted (SIGINT/SIGTERM) before the run ended",
                            "figures": {}}
             results.write_json(run_dir / "summary.json", interrupted)
             raise

@@ -146,4 +146,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Every result is on disk (atomic writes) and W&B is finished. Skip interpreter teardown: DeepSpeed's
+    # native threads (CPU Adam, shm comm) can abort there ("terminate called without an active exception"),
+    # which would turn a finished run into a failed one.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
