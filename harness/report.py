@@ -76,11 +76,20 @@ def _losses(run_dir: Path) -> List[dict]:
     return out
 
 
-def best_cells(rows: List[dict]) -> Dict[str, Optional[float]]:
-    best = {}
-    for header, get, _, direction in TABLE:
-        values = [get(r["figures"]) for r in rows if r.get("status") == "ok" and get(r["figures"]) is not None]
-        best[header] = (max(values) if direction == "max" else min(values)) if values and direction else None
+def _group(row: dict, varying: List[str]) -> tuple:
+    """Runs that differ only in backend are compared with each other (best is per model, precision, ...)."""
+    return tuple(repr(row["config"].get(k)) for k in varying if k != "backend.name")
+
+
+def best_cells(rows: List[dict], varying: List[str]) -> Dict[tuple, Dict[str, Optional[float]]]:
+    best: Dict[tuple, Dict[str, Optional[float]]] = {}
+    for group in {_group(r, varying) for r in rows}:
+        members = [r for r in rows if _group(r, varying) == group and r.get("status") == "ok"]
+        best[group] = {}
+        for header, get, _, direction in TABLE:
+            values = [get(r["figures"]) for r in members if get(r["figures"]) is not None]
+            best[group][header] = (max(values) if direction == "max" else min(values)) if values and direction \
+                else None
     return best
 
 
@@ -166,19 +175,21 @@ def build(sweep_dir: Path) -> Path:
     varying = sweep.varying_keys(rows)
     labels = [_label(r, varying) for r in rows]
     plots = _plots(rows, labels, sweep_dir, sweep_dir / "plots")
-    best = best_cells(rows)
+    best = best_cells(rows, varying)
     headers = ["run", "status"] + [h for h, *_ in TABLE]
     body = []
     for r, lab in zip(rows, labels):
         cells = [(lab, False), (r.get("status", "?"), False)]
-        cells += [_cell(get(r["figures"]), fmt, best[h]) for h, get, fmt, _ in TABLE]
+        cells += [_cell(get(r["figures"]), fmt, best[_group(r, varying)][h]) for h, get, fmt, _ in TABLE]
         body.append(cells)
     failed = [(lab, r) for r, lab in zip(rows, labels) if r.get("status") != "ok"]
-    first = next((r for r in rows if r.get("status") == "ok"), {})
-    context = (f"{len(rows)} runs; model {first.get('model', '?')}, world size {first.get('world_size', '?')}, "
-               f"device {first.get('device', '?')}. Varying: {', '.join(varying) or 'nothing'}.")
+    def distinct(key):
+        return ", ".join(sorted({str(r.get(key)) for r in rows if r.get(key) is not None})) or "?"
 
-    md = [f"# Sweep report: {sweep_dir.name}", "", context, "", "Best in each column in **bold**.", "",
+    context = (f"{len(rows)} runs; model {distinct('model')}, world size {distinct('world_size')}, precision "
+               f"{distinct('precision')}, device {distinct('device')}. Varying: {', '.join(varying) or 'nothing'}.")
+
+    md = [f"# Sweep report: {sweep_dir.name}", "", context, "", "Best in each column in **bold**, among runs that differ only in backend.", "",
           "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     md += ["| " + " | ".join(f"**{c}**" if b else c for c, b in cells) + " |" for cells in body]
     if failed:
@@ -204,7 +215,7 @@ def build(sweep_dir: Path) -> Path:
 td,th{{border:1px solid #ccc;padding:3px 7px;text-align:right}}td:first-child,td:nth-child(2){{text-align:left}}
 td.best{{font-weight:bold;background:#d9f2d9}}figure{{display:inline-block;margin:1em}}img{{max-width:680px}}</style>
 </head><body><h1>Sweep report: {html.escape(sweep_dir.name)}</h1><p>{html.escape(context)}</p>
-<p>Best in each column highlighted.</p><table id="summary"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in headers)}
+<p>Best in each column highlighted, among runs that differ only in backend.</p><table id="summary"><thead><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in headers)}
 </tr></thead><tbody>{rows_html}</tbody></table>{f"<h2>Runs that did not finish</h2><ul>{failed_html}</ul>" if failed else ""}
 <div id="plots">{"".join(img(p) for p in plots.values())}</div>
 <h2>How each figure was measured</h2><ul>{methods_html}</ul>

@@ -19,6 +19,8 @@ from . import results
 # (header, how to get it from a summary, format)
 COLUMNS = [
     ("backend", lambda s: s.get("backend", "?"), "{}"),
+    ("model", lambda s: s.get("model", "?"), "{}"),
+    ("precision", lambda s: s.get("precision", "?"), "{}"),
     ("status", lambda s: s.get("status", "?"), "{}"),
     ("tokens/s", lambda s: s["figures"].get("throughput/tokens_per_s"), "{:,.0f}"),
     ("step p50 ms", lambda s: _ms(s["figures"].get("throughput/step_time_p50_s")), "{:.1f}"),
@@ -74,7 +76,8 @@ def collect(sweep_dir: Path) -> List[dict]:
         summary["config"] = flat_config(path.parent)
         rows.append(summary)
     order = {"ok": 0}
-    return sorted(rows, key=lambda r: (order.get(r.get("status"), 1), r.get("backend") or "", r["run_dir"]))
+    return sorted(rows, key=lambda r: (order.get(r.get("status"), 1), str(r.get("model")), str(r.get("precision")),
+                                      r.get("backend") or "", r["run_dir"]))
 
 
 def varying_keys(rows: List[dict]) -> List[str]:
@@ -120,7 +123,7 @@ def print_table(rows: List[dict]) -> None:
 
     table = Table(title="shardbench: side by side (timed window, warm-up excluded)")
     for header, _, _ in COLUMNS:
-        table.add_column(header, justify="left" if header in ("backend", "status", "optimizer") else "right")
+        table.add_column(header, justify="left" if header in ("backend", "model", "precision", "status", "optimizer") else "right")
     for r in rows:
         table.add_row(*cells(r))
     Console(file=sys.stdout, width=160).print(table)
