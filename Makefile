@@ -4,9 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 LOCK ?= requirements/cpu.lock
 STAMP := $(VENV)/.installed-$(notdir $(LOCK))
-OPS_STAMP := .cache/torch_extensions/.warm
 ARGS ?=
-export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+# DeepSpeed's JIT ops: one cache per user, shared by every clone (built once, ~2 min per op)
+export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/shardbench/torch_extensions
 
 .DEFAULT_GOAL := help
 .PHONY: help install warm demo compare sweep report run estimate bench capacity collectives browser test clean lock
@@ -22,10 +22,8 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m pip install -q -c $(LOCK) -e '.[dev]'
 	touch $@
 
-warm: $(OPS_STAMP) ## build DeepSpeed's JIT ops once into .cache/torch_extensions (~2 min per op, first time only)
-$(OPS_STAMP): | $(STAMP)
+warm: install ## build DeepSpeed's JIT ops once into ~/.cache/shardbench (~2 min per op the first time, then seconds)
 	$(PY) -m harness.warm_ops
-	touch $@
 
 demo: install warm ## the main job: every backend on the default CPU setting, then its report -> results/demo/
 	$(PY) -m harness.train experiment=compare_all $(ARGS)
@@ -52,7 +50,7 @@ estimate: install ## predict memory and comm for every backend, no training: mak
 bench: install warm ## harness overhead: step time vs a hand-written loop (DDP, FSDP, ZeRO-2) -> results/bench/
 	$(PY) -m harness.bench $(ARGS)
 
-capacity: install warm ## largest model per backend under a budget: make capacity ARGS="--budget-mib 256" -> results/capacity/
+capacity: install warm ## largest model per backend under a budget: make capacity ARGS="--budget-mib 256 logger=none" -> results/capacity/
 	$(PY) -m harness.capacity $(ARGS)
 
 collectives: install ## all-reduce, reduce-scatter, all-gather, broadcast: time and busbw, 1 KiB-256 MiB -> results/collectives/

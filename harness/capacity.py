@@ -22,7 +22,8 @@ from typing import Callable, Dict, List, Optional
 
 from . import estimate, launch, memory_model, results
 
-PROBE = ["logger=none", "train.steps=3", "train.warmup_steps=1", "train.measure_flops=false"]
+# a probe is a short run, logged like any other (pass logger=none to keep probes out of W&B)
+PROBE = ["train.steps=3", "train.warmup_steps=1", "train.measure_flops=false"]
 
 
 def ladder(rungs: int, smallest: float = 1e5, step: float = 1.5, vocab: int = 256) -> List[List[str]]:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from . import results
+from .warm_ops import extensions_dir
 
 REPO = Path(__file__).resolve().parent.parent
 # Worst first: the status of a failed run is the worst any rank reported.
@@ -25,7 +26,7 @@ SEVERITY = {"oom": 0, "timeout": 1, "failed": 2, "killed": 3, "terminated": 4, "
 
 def rank_env(cfg) -> dict:
     env = dict(os.environ)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+    env["TORCH_EXTENSIONS_DIR"] = extensions_dir()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if cfg.parallelism.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:

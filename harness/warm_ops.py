@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
+
+
+def extensions_dir() -> str:
+    """Where DeepSpeed's JIT ops live: TORCH_EXTENSIONS_DIR, else one cache per user shared by every clone
+    (a fresh clone must not spend 2 minutes per op rebuilding what this machine already built)."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "shardbench" / "torch_extensions")
 
 
 def main() -> None:
-    cache = os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.abspath(".cache/torch_extensions"))
+    cache = os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
     started = time.time()
     from deepspeed.ops.op_builder import CPUAdamBuilder
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.warm_ops import extensions_dir
+
 REPO = Path(__file__).resolve().parent.parent
 BACKENDS = ["ddp", "fsdp", "fsdp_grad_op", "ds_zero1", "ds_zero2", "ds_zero3", "ds_zero2_offload",
             "ds_zero3_offload"]
@@ -17,7 +19,7 @@ FAST = ["logger=none", "train.steps=5", "train.warmup_steps=2"]
 
 def cli(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+    env["TORCH_EXTENSIONS_DIR"] = extensions_dir()
     return subprocess.run([sys.executable, "-m", "harness.train", *overrides], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

@@ -42,7 +42,7 @@ def test_search_finds_the_boundary_from_any_guess(n):
 def test_real_search_orders_backends_as_theory(tmp_path):
     # 3 MiB per rank: DDP (16 B/param) fits ~190k parameters, FSDP on 2 ranks (8 B/param) ~390k
     proc = subprocess.run([sys.executable, "-m", "harness.capacity", "--budget-mib", "3", "--backends", "ddp,fsdp",
-                           "--rungs", "6", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                           "--rungs", "6", "--out", str(tmp_path), "logger=none"], cwd=REPO, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["backend"]: r for r in json.loads((tmp_path / "capacity.json").read_text())["rows"]}

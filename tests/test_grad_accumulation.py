@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO
+from harness.warm_ops import extensions_dir
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.slow
 def test_no_gradient_reduction_before_the_last_micro_batch():
     backends = ["ddp", "fsdp", "ds_zero1", "ds_zero2"]
     env = {**os.environ, "PYTHONPATH": str(REPO),
-           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".cache/torch_extensions"))}
+           "TORCH_EXTENSIONS_DIR": extensions_dir()}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            str(REPO / "tests" / "nosync_worker.py"), str(REPO / "conf"), ",".join(backends)],
                           capture_output=True, text=True, env=env, timeout=300)
