@@ -22,8 +22,11 @@ MiB = 2**20
 TABLE = [
     ("tokens/s", lambda f: f.get("throughput/tokens_per_s"), "{:,.0f}", "max"),
     ("tokens/s/device", lambda f: f.get("throughput/tokens_per_s_per_device"), "{:,.0f}", "max"),
+    ("samples/s", lambda f: f.get("throughput/samples_per_s"), "{:,.1f}", "max"),
     ("step p50 ms", lambda f: _scale(f.get("throughput/step_time_p50_s"), 1e3), "{:.1f}", "min"),
     ("step p90 ms", lambda f: _scale(f.get("throughput/step_time_p90_s"), 1e3), "{:.1f}", "min"),
+    ("step max ms", lambda f: _scale(f.get("throughput/step_time_max_s"), 1e3), "{:.1f}", "min"),
+    ("TFLOP/s/device", lambda f: f.get("flops/achieved_tflops_per_device"), "{:.4f}", "max"),
     ("MFU %", lambda f: f.get("flops/mfu_pct"), "{:.2f}", "max"),
     ("peak mem MiB", lambda f: _scale(f.get("memory/peak_mem_bytes"), 1 / MiB), "{:,.0f}", "min"),
     ("states MiB/rank", lambda f: _scale(f.get("memory/model_states_total_bytes_max"), 1 / MiB), "{:.3f}", "min"),
@@ -187,7 +190,8 @@ def build(sweep_dir: Path) -> Path:
         return ", ".join(sorted({str(r.get(key)) for r in rows if r.get(key) is not None})) or "?"
 
     context = (f"{len(rows)} runs; model {distinct('model')}, world size {distinct('world_size')}, precision "
-               f"{distinct('precision')}, device {distinct('device')}. Varying: {', '.join(varying) or 'nothing'}.")
+               f"{distinct('precision')}, device {distinct('device')}. Varying: {', '.join(varying) or 'nothing'}. "
+               f"MFU peak: {distinct('peak_source')}.")
 
     md = [f"# Sweep report: {sweep_dir.name}", "", context, "", "Best in each column in **bold**, among runs that differ only in backend.", "",
           "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]

@@ -21,6 +21,15 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_MODE = 0o666 & ~_umask()  # what open() would give: mkstemp's private 0600 would hide results from others
+
+
 def write_text(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -30,6 +39,7 @@ def write_text(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _MODE)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
