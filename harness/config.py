@@ -74,6 +74,15 @@ class TrainConfig:
 
 
 @dataclass
+class FaultConfig:
+    """Fault injection for testing failure paths (harness/faults.py). Off by default."""
+
+    kind: str = "none"  # none | raise | nan | hang | kill
+    rank: int = 0
+    step: int = 0
+
+
+@dataclass
 class OptimConfig:
     """AdamW, with the same hyperparameters in every backend."""
 
@@ -128,6 +137,7 @@ class RunConfig:
     dist: DistConfig = field(default_factory=DistConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
     # in a sweep, a run whose dir already holds an ok result for the same resolved config is skipped
     force: bool = False  # true: run it again anyway
 

@@ -21,7 +21,8 @@ from .warm_ops import extensions_dir
 
 REPO = Path(__file__).resolve().parent.parent
 # Worst first: the status of a failed run is the worst any rank reported.
-SEVERITY = {"oom": 0, "timeout": 1, "failed": 2, "killed": 3, "terminated": 4, "ok": 5}
+# A rank that died without a report (killed) outranks one that failed because of it.
+SEVERITY = {"oom": 0, "timeout": 1, "killed": 2, "failed": 2, "terminated": 4, "ok": 5}
 
 
 def rank_env(cfg) -> dict:
@@ -103,13 +104,25 @@ def failure_summary(identity: dict, run_dir: Path, world: int, returncode: int) 
             o = {"rank": rank, "status": "killed",
                  "reason": f"exited without a report ({how if code is not None else 'killed by a signal?'})"}
         outcomes.append(o)
-    worst = min(outcomes, key=lambda o: SEVERITY.get(o["status"], 2))
+    worst = min(outcomes, key=lambda o: (SEVERITY.get(o["status"], 2), is_peer_error(o)))
     status = worst["status"] if worst["status"] in ("oom", "timeout") else "failed"
     if worst["status"] == "ok":
         reason = f"launcher exited with code {returncode} after every rank reported ok"
     else:
         reason = f"rank {worst['rank']} {worst['status']}: {worst.get('error', '')} {worst.get('reason', '')}"
-    return {**identity, "status": status, "reason": " ".join(reason.split()), "figures": {}, "ranks": outcomes}
+        others = [f"rank {o['rank']} {o['status']}" for o in outcomes if o is not worst]
+        reason += f" ({', '.join(others)})" if others else ""
+    out = {**identity, "status": status, "reason": " ".join(reason.split()), "figures": {}, "ranks": outcomes}
+    traceback = run_dir / "ranks" / f"rank{worst['rank']}.traceback.txt"
+    if traceback.exists():
+        out["traceback"] = str(traceback.relative_to(run_dir))
+    return out
+
+
+def is_peer_error(outcome: dict) -> bool:
+    """A rank that failed because a peer went away is a symptom; the peer is the cause to report."""
+    text = f"{outcome.get('reason', '')}".lower()
+    return any(s in text for s in ("closed by peer", "reset by peer", "remote worker", "broken pipe"))
 
 
 def wait_with_progress(proc: subprocess.Popen, cfg, run_dir: Path) -> int:

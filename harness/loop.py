@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import metrics
+from . import faults, metrics
 
 
 class NonFiniteLoss(RuntimeError):
@@ -50,12 +50,13 @@ class LoopResult:
     device: Dict[str, int] = field(default_factory=dict)
 
 
-def train(model, strategy, batches, cfg, device, sink) -> LoopResult:
+def train(model, strategy, batches, cfg, device, sink, run_dir=None) -> LoopResult:
     """Run `train.steps` optimizer steps. `sink.log(record)` receives one dict per step (rank 0 writes it)."""
     steps, warmup = cfg.train.steps, cfg.train.warmup_steps
     ga, world = cfg.parallelism.grad_accum, strategy.world_size
     tokens_per_step = cfg.parallelism.micro_batch * ga * world * cfg.parallelism.seq_len
     result = LoopResult()
+    rank = dist.get_rank()
     metrics.device_sync(device)
     started = time.perf_counter()
     for step in range(steps):
@@ -72,6 +73,7 @@ def train(model, strategy, batches, cfg, device, sink) -> LoopResult:
                 with strategy.autocast():
                     logits = model(input_ids=inputs).logits
                 loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+                loss = faults.inject(cfg, step, rank, loss, run_dir)  # a no-op unless fault.kind is set
                 strategy.backward(loss)
             loss_sum += loss.detach()
         if step == warmup:

@@ -18,6 +18,7 @@ CHOICES = {
     "train.on_nonfinite": ("stop", "continue"),
     "data.name": ("stdlib", "synthetic"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
+    "fault.kind": ("none", "raise", "nan", "hang", "kill"),
 }
 
 POSITIVE = ("train.steps", "parallelism.micro_batch", "parallelism.grad_accum", "parallelism.seq_len",
@@ -86,6 +87,9 @@ def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[s
         out.append(f"parallelism.nproc_per_node={par.nproc_per_node}: more CPU ranks than the "
                    f"{os.cpu_count()} cores here; use parallelism.nproc_per_node<={os.cpu_count()}")
     world = par.nproc_per_node * par.nnodes
+    if cfg.fault.kind != "none" and not (0 <= cfg.fault.rank < world and 0 <= cfg.fault.step < t.steps):
+        out.append(f"fault.rank={cfg.fault.rank}, fault.step={cfg.fault.step}: no such rank or step (world size "
+                   f"{world}, {t.steps} steps); pick a rank below {world} and a step below {t.steps}")
 
     # backend combinations
     if b.family != "deepspeed":

@@ -62,7 +62,7 @@ def run(cfg, run_dir: Path, rank: int, world: int, device: torch.device) -> dict
     batches = data.Batches(cfg.data, cfg.parallelism, cfg.model.vocab_size, cfg.train.seed, rank, world, device)
     sink = open_sink(cfg if rank == 0 else None, run_dir)  # only rank 0 writes metrics and W&B
     try:
-        result = loop.train(model, strategy, batches, cfg, device, sink)
+        result = loop.train(model, strategy, batches, cfg, device, sink, run_dir)
         peak_tflops, peak_source = metrics.device_peak_tflops(device, cfg.train.precision)
         mine = {
             "rank": rank,
