@@ -154,8 +154,23 @@ def job_count(config) -> int:
     return count
 
 
+def refuse_bad_output(root: str, out_dir: str) -> None:
+    from .validate import output_problems
+
+    problems = output_problems(root, out_dir)
+    if problems:
+        print(f"shardbench: invalid config: {problems[0]}", file=sys.stderr)
+        sys.exit(2)
+
+
 class SweepTable(Callback):
+    """The harness's Hydra callback: checks the output dir before Hydra creates it; tables and report at the end."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        refuse_bad_output(config.paths.root, config.hydra.run.dir)
+
     def on_multirun_start(self, config, **kwargs) -> None:
+        refuse_bad_output(config.paths.root, config.hydra.sweep.dir)
         try:
             results.write_text(Path(config.hydra.sweep.dir) / ".jobs", str(job_count(config)))
         except Exception as exc:  # noqa: BLE001 - a progress count must never stop a sweep

@@ -122,3 +122,28 @@ def check(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> None:
     if found:
         more = f" (and {len(found) - 1} more: {'; '.join(found[1:])})" if len(found) > 1 else ""
         raise ConfigError(found[0] + more)
+
+
+MIN_FREE_BYTES = 50 * 2**20
+
+
+def output_problems(root: str, out_dir: str) -> List[str]:
+    """Before Hydra creates anything: the output dir must lie under paths.root (a run name cannot escape it
+    with ../), and the root must be writable with room for results."""
+    from pathlib import Path
+    import shutil
+
+    root_path, out_path = Path(root).resolve(), Path(out_dir).resolve()
+    if not out_path.is_relative_to(root_path):
+        return [f"output dir {out_dir}: outside paths.root={root}; keep run and sweep names inside the results root "
+                "(no ../ or absolute paths), or set paths.root to a parent of it"]
+    existing = out_path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return [f"paths.root={root}: {existing} is not a writable directory; set paths.root to one that is"]
+    free = shutil.disk_usage(existing).free
+    if free < MIN_FREE_BYTES:
+        return [f"paths.root={root}: only {free // 2**20} MiB free on {existing}; free disk space or set paths.root "
+                "elsewhere"]
+    return []
