@@ -17,8 +17,8 @@ BACKENDS = ["ddp", "fsdp", "fsdp_grad_op", "ds_zero1", "ds_zero2", "ds_zero3", "
 FAST = ["logger=none", "train.steps=5", "train.warmup_steps=2"]
 
 
-def cli(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
+def cli(*overrides: str, timeout: int = 600, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env_extra or {})}
     env["TORCH_EXTENSIONS_DIR"] = extensions_dir()
     return subprocess.run([sys.executable, "-m", "harness.train", *overrides], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)

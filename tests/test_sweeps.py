@@ -11,6 +11,7 @@ from conftest import cli
 
 # tiny_llama in fp32 holds 2.0 MB of model states per rank under DDP and 1.0 MB under FSDP (2 ranks)
 BUDGET = "train.memory_budget_bytes=1500000"
+SECRET = "sk-shardbench-test-secret-0123456789"
 COMMON = [BUDGET, "logger=none", "train.steps=3", "train.warmup_steps=1", "train.measure_flops=false"]
 ARGS = ["-m", "backend=ddp,fsdp", *COMMON]
 
@@ -23,8 +24,12 @@ def summaries(sweep_dir):
 @pytest.mark.slow
 def test_submitit_sweep_records_oom_row_and_rerun_skips_successes(tmp_path):
     sweep_dir = tmp_path / "sweeps" / "sub"
-    proc = cli(*ARGS, "hydra/launcher=submitit_local", f"paths.root={tmp_path}", "sweep.name=sub")
+    proc = cli(*ARGS, "hydra/launcher=submitit_local", f"paths.root={tmp_path}", "sweep.name=sub",
+               env_extra={"WANDB_API_KEY": SECRET, "HF_TOKEN": SECRET})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # secrets in the environment never reach a run dir, env.json, a report or submitit's files
+    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert leaked == []
     runs = summaries(sweep_dir)
     assert runs["fsdp"][0]["status"] == "ok"
     oom = runs["ddp"][0]
