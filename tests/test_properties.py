@@ -1,0 +1,52 @@
+"""Property-based: any combination of backend x model x parallelism x precision x sizes either validates, and
+then everything the parent derives from it before starting ranks (parameter count, DeepSpeed JSON, the
+memory model) works, or it is refused by named rules, each naming the key it is about."""
+from __future__ import annotations
+
+import re
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hydra import compose, initialize_config_dir
+
+from conftest import BACKENDS, REPO
+from harness import config, memory_model, validate
+from harness.strategies.deepspeed import ds_config
+
+config.register()
+MODELS = ["tiny_llama", "tiny_gpt2", "small_llama", "gpt2_124m", "llama_1b", "llama_7b"]
+RULE = re.compile(r"^[a-z_]+(\.[a-z_0-9.]+)+(=\S*)?[,:]")  # every message starts with the key it is about
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(backend=st.sampled_from(BACKENDS), model=st.sampled_from(MODELS),
+       parallelism=st.sampled_from(["cpu2", "gpu1", "gpu8"]), precision=st.sampled_from(["fp32", "bf16", "fp16"]),
+       micro_batch=st.integers(-1, 8), grad_accum=st.integers(-1, 4), seq_len=st.integers(1, 5000),
+       cuda_devices=st.integers(0, 8))
+def test_every_combination_validates_or_is_refused_by_a_named_rule(backend, model, parallelism, precision,
+                                                                   micro_batch, grad_accum, seq_len, cuda_devices):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            f"backend={backend}", f"model={model}", f"parallelism={parallelism}", f"train.precision={precision}",
+            f"parallelism.micro_batch={micro_batch}", f"parallelism.grad_accum={grad_accum}",
+            f"parallelism.seq_len={seq_len}"])
+    problems = validate.problems(cfg, lambda: cuda_devices)
+    for p in problems:
+        assert RULE.match(p), p
+    # the rules that must fire
+    if micro_batch <= 0:
+        assert any(p.startswith("parallelism.micro_batch") for p in problems)
+    if grad_accum <= 0:
+        assert any(p.startswith("parallelism.grad_accum") for p in problems)
+    if problems:
+        return
+    assert seq_len <= cfg.model.max_positions
+    assert not (precision == "fp16" and cfg.parallelism.device == "cpu")
+    assert cfg.parallelism.device == "cpu" or cfg.parallelism.nproc_per_node <= cuda_devices
+    # a valid config: what the parent and the ranks derive from it before training must not crash
+    world = cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes
+    predicted = memory_model.predict(cfg, world)
+    assert predicted["memory/model_states_predicted_bytes"] > 0
+    if cfg.backend.family == "deepspeed":
+        ds = ds_config(cfg, world)
+        assert ds["train_batch_size"] == micro_batch * grad_accum * world
