@@ -177,7 +177,7 @@ def _launch(cfg, run_dir: Path, identity: dict, world: int) -> dict:
         try:
             returncode = wait_with_progress(proc, cfg, run_dir)
         except BaseException:  # Ctrl-C or a kill of the parent: no rank may outlive it
-            _stop_group(proc)
+            _stop_group(proc, grace_s=3.0)  # a user who pressed Ctrl-C is waiting; results are atomic
             proc.wait()
             interrupted = {**identity, "status": "failed", "reason": "interrupted (SIGINT/SIGTERM) before the run ended",
                            "figures": {}}

@@ -170,4 +170,10 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        # launch.py has already stopped the ranks and marked the running run as interrupted
+        print("shardbench: interrupted; finished runs are kept, and re-running the same command resumes the "
+              "sweep (runs that finished ok are skipped)", file=sys.stderr)
+        sys.exit(130)
