@@ -37,17 +37,17 @@ def harness_run(backend: str, overrides: list[str], run_dir: Path) -> list[float
     return [r["throughput/step_time_s"] for r in records if not r["warmup"]]
 
 
-def bare_run(run_dir: Path, warmup: int) -> list[float]:
+def bare_run(run_dir: Path) -> list[float]:
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.load(run_dir / "config.yaml")
     out = run_dir / "bare.json"
     # the harness's own torchrun command and environment (same agent polling, same threads per rank)
-    cmd = launch.torchrun_cmd(cfg, run_dir)[:-3] + ["-m", "harness.bare_loop", str(run_dir), str(out)]
+    cmd = launch.torchrun_cmd(cfg, run_dir, module=("harness.bare_loop", str(run_dir), str(out)))
     proc = subprocess.run(cmd, cwd=launch.REPO, env=launch.rank_env(cfg), capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"bare loop failed: {proc.stderr.strip()[-500:]}")
-    return json.loads(out.read_text())["step_time_s"][warmup:]
+    return json.loads(out.read_text())["step_time_s"][cfg.train.warmup_steps:]
 
 
 def main(argv=None) -> int:
@@ -58,7 +58,6 @@ def main(argv=None) -> int:
     args, overrides = parser.parse_known_args(argv)
     out_dir = launch.REPO / args.out
     scratch = out_dir / "runs"
-    warmup = int(next((o.split("=")[1] for o in reversed(DEFAULTS + overrides) if o.startswith("train.warmup_steps=")), 0))
     rows = []
     for backend in args.backends.split(","):
         harness_s, bare_s, per_repeat = [], [], []
@@ -68,9 +67,9 @@ def main(argv=None) -> int:
             # and on odd ones the bare loop runs again after it, on the previous repeat's config
             if rep % 2 == 0:
                 h_rep = harness_run(backend, overrides, run_dir)
-                b_rep = bare_run(run_dir, warmup)
+                b_rep = bare_run(run_dir)
             else:
-                b_rep = bare_run(scratch / f"{backend}-{rep - 1}", warmup)
+                b_rep = bare_run(scratch / f"{backend}-{rep - 1}")
                 h_rep = harness_run(backend, overrides, run_dir)
             harness_s += h_rep
             bare_s += b_rep

@@ -14,7 +14,6 @@ on CUDA it is also the allocator's cap (`torch.cuda.set_per_process_memory_fract
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path

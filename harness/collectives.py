@@ -171,8 +171,8 @@ def main(argv=None) -> int:
     out_dir = (launch.REPO / args.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     par = cfg.parallelism
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={par.nproc_per_node}",
-           "-m", "harness.collectives", "--worker", str(out_dir), str(args.max_mib), par.device]
+    cmd = launch.torchrun_cmd(cfg, out_dir, module=("harness.collectives", "--worker", str(out_dir),
+                                                    str(args.max_mib), par.device))
     proc = subprocess.run(cmd, cwd=launch.REPO, env=launch.rank_env(cfg))
     if proc.returncode != 0:
         print(f"collectives: ranks failed (exit {proc.returncode})", file=sys.stderr)

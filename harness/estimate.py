@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import List
 
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from . import config, memory_model
 

@@ -52,7 +52,8 @@ def rendezvous_host() -> str:
     return "127.0.0.1"
 
 
-def torchrun_cmd(cfg, run_dir: Path) -> list[str]:
+def torchrun_cmd(cfg, run_dir: Path, module: tuple[str, ...] = ()) -> list[str]:
+    """torchrun for this config; it runs `python -m harness.worker <run_dir>`, or `module` (module and args)."""
     par = cfg.parallelism
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={par.nproc_per_node}",
            "--max-restarts=0", "--monitor-interval=0.2"]
@@ -65,7 +66,7 @@ def torchrun_cmd(cfg, run_dir: Path) -> list[str]:
         port = cfg.dist.master_port or 29500
         cmd += [f"--nnodes={par.nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={master}:{port}", f"--rdzv-id={run_dir.name}"]
-    return cmd + ["-m", "harness.worker", str(run_dir)]
+    return cmd + ["-m", *(module or ("harness.worker", str(run_dir)))]
 
 
 def _stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:

@@ -32,9 +32,8 @@ class MemoryBudgetExceeded(torch.OutOfMemoryError):
     """Raised when a rank's device model states exceed train.memory_budget_bytes; recorded as `oom`."""
 
 
-def check_budget(states: Dict[str, int], budget: int, step: int) -> None:
+def check_budget(states: Dict[str, int], budget: int, step: int, rank: int) -> None:
     if budget and states["device"] > budget:
-        rank = dist.get_rank() if dist.is_initialized() else 0
         raise MemoryBudgetExceeded(
             f"out of memory (emulated): rank {rank} holds {states['device']:,} B of model states on the device "
             f"at step {step}, over train.memory_budget_bytes={budget:,}")
@@ -80,7 +79,7 @@ def train(model, strategy, batches, cfg, device, sink, run_dir=None) -> LoopResu
             probe_started = time.perf_counter()
             result.model_states = strategy.model_state_bytes()
             probe_s = time.perf_counter() - probe_started  # counting storages is not training: not timed
-            check_budget(result.model_states, cfg.train.memory_budget_bytes, step)
+            check_budget(result.model_states, cfg.train.memory_budget_bytes, step, rank)
         grad_norm = strategy.step()
         # one scalar collective per step: the global mean loss over all ranks and micro-batches
         dist.all_reduce(loss_sum)

@@ -13,7 +13,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from . import results, sweep
 
@@ -172,9 +172,10 @@ def _cell(value, fmt, best) -> tuple[str, bool]:
     return fmt.format(value), best is not None and value == best
 
 
-def build(sweep_dir: Path) -> Path:
+def build(sweep_dir: Path, rows: Optional[List[dict]] = None) -> Path:
+    """Write the report; `rows` are sweep.collect(sweep_dir), read again when not given."""
     sweep_dir = Path(sweep_dir)
-    rows = sweep.collect(sweep_dir)
+    rows = sweep.collect(sweep_dir) if rows is None else rows
     varying = sweep.varying_keys(rows)
     labels = [_label(r, varying) for r in rows]
     plots = _plots(rows, labels, sweep_dir, sweep_dir / "plots")

@@ -135,7 +135,7 @@ def build(sweep_dir: Path) -> List[dict]:
     rows = collect(sweep_dir)
     write_tables(Path(sweep_dir), rows)
     print_table(rows)
-    report.build(Path(sweep_dir))
+    report.build(Path(sweep_dir), rows)
     print(f"wrote {sweep_dir}/summary.csv, summary.md, report.md, report.html and plots/")
     return rows
 
@@ -178,11 +178,10 @@ class SweepTable(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        build(sweep_dir)
-        log_to_wandb(config, sweep_dir)
+        log_to_wandb(config, sweep_dir, build(sweep_dir))
 
 
-def log_to_wandb(config, sweep_dir: Path) -> None:
+def log_to_wandb(config, sweep_dir: Path, rows: List[dict]) -> None:
     """The side-by-side table as a wandb.Table in a summary run of the sweep's group, with the report's plots.
 
     Offline, it is written locally like every other run (`wandb sync` uploads it later). Never fails a sweep.
@@ -195,7 +194,6 @@ def log_to_wandb(config, sweep_dir: Path) -> None:
     try:
         import wandb
 
-        rows = collect(sweep_dir)
         keys = ["backend", "status", "model", "world_size", "precision"]
         figure_keys = sorted({k for r in rows for k in r["figures"]})
         table = wandb.Table(columns=keys + figure_keys,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 import platform
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +26,6 @@ config.register()
 # Only these environment variables are recorded: secrets (API keys, tokens) never reach a run dir.
 ENV_WHITELIST = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TORCH_EXTENSIONS_DIR", "WANDB_MODE",
                  "WANDB_PROJECT", "SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NTASKS", "NCCL_DEBUG")
-MIN_FREE_BYTES = 50 * 2**20
 
 
 def device_name(cfg) -> str:
@@ -69,20 +67,6 @@ def environment(cfg) -> dict:
         "git_commit": commit,
         "env": {k: os.environ[k] for k in ENV_WHITELIST if k in os.environ},
     }
-
-
-def check_run_dir(run_dir: Path, root: str) -> None:
-    """The run dir must sit under paths.root, be writable, and have room for results."""
-    root_path = Path(root).resolve()
-    if not run_dir.resolve().is_relative_to(root_path):
-        raise validate.ConfigError(f"hydra.run.dir={run_dir}: outside paths.root={root}; set paths.root to a "
-                                   "parent of the run dir, or drop the override")
-    if not os.access(run_dir, os.W_OK):
-        raise validate.ConfigError(f"run dir {run_dir}: not writable; set paths.root to a writable directory")
-    free = shutil.disk_usage(run_dir).free
-    if free < MIN_FREE_BYTES:
-        raise validate.ConfigError(f"run dir {run_dir}: only {free // 2**20} MiB free; free disk space or set "
-                                   "paths.root elsewhere")
 
 
 def _comparable(cfg) -> dict:
@@ -129,7 +113,9 @@ def run_one(cfg: DictConfig) -> dict:
     in_sweep = hc.mode == RunMode.MULTIRUN
     try:
         validate.check(cfg)
-        check_run_dir(run_dir, cfg.paths.root)
+        # the Hydra callback checked this before the dir existed; a launcher that skips callbacks still can't escape
+        for problem in validate.output_problems(cfg.paths.root, str(run_dir))[:1]:
+            raise validate.ConfigError(problem)
     except validate.ConfigError as err:
         if not in_sweep:
             print(f"shardbench: invalid config: {err}", file=sys.stderr)
