@@ -42,7 +42,7 @@ def main() -> int:
     if family == "deepspeed":
         import deepspeed
 
-        from .strategies.deepspeed import ds_config
+        from .strategies.ds_json import ds_config
 
         engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), **adam),
                                           config=ds_config(cfg, world), dist_init_required=False)

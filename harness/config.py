@@ -55,6 +55,9 @@ class ParallelismConfig:
     nnodes: int = 1
     micro_batch: int = 2
     grad_accum: int = 1
+    # sequences per optimizer step over all ranks, held fixed across world sizes: grad_accum is derived from
+    # it (apply_global_batch), so it must be a multiple of micro_batch x world size. 0 = not pinned.
+    global_batch: int = 0
     seq_len: int = 64
 
 
@@ -77,7 +80,7 @@ class TrainConfig:
 class FaultConfig:
     """Fault injection for testing failure paths (harness/faults.py). Off by default."""
 
-    kind: str = "none"  # none | raise | nan | hang | kill
+    kind: str = "none"  # none | raise | nan | hang | kill | oom
     rank: int = 0
     step: int = 0
 
@@ -107,6 +110,7 @@ class LoggerConfig:
     entity: Optional[str] = None
     group: Optional[str] = None
     tags: List[str] = field(default_factory=list)
+    init_timeout_s: int = 60  # how long wandb.init may wait for the server before the run goes on without it
 
 
 @dataclass
@@ -118,6 +122,7 @@ class DistConfig:
 @dataclass
 class PathsConfig:
     root: str = "results"  # every run and sweep dir lives under here
+    min_free_mib: int = 50  # a run refuses to start with less free space under root (results are small)
 
 
 @dataclass
@@ -140,6 +145,14 @@ class RunConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     # in a sweep, a run whose dir already holds an ok result for the same resolved config is skipped
     force: bool = False  # true: run it again anyway
+
+
+def apply_global_batch(cfg) -> None:
+    """Derive parallelism.grad_accum from parallelism.global_batch, when it is set (validate.py has checked
+    that micro_batch x world size divides it)."""
+    par = cfg.parallelism
+    if par.global_batch:
+        par.grad_accum = par.global_batch // (par.micro_batch * par.nproc_per_node * par.nnodes)
 
 
 def register() -> None:

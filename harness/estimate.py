@@ -32,7 +32,9 @@ def backends() -> List[str]:
 def compose_cfg(overrides: List[str]):
     config.register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+        cfg = compose(config_name="config", overrides=overrides)
+    config.apply_global_batch(cfg)  # as train.py does: a pinned global batch sets grad_accum
+    return cfg
 
 
 def rows(overrides: List[str], params: float | None = None, world: int | None = None) -> List[dict]:

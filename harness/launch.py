@@ -113,7 +113,9 @@ def failure_summary(identity: dict, run_dir: Path, world: int, returncode: int) 
         reason = f"rank {worst['rank']} {worst['status']}: {worst.get('error', '')} {worst.get('reason', '')}"
         others = [f"rank {o['rank']} {o['status']}" for o in outcomes if o is not worst]
         reason += f" ({', '.join(others)})" if others else ""
-    out = {**identity, "status": status, "reason": " ".join(reason.split()), "figures": {}, "ranks": outcomes}
+    params = next((o["params"] for o in outcomes if o.get("params")), None)  # counted by the ranks, if they got that far
+    out = {**identity, "params": params, "status": status, "reason": " ".join(reason.split()), "figures": {},
+           "ranks": outcomes}
     traceback = run_dir / "ranks" / f"rank{worst['rank']}.traceback.txt"
     if traceback.exists():
         out["traceback"] = str(traceback.relative_to(run_dir))

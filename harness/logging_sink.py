@@ -2,20 +2,22 @@
 
 `open_sink(None, None)` returns a sink with the same methods that does nothing, so the loop never asks
 whether logging is on (the DummyWandb idea from nanoGPT). W&B failures never fail a run: the run trains
-and writes its local results, and a warning says why.
+and writes its local results, and a warning says why. The warning goes to launcher.log, into
+summary.json's `warnings` (the worker copies `sink.warnings`), and from there to the user's terminal.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
-import warnings
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 
 class NullSink:
+    warnings: tuple = ()  # a real Sink keeps a list
+
     def log(self, record: dict) -> None:
         pass
 
@@ -50,6 +52,7 @@ class Sink(NullSink):
     def __init__(self, cfg, run_dir: Path):
         self.file = open(Path(run_dir) / "metrics.jsonl", "a", buffering=1)
         self.wandb = None
+        self.warnings: list[str] = []
         mode = wandb_mode(cfg.logger.mode)
         if mode == "disabled":
             return
@@ -66,12 +69,15 @@ class Sink(NullSink):
                 config=OmegaConf.to_container(cfg, resolve=True),
                 dir=str(run_dir),
                 mode=mode,
-                settings=wandb.Settings(silent=True, console="off", init_timeout=60),
+                settings=wandb.Settings(silent=True, console="off", init_timeout=cfg.logger.init_timeout_s),
             )
         except Exception as exc:  # noqa: BLE001 - an unreachable W&B must not fail the run
-            warnings.warn(f"W&B disabled for this run ({mode}): {type(exc).__name__}: {exc}", stacklevel=2)
-            print(f"warning: W&B unavailable, local results only: {exc}", file=sys.stderr)
+            self.warn(f"W&B unavailable ({mode}), local results only: {type(exc).__name__}: {one_line(exc)}")
             self.wandb = None
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+        print(f"warning: {message}", file=sys.stderr)
 
     def _wandb(self, fn, *args, **kw) -> None:
         if self.wandb is None:
@@ -79,7 +85,7 @@ class Sink(NullSink):
         try:
             fn(*args, **kw)
         except Exception as exc:  # noqa: BLE001
-            print(f"warning: W&B call failed, continuing without it: {exc}", file=sys.stderr)
+            self.warn(f"W&B call failed, continuing without it: {type(exc).__name__}: {one_line(exc)}")
             self.wandb = None
 
     def log(self, record: dict) -> None:
@@ -94,6 +100,11 @@ class Sink(NullSink):
     def finish(self, ok: bool = True) -> None:
         self.file.close()
         self._wandb(lambda: self.wandb.finish(exit_code=0 if ok else 1))
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] + ("..." if len(text) > 300 else "")
 
 
 def open_sink(cfg, run_dir):

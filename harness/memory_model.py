@@ -30,7 +30,8 @@ LAYOUT_NOTES = {
                 "straight into an fp32 partition (grad_accum_dtype fp32).",
     "ds_zero3": "Like ZeRO-2, plus one reduce bucket of `bucket_elements` 16-bit elements (buffers).",
     "offload": "Offloaded gradients are staged twice on the host: the fp32 partition's .grad and a flat "
-               "buffer (ZeRO-3; ZeRO-2 in 16-bit).",
+               "buffer (ZeRO-3; ZeRO-2 in 16-bit). With gradient accumulation, ZeRO-1/2 offload also keeps "
+               "a host accumulation buffer per parameter of the partition (another pΨ/N).",
 }
 
 
@@ -43,6 +44,7 @@ class Shape:
     precision: str  # fp32 | bf16 | fp16
     largest_param: int = 0
     bucket_elements: int = 0
+    grad_accum: int = 1
 
     @property
     def p(self) -> int:
@@ -88,6 +90,11 @@ def layout(backend, s: Shape) -> Dict[str, float]:
         out["grads"] = 8 * psi / n  # fp32 partition .grad + the flat staging buffer
     else:
         out["grads"] = g * psi / n
+    if off_opt and stage in (1, 2) and s.grad_accum > 1:
+        # Between micro-batches ZeRO-1/2 offload keeps a host buffer per parameter of this rank's partition
+        # (accumulated_grads_in_cpu, in the parameter dtype). Found when the fp32 test sweep moved to
+        # grad_accum 2: measured host grads were 2.07x the single partition.
+        out["grads"] += p * psi / n
     out["master"] = 4 * psi / n
     out["optimizer"] = 8 * psi / n
     if off_opt:
@@ -179,7 +186,8 @@ def shape_of(cfg, world: int) -> Shape:
 
     counts = models.param_count(cfg.model)
     return Shape(params=counts["total"], world=world, precision=cfg.train.precision,
-                 largest_param=counts["largest_param"], bucket_elements=bucket_elements(cfg))
+                 largest_param=counts["largest_param"], bucket_elements=bucket_elements(cfg),
+                 grad_accum=cfg.parallelism.grad_accum)
 
 
 def predict(cfg, world: int) -> Dict[str, float]:

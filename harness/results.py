@@ -56,3 +56,25 @@ def read_json(path: Path) -> Any:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
+
+
+ATTEMPT_FILES = ("summary.json", "metrics.jsonl", "launcher.log", "ranks", "config.yaml", "env.json", "wandb")
+
+
+def archive_attempt(run_dir: Path) -> Path | None:
+    """Move an earlier attempt's outputs into <run_dir>/attempts/<n>/ before the run starts again.
+
+    A re-run must not mix with what the last attempt left: metrics.jsonl is appended to, and a stale
+    ranks/rank<R>.json would be read as this attempt's outcome. Nothing is deleted: a failed attempt's
+    steps, tracebacks and summary stay readable there."""
+    run_dir = Path(run_dir)
+    present = [name for name in ATTEMPT_FILES if (run_dir / name).exists()]
+    if "summary.json" not in present and "metrics.jsonl" not in present and "ranks" not in present:
+        return None
+    attempts = run_dir / "attempts"
+    number = 1 + max((int(p.name) for p in attempts.glob("*") if p.name.isdigit()), default=0)
+    target = attempts / str(number)
+    target.mkdir(parents=True)
+    for name in present:
+        os.replace(run_dir / name, target / name)
+    return target

@@ -100,19 +100,23 @@ def cells(summary: dict) -> List[str]:
 def write_tables(sweep_dir: Path, rows: List[dict]) -> str:
     """summary.csv (every figure of every run) and summary.md (the side-by-side table); returns the md."""
     figure_keys = sorted({k for r in rows for k in r["figures"]})
-    ident = ["run_dir", "status", "reason", "backend", "model", "world_size", "precision", "params", "optimizer"]
+    ident = ["run_dir", "status", "reason", "warnings", "backend", "model", "world_size", "precision", "params",
+             "optimizer"]
     varying = [k for k in varying_keys(rows) if k not in ("backend.name", "model.name")]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=ident + varying + figure_keys, extrasaction="ignore")
     writer.writeheader()
     for r in rows:
-        writer.writerow({**{k: r.get(k, "") for k in ident}, **{k: r["config"].get(k, "") for k in varying},
+        writer.writerow({**{k: r.get(k, "") for k in ident}, "warnings": "; ".join(r.get("warnings", [])),
+                         **{k: r["config"].get(k, "") for k in varying},
                          **r["figures"]})
     results.write_text(sweep_dir / "summary.csv", buf.getvalue())
     lines = ["| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
     failed = [f"- {r.get('backend')}: {r.get('status')}: {r.get('reason')}" for r in rows if r.get("status") != "ok"]
-    md = "\n".join(lines) + ("\n\nNot ok:\n" + "\n".join(failed) if failed else "") + "\n"
+    warned = [f"- {r.get('backend')} ({r['run_dir']}): {w}" for r in rows for w in r.get("warnings", [])]
+    md = "\n".join(lines) + ("\n\nNot ok:\n" + "\n".join(failed) if failed else "")
+    md += ("\n\nWarnings:\n" + "\n".join(warned) if warned else "") + "\n"
     results.write_text(sweep_dir / "summary.md", md)
     return md
 
@@ -154,10 +158,10 @@ def job_count(config) -> int:
     return count
 
 
-def refuse_bad_output(root: str, out_dir: str) -> None:
+def refuse_bad_output(paths, out_dir: str) -> None:
     from .validate import output_problems
 
-    problems = output_problems(root, out_dir)
+    problems = output_problems(paths, out_dir)
     if problems:
         print(f"shardbench: invalid config: {problems[0]}", file=sys.stderr)
         sys.exit(2)
@@ -167,10 +171,10 @@ class SweepTable(Callback):
     """The harness's Hydra callback: checks the output dir before Hydra creates it; tables and report at the end."""
 
     def on_run_start(self, config, **kwargs) -> None:
-        refuse_bad_output(config.paths.root, config.hydra.run.dir)
+        refuse_bad_output(config.paths, config.hydra.run.dir)
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        refuse_bad_output(config.paths.root, config.hydra.sweep.dir)
+        refuse_bad_output(config.paths, config.hydra.sweep.dir)
         try:
             results.write_text(Path(config.hydra.sweep.dir) / ".jobs", str(job_count(config)))
         except Exception as exc:  # noqa: BLE001 - a progress count must never stop a sweep

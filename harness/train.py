@@ -95,16 +95,12 @@ def sweep_position(hc) -> str:
     return f"{hc.job.num + 1}/{total}"
 
 
-def param_count(cfg) -> int:
-    from . import models
-
-    return models.param_count(cfg.model)["total"]
-
-
 def identity(cfg) -> dict:
+    # No parameter count here: it needs transformers, which costs the parent ~5 s per run before any rank
+    # starts. The ranks count parameters and report them in their outcome files (launch.failure_summary).
     par = cfg.parallelism
     return {"backend": cfg.backend.name, "model": cfg.model.name, "world_size": par.nproc_per_node * par.nnodes,
-            "precision": cfg.train.precision, "params": param_count(cfg)}
+            "precision": cfg.train.precision}
 
 
 def run_one(cfg: DictConfig) -> dict:
@@ -114,7 +110,7 @@ def run_one(cfg: DictConfig) -> dict:
     try:
         validate.check(cfg)
         # the Hydra callback checked this before the dir existed; a launcher that skips callbacks still can't escape
-        for problem in validate.output_problems(cfg.paths.root, str(run_dir))[:1]:
+        for problem in validate.output_problems(cfg.paths, str(run_dir))[:1]:
             raise validate.ConfigError(problem)
     except validate.ConfigError as err:
         if not in_sweep:
@@ -124,6 +120,7 @@ def run_one(cfg: DictConfig) -> dict:
                    "figures": {}}
         results.write_json(run_dir / "summary.json", summary)
         return summary
+    config.apply_global_batch(cfg)  # grad_accum from a pinned global batch, before the config is written
     resolved = OmegaConf.to_yaml(cfg, resolve=True)
     if in_sweep:
         print(f"[sweep {sweep_position(hc)}] {cfg.backend.name} {cfg.model.name} -> {run_dir}", flush=True)
@@ -132,10 +129,15 @@ def run_one(cfg: DictConfig) -> dict:
             print(f"[skip] {cfg.backend.name}: ok result with the same config in {run_dir} (force=true reruns it)",
                   flush=True)
             return done
+    earlier = results.archive_attempt(run_dir)  # a failed or forced earlier attempt: kept, not mixed in
+    if earlier is not None:
+        print(f"[rerun] {cfg.backend.name}: the earlier attempt moved to {earlier}", flush=True)
     results.write_text(run_dir / "config.yaml", resolved)
     results.write_json(run_dir / "env.json", environment(cfg))
     summary = launch.launch(cfg, run_dir, identity(cfg))
     print(one_line(summary, run_dir), flush=True)
+    for warning in summary.get("warnings", []):
+        print(f"shardbench: warning: {warning}", file=sys.stderr, flush=True)
     if not in_sweep and summary["status"] != "ok":
         sys.exit(1)
     return summary

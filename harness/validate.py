@@ -18,12 +18,13 @@ CHOICES = {
     "train.on_nonfinite": ("stop", "continue"),
     "data.name": ("stdlib", "synthetic"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
-    "fault.kind": ("none", "raise", "nan", "hang", "kill"),
+    "fault.kind": ("none", "raise", "nan", "hang", "kill", "oom"),
 }
 
 POSITIVE = ("train.steps", "parallelism.micro_batch", "parallelism.grad_accum", "parallelism.seq_len",
             "parallelism.nproc_per_node", "parallelism.nnodes", "dist.timeout_s", "model.vocab_size",
-            "model.hidden_size", "model.num_layers", "model.num_heads", "model.max_positions")
+            "model.hidden_size", "model.num_layers", "model.num_heads", "model.max_positions",
+            "logger.init_timeout_s")
 
 
 class ConfigError(ValueError):
@@ -56,6 +57,9 @@ def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[s
             out.append(f"{key}={value}: must be positive; set {key} to 1 or more")
     if cfg.backend.bucket_elements < 0:
         out.append(f"backend.bucket_elements={cfg.backend.bucket_elements}: must be >= 0 (0 = automatic)")
+    for key in ("parallelism.global_batch", "paths.min_free_mib"):
+        if _get(cfg, key) < 0:
+            out.append(f"{key}={_get(cfg, key)}: must be >= 0 (0 = off)")
     if cfg.train.memory_budget_bytes < 0:
         out.append(f"train.memory_budget_bytes={cfg.train.memory_budget_bytes}: must be >= 0 (0 = no budget)")
     if out:
@@ -87,6 +91,22 @@ def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[s
         out.append(f"parallelism.nproc_per_node={par.nproc_per_node}: more CPU ranks than the "
                    f"{os.cpu_count()} cores here; use parallelism.nproc_per_node<={os.cpu_count()}")
     world = par.nproc_per_node * par.nnodes
+    if par.global_batch:
+        per_micro = par.micro_batch * world
+        derived = par.global_batch // per_micro
+        if par.global_batch % per_micro:
+            near = max(per_micro, round(par.global_batch / per_micro) * per_micro)
+            out.append(f"parallelism.global_batch={par.global_batch}: not divisible by micro_batch {par.micro_batch}"
+                       f" x world size {world} = {per_micro}; use a multiple of {per_micro} (e.g. {near}) or "
+                       "change parallelism.micro_batch")
+        elif par.grad_accum not in (1, derived):
+            out.append(f"parallelism.grad_accum={par.grad_accum}: contradicts parallelism.global_batch="
+                       f"{par.global_batch}, which gives grad_accum {derived} at this micro-batch and world size; "
+                       "set only one of them")
+    if cfg.logger.mode != "disabled" and cfg.logger.init_timeout_s >= cfg.dist.timeout_s:
+        out.append(f"logger.init_timeout_s={cfg.logger.init_timeout_s}: not below dist.timeout_s={cfg.dist.timeout_s}"
+                   "; the other ranks wait in a collective while rank 0 starts W&B, so lower it or raise "
+                   "dist.timeout_s")
     if cfg.fault.kind != "none" and not (0 <= cfg.fault.rank < world and 0 <= cfg.fault.step < t.steps):
         out.append(f"fault.rank={cfg.fault.rank}, fault.step={cfg.fault.step}: no such rank or step (world size "
                    f"{world}, {t.steps} steps); pick a rank below {world} and a step below {t.steps}")
@@ -109,7 +129,7 @@ def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[s
                        f"{b.zero_stage}; use backend=ds_zero3_offload")
         if b.offload_optimizer and b.zero_stage == 0:
             out.append("backend.offload_optimizer=true: optimizer offload needs ZeRO stage 1-3")
-        from .strategies.deepspeed import conflicts
+        from .strategies.ds_json import conflicts
 
         for c in conflicts(cfg, world):
             out.append(f"backend.deepspeed.{c}: contradicts the harness config; remove the key and set the "
@@ -124,15 +144,14 @@ def check(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> None:
         raise ConfigError(found[0] + more)
 
 
-MIN_FREE_BYTES = 50 * 2**20
-
-
-def output_problems(root: str, out_dir: str) -> List[str]:
+def output_problems(paths, out_dir: str) -> List[str]:
     """Before Hydra creates anything: the output dir must lie under paths.root (a run name cannot escape it
-    with ../), and the root must be writable with room for results."""
+    with ../), and the root must be writable with paths.min_free_mib free (a full disk fails here, not in
+    the middle of a run)."""
     from pathlib import Path
     import shutil
 
+    root, min_free_mib = paths.root, paths.min_free_mib
     root_path, out_path = Path(root).resolve(), Path(out_dir).resolve()
     if not out_path.is_relative_to(root_path):
         return [f"output dir {out_dir}: outside paths.root={root}; keep run and sweep names inside the results root "
@@ -143,7 +162,7 @@ def output_problems(root: str, out_dir: str) -> List[str]:
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         return [f"paths.root={root}: {existing} is not a writable directory; set paths.root to one that is"]
     free = shutil.disk_usage(existing).free
-    if free < MIN_FREE_BYTES:
-        return [f"paths.root={root}: only {free // 2**20} MiB free on {existing}; free disk space or set paths.root "
-                "elsewhere"]
+    if free < min_free_mib * 2**20:
+        return [f"paths.root={root}: only {free // 2**20} MiB free on {existing}, below paths.min_free_mib="
+                f"{min_free_mib}; free disk space or set paths.root elsewhere"]
     return []

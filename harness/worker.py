@@ -85,6 +85,8 @@ def run(cfg, run_dir: Path, rank: int, world: int, device: torch.device) -> dict
             flops = flop_counts(cfg, counts) if cfg.train.measure_flops else {}
             env = results.read_json(run_dir / "env.json") or {}
             summary_obj = summary.build(cfg, gathered, flops, env)
+            if sink.warnings:  # e.g. W&B unreachable: the run is ok, but the user must hear why it is not online
+                summary_obj["warnings"] = list(sink.warnings)
             results.write_json(run_dir / "summary.json", summary_obj)
             sink.summary({**summary_obj["figures"], "status": "ok"})
         sink.finish(ok=True)
@@ -118,14 +120,16 @@ def main() -> int:
         os._exit(143)
 
     signal.signal(signal.SIGTERM, on_term)
+    params = None  # reported in every outcome, so that a failed run's row still says how large the model was
     try:
+        params = models.param_count(cfg.model)["total"]
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo",
             timeout=timedelta(seconds=cfg.dist.timeout_s),
             device_id=device if device.type == "cuda" else None,
         )
         outcome = run(cfg, run_dir, rank, world, device)
-        outcome.update(rank=rank, elapsed_s=time.time() - started)
+        outcome.update(rank=rank, params=params, elapsed_s=time.time() - started)
         results.write_json(outcome_path, outcome)
         code = 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
@@ -133,7 +137,7 @@ def main() -> int:
         results.write_text(run_dir / "ranks" / f"rank{rank}.traceback.txt", tb)
         results.write_json(outcome_path, {"rank": rank, "status": classify(exc), "error": type(exc).__name__,
                                           "reason": str(exc).strip().splitlines()[0][:500] if str(exc) else "",
-                                          "elapsed_s": time.time() - started})
+                                          "params": params, "elapsed_s": time.time() - started})
         print(tb, file=sys.stderr)
         code = 1
     finally:

@@ -48,6 +48,14 @@ BAD_INPUT = [
     (["backend.bucket_elements=-1"], "backend.bucket_elements=-1"),
     (["train.memory_budget_bytes=-5"], "train.memory_budget_bytes=-5"),
     (["fault.kind=raise", "fault.rank=2"], "fault.rank=2"),
+    (["logger.init_timeout_s=0"], "logger.init_timeout_s=0"),
+    (["logger.mode=offline", "dist.timeout_s=30"], "logger.init_timeout_s=60: not below dist.timeout_s=30"),
+    # a world size that does not divide the pinned global batch, and a grad_accum that contradicts it
+    (["parallelism.global_batch=6"], "parallelism.global_batch=6: not divisible by micro_batch 2 x world size 2"),
+    (["parallelism.global_batch=8", "parallelism.grad_accum=3"], "parallelism.grad_accum=3: contradicts"),
+    (["parallelism.global_batch=-4"], "parallelism.global_batch=-4"),
+    # a disk without room for results (the real full-disk case: tests/test_environment_faults.py)
+    (["paths.min_free_mib=1000000000"], "below paths.min_free_mib=1000000000"),
     # enumerations
     (["train.on_nonfinite=ignore"], "train.on_nonfinite=ignore"),
     (["model.init=lazy"], "model.init=lazy"),

@@ -67,8 +67,18 @@ def test_deepspeed_pass_through_keys_that_agree_or_are_new_are_accepted():
     cfg = make("backend=ds_zero2", "+backend.deepspeed.train_batch_size=4",
                "+backend.deepspeed.zero_optimization.round_robin_gradients=true")
     assert validate.problems(cfg, no_cuda) == []
-    from harness.strategies.deepspeed import ds_config
+    from harness.strategies.ds_json import ds_config
 
     merged = ds_config(cfg, world_size=2)
     assert merged["zero_optimization"]["round_robin_gradients"] is True
     assert merged["zero_optimization"]["stage"] == 2 and merged["train_batch_size"] == 4
+
+
+@pytest.mark.parametrize("parallelism, global_batch, grad_accum", [("cpu2", 8, 2), ("cpu2", 4, 1), ("gpu8", 128, 4)])
+def test_a_pinned_global_batch_sets_grad_accum_for_the_world_size(parallelism, global_batch, grad_accum):
+    cfg = make(f"parallelism={parallelism}", f"parallelism.global_batch={global_batch}", "parallelism.seq_len=64")
+    assert validate.problems(cfg, lambda: 8) == []
+    config.apply_global_batch(cfg)
+    par = cfg.parallelism
+    assert par.grad_accum == grad_accum
+    assert par.micro_batch * par.grad_accum * par.nproc_per_node * par.nnodes == global_batch

@@ -1,17 +1,22 @@
 """Property-based: any combination of backend x model x parallelism x precision x sizes either validates, and
 then everything the parent derives from it before starting ranks (parameter count, DeepSpeed JSON, the
-memory model) works, or it is refused by named rules, each naming the key it is about."""
+memory model) works, or it is refused by named rules, each naming the key it is about. Valid draws that this
+machine can run then train inside real ranks, which must not crash."""
 from __future__ import annotations
 
+import json
 import re
+import tempfile
+from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from hydra import compose, initialize_config_dir
 
-from conftest import BACKENDS, REPO
+from conftest import BACKENDS, REPO, cli
 from harness import config, memory_model, validate
-from harness.strategies.deepspeed import ds_config
+from harness.strategies.ds_json import ds_config
 
 config.register()
 MODELS = ["tiny_llama", "tiny_gpt2", "small_llama", "gpt2_124m", "llama_1b", "llama_7b"]
@@ -50,3 +55,25 @@ def test_every_combination_validates_or_is_refused_by_a_named_rule(backend, mode
     if cfg.backend.family == "deepspeed":
         ds = ds_config(cfg, world)
         assert ds["train_batch_size"] == micro_batch * grad_accum * world
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None, phases=[Phase.generate],  # each example is a real run: no shrinking
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(backend=st.sampled_from(BACKENDS), model=st.sampled_from(["tiny_llama", "tiny_gpt2"]),
+       precision=st.sampled_from(["fp32", "bf16"]), micro_batch=st.integers(1, 3), grad_accum=st.integers(1, 3),
+       seq_len=st.integers(1, 64), checkpointing=st.booleans(), init=st.sampled_from(["host", "meta"]))
+def test_valid_draws_train_inside_real_ranks(backend, model, precision, micro_batch, grad_accum, seq_len,
+                                             checkpointing, init):
+    overrides = [f"backend={backend}", f"model={model}", f"train.precision={precision}",
+                 f"parallelism.micro_batch={micro_batch}", f"parallelism.grad_accum={grad_accum}",
+                 f"parallelism.seq_len={seq_len}", f"train.activation_checkpointing={checkpointing}",
+                 f"model.init={init}"]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    assume(not validate.problems(cfg))
+    root = Path(tempfile.mkdtemp(prefix="shardbench-prop-"))
+    proc = cli(*overrides, "logger=none", "train.steps=2", "train.warmup_steps=1", "train.measure_flops=false",
+               f"paths.root={root}", "hydra.run.dir=${paths.root}/runs/draw", timeout=300)
+    summary = json.loads((root / "runs" / "draw" / "summary.json").read_text())
+    assert proc.returncode == 0 and summary["status"] == "ok", (overrides, summary.get("reason"))

@@ -1,5 +1,5 @@
-"""Sweeps: a failed run is a row and the sweep goes on, re-running skips what already succeeded, and the same
-multirun goes through hydra-submitit-launcher (submitit_local: the SLURM code path, on this machine)."""
+"""Sweeps: a failed run is a row and the sweep goes on, through hydra-submitit-launcher (submitit_local: the
+SLURM code path, on this machine); re-running skips only what already succeeded with the same config."""
 from __future__ import annotations
 
 import json
@@ -22,7 +22,7 @@ def summaries(sweep_dir):
 
 
 @pytest.mark.slow
-def test_submitit_sweep_records_oom_row_and_rerun_skips_successes(tmp_path):
+def test_submitit_sweep_records_an_oom_row_and_leaks_no_secret(tmp_path):
     sweep_dir = tmp_path / "sweeps" / "sub"
     proc = cli(*ARGS, "hydra/launcher=submitit_local", f"paths.root={tmp_path}", "sweep.name=sub",
                env_extra={"WANDB_API_KEY": SECRET, "HF_TOKEN": SECRET})
@@ -38,14 +38,7 @@ def test_submitit_sweep_records_oom_row_and_rerun_skips_successes(tmp_path):
     assert (sweep_dir / ".submitit").is_dir()  # it really went through submitit
     table = (sweep_dir / "summary.md").read_text()
     assert "oom" in table and "ok" in table
-
-    ok_mtime = runs["fsdp"][1].stat().st_mtime_ns
-    again = cli(*ARGS, f"paths.root={tmp_path}", "sweep.name=sub")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "[skip] fsdp" in again.stdout and "[skip] ddp" not in again.stdout
-    rerun = summaries(sweep_dir)
-    assert rerun["fsdp"][1].stat().st_mtime_ns == ok_mtime  # the finished result is untouched
-    assert rerun["ddp"][0]["status"] == "oom"  # the failed run ran again
+    # re-running skips what succeeded and runs the failed again: tests/test_faults.py
 
 
 def test_force_reruns_and_a_changed_config_is_not_skipped(tmp_path):

@@ -1,0 +1,61 @@
+"""Faults outside the ranks: W&B that cannot be reached, and a disk with no room. Real runs, real sockets,
+a real full filesystem (a 1 MiB tmpfs)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from conftest import cli
+
+SECRET = "0123456789abcdef0123456789abcdef01234567"  # a well-formed W&B key that no server accepts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, env, says", [
+    # port 9 (discard) on localhost refuses the connection: W&B's server is down or unreachable
+    ("unreachable", {"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_API_KEY": SECRET}, "CommError"),
+    # online mode asked for, but no API key anywhere (an empty home: no netrc)
+    ("no API key", {"WANDB_API_KEY": "", "HOME": "{tmp}/home"}, "No API key configured"),
+])
+def test_wandb_failure_still_trains_and_writes_local_results_with_a_warning(tmp_path, case, env, says):
+    (tmp_path / "home").mkdir()
+    env = {k: v.format(tmp=tmp_path) for k, v in env.items()}
+    proc = cli("logger.mode=online", "logger.init_timeout_s=5", "train.steps=4", "train.warmup_steps=1",
+               "train.measure_flops=false", f"paths.root={tmp_path}", "hydra.run.dir=${paths.root}/runs/wandb-down",
+               env_extra=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "wandb-down"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+    # the user is told, on the terminal and in the summary, why the run is not online
+    warning = next(w for w in summary["warnings"] if w.startswith("W&B unavailable (online), local results only"))
+    assert says in warning and f"shardbench: warning: {warning}" in proc.stderr
+    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert leaked == []
+
+
+def test_a_full_disk_is_refused_before_any_rank_starts(tmp_path):
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("mounting a 1 MiB tmpfs needs root; tests/test_cli.py covers the rule with paths.min_free_mib")
+    try:
+        # fill it, as a sweep's logs and checkpoints would: the next write fails with ENOSPC
+        with pytest.raises(OSError, match="No space left"), open(full / "filler", "wb") as f:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        started = time.time()
+        proc = cli(f"paths.root={full}", "logger=none")
+        elapsed = time.time() - started
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines()[-1].startswith(
+            f"shardbench: invalid config: paths.root={full}: only 0 MiB free"), proc.stderr
+        assert "Traceback" not in proc.stderr and elapsed < 10
+        assert [p.name for p in full.rglob("*")] == ["filler"]  # nothing was created, no rank started
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
