@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare sweep report run estimate bench capacity collectives browser test clean lock
+.PHONY: help install warm demo compare sweep report run estimate bench capacity collectives faults browser test clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -56,6 +56,9 @@ capacity: install warm ## largest model per backend under a budget: make capacit
 collectives: install ## all-reduce, reduce-scatter, all-gather, broadcast: time and busbw, 1 KiB-256 MiB -> results/collectives/
 	$(PY) -m harness.collectives $(ARGS)
 
+faults: install warm ## fault drill: OOM, exception, NaN, kill, hang, then re-run + Ctrl-C: status and time to detect -> results/faults/
+	$(PY) -m harness.fault_drill $(ARGS)
+
 browser: ## install headless Chromium (Debian's `chromium`), which the report test opens report.html in
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
@@ -68,4 +71,4 @@ lock: ## re-pin requirements/cpu.lock from the current .venv
 	  $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//'; } > $(LOCK)
 
 clean: ## remove raw run and sweep dirs (curated results/ files stay)
-	rm -rf results/runs results/sweeps outputs multirun
+	rm -rf results/runs results/sweeps results/fault_drill outputs multirun

@@ -16,4 +16,5 @@ Where things are:
     bench.py         harness overhead against bare_loop.py, a hand-written loop
     capacity.py      largest model (or micro-batch) per backend under a memory budget
     collectives.py   all-reduce / reduce-scatter / all-gather / broadcast bandwidth (nccl-tests' busbw)
+    faults.py        fault injection (fault.kind=...); fault_drill.py: every fault, its status and detect time
 """

@@ -69,6 +69,20 @@ def torchrun_cmd(cfg, run_dir: Path, module: tuple[str, ...] = ()) -> list[str]:
     return cmd + ["-m", *(module or ("harness.worker", str(run_dir)))]
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs. Zombies do not count: killpg(pgid, 0) would count them,
+    and under a PID 1 that does not reap orphans (containers) a rank torchrun left behind stays a zombie."""
+    import psutil
+
+    for p in psutil.process_iter(["status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                return True
+        except (OSError, psutil.Error):
+            continue
+    return False
+
+
 def _stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     """SIGTERM the whole process group, then SIGKILL whatever is left after `grace_s`."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
@@ -78,9 +92,8 @@ def _stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             return
         deadline = time.time() + wait_s
         while time.time() < deadline:
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
+            proc.poll()  # reap torchrun itself once it has exited
+            if not _group_alive(proc.pid):
                 return
             time.sleep(0.1)
 

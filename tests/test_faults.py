@@ -5,52 +5,26 @@ waits, as a user would. No rank outlives its run, and completed steps and result
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
-import time
 
 import pytest
 
-from conftest import REPO, cli
-from harness.warm_ops import extensions_dir
+from conftest import REPO
+from harness.fault_drill import interrupt_rerun, left_running, read_runs, sweep_command
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 10
-KINDS = ["none", "oom", "raise", "nan", "kill", "hang"]  # hang last: the re-run is interrupted while it waits
-
-
-def sweep_args(root) -> list:
-    return ["-m", f"fault.kind={','.join(KINDS)}", "fault.rank=1", "fault.step=3", f"dist.timeout_s={TIMEOUT_S}",
-            "train.steps=6", "train.warmup_steps=1", "logger=none", "train.measure_flops=false",
-            f"paths.root={root}", "sweep.name=faults"]
-
-
-def read_runs(root) -> dict:
-    runs = {}
-    for path in (root / "sweeps" / "faults").glob("*/summary.json"):
-        run_dir = path.parent
-        kind = next(p.split("=")[1] for p in run_dir.name.split(",") if p.startswith("fault.kind="))
-        fault = json.loads((run_dir / "ranks" / "fault.json").read_text()) if kind != "none" else None
-        detected_s = path.stat().st_mtime - fault["time"] if fault else None
-        runs[kind] = {"summary": json.loads(path.read_text()), "dir": run_dir, "detected_s": detected_s,
-                      "fault_time": fault["time"] if fault else None, "mtime_ns": path.stat().st_mtime_ns}
-    return runs
 
 
 def steps(run_dir) -> list:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def left_running(run_dir) -> list:
-    return subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
-
-
 @pytest.fixture(scope="module")
 def fault_sweep(tmp_path_factory):
+    """The drill's sweep (harness/fault_drill.py, `make faults`), run here as the CLI would run it."""
     root = tmp_path_factory.mktemp("faults")
-    proc = cli(*sweep_args(root))
+    proc = subprocess.run(sweep_command(root, TIMEOUT_S, []), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]  # the sweep itself never crashes
     return root, read_runs(root)
 
@@ -94,25 +68,11 @@ def test_completed_steps_are_kept_and_no_rank_is_left(fault_sweep):
 
 def test_rerun_skips_the_good_run_reruns_the_failed_and_ctrl_c_stops_it(fault_sweep):
     root, before = fault_sweep
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": extensions_dir()}
-    # a terminal's Ctrl-C: SIGINT to the sweep's process, with SIGINT's default disposition (as in a shell)
-    proc = subprocess.Popen([sys.executable, "-m", "harness.train", *sweep_args(root)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    hang_fault = before["hang"]["dir"] / "ranks" / "fault.json"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:  # wait for the re-run's hang to happen
-        fault = json.loads(hang_fault.read_text()) if hang_fault.exists() else None
-        if fault and fault["time"] > before["hang"]["fault_time"]:
-            break
-        time.sleep(0.2)
-    time.sleep(1)
-    sent = time.time()
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    stopped_s = time.time() - sent
+    again = interrupt_rerun(root, TIMEOUT_S, [], before)  # SIGINT once the re-run's hung rank has hung
+    out, err, stopped_s = again["stdout"], again["stderr"], again["stopped_s"]
+    print(f"sweep stopped {stopped_s:.2f} s after SIGINT")
 
-    assert proc.returncode == 130, err[-3000:]
+    assert again["returncode"] == 130, err[-3000:]
     assert stopped_s < 10, stopped_s
     assert "interrupted" in err and "Traceback" not in err
     after = read_runs(root)
