@@ -138,7 +138,8 @@ def failure_summary(identity: dict, run_dir: Path, world: int, returncode: int) 
 def is_peer_error(outcome: dict) -> bool:
     """A rank that failed because a peer went away is a symptom; the peer is the cause to report."""
     text = f"{outcome.get('reason', '')}".lower()
-    return any(s in text for s in ("closed by peer", "reset by peer", "remote worker", "broken pipe"))
+    return any(s in text for s in ("closed by peer", "reset by peer", "remote worker", "broken pipe",
+                                   "from another rank"))
 
 
 def wait_with_progress(proc: subprocess.Popen, cfg, run_dir: Path) -> int:

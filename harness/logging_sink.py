@@ -14,6 +14,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from .results import json_safe
+
 
 class NullSink:
     warnings: tuple = ()  # a real Sink keeps a list
@@ -89,7 +91,7 @@ class Sink(NullSink):
             self.wandb = None
 
     def log(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
+        self.file.write(json.dumps(json_safe(record)) + "\n")  # NaN -> null: strict JSON, as jq reads it
         self.file.flush()
         # the same keys as metrics.jsonl and summary.json (W&B history per step; its summary, the final figures)
         self._wandb(lambda: self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"]))

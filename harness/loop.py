@@ -82,10 +82,13 @@ def train(model, strategy, batches, cfg, device, sink, run_dir=None) -> LoopResu
             check_budget(result.model_states, cfg.train.memory_budget_bytes, step, rank)
         grad_norm = strategy.step()
         # one scalar collective per step: the global mean loss over all ranks and micro-batches
+        local_loss = loss_sum.clone()
         dist.all_reduce(loss_sum)
         loss_value = loss_sum.item() / (ga * world)
         if not math.isfinite(loss_value) and cfg.train.on_nonfinite == "stop":
-            raise NonFiniteLoss(f"non-finite loss at step {step}")
+            # every rank sees the global NaN; say which rank's own loss was the source (launch.is_peer_error)
+            own = math.isfinite(local_loss.item())
+            raise NonFiniteLoss(f"non-finite loss at step {step}" + (" (from another rank's loss)" if own else ""))
         metrics.device_sync(device)
         now = time.perf_counter()
         step_s, started = now - started - probe_s, now

@@ -147,7 +147,7 @@ def _plots(rows: List[dict], labels: List[str], sweep_dir: Path, out_dir: Path) 
         save(fig, "memory_predicted_vs_measured")
 
     curves = [(lab, _losses(sweep_dir / r["run_dir"])) for r, lab in zip(rows, labels)]
-    curves = [(lab, [x for x in recs if "loss/loss" in x and "step" in x]) for lab, recs in curves]
+    curves = [(lab, [x for x in recs if x.get("loss/loss") is not None and "step" in x]) for lab, recs in curves]
     curves = [(lab, recs) for lab, recs in curves if recs]
     if curves:
         fig, ax = plt.subplots(figsize=(9, 4.5))

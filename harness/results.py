@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 
-def _clean(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     # JSON has no NaN/inf: write them as null so every reader can parse the file
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
@@ -48,7 +48,7 @@ def write_text(path: Path, text: str) -> None:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    write_text(path, json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n")
+    write_text(path, json.dumps(json_safe(obj), indent=2, sort_keys=False) + "\n")
 
 
 def read_json(path: Path) -> Any:

@@ -8,6 +8,7 @@ synchronous step), over the timed window only.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Dict, List
 
@@ -36,6 +37,8 @@ def figures(cfg, ranks: List[dict], flops: dict) -> dict:
         "throughput/timed_steps": len(step_s),
         "loss/final_loss": records[-1]["loss/loss"],
         "loss/first_loss": records[0]["loss/loss"],
+        # only above 0 under train.on_nonfinite=continue (else the first one ends the run as failed)
+        "loss/nonfinite_steps": sum(not math.isfinite(r["loss/loss"]) for r in records),
     }
     # FLOPs and MFU (MFU uses the counted FLOPs; the formula is shown beside it)
     if flops.get("counted"):

@@ -147,9 +147,11 @@ def one_line(summary: dict, run_dir: Path) -> str:
     f = summary.get("figures", {})
     if summary["status"] != "ok":
         return f"[{summary['status']}] {summary.get('backend')}: {summary.get('reason')} ({run_dir})"
+    loss = f["loss/final_loss"]  # null after a NaN under train.on_nonfinite=continue
+    loss_text = f"{loss:.4f}" if loss is not None else f"non-finite ({f.get('loss/nonfinite_steps')} steps)"
     return (f"[ok] {summary['backend']} {summary['model']} x{summary['world_size']} {summary['precision']}: "
             f"{f['throughput/tokens_per_s']:.0f} tok/s, p50 step {f['throughput/step_time_p50_s'] * 1e3:.1f} ms, "
-            f"peak {f['memory/peak_mem_bytes'] / 2**20:.0f} MiB, final loss {f['loss/final_loss']:.4f} ({run_dir})")
+            f"peak {f['memory/peak_mem_bytes'] / 2**20:.0f} MiB, final loss {loss_text} ({run_dir})")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

@@ -59,3 +59,19 @@ def test_a_full_disk_is_refused_before_any_rank_starts(tmp_path):
         assert [p.name for p in full.rglob("*")] == ["filler"]  # nothing was created, no rank started
     finally:
         subprocess.run(["umount", str(full)], check=True)
+
+
+@pytest.mark.slow
+def test_a_nan_loss_with_on_nonfinite_continue_trains_on_and_counts_the_steps(tmp_path):
+    proc = cli("fault.kind=nan", "fault.rank=1", "fault.step=3", "train.on_nonfinite=continue", "train.steps=6",
+               "train.warmup_steps=1", "logger=none", "train.measure_flops=false", f"paths.root={tmp_path}",
+               "hydra.run.dir=${paths.root}/runs/nan", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "nan"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    # NaN poisons the weights through the gradient all-reduce: steps 3, 4 and 5 are non-finite, and are
+    # written as JSON null (strict JSON), not NaN
+    losses = [json.loads(line)["loss/loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x is None for x in losses] == [False, False, False, True, True, True]
+    assert summary["figures"]["loss/nonfinite_steps"] == 3 and summary["figures"]["loss/final_loss"] is None
