@@ -76,6 +76,7 @@ def test_rerun_skips_the_good_run_reruns_the_failed_and_ctrl_c_stops_it(fault_sw
     assert again["returncode"] == 130, err[-3000:]
     assert stopped_s < 10, stopped_s
     assert "interrupted" in err and "Traceback" not in err
+    assert f"make report SWEEP={root / 'sweeps' / 'faults'}" in err  # how to refresh the table it did not write
     after = read_runs(root)
     # the good run was skipped and its result is untouched
     assert out.count("[skip]") == 1 and after["none"]["mtime_ns"] == before["none"]["mtime_ns"]
