@@ -127,11 +127,27 @@ def failure_summary(identity: dict, run_dir: Path, world: int, returncode: int) 
         others = [f"rank {o['rank']} {o['status']}" for o in outcomes if o is not worst]
         reason += f" ({', '.join(others)})" if others else ""
     params = next((o["params"] for o in outcomes if o.get("params")), None)  # counted by the ranks, if they got that far
-    out = {**identity, "params": params, "status": status, "reason": " ".join(reason.split()), "figures": {},
-           "ranks": outcomes}
+    out = {**identity, "params": params, "status": status, "reason": " ".join(reason.split()),
+           "figures": figures_reached(run_dir, worst), "ranks": outcomes}
     traceback = run_dir / "ranks" / f"rank{worst['rank']}.traceback.txt"
     if traceback.exists():
         out["traceback"] = str(traceback.relative_to(run_dir))
+    return out
+
+
+def figures_reached(run_dir: Path, worst: dict) -> dict:
+    """A failed run's figures: the steps it completed (metrics.jsonl), its last loss, and what the rank
+    that caused the failure had reached (memory high-water marks; for an OOM, the bytes over budget)."""
+    steps = []
+    if (run_dir / "metrics.jsonl").exists():
+        for line in (run_dir / "metrics.jsonl").read_text(errors="replace").splitlines():
+            try:
+                steps.append(json.loads(line))
+            except ValueError:  # a line torn by a kill: the steps before it still count
+                break
+    out = {"train/steps_completed": len(steps), **worst.get("reached", {})}
+    if steps:
+        out["loss/last_loss"] = steps[-1].get("loss/loss")
     return out
 
 

@@ -29,14 +29,19 @@ class NonFiniteLoss(RuntimeError):
 
 
 class MemoryBudgetExceeded(torch.OutOfMemoryError):
-    """Raised when a rank's device model states exceed train.memory_budget_bytes; recorded as `oom`."""
+    """Raised when a rank's device model states exceed train.memory_budget_bytes; recorded as `oom`.
+    `figures` holds what the rank had reached (the worker copies it into the rank's outcome)."""
+
+    figures: Dict[str, int] = {}
 
 
 def check_budget(states: Dict[str, int], budget: int, step: int, rank: int) -> None:
     if budget and states["device"] > budget:
-        raise MemoryBudgetExceeded(
+        err = MemoryBudgetExceeded(
             f"out of memory (emulated): rank {rank} holds {states['device']:,} B of model states on the device "
             f"at step {step}, over train.memory_budget_bytes={budget:,}")
+        err.figures = {f"memory/model_states_{k}_bytes": v for k, v in states.items() if k in ("device", "host")}
+        raise err
 
 
 @dataclass

@@ -96,6 +96,16 @@ def run(cfg, run_dir: Path, rank: int, world: int, device: torch.device) -> dict
         raise
 
 
+def reached(exc: BaseException, device: torch.device) -> dict:
+    """What this rank had reached when it failed: its memory high-water marks (and, for an emulated OOM,
+    the model-state bytes that broke the budget), so an `oom` row says how far over it was."""
+    try:
+        return {"memory/host_peak_bytes": metrics.host_peak_bytes(), **metrics.device_memory(device),
+                **getattr(exc, "figures", {})}
+    except Exception:  # noqa: BLE001 - a broken device must not hide the failure itself
+        return {}
+
+
 def main() -> int:
     run_dir = Path(sys.argv[1])
     cfg = OmegaConf.load(run_dir / "config.yaml")
@@ -137,7 +147,8 @@ def main() -> int:
         results.write_text(run_dir / "ranks" / f"rank{rank}.traceback.txt", tb)
         results.write_json(outcome_path, {"rank": rank, "status": classify(exc), "error": type(exc).__name__,
                                           "reason": str(exc).strip().splitlines()[0][:500] if str(exc) else "",
-                                          "params": params, "elapsed_s": time.time() - started})
+                                          "params": params, "elapsed_s": time.time() - started,
+                                          "reached": reached(exc, device)})
         print(tb, file=sys.stderr)
         code = 1
     finally:

@@ -63,6 +63,7 @@ def test_completed_steps_are_kept_and_no_rank_is_left(fault_sweep):
     assert steps(runs["none"]["dir"]) == [0, 1, 2, 3, 4, 5]
     for kind in ("oom", "raise", "kill", "hang"):
         assert steps(runs[kind]["dir"]) == [0, 1, 2], kind  # everything before the fault at step 3, nothing torn
+        assert runs[kind]["summary"]["figures"]["train/steps_completed"] == 3, kind  # and the row says so
     for kind, run in runs.items():
         assert left_running(run["dir"]) == [], f"processes of the {kind} run still running"
 

@@ -35,6 +35,9 @@ def test_submitit_sweep_records_an_oom_row_and_leaks_no_secret(tmp_path):
     oom = runs["ddp"][0]
     assert oom["status"] == "oom", oom
     assert "rank 0" in oom["reason"] and "at step 1" in oom["reason"] and "memory_budget_bytes" in oom["reason"]
+    # the row carries the figures reached: the steps done before it, and the bytes that broke the budget
+    assert oom["figures"]["train/steps_completed"] == 1 and oom["figures"]["memory/host_peak_bytes"] > 0
+    assert oom["figures"]["memory/model_states_device_bytes"] > 1_500_000
     assert (sweep_dir / ".submitit").is_dir()  # it really went through submitit
     table = (sweep_dir / "summary.md").read_text()
     assert "oom" in table and "ok" in table
