@@ -5,7 +5,7 @@ Where things are:
     launch.py        torchrun as a child process group; collects each rank's outcome into summary.json
     worker.py        one rank: build model, data and strategy, run the loop, report
     loop.py          the one training loop (no backend branches)
-    strategies/      base.py (the interface), ddp.py, fsdp.py, deepspeed.py
+    strategies/      base.py (the interface), ddp.py, fsdp.py, deepspeed.py; ds_json.py (DeepSpeed JSON, no torch)
     models.py        transformers models from typed configs; data.py: identical batches for every backend
     metrics.py       timing, memory probes, FLOPs; validate.py: rules checked before any rank starts
     summary.py       one run's figures, measured beside predicted

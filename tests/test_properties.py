@@ -5,6 +5,7 @@ machine can run then train inside real ranks, which must not crash."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -57,16 +58,22 @@ def test_every_combination_validates_or_is_refused_by_a_named_rule(backend, mode
         assert ds["train_batch_size"] == micro_batch * grad_accum * world
 
 
+# Each example is a real run (~10 s), so `make test` draws 4; SHARDBENCH_PROPERTY_RUNS=40 draws more.
+REAL_RUNS = int(os.environ.get("SHARDBENCH_PROPERTY_RUNS", "4"))
+
+
 @pytest.mark.slow
-@settings(max_examples=4, deadline=None, phases=[Phase.generate],  # each example is a real run: no shrinking
+@settings(max_examples=REAL_RUNS, deadline=None, phases=[Phase.generate],  # real runs: no shrinking
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(backend=st.sampled_from(BACKENDS), model=st.sampled_from(["tiny_llama", "tiny_gpt2"]),
        precision=st.sampled_from(["fp32", "bf16"]), micro_batch=st.integers(1, 3), grad_accum=st.integers(1, 3),
-       seq_len=st.integers(1, 64), checkpointing=st.booleans(), init=st.sampled_from(["host", "meta"]))
+       seq_len=st.integers(1, 64), checkpointing=st.booleans(), init=st.sampled_from(["host", "meta"]),
+       global_batch=st.sampled_from([0, 0, 4, 8, 12]))
 def test_valid_draws_train_inside_real_ranks(backend, model, precision, micro_batch, grad_accum, seq_len,
-                                             checkpointing, init):
+                                             checkpointing, init, global_batch):
     overrides = [f"backend={backend}", f"model={model}", f"train.precision={precision}",
                  f"parallelism.micro_batch={micro_batch}", f"parallelism.grad_accum={grad_accum}",
+                 f"parallelism.global_batch={global_batch}",
                  f"parallelism.seq_len={seq_len}", f"train.activation_checkpointing={checkpointing}",
                  f"model.init={init}"]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
