@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 LOCK ?= requirements/cpu.lock
 STAMP := $(VENV)/.installed-$(notdir $(LOCK))
 ARGS ?=
-# DeepSpeed's JIT ops, built once per clone (~2 min per op) and reused by every run and test
+# DeepSpeed's JIT ops, built once per clone (~2 min for both, measured 115 s) and reused by every run and test
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m pip install -q -c $(LOCK) -e '.[dev]'
 	touch $@
 
-warm: install ## build DeepSpeed's JIT ops once into .cache/torch_extensions (~2 min per op the first time, then seconds)
+warm: install ## build DeepSpeed's JIT ops once into .cache/torch_extensions (~2 min for both the first time, then seconds)
 	$(PY) -m harness.warm_ops
 
 demo: install warm ## the main job: every backend on the default CPU setting, then its report -> results/demo/
