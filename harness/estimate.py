@@ -60,7 +60,7 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
             "deepspeed_gpu_bytes": ds["gpu"] if ds else None,
             "activations_bytes": memory_model.activation_bytes(cfg.model, par, shape.precision, False),
             "activations_ckpt_bytes": memory_model.activation_bytes(cfg.model, par, shape.precision, True),
-            "comm_bytes_per_step": memory_model.comm_per_step(cfg.backend, shape, par.grad_accum)["bytes"],
+            "comm_bytes_per_step": memory_model.comm_per_step(cfg.backend, shape)["bytes"],
             "components": comps,
         })
     return out

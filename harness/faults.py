@@ -18,9 +18,6 @@ from pathlib import Path
 
 import torch
 
-KINDS = ("none", "raise", "nan", "hang", "kill", "oom")
-
-
 class InjectedFault(RuntimeError):
     pass
 

@@ -135,7 +135,7 @@ def activation_bytes(model, par, precision: str, checkpointing: bool) -> float:
     return layers * per_layer + logits
 
 
-def comm_per_step(backend, s: Shape, grad_accum: int = 1) -> Dict[str, float]:
+def comm_per_step(backend, s: Shape) -> Dict[str, float]:
     """Data each rank sends per optimizer step, with ring collectives.
 
     `paper_elements` is the ZeRO paper's volume (2Ψ for DDP and ZeRO-1/2, 3Ψ for ZeRO-3/FSDP). `bytes`
@@ -143,7 +143,7 @@ def comm_per_step(backend, s: Shape, grad_accum: int = 1) -> Dict[str, float]:
     (N-1)/N; it counts the real dtypes and the collectives repeated per micro-batch (ZeRO-2/3 reduce
     every micro-batch; ZeRO-3 and FSDP gather parameters in every forward and backward).
     """
-    psi, n, p = s.params, s.world, s.p
+    psi, n, p, grad_accum = s.params, s.world, s.p, s.grad_accum
     ring = (n - 1) / n
     if backend.family == "ddp":
         return {"paper_elements": 2 * psi, "bytes": 2 * ring * psi * 4}
@@ -205,7 +205,7 @@ def predict(cfg, world: int) -> Dict[str, float]:
         "memory/activations_predicted_bytes": activation_bytes(
             cfg.model, cfg.parallelism, cfg.train.precision, cfg.train.activation_checkpointing),
     })
-    comm = comm_per_step(cfg.backend, s, cfg.parallelism.grad_accum)
+    comm = comm_per_step(cfg.backend, s)
     out["comm/predicted_bytes_per_step"] = comm["bytes"]
     out["comm/paper_elements_per_step"] = comm["paper_elements"]
     return out

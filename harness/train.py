@@ -89,9 +89,6 @@ def already_done(run_dir: Path, cfg) -> dict | None:
     return summary if _comparable(earlier) == _comparable(cfg) else None
 
 
-INTERRUPTED_SWEEP: list = []
-
-
 def sweep_position(hc) -> str:
     """`i/n` for the progress line: n is the job count the SweepTable callback recorded at sweep start."""
     total = (Path(hc.sweep.dir) / ".jobs").read_text().strip() if (Path(hc.sweep.dir) / ".jobs").exists() else "?"
@@ -110,8 +107,6 @@ def run_one(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     in_sweep = hc.mode == RunMode.MULTIRUN
-    if in_sweep:
-        INTERRUPTED_SWEEP[:] = [hc.sweep.dir]  # for the Ctrl-C message: which sweep's table to rebuild
     try:
         validate.check(cfg)
         # the Hydra callback checked this before the dir existed; a launcher that skips callbacks still can't escape
@@ -139,7 +134,13 @@ def run_one(cfg: DictConfig) -> dict:
         print(f"[rerun] {cfg.backend.name}: the earlier attempt moved to {earlier}", flush=True)
     results.write_text(run_dir / "config.yaml", resolved)
     results.write_json(run_dir / "env.json", environment(cfg))
-    summary = launch.launch(cfg, run_dir, identity(cfg))
+    try:
+        summary = launch.launch(cfg, run_dir, identity(cfg))
+    except KeyboardInterrupt:
+        if in_sweep:  # Hydra's end-of-sweep callback will not run, so the sweep's table is not up to date
+            print(f"shardbench: `make report SWEEP={hc.sweep.dir}` rebuilds the sweep's table and report from "
+                  "what finished", file=sys.stderr)
+        raise
     print(one_line(summary, run_dir), flush=True)
     for warning in summary.get("warnings", []):
         print(f"shardbench: warning: {warning}", file=sys.stderr, flush=True)
@@ -171,7 +172,4 @@ if __name__ == "__main__":
         # launch.py has already stopped the ranks and marked the running run as interrupted
         print("shardbench: interrupted; finished runs are kept, and re-running the same command resumes the "
               "sweep (runs that finished ok are skipped)", file=sys.stderr)
-        if INTERRUPTED_SWEEP:  # Hydra's end-of-sweep callback did not run: the table is not up to date
-            print(f"shardbench: `make report SWEEP={INTERRUPTED_SWEEP[0]}` rebuilds the sweep's table and report "
-                  "from what finished", file=sys.stderr)
         sys.exit(130)
