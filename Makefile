@@ -39,7 +39,7 @@ sweep: install warm ## any experiment: make sweep EXP=model_scaling [ARGS="force
 
 report: install ## rebuild a finished sweep's summary.csv and report: make report SWEEP=results/sweeps/<name>
 	@test -n "$(SWEEP)" || { echo "usage: make report SWEEP=results/sweeps/<name>"; exit 2; }
-	$(PY) -m harness.sweep $(SWEEP)
+	$(PY) -m harness.report $(SWEEP)
 
 run: install warm ## one run: make run ARGS="backend=ds_zero3 model=tiny_gpt2"
 	$(PY) -m harness.train $(ARGS)

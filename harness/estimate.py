@@ -1,104 +1,10 @@
-"""Predict memory and communication for every backend at once, without training.
+"""`python -m harness.estimate`: theory for every backend, no training.
 
-    python -m harness.estimate model=llama_7b parallelism=gpu8 train.precision=bf16
-    python -m harness.estimate --params 7.5e9 --world 64 train.precision=bf16   # a hypothetical model
-
-Arguments other than the flags are Hydra overrides of the usual config (model, parallelism, train...).
-Figures are per rank, in GB (1e9 bytes, as the ZeRO paper). "paper" is the paper's formula; "device" and
-"host" are the backend's real layout (harness/memory_model.py); "DeepSpeed" is DeepSpeed's own estimator
-where it models the same backend. Activations are for one micro-batch, without and with checkpointing.
-With --params, terms sized by the largest tensor (offload staging, DeepSpeed's gathered layer) are left out.
+The code is in harness/studies/estimate.py; this file is only the command.
 """
-from __future__ import annotations
-
-import argparse
-import dataclasses
 import sys
-from pathlib import Path
-from typing import List
 
-from hydra import compose, initialize_config_dir
-
-from . import config, memory_model
-
-CONF = Path(__file__).resolve().parent.parent / "conf"
-GB = 1e9
-
-
-def backends() -> List[str]:
-    return sorted(p.stem for p in (CONF / "backend").glob("*.yaml"))
-
-
-def compose_cfg(overrides: List[str]):
-    config.register()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-    config.apply_global_batch(cfg)  # as train.py does: a pinned global batch sets grad_accum
-    return cfg
-
-
-def rows(overrides: List[str], params: float | None = None, world: int | None = None) -> List[dict]:
-    """One row per backend: every prediction, plus DeepSpeed's estimate where there is one."""
-    out = []
-    for name in backends():
-        cfg = compose_cfg([*overrides, f"backend={name}"])
-        n = world or cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes
-        shape = memory_model.shape_of(cfg, n)
-        if params:
-            # a hypothetical model has no tensors: the terms sized by its largest tensor (offload staging,
-            # DeepSpeed's gathered layer) are left out, and the bucket follows the default rule
-            bucket = cfg.backend.bucket_elements or min(25_000_000, int(params))
-            shape = dataclasses.replace(shape, params=int(params), largest_param=0, bucket_elements=bucket)
-        comps = memory_model.layout(cfg.backend, shape)
-        total = memory_model.totals(comps)
-        par = cfg.parallelism
-        ds = memory_model.deepspeed_estimate(cfg.backend, shape)
-        out.append({
-            "backend": name, "params": shape.params, "world": n, "precision": shape.precision,
-            "paper_bytes": memory_model.paper_bytes(memory_model.paper_stage(cfg.backend), shape),
-            "device_bytes": total["device"], "host_bytes": total["host"], "buffers_bytes": comps.get("buffers", 0),
-            "deepspeed_gpu_bytes": ds["gpu"] if ds else None,
-            "activations_bytes": memory_model.activation_bytes(cfg.model, par, shape.precision, False),
-            "activations_ckpt_bytes": memory_model.activation_bytes(cfg.model, par, shape.precision, True),
-            "comm_bytes_per_step": memory_model.comm_per_step(cfg.backend, shape)["bytes"],
-            "components": comps,
-        })
-    return out
-
-
-def render(table: List[dict], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=title)
-    for col in ("backend", "paper", "device", "host", "buffers", "DeepSpeed est.", "activations",
-                "act. (ckpt)", "comm/step"):
-        t.add_column(col, justify="left" if col == "backend" else "right")
-    fmt = lambda v: "-" if v is None else f"{v / GB:,.3f}"  # noqa: E731
-    for r in table:
-        t.add_row(r["backend"], fmt(r["paper_bytes"]), fmt(r["device_bytes"]), fmt(r["host_bytes"] or None),
-                  fmt(r["buffers_bytes"] or None), fmt(r["deepspeed_gpu_bytes"]), fmt(r["activations_bytes"]),
-                  fmt(r["activations_ckpt_bytes"]), fmt(r["comm_bytes_per_step"]))
-    Console(width=max(Console().width, 140)).print(t)
-    print("GB per rank (1e9 bytes). device+host = model states; buffers = comm/offload staging; "
-          "activations per micro-batch; comm = bytes sent per rank per step.")
-    for key, note in memory_model.LAYOUT_NOTES.items():
-        print(f"  {key}: {note}")
-
-
-def main(argv: List[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", type=float, help="a hypothetical parameter count (e.g. 7.5e9)")
-    parser.add_argument("--world", type=int, help="data-parallel ranks (default: from parallelism)")
-    args, overrides = parser.parse_known_args(argv)
-    table = rows(overrides, args.params, args.world)
-    r = table[0]
-    cfg = compose_cfg(overrides)
-    render(table, f"{cfg.model.name if not args.params else 'Ψ=%.3g' % args.params}: {r['params']:,} params, "
-                  f"N={r['world']}, {r['precision']}, micro_batch {cfg.parallelism.micro_batch} x seq "
-                  f"{cfg.parallelism.seq_len}")
-    return 0
-
+from harness.studies.estimate import main
 
 if __name__ == "__main__":
     sys.exit(main())

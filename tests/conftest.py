@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.warm_ops import extensions_dir
+from harness.config.compose import backends
+from harness.core.paths import extensions_dir
 
 REPO = Path(__file__).resolve().parent.parent
-BACKENDS = ["ddp", "fsdp", "fsdp_grad_op", "ds_zero1", "ds_zero2", "ds_zero3", "ds_zero2_offload",
-            "ds_zero3_offload"]
+BACKENDS = backends()  # every file in conf/backend/
 FAST = ["logger=none", "train.steps=5", "train.warmup_steps=2"]
 
 

@@ -10,8 +10,9 @@ import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 from torch.profiler import ProfilerActivity, profile
 
-from harness import config, models
-from harness.strategies import make_strategy
+from harness.config import schema
+from harness.runtime import models
+from harness.runtime.strategies import make_strategy
 
 REDUCTIONS = ("allreduce", "all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_base")
 
@@ -24,14 +25,15 @@ def reductions(fn) -> int:
 
 
 def main(conf_dir: str, backends: list[str]) -> None:
-    config.register()
+    schema.register()
     dist.init_process_group("gloo")
     out = {}
     for backend in backends:
         with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
             cfg = compose(config_name="config", overrides=[f"backend={backend}", "parallelism.grad_accum=2"])
         torch.manual_seed(0)
-        strategy = make_strategy(cfg, torch.device("cpu"), dist.get_world_size())
+        params = models.param_count(cfg.model)["total"]
+        strategy = make_strategy(cfg, torch.device("cpu"), dist.get_world_size(), params)
         model = strategy.setup(models.build(cfg.model), cfg.optim)
         ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(dist.get_rank()))
 

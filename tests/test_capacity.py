@@ -10,11 +10,13 @@ import sys
 import pytest
 
 from conftest import REPO
-from harness import capacity, estimate, models
+from harness.config.compose import compose
+from harness.runtime import models
+from harness.studies import capacity
 
 
 def test_ladder_grows_in_about_1_5x_steps():
-    counts = [models.param_count(estimate.compose_cfg(r).model)["total"] for r in capacity.ladder(18)]
+    counts = [models.param_count(compose(r).model)["total"] for r in capacity.ladder(18)]
     ratios = [b / a for a, b in zip(counts, counts[1:]) if a > 1e6]
     assert counts == sorted(counts) and len(ratios) >= 8
     assert all(1.3 <= r <= 1.8 for r in ratios), ratios

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from harness import collectives
+from harness.studies import collectives
 
 
 @pytest.mark.parametrize("n, factors", [

@@ -7,9 +7,10 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import OmegaConfBaseException
 
 from conftest import BACKENDS, REPO
-from harness import config, validate
+from harness.config import derive, schema
+from harness.config import rules as validate
 
-config.register()
+schema.register()
 
 
 def make(*overrides: str):
@@ -67,9 +68,9 @@ def test_deepspeed_pass_through_keys_that_agree_or_are_new_are_accepted():
     cfg = make("backend=ds_zero2", "+backend.deepspeed.train_batch_size=4",
                "+backend.deepspeed.zero_optimization.round_robin_gradients=true")
     assert validate.problems(cfg, no_cuda) == []
-    from harness.strategies.ds_json import ds_config
+    from harness.config.deepspeed_json import ds_config
 
-    merged = ds_config(cfg, world_size=2)
+    merged = ds_config(cfg, world_size=2, params=125_248)
     assert merged["zero_optimization"]["round_robin_gradients"] is True
     assert merged["zero_optimization"]["stage"] == 2 and merged["train_batch_size"] == 4
 
@@ -78,7 +79,7 @@ def test_deepspeed_pass_through_keys_that_agree_or_are_new_are_accepted():
 def test_a_pinned_global_batch_sets_grad_accum_for_the_world_size(parallelism, global_batch, grad_accum):
     cfg = make(f"parallelism={parallelism}", f"parallelism.global_batch={global_batch}", "parallelism.seq_len=64")
     assert validate.problems(cfg, lambda: 8) == []
-    config.apply_global_batch(cfg)
+    derive.apply_global_batch(cfg)
     par = cfg.parallelism
     assert par.grad_accum == grad_accum
     assert par.micro_batch * par.grad_accum * par.nproc_per_node * par.nnodes == global_batch

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import REPO
-from harness.fault_drill import interrupt_rerun, left_running, read_runs, sweep_command
+from harness.studies.fault_drill import interrupt_rerun, left_running, read_runs, sweep_command
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 10

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from harness.warm_ops import extensions_dir
+from harness.core.paths import extensions_dir
 
 pytestmark = pytest.mark.slow
 

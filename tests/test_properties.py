@@ -16,10 +16,13 @@ from hypothesis import strategies as st
 from hydra import compose, initialize_config_dir
 
 from conftest import BACKENDS, REPO, cli
-from harness import config, memory_model, validate
-from harness.strategies.ds_json import ds_config
+from harness.config import derive, schema
+from harness.config import rules as validate
+from harness.config.deepspeed_json import ds_config
+from harness.runtime import models
+from harness.theory.predict import predict
 
-config.register()
+schema.register()
 MODELS = ["tiny_llama", "tiny_gpt2", "small_llama", "gpt2_124m", "llama_1b", "llama_7b"]
 RULE = re.compile(r"^[a-z_]+(\.[a-z_0-9.]+)+(=\S*)?[,:]")  # every message starts with the key it is about
 
@@ -50,11 +53,12 @@ def test_every_combination_validates_or_is_refused_by_a_named_rule(backend, mode
     assert not (precision == "fp16" and cfg.parallelism.device == "cpu")
     assert cfg.parallelism.device == "cpu" or cfg.parallelism.nproc_per_node <= cuda_devices
     # a valid config: what the parent and the ranks derive from it before training must not crash
-    world = cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes
-    predicted = memory_model.predict(cfg, world)
+    world = derive.world_size(cfg)
+    counts = models.param_count(cfg.model)
+    predicted = predict(cfg, world, counts)
     assert predicted["memory/model_states_predicted_bytes"] > 0
     if cfg.backend.family == "deepspeed":
-        ds = ds_config(cfg, world)
+        ds = ds_config(cfg, world, counts["total"])
         assert ds["train_batch_size"] == micro_batch * grad_accum * world
 
 

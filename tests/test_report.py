@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import BACKENDS, REPO
-from harness import report, sweep
+from harness.reporting import html_report as report
+from harness.reporting import sweep_report as sweep
 
 pytestmark = pytest.mark.slow
 ARTIFACTS = REPO / "tests" / "artifacts"

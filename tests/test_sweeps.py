@@ -47,13 +47,15 @@ def test_submitit_sweep_records_an_oom_row_and_leaks_no_secret(tmp_path):
 def test_force_reruns_and_a_changed_config_is_not_skipped(tmp_path):
     from omegaconf import OmegaConf
 
-    from harness import results, train
+    from harness.core import rundir as results
+    from harness.core.rundir import RunDir
+    from harness.launcher import run as train
 
     cfg = OmegaConf.create({"backend": {"name": "fsdp"}, "train": {"steps": 3}, "force": False})
     results.write_text(tmp_path / "config.yaml", OmegaConf.to_yaml(cfg))
     results.write_json(tmp_path / "summary.json", {"status": "ok", "backend": "fsdp"})
-    assert train.already_done(tmp_path, cfg)["status"] == "ok"
-    assert train.already_done(tmp_path, OmegaConf.merge(cfg, {"force": True})) is None
-    assert train.already_done(tmp_path, OmegaConf.merge(cfg, {"train": {"steps": 4}})) is None
+    assert train.already_done(RunDir(tmp_path), cfg)["status"] == "ok"
+    assert train.already_done(RunDir(tmp_path), OmegaConf.merge(cfg, {"force": True})) is None
+    assert train.already_done(RunDir(tmp_path), OmegaConf.merge(cfg, {"train": {"steps": 4}})) is None
     results.write_json(tmp_path / "summary.json", {"status": "oom", "backend": "fsdp"})
-    assert train.already_done(tmp_path, cfg) is None  # failed runs run again
+    assert train.already_done(RunDir(tmp_path), cfg) is None  # failed runs run again

@@ -1,0 +1,87 @@
+"""The DeepSpeed JSON for a run: what the harness derives from its own config, merged with the user's
+pass-through keys (`+backend.deepspeed.<key>=...`), and the pass-through keys that contradict it.
+
+Pure config, no torch or deepspeed import: config/rules.py calls `conflicts` in the parent before any rank
+starts, and importing torch there would cost every run about 2 seconds.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict
+
+from omegaconf import OmegaConf
+
+from .derive import bucket_elements
+
+
+def pass_through(cfg) -> Dict[str, Any]:
+    """The user's extra DeepSpeed keys as plain dicts (OmegaConf nodes do not pass isinstance(dict))."""
+    return OmegaConf.to_container(cfg.backend.deepspeed, resolve=True) if cfg.backend.deepspeed else {}
+
+
+def deep_merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def harness_keys(cfg, world_size: int) -> Dict[str, Any]:
+    """The DeepSpeed JSON the harness derives from its own config (a pass-through may not contradict it)."""
+    par, b, t = cfg.parallelism, cfg.backend, cfg.train
+    return {
+        "train_micro_batch_size_per_gpu": par.micro_batch,
+        "gradient_accumulation_steps": par.grad_accum,
+        "train_batch_size": par.micro_batch * par.grad_accum * world_size,
+        "gradient_clipping": cfg.optim.grad_clip,
+        "bf16": {"enabled": t.precision == "bf16"},
+        "fp16": {"enabled": t.precision == "fp16"},
+        "zero_optimization": {"stage": b.zero_stage},
+    }
+
+
+def ds_config(cfg, world_size: int, params: int) -> Dict[str, Any]:
+    """The whole DeepSpeed JSON; `params` (the model's parameter count) sizes the default buckets."""
+    b = cfg.backend
+    bucket = bucket_elements(cfg, params)
+    zero: Dict[str, Any] = {
+        "reduce_bucket_size": bucket,
+        "allgather_bucket_size": bucket,
+        "contiguous_gradients": True,
+        "overlap_comm": False,
+    }
+    if b.zero_stage == 3:
+        # Shard every parameter, however small: DeepSpeed's default keeps tensors under 1e5 elements
+        # whole on every rank, which would hide sharding on small models. Override through the pass-through.
+        zero["stage3_param_persistence_threshold"] = 0
+        zero["stage3_prefetch_bucket_size"] = bucket
+    if b.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.parallelism.device == "cuda"}
+    if b.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": cfg.parallelism.device == "cuda"}
+    base = deep_merge({"zero_optimization": zero, "steps_per_print": 2**31 - 1, "wall_clock_breakdown": False,
+                       "zero_allow_untested_optimizer": True}, harness_keys(cfg, world_size))
+    if cfg.train.precision == "bf16":
+        # accumulate and reduce gradients in fp32, as the torch backends do
+        base["data_types"] = {"grad_accum_dtype": "fp32"}
+    return deep_merge(base, pass_through(cfg))
+
+
+def conflicts(cfg, world_size: int) -> list[str]:
+    """Pass-through keys that contradict what the harness sets (dotted paths)."""
+    found = []
+
+    def walk(ours, theirs, path):
+        for key, value in theirs.items():
+            if key not in ours:
+                continue
+            if isinstance(value, dict) and isinstance(ours[key], dict):
+                walk(ours[key], value, path + [key])
+            elif value != ours[key]:
+                found.append(".".join(path + [key]) + f"={value!r} (the harness sets {ours[key]!r})")
+
+    walk(harness_keys(cfg, world_size), pass_through(cfg), [])
+    return found

@@ -1,0 +1,65 @@
+"""Values derived from a composed config, each computed here and nowhere else."""
+from __future__ import annotations
+
+import os
+
+from ..core.records import Identity
+
+
+def world_size(cfg) -> int:
+    """Data-parallel ranks over every node."""
+    return cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes
+
+
+def samples_per_step(cfg, world: int | None = None) -> int:
+    """Sequences per optimizer step over all ranks and micro-batches."""
+    par = cfg.parallelism
+    return par.micro_batch * par.grad_accum * (world or world_size(cfg))
+
+
+def tokens_per_step(cfg, world: int | None = None) -> int:
+    return samples_per_step(cfg, world) * cfg.parallelism.seq_len
+
+
+def apply_global_batch(cfg) -> None:
+    """Derive parallelism.grad_accum from parallelism.global_batch, when it is set (config/rules.py has
+    checked that micro_batch x world size divides it)."""
+    par = cfg.parallelism
+    if par.global_batch:
+        par.grad_accum = par.global_batch // (par.micro_batch * world_size(cfg))
+
+
+def bucket_elements(cfg, params: int) -> int:
+    """Gradient bucket size in elements: backend.bucket_elements, or when 0, min(25M, parameters).
+
+    DeepSpeed allocates its reduce bucket at full size whatever the model, so a fixed default would
+    dominate a small model's memory; capping it at the parameter count keeps the figure about the model.
+    """
+    if cfg.backend.bucket_elements:
+        return int(cfg.backend.bucket_elements)
+    return int(min(25_000_000, params))
+
+
+def identity(cfg) -> Identity:
+    return Identity(backend=cfg.backend.name, model=cfg.model.name, world_size=world_size(cfg),
+                    precision=cfg.train.precision)
+
+
+def run_name(cfg) -> str:
+    return f"{cfg.backend.name}-{cfg.model.name}-n{world_size(cfg)}-{cfg.train.precision}"
+
+
+def wandb_mode(requested: str) -> str:
+    """logger.mode as W&B takes it: auto -> online when an API key is configured (env or netrc), else offline."""
+    if requested != "auto":
+        return requested
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        import netrc
+
+        if netrc.netrc().authenticators("api.wandb.ai"):
+            return "online"
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return "offline"

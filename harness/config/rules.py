@@ -1,0 +1,178 @@
+"""Rules a composed config must satisfy before any rank starts. Hydra's structured schema already rejects
+unknown groups, misspelt keys and wrong types; these rules catch what types cannot: values that are out of
+range, combinations that cannot work, and requests the machine cannot serve.
+
+Each violation is one line that names the key, the problem and the fix.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, List
+
+from ..core.errors import ConfigError
+from . import derive
+from .deepspeed_json import conflicts
+from .schema import CHOICES
+
+__all__ = ["ConfigError", "check", "problems", "output_problems"]
+
+POSITIVE = ("train.steps", "parallelism.micro_batch", "parallelism.grad_accum", "parallelism.seq_len",
+            "parallelism.nproc_per_node", "parallelism.nnodes", "dist.timeout_s", "model.vocab_size",
+            "model.hidden_size", "model.num_layers", "model.num_heads", "model.max_positions",
+            "logger.init_timeout_s")
+NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_batch": "0 = off",
+                "paths.min_free_mib": "0 = off", "train.memory_budget_bytes": "0 = no budget"}
+
+
+def _get(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def value_rules(cfg) -> List[str]:
+    """Each value on its own: a known choice, a positive size, a non-negative switch."""
+    out = [f"{key}={_get(cfg, key)}: unknown value; use one of {', '.join(allowed)}"
+           for key, allowed in CHOICES.items() if _get(cfg, key) not in allowed]
+    out += [f"{key}={_get(cfg, key)}: must be positive; set {key} to 1 or more" for key in POSITIVE
+            if _get(cfg, key) <= 0]
+    out += [f"{key}={_get(cfg, key)}: must be >= 0 ({meaning})" for key, meaning in NON_NEGATIVE.items()
+            if _get(cfg, key) < 0]
+    return out
+
+
+def shape_rules(cfg) -> List[str]:
+    """The model and the steps: what a model of this shape can be asked."""
+    t, par, m, out = cfg.train, cfg.parallelism, cfg.model, []
+    if not 0 <= t.warmup_steps < t.steps:
+        out.append(f"train.warmup_steps={t.warmup_steps}: must be >= 0 and below train.steps={t.steps}, "
+                   "or no step is timed; lower it or raise train.steps")
+    if par.seq_len > m.max_positions:
+        out.append(f"parallelism.seq_len={par.seq_len}: longer than model {m.name}'s {m.max_positions} positions;"
+                   f" use parallelism.seq_len<={m.max_positions}")
+    if m.hidden_size % m.num_heads:
+        out.append(f"model.num_heads={m.num_heads}: does not divide model.hidden_size={m.hidden_size}; "
+                   "pick a divisor")
+    if m.num_kv_heads and m.num_heads % m.num_kv_heads:
+        out.append(f"model.num_kv_heads={m.num_kv_heads}: must divide model.num_heads={m.num_heads}")
+    return out
+
+
+def device_rules(cfg, cuda_devices: Callable[[], int]) -> List[str]:
+    """Precision and rank counts the machine can serve."""
+    t, par, out = cfg.train, cfg.parallelism, []
+    if t.precision == "fp16" and par.device == "cpu":
+        out.append("train.precision=fp16: not supported on CPU (DeepSpeed and CPU autocast refuse it); "
+                   "use train.precision=bf16 or fp32")
+    if par.device == "cuda":
+        have = cuda_devices()
+        if par.nproc_per_node > have:
+            out.append(f"parallelism.nproc_per_node={par.nproc_per_node}: more ranks than the {have} CUDA "
+                       f"device(s) here; use parallelism.nproc_per_node<={have} or parallelism=cpu2")
+    elif par.nproc_per_node > (os.cpu_count() or 1):
+        out.append(f"parallelism.nproc_per_node={par.nproc_per_node}: more CPU ranks than the "
+                   f"{os.cpu_count()} cores here; use parallelism.nproc_per_node<={os.cpu_count()}")
+    return out
+
+
+def batch_rules(cfg) -> List[str]:
+    """A pinned global batch must split evenly into micro-batches over the ranks."""
+    par, world = cfg.parallelism, derive.world_size(cfg)
+    if not par.global_batch:
+        return []
+    per_micro = par.micro_batch * world
+    derived = par.global_batch // per_micro
+    if par.global_batch % per_micro:
+        near = max(per_micro, round(par.global_batch / per_micro) * per_micro)
+        return [f"parallelism.global_batch={par.global_batch}: not divisible by micro_batch {par.micro_batch}"
+                f" x world size {world} = {per_micro}; use a multiple of {per_micro} (e.g. {near}) or "
+                "change parallelism.micro_batch"]
+    if par.grad_accum not in (1, derived):
+        return [f"parallelism.grad_accum={par.grad_accum}: contradicts parallelism.global_batch="
+                f"{par.global_batch}, which gives grad_accum {derived} at this micro-batch and world size; "
+                "set only one of them"]
+    return []
+
+
+def run_rules(cfg) -> List[str]:
+    """Timeouts and fault injection."""
+    out, world, steps = [], derive.world_size(cfg), cfg.train.steps
+    if cfg.logger.mode != "disabled" and cfg.logger.init_timeout_s >= cfg.dist.timeout_s:
+        out.append(f"logger.init_timeout_s={cfg.logger.init_timeout_s}: not below dist.timeout_s={cfg.dist.timeout_s}"
+                   "; the other ranks wait in a collective while rank 0 starts W&B, so lower it or raise "
+                   "dist.timeout_s")
+    if cfg.fault.kind != "none" and not (0 <= cfg.fault.rank < world and 0 <= cfg.fault.step < steps):
+        out.append(f"fault.rank={cfg.fault.rank}, fault.step={cfg.fault.step}: no such rank or step (world size "
+                   f"{world}, {steps} steps); pick a rank below {world} and a step below {steps}")
+    return out
+
+
+def backend_rules(cfg) -> List[str]:
+    """Options that only some backends have, and DeepSpeed pass-through keys that contradict the harness."""
+    b, out = cfg.backend, []
+    if b.family != "deepspeed":
+        for key in ("offload_optimizer", "offload_params"):
+            if b[key]:
+                out.append(f"backend.{key}=true: offload is a DeepSpeed option, not {b.name}'s; "
+                           "use backend=ds_zero2_offload or ds_zero3_offload")
+        if b.zero_stage:
+            out.append(f"backend.zero_stage={b.zero_stage}: only DeepSpeed backends have ZeRO stages")
+        if b.deepspeed:
+            out.append(f"backend.deepspeed: pass-through keys need a DeepSpeed backend, not {b.name}")
+        return out
+    if b.zero_stage not in (0, 1, 2, 3):
+        out.append(f"backend.zero_stage={b.zero_stage}: DeepSpeed has stages 0-3")
+    if b.offload_params and b.zero_stage != 3:
+        out.append(f"backend.offload_params=true: parameter offload needs ZeRO stage 3, not "
+                   f"{b.zero_stage}; use backend=ds_zero3_offload")
+    if b.offload_optimizer and b.zero_stage == 0:
+        out.append("backend.offload_optimizer=true: optimizer offload needs ZeRO stage 1-3")
+    for c in conflicts(cfg, derive.world_size(cfg)):
+        out.append(f"backend.deepspeed.{c}: contradicts the harness config; remove the key and set the "
+                   "harness's own option instead (parallelism.*, optim.grad_clip, train.precision)")
+    return out
+
+
+def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[str]:
+    """Every violated rule, as `key=value: problem; fix`. Values of the wrong kind are reported alone: the
+    rules after them assume values of the right kind."""
+    return value_rules(cfg) or [*shape_rules(cfg), *device_rules(cfg, cuda_devices), *batch_rules(cfg),
+                                *run_rules(cfg), *backend_rules(cfg)]
+
+
+def check(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> None:
+    found = problems(cfg, cuda_devices)
+    if found:
+        more = f" (and {len(found) - 1} more: {'; '.join(found[1:])})" if len(found) > 1 else ""
+        raise ConfigError(found[0] + more)
+
+
+def output_problems(paths, out_dir: str) -> List[str]:
+    """Before Hydra creates anything: the output dir must lie under paths.root (a run name cannot escape it
+    with ../), and the root must be writable with paths.min_free_mib free (a full disk fails here, not in
+    the middle of a run)."""
+    from pathlib import Path
+    import shutil
+
+    root, min_free_mib = paths.root, paths.min_free_mib
+    root_path, out_path = Path(root).resolve(), Path(out_dir).resolve()
+    if not out_path.is_relative_to(root_path):
+        return [f"output dir {out_dir}: outside paths.root={root}; keep run and sweep names inside the results root "
+                "(no ../ or absolute paths), or set paths.root to a parent of it"]
+    existing = out_path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return [f"paths.root={root}: {existing} is not a writable directory; set paths.root to one that is"]
+    free = shutil.disk_usage(existing).free
+    if free < min_free_mib * 2**20:
+        return [f"paths.root={root}: only {free // 2**20} MiB free on {existing}, below paths.min_free_mib="
+                f"{min_free_mib}; free disk space or set paths.root elsewhere"]
+    return []

@@ -1,0 +1,176 @@
+"""Typed schema of a run, registered in Hydra's ConfigStore.
+
+`conf/config.yaml` starts from `run_schema`, so every group file (backend/, model/, ...) is merged into
+these dataclasses: a misspelt key or a wrong type fails in Hydra with its own message, before any rank
+starts. Group files hold only what differs from the defaults here.
+
+The allowed values of each string choice are kept once, in `CHOICES` below; config/rules.py checks them.
+(The pinned OmegaConf 2.3 rejects `Literal` fields, so the types stay `str`.)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+# backend.family -> the Strategy class that implements it: (module under harness/runtime/strategies/, class).
+# Names, not imports, so that validation reads this registry without importing torch.
+STRATEGIES = {
+    "ddp": ("ddp", "DDPStrategy"),
+    "fsdp": ("fsdp", "FSDPStrategy"),
+    "deepspeed": ("deepspeed", "DeepSpeedStrategy"),
+}
+# fault.kind: what runtime/faults.py can inject; `none` first, `hang` last (the drill interrupts it)
+FAULT_KINDS = ("none", "oom", "raise", "nan", "kill", "hang")
+
+CHOICES = {
+    "backend.family": tuple(STRATEGIES),
+    "model.family": ("llama", "gpt2"),
+    "model.init": ("auto", "host", "meta"),
+    "parallelism.device": ("cpu", "cuda"),
+    "train.precision": ("fp32", "bf16", "fp16"),
+    "train.on_nonfinite": ("stop", "continue"),
+    "data.name": ("stdlib", "synthetic"),
+    "logger.mode": ("auto", "online", "offline", "disabled"),
+    "fault.kind": FAULT_KINDS,
+}
+
+
+@dataclass
+class BackendConfig:
+    name: str = MISSING
+    family: str = MISSING  # picks the strategy class: a key of STRATEGIES
+    zero_stage: int = 0  # deepspeed only
+    # FSDP2: True = FULL_SHARD (free gathered params after forward); False = SHARD_GRAD_OP (ZeRO-2 analogue)
+    reshard_after_forward: bool = True
+    offload_optimizer: bool = False  # deepspeed: optimizer state and step on the CPU
+    offload_params: bool = False  # deepspeed stage 3: parameters on the CPU
+    bucket_elements: int = 0  # gradient bucket (DDP bucket_cap, DeepSpeed reduce/allgather); 0 = min(25M, params)
+    deepspeed: Dict[str, Any] = field(default_factory=dict)  # extra DeepSpeed JSON keys, merged last
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    family: str = MISSING  # llama | gpt2
+    vocab_size: int = 256
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: Optional[int] = None  # llama GQA; None = num_heads
+    intermediate_size: Optional[int] = None  # None = the family's default (4h for gpt2)
+    max_positions: int = 1024
+    tie_embeddings: bool = False
+    rope_theta: float = 10000.0
+    # host: build the full model on every rank; meta: build on the meta device and materialise shards only
+    # (FSDP) or partition at construction (deepspeed.zero.Init, ZeRO-3); auto: meta when the backend allows
+    # it and the model has more than `meta_above_params` parameters.
+    init: str = "auto"
+    meta_above_params: int = 500_000_000
+    pretrained_path: Optional[str] = None  # local directory for from_pretrained; nothing is downloaded
+
+
+@dataclass
+class ParallelismConfig:
+    name: str = MISSING
+    device: str = "cpu"  # cpu (gloo) | cuda (nccl)
+    nproc_per_node: int = 2
+    nnodes: int = 1
+    micro_batch: int = 2
+    grad_accum: int = 1
+    # sequences per optimizer step over all ranks, held fixed across world sizes: grad_accum is derived from
+    # it (apply_global_batch), so it must be a multiple of micro_batch x world size. 0 = not pinned.
+    global_batch: int = 0
+    seq_len: int = 64
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 20
+    warmup_steps: int = 5  # excluded from every timing and peak-memory figure
+    seed: int = 0
+    precision: str = "fp32"  # fp32 | bf16 | fp16; master weights and optimizer state stay fp32 everywhere
+    activation_checkpointing: bool = False
+    on_nonfinite: str = "stop"  # stop: a NaN/inf loss ends the run as failed | continue
+    measure_flops: bool = True  # count FLOPs once with FlopCounterMode on a meta-device copy
+    # 0 = none. Else a rank whose model states on the device (params, grads, master, optimizer; offloaded
+    # and buffers excluded) exceed this many bytes fails as `oom`: a smaller card, emulated on any device.
+    # On CUDA it also caps the caching allocator (set_per_process_memory_fraction), so activations count.
+    memory_budget_bytes: int = 0
+
+
+@dataclass
+class FaultConfig:
+    """Fault injection for testing failure paths (harness/faults.py). Off by default."""
+
+    kind: str = "none"  # one of FAULT_KINDS
+    rank: int = 0
+    step: int = 0
+
+
+@dataclass
+class OptimConfig:
+    """AdamW, with the same hyperparameters in every backend."""
+
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+
+
+@dataclass
+class DataConfig:
+    name: str = "stdlib"  # stdlib: the Python standard library's source, byte-level; synthetic: random tokens
+    max_corpus_bytes: int = 16_000_000
+
+
+@dataclass
+class LoggerConfig:
+    mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
+    project: str = "shardbench"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+    init_timeout_s: int = 60  # how long wandb.init may wait for the server before the run goes on without it
+
+
+@dataclass
+class DistConfig:
+    timeout_s: int = 300  # collective timeout: a hung peer turns into a `timeout` result after this long
+    master_port: int = 0  # 0 = pick a free port
+
+
+@dataclass
+class PathsConfig:
+    root: str = "results"  # every run and sweep dir lives under here
+    min_free_mib: int = 50  # a run refuses to start with less free space under root (results are small)
+
+
+@dataclass
+class SweepConfig:
+    name: str = "adhoc"  # sweep dir name under <root>/sweeps/, and the W&B group
+
+
+@dataclass
+class RunConfig:
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    # in a sweep, a run whose dir already holds an ok result for the same resolved config is skipped
+    force: bool = False  # true: run it again anyway
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="run_schema", node=RunConfig)

@@ -1,0 +1,159 @@
+"""The typed records that cross a process boundary. Stdlib only: the parent reads them without torch.
+
+- `RankOutcome`: what one rank leaves in ranks/rank<R>.json when it ends (ok or why not).
+- `RankReport`: what one rank measured, gathered by rank 0 to compute the run's figures.
+- `RunSummary`: summary.json, with one constructor per status.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+
+class Status:
+    """A run's status (summary.json) and a rank's (ranks/rank<R>.json)."""
+
+    OK, FAILED, OOM, TIMEOUT, INVALID = "ok", "failed", "oom", "timeout", "invalid"
+    KILLED = "killed"  # rank only: it exited without writing its outcome (a signal, the OOM killer)
+    TERMINATED = "terminated"  # rank only: torchrun stopped it because another rank failed
+
+    # Worst first: a failed run takes the status of its worst rank. Among equals, a rank that is the cause
+    # comes before a rank that failed because of it (RankOutcome.peer).
+    SEVERITY = {OOM: 0, TIMEOUT: 1, KILLED: 2, FAILED: 2, TERMINATED: 4, OK: 5}
+    RUN_STATUSES = (OK, FAILED, OOM, TIMEOUT, INVALID)
+
+
+@dataclass
+class Identity:
+    """What a run is, as every row of a table names it."""
+
+    backend: str
+    model: str
+    world_size: int
+    precision: str
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    status: str
+    error: str = ""  # the exception's class name
+    reason: str = ""  # one line
+    # True when this rank failed because a peer did (a closed connection, a NaN from another rank's loss):
+    # a symptom, not the cause; the summary names the cause.
+    peer: bool = False
+    params: Optional[int] = None  # counted by the rank, so a failed row still says how large the model was
+    elapsed_s: Optional[float] = None
+    reached: Dict[str, Any] = field(default_factory=dict)  # memory high-water marks when it failed
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RankOutcome":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def killed(cls, rank: int, exit_code: Optional[int]) -> "RankOutcome":
+        if exit_code is None:
+            how = "killed by a signal?"
+        elif exit_code < 0:
+            import signal
+
+            how = f"signal {signal.Signals(-exit_code).name}"
+        else:
+            how = f"exit code {exit_code}"
+        return cls(rank=rank, status=Status.KILLED, reason=f"exited without a report ({how})")
+
+    def sort_key(self) -> tuple:
+        return Status.SEVERITY.get(self.status, 2), self.peer
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RankReport:
+    """One rank's measurements, sent to rank 0 with all_gather_object (see reporting/run_summary.py)."""
+
+    rank: int
+    records: List[dict]  # per-step records (rank 0 only; empty elsewhere)
+    timed_step_s: List[float]
+    model_states: Dict[str, int]  # bytes by component, with device/host/total
+    unclassified: Dict[str, int]  # tensor-holding attributes no accounting table names (bytes)
+    host_peak_bytes: int
+    host_peak_reset: bool
+    device: Dict[str, int]  # CUDA allocator figures; empty on CPU
+    after_setup: Dict[str, int]
+    peak_tflops: float
+    peak_source: str
+    optimizer: str  # the optimizer class that really ran
+    init: str  # host | meta
+    params: Dict[str, int]  # total, embedding, per_block, largest_param
+
+
+@dataclass
+class RunSummary:
+    """summary.json. Build it with the constructor of its status, never as a dict by hand."""
+
+    status: str
+    reason: str
+    backend: str
+    model: str
+    world_size: Optional[int]
+    precision: Optional[str]
+    params: Optional[int] = None
+    figures: Dict[str, Any] = field(default_factory=dict)
+    optimizer: Optional[str] = None
+    model_init: Optional[str] = None
+    device: Optional[str] = None
+    peak_source: Optional[str] = None
+    per_rank: Optional[List[dict]] = None
+    ranks: Optional[List[dict]] = None  # failed runs: every rank's outcome
+    traceback: Optional[str] = None  # failed runs: the causing rank's traceback, relative to the run dir
+    warnings: Optional[List[str]] = None
+
+    @classmethod
+    def ok(cls, identity: Identity, figures: dict, **facts) -> "RunSummary":
+        return cls(status=Status.OK, reason="", **dataclasses.asdict(identity), figures=figures, **facts)
+
+    @classmethod
+    def failed(cls, identity: Identity, reason: str, **facts) -> "RunSummary":
+        return cls(status=Status.FAILED, reason=reason, **dataclasses.asdict(identity), **facts)
+
+    @classmethod
+    def oom(cls, identity: Identity, reason: str, **facts) -> "RunSummary":
+        return cls(status=Status.OOM, reason=reason, **dataclasses.asdict(identity), **facts)
+
+    @classmethod
+    def timeout(cls, identity: Identity, reason: str, **facts) -> "RunSummary":
+        return cls(status=Status.TIMEOUT, reason=reason, **dataclasses.asdict(identity), **facts)
+
+    @classmethod
+    def invalid(cls, identity: Identity, reason: str) -> "RunSummary":
+        return cls(status=Status.INVALID, reason=reason, **dataclasses.asdict(identity))
+
+    @classmethod
+    def interrupted(cls, identity: Identity) -> "RunSummary":
+        return cls.failed(identity, "interrupted (SIGINT/SIGTERM) before the run ended")
+
+    @classmethod
+    def of_status(cls, status: str, identity: Identity, reason: str, **facts) -> "RunSummary":
+        """A failed run whose status is its worst rank's: oom and timeout stay, anything else is failed."""
+        make = {Status.OOM: cls.oom, Status.TIMEOUT: cls.timeout}.get(status, cls.failed)
+        return make(identity, reason, **facts)
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+def one_line(summary: dict, run_dir: Path) -> str:
+    """The line the parent prints when a run ends."""
+    f = summary.get("figures", {})
+    if summary["status"] != Status.OK:
+        return f"[{summary['status']}] {summary.get('backend')}: {summary.get('reason')} ({run_dir})"
+    loss = f["loss/final_loss"]  # null after a NaN under train.on_nonfinite=continue
+    loss_text = f"{loss:.4f}" if loss is not None else f"non-finite ({f.get('loss/nonfinite_steps')} steps)"
+    return (f"[ok] {summary['backend']} {summary['model']} x{summary['world_size']} {summary['precision']}: "
+            f"{f['throughput/tokens_per_s']:.0f} tok/s, p50 step {f['throughput/step_time_p50_s'] * 1e3:.1f} ms, "
+            f"peak {f['memory/peak_mem_bytes'] / 2**20:.0f} MiB, final loss {loss_text} ({run_dir})")

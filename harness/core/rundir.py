@@ -1,0 +1,170 @@
+"""A run dir's files, by name, in one place; written atomically (temp file in the same dir, then rename), so a
+crash never leaves a half-written summary; read with one rule for a torn last line.
+
+    <run_dir>/config.yaml  env.json  summary.json  metrics.jsonl  launcher.log  wandb/
+    <run_dir>/ranks/rank<R>.json  rank<R>.traceback.txt  fault.json  report.json
+    <run_dir>/attempts/<n>/   an earlier attempt's files, moved aside before the run starts again
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List
+
+
+def json_safe(obj: Any) -> Any:
+    # JSON has no NaN/inf: write them as null so every reader can parse the file
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_MODE = 0o666 & ~_umask()  # what open() would give: mkstemp's private 0600 would hide results from others
+
+
+def write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, _MODE)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_text(path, json.dumps(json_safe(obj), indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    """The parsed file, or None when it is missing or unreadable."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def parse_jsonl(text: str) -> List[dict]:
+    """Records of a JSON-lines text. The one rule for damage: reading stops at the first line that does not
+    parse. A kill can only tear the line being written, which is the last; nothing after a bad line is
+    trusted, so the records returned are always the steps that completed, in order."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break
+    return out
+
+
+def read_jsonl(path: Path) -> List[dict]:
+    try:
+        return parse_jsonl(Path(path).read_text(errors="replace"))
+    except OSError:
+        return []
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Every path of one run dir. Nothing else in the harness spells these names."""
+
+    root: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def env(self) -> Path:
+        return self.root / "env.json"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def launcher_log(self) -> Path:
+        return self.root / "launcher.log"
+
+    @property
+    def ranks(self) -> Path:
+        return self.root / "ranks"
+
+    @property
+    def wandb(self) -> Path:
+        return self.root / "wandb"
+
+    @property
+    def attempts(self) -> Path:
+        return self.root / "attempts"
+
+    @property
+    def fault(self) -> Path:
+        """Written by a rank that injects a fault, before it acts: when and what."""
+        return self.ranks / "fault.json"
+
+    @property
+    def reports(self) -> Path:
+        """Every rank's RankReport, gathered by rank 0 (the summary is computed from them)."""
+        return self.ranks / "report.json"
+
+    def rank_outcome(self, rank: int) -> Path:
+        return self.ranks / f"rank{rank}.json"
+
+    def rank_traceback(self, rank: int) -> Path:
+        return self.ranks / f"rank{rank}.traceback.txt"
+
+    def read_metrics(self) -> List[dict]:
+        return read_jsonl(self.metrics)
+
+    def read_summary(self) -> dict | None:
+        return read_json(self.summary)
+
+    # what an attempt leaves; moved aside as a whole before the run starts again
+    ATTEMPT_FILES = ("summary.json", "metrics.jsonl", "launcher.log", "ranks", "config.yaml", "env.json", "wandb")
+
+    def archive_attempt(self) -> Path | None:
+        """Move an earlier attempt's outputs into <run_dir>/attempts/<n>/ before the run starts again.
+
+        A re-run must not mix with what the last attempt left: metrics.jsonl is appended to, and a stale
+        ranks/rank<R>.json would be read as this attempt's outcome. Nothing is deleted: a failed attempt's
+        steps, tracebacks and summary stay readable there."""
+        present = [name for name in self.ATTEMPT_FILES if (self.root / name).exists()]
+        if not {"summary.json", "metrics.jsonl", "ranks"} & set(present):
+            return None
+        number = 1 + max((int(p.name) for p in self.attempts.glob("*") if p.name.isdigit()), default=0)
+        target = self.attempts / str(number)
+        target.mkdir(parents=True)
+        for name in present:
+            os.replace(self.root / name, target / name)
+        return target

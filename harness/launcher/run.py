@@ -1,0 +1,101 @@
+"""One run, in the parent process: validate the composed config, prepare the run dir (earlier attempts
+moved aside, the resolved config and env.json written), start the ranks, and print how it ended.
+
+A single run exits non-zero when it fails; inside a multirun a failed or invalid run is a recorded row and
+the sweep goes on. Nothing here imports torch: bad input fails in about a second.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import derive, rules
+from ..core.errors import ConfigError
+from ..core.records import RunSummary, Status, one_line
+from ..core.rundir import RunDir, write_json, write_text
+from .environment import environment
+from .sweep_callback import JOBS_FILE
+from .torchrun import launch
+
+
+def _comparable(cfg) -> dict:
+    out = OmegaConf.to_container(cfg, resolve=True)
+    out.pop("force", None)
+    return out
+
+
+def already_done(run_dir: RunDir, cfg) -> dict | None:
+    """The earlier ok summary of this run, if it trained the same resolved config and force is off."""
+    if cfg.force:
+        return None
+    summary = run_dir.read_summary()
+    if not summary or summary.get("status") != Status.OK or not run_dir.config.exists():
+        return None
+    try:
+        earlier = OmegaConf.load(run_dir.config)
+    except Exception:  # noqa: BLE001 - an unreadable config means: run again
+        return None
+    return summary if _comparable(earlier) == _comparable(cfg) else None
+
+
+def sweep_position(hc) -> str:
+    """`i/n` for the progress line: n is the job count the sweep callback recorded at sweep start."""
+    jobs = Path(hc.sweep.dir) / JOBS_FILE
+    return f"{hc.job.num + 1}/{jobs.read_text().strip() if jobs.exists() else '?'}"
+
+
+def validated(cfg, run_dir: RunDir, in_sweep: bool) -> RunSummary | None:
+    """None when the config is valid; else exit 2 (a single run) or the invalid row (a sweep)."""
+    try:
+        rules.check(cfg)
+        # the Hydra callback checked this before the dir existed; a launcher that skips callbacks still can't escape
+        for problem in rules.output_problems(cfg.paths, str(run_dir.root))[:1]:
+            raise ConfigError(problem)
+    except ConfigError as err:
+        if not in_sweep:
+            print(f"shardbench: invalid config: {err}", file=sys.stderr)
+            sys.exit(2)
+        return RunSummary.invalid(derive.identity(cfg), str(err))
+    return None
+
+
+def run_one(cfg: DictConfig) -> dict:
+    hc = HydraConfig.get()
+    run_dir = RunDir(Path(hc.runtime.output_dir))
+    in_sweep = hc.mode == RunMode.MULTIRUN
+    invalid = validated(cfg, run_dir, in_sweep)
+    if invalid is not None:
+        write_json(run_dir.summary, invalid.to_dict())
+        return invalid.to_dict()
+    derive.apply_global_batch(cfg)  # grad_accum from a pinned global batch, before the config is written
+    if in_sweep:
+        print(f"[sweep {sweep_position(hc)}] {cfg.backend.name} {cfg.model.name} -> {run_dir.root}", flush=True)
+        done = already_done(run_dir, cfg)
+        if done is not None:
+            print(f"[skip] {cfg.backend.name}: ok result with the same config in {run_dir.root} (force=true reruns "
+                  "it)", flush=True)
+            return done
+    earlier = run_dir.archive_attempt()  # a failed or forced earlier attempt: kept, not mixed in
+    if earlier is not None:
+        print(f"[rerun] {cfg.backend.name}: the earlier attempt moved to {earlier}", flush=True)
+    write_text(run_dir.config, OmegaConf.to_yaml(cfg, resolve=True))
+    write_json(run_dir.env, environment(cfg))
+    try:
+        summary = launch(cfg, run_dir, derive.identity(cfg))
+    except KeyboardInterrupt:
+        if in_sweep:  # Hydra's end-of-sweep callback will not run, so the sweep's table is not up to date
+            print(f"shardbench: `make report SWEEP={hc.sweep.dir}` rebuilds the sweep's table and report from "
+                  "what finished", file=sys.stderr)
+        raise
+    print(one_line(summary, run_dir.root), flush=True)
+    for warning in summary.get("warnings", []):
+        print(f"shardbench: warning: {warning}", file=sys.stderr, flush=True)
+    if not in_sweep and summary["status"] != Status.OK:
+        sys.exit(1)
+    return summary
+
+

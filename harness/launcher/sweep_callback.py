@@ -1,0 +1,58 @@
+"""The Hydra callback of every run and sweep (conf/config.yaml): it refuses a bad output dir before Hydra
+creates it, counts a sweep's jobs for the progress line, and builds the sweep's report when it ends."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+from ..config.compose import options
+from ..config.rules import output_problems
+from ..core.rundir import write_text
+from ..reporting import sweep_report
+
+JOBS_FILE = ".jobs"  # <sweep_dir>/.jobs: the job count, read by launcher/run.py for `[sweep i/n]`
+
+
+def job_count(config) -> int:
+    """How many runs the sweep will launch: the product of every swept override's values. `glob(*)` over a
+    config group (`backend: glob(*)`) counts that group's files, as Hydra's sweeper expands it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+
+    overrides = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    overrides += list(config.hydra.overrides.task)  # the command line wins over the experiment's params
+    by_key = {o.key_or_group: o for o in OverridesParser.create().parse_overrides(overrides)}
+    count = 1
+    for override in by_key.values():
+        if isinstance(override.value(), Glob):
+            count *= len(override.value().filter(options(override.key_or_group)))
+        elif override.is_sweep_override():
+            count *= len(list(override.sweep_string_iterator()))
+    return count
+
+
+def refuse_bad_output(paths, out_dir: str) -> None:
+    problems = output_problems(paths, out_dir)
+    if problems:
+        print(f"shardbench: invalid config: {problems[0]}", file=sys.stderr)
+        sys.exit(2)
+
+
+class SweepTable(Callback):
+    """The harness's Hydra callback: checks the output dir before Hydra creates it; tables and report at the end."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        refuse_bad_output(config.paths, config.hydra.run.dir)
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        refuse_bad_output(config.paths, config.hydra.sweep.dir)
+        try:
+            write_text(Path(config.hydra.sweep.dir) / JOBS_FILE, str(job_count(config)))
+        except Exception as exc:  # noqa: BLE001 - a progress count must never stop a sweep
+            print(f"warning: could not count the sweep's runs: {exc}", file=sys.stderr)
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_report.log_to_wandb(config, sweep_dir, sweep_report.build(sweep_dir))

@@ -1,0 +1,135 @@
+"""Start the ranks of one run with torchrun, wait, and turn what happened into a summary.
+
+torchrun runs in its own process group, so the parent can always stop every rank it started: on success
+(stragglers), on failure, and on Ctrl-C. torchrun itself stops the surviving ranks when one fails. Its
+output goes to `<run_dir>/launcher.log`, each rank's outcome to `<run_dir>/ranks/rank<R>.json`.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..config.derive import world_size
+from ..core.paths import REPO, extensions_dir
+from ..core.records import Identity, RunSummary, Status
+from ..core.rundir import RunDir, write_json
+from .outcome import failure_summary
+from .progress import wait_with_progress
+
+WORKER = "harness.runtime.worker"
+
+
+def rank_env(cfg) -> dict:
+    env = dict(os.environ)
+    env["TORCH_EXTENSIONS_DIR"] = extensions_dir()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if cfg.parallelism.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # one core per rank: ranks that oversubscribe cores time each other, not the strategy
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.parallelism.nproc_per_node))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("WANDB_SILENT", "true")
+    return env
+
+
+def rendezvous_host() -> str:
+    """SHARDBENCH_MASTER_ADDR, else under SLURM (submitit) the job's first host, else this machine."""
+    if os.environ.get("SHARDBENCH_MASTER_ADDR"):
+        return os.environ["SHARDBENCH_MASTER_ADDR"]
+    if os.environ.get("SLURM_JOB_ID"):
+        try:
+            import submitit
+
+            return submitit.JobEnvironment().hostnames[0]
+        except Exception:  # noqa: BLE001 - not inside a submitit job: fall back to this machine
+            pass
+    return "127.0.0.1"
+
+
+def torchrun_cmd(cfg, run_dir: Path, module: tuple[str, ...] = ()) -> list[str]:
+    """torchrun for this config; it runs `python -m harness.runtime.worker <run_dir>`, or `module` (module and
+    args)."""
+    par = cfg.parallelism
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={par.nproc_per_node}",
+           "--max-restarts=0", "--monitor-interval=0.2"]
+    if par.nnodes == 1:
+        cmd.append("--standalone")
+    else:
+        # multi-node: every node runs this with its own node rank; the first node hosts the rendezvous
+        node_rank = os.environ.get("SHARDBENCH_NODE_RANK", os.environ.get("SLURM_NODEID", "0"))
+        master = rendezvous_host()
+        port = cfg.dist.master_port or 29500
+        cmd += [f"--nnodes={par.nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={master}:{port}", f"--rdzv-id={run_dir.name}"]
+    return cmd + ["-m", *(module or (WORKER, str(run_dir)))]
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs. Zombies do not count: killpg(pgid, 0) would count them,
+    and under a PID 1 that does not reap orphans (containers) a rank torchrun left behind stays a zombie."""
+    import psutil
+
+    for p in psutil.process_iter(["status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                return True
+        except (OSError, psutil.Error):
+            continue
+    return False
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the whole process group, then SIGKILL whatever is left after `grace_s`."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.time() + wait_s
+        while time.time() < deadline:
+            proc.poll()  # reap torchrun itself once it has exited
+            if not _group_alive(proc.pid):
+                return
+            time.sleep(0.1)
+
+
+def launch(cfg, run_dir: RunDir, identity: Identity) -> dict:
+    """Run the ranks to completion and return the run's summary (also written to summary.json)."""
+    run_dir.ranks.mkdir(parents=True, exist_ok=True)
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        return _launch(cfg, run_dir, identity)
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")  # a kill of the parent goes the Ctrl-C way: stop the ranks
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        return _launch(cfg, run_dir, identity)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _launch(cfg, run_dir: RunDir, identity: Identity) -> dict:
+    with open(run_dir.launcher_log, "w") as log:
+        proc = subprocess.Popen(torchrun_cmd(cfg, run_dir.root), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=rank_env(cfg), start_new_session=True)
+        try:
+            returncode = wait_with_progress(proc, cfg, run_dir)
+        except BaseException:  # Ctrl-C or a kill of the parent: no rank may outlive it
+            _stop_group(proc, grace_s=3.0)  # a user who pressed Ctrl-C is waiting; results are atomic
+            proc.wait()
+            write_json(run_dir.summary, RunSummary.interrupted(identity).to_dict())
+            raise
+        finally:
+            _stop_group(proc, grace_s=2.0)
+    summary = run_dir.read_summary()
+    if returncode == 0 and summary and summary.get("status") == Status.OK:
+        return summary
+    summary = failure_summary(identity, run_dir, world_size(cfg), returncode).to_dict()
+    write_json(run_dir.summary, summary)
+    return summary

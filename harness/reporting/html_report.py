@@ -1,0 +1,177 @@
+"""The offline dashboard of a sweep: report.md and a self-contained report.html, with the plots of plots.py.
+`python -m harness.report <sweep_dir>` (make report) rebuilds it with the tables (sweep_report.py).
+
+Built from the run dirs alone, so it can be rebuilt at any time, and it tolerates runs that died at any
+point: they are rows with their status, and the plots skip what they lack. Plots are matplotlib (Agg).
+"""
+from __future__ import annotations
+
+import base64
+import html
+import re
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ..core.rundir import write_text
+from .collect import collect, varying_keys
+from .plots import all_plots
+
+MiB = 2**20
+# (header, value, format, which is best: "max", "min" or None)
+TABLE = [
+    ("tokens/s", lambda f: f.get("throughput/tokens_per_s"), "{:,.0f}", "max"),
+    ("tokens/s/device", lambda f: f.get("throughput/tokens_per_s_per_device"), "{:,.0f}", "max"),
+    ("samples/s", lambda f: f.get("throughput/samples_per_s"), "{:,.1f}", "max"),
+    ("step p50 ms", lambda f: _scale(f.get("throughput/step_time_p50_s"), 1e3), "{:.1f}", "min"),
+    ("step p90 ms", lambda f: _scale(f.get("throughput/step_time_p90_s"), 1e3), "{:.1f}", "min"),
+    ("step max ms", lambda f: _scale(f.get("throughput/step_time_max_s"), 1e3), "{:.1f}", "min"),
+    ("TFLOP/s/device", lambda f: f.get("flops/achieved_tflops_per_device"), "{:.4f}", "max"),
+    ("MFU %", lambda f: f.get("flops/mfu_pct"), "{:.2f}", "max"),
+    ("peak mem MiB", lambda f: _scale(f.get("memory/peak_mem_bytes"), 1 / MiB), "{:,.0f}", "min"),
+    ("states MiB/rank", lambda f: _scale(f.get("memory/model_states_total_bytes_max"), 1 / MiB), "{:.3f}", "min"),
+    ("states predicted", lambda f: _scale(f.get("memory/model_states_predicted_bytes"), 1 / MiB), "{:.3f}", None),
+    ("error %", lambda f: f.get("memory/model_states_error_pct"), "{:+.2f}", None),
+    ("paper MiB", lambda f: _scale(f.get("memory/model_states_paper_bytes"), 1 / MiB), "{:.3f}", None),
+    ("comm MiB/step", lambda f: _scale(f.get("comm/predicted_bytes_per_step"), 1 / MiB), "{:.2f}", "min"),
+    ("final loss", lambda f: f.get("loss/final_loss"), "{:.5f}", None),
+]
+
+METHODS = """\
+- **Timing.** Steps before `train.warmup_steps` are excluded. Each step is timed from the end of the previous
+  one, after a device synchronisation (`torch.cuda.synchronize`; CPU kernels are synchronous), so a step is
+  everything the loop does. A synchronous step lasts as long as its slowest rank: throughput uses the
+  per-step maximum over ranks. p50/p90/max are over the timed steps.
+- **FLOPs and MFU.** FLOPs per token are counted once with `torch.utils.flop_counter.FlopCounterMode` on a
+  meta-device copy of the model; 6·(N−N_emb) + 12·L·h·s is shown beside it. MFU uses the counted figure and
+  the device's dense datasheet peak, or on CPU a peak measured by a matmul calibration (labelled measured).
+- **Peak memory.** GPU: the caching allocator's peak allocated and reserved bytes over the timed window
+  (`reset_peak_memory_stats` when it opens). CPU: the kernel's RSS high-water mark (`VmHWM`), reset
+  when the timed window opens (`5 > /proc/self/clear_refs`). Max over ranks.
+- **Model states.** Bytes of the distinct storages each rank holds for parameters, gradients, master
+  weights and optimizer states (local shards, DeepSpeed's flat partitions, offloaded copies labelled host),
+  counted after the first timed backward. "predicted" is `harness/theory/memory.py`'s layout of the
+  backend; "paper" the ZeRO paper's formula; "error" is measured (max over ranks) against predicted.
+- **Loss.** The mean over all ranks and micro-batches of each step's loss, identical data on every backend.
+"""
+
+
+def _scale(x, k):
+    return None if x is None else x * k
+
+
+def _label(row: dict, varying: List[str]) -> str:
+    keys = [k for k in varying if k != "backend.name"]
+    extra = ",".join(str(row["config"].get(k)) for k in keys)
+    return f"{row.get('backend', '?')}" + (f" [{extra}]" if extra else "")
+
+
+def _group(row: dict, varying: List[str]) -> tuple:
+    """Runs that differ only in backend are compared with each other (best is per model, precision, ...)."""
+    return tuple(repr(row["config"].get(k)) for k in varying if k != "backend.name")
+
+
+def best_cells(rows: List[dict], varying: List[str]) -> Dict[tuple, Dict[str, Optional[float]]]:
+    best: Dict[tuple, Dict[str, Optional[float]]] = {}
+    for group in {_group(r, varying) for r in rows}:
+        members = [r for r in rows if _group(r, varying) == group and r.get("status") == "ok"]
+        best[group] = {}
+        for header, get, _, direction in TABLE:
+            values = [get(r["figures"]) for r in members if get(r["figures"]) is not None]
+            best[group][header] = (max(values) if direction == "max" else min(values)) if values and direction \
+                else None
+    return best
+
+
+def _inline(text: str) -> str:
+    """The markdown this report uses (**bold**, `code`) as HTML."""
+    text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+
+
+def _cell(value, fmt, best) -> tuple[str, bool]:
+    if value is None:
+        return "", False
+    return fmt.format(value), best is not None and value == best
+
+
+class Table:
+    """The report's table, computed once for both renderings: headers, and per row (text, is_best) cells."""
+
+    def __init__(self, rows: List[dict], varying: List[str]):
+        self.labels = [_label(r, varying) for r in rows]
+        best = best_cells(rows, varying)
+        self.headers = ["run", "status"] + [h for h, *_ in TABLE]
+        self.body = []
+        for r, lab in zip(rows, self.labels):
+            cells = [(lab, False), (r.get("status", "?"), False)]
+            cells += [_cell(get(r["figures"]), fmt, best[_group(r, varying)][h]) for h, get, fmt, _ in TABLE]
+            self.body.append(cells)
+        self.failed = [(lab, r) for r, lab in zip(rows, self.labels) if r.get("status") != "ok"]
+
+
+def context_line(rows: List[dict], varying: List[str]) -> str:
+    def distinct(key):
+        return ", ".join(sorted({str(r.get(key)) for r in rows if r.get(key) is not None})) or "?"
+
+    return (f"{len(rows)} runs; model {distinct('model')}, world size {distinct('world_size')}, precision "
+            f"{distinct('precision')}, device {distinct('device')}. Varying: {', '.join(varying) or 'nothing'}. "
+            f"MFU peak: {distinct('peak_source')}.")
+
+
+def markdown(name: str, context: str, table: Table, plots: Dict[str, Path]) -> str:
+    md = [f"# Sweep report: {name}", "", context, "",
+          "Best in each column in **bold**, among runs that differ only in backend.", "",
+          "| " + " | ".join(table.headers) + " |", "|" + "---|" * len(table.headers)]
+    md += ["| " + " | ".join(f"**{c}**" if b else c for c, b in cells) + " |" for cells in table.body]
+    if table.failed:
+        md += ["", "## Runs that did not finish", ""] + [f"- {lab}: `{r.get('status')}`: {r.get('reason', '')}"
+                                                           for lab, r in table.failed]
+    md += [""] + [f"![{stem}](plots/{path.name})" for stem, path in plots.items()]
+    md += ["", "## How each figure was measured", "", METHODS]
+    return "\n".join(md) + "\n"
+
+
+STYLE = """body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}td:first-child,td:nth-child(2){text-align:left}
+td.best{font-weight:bold;background:#d9f2d9}figure{display:inline-block;margin:1em}img{max-width:680px}"""
+# mark each plot the browser really decoded: the report test reads these marks
+MARK_RENDERED = """window.addEventListener("load", () => document.querySelectorAll("img").forEach(i =>
+  i.setAttribute(i.complete && i.naturalWidth > 0 ? "data-rendered" : "data-broken", "yes")));"""
+
+
+def _figure(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<figure><img alt="{path.stem}" src="data:image/png;base64,{data}"><figcaption>{path.stem}' \
+           f'</figcaption></figure>'
+
+
+def page(name: str, context: str, table: Table, plots: Dict[str, Path]) -> str:
+    """A self-contained report.html: the plots are inlined, so the file can be mailed or attached."""
+    esc = html.escape
+    head = "".join(f"<th>{esc(h)}</th>" for h in table.headers)
+    rows = "".join("<tr>" + "".join(f'<td class="{"best" if b else ""}">{esc(c)}</td>' for c, b in cells)
+                   + "</tr>" for cells in table.body)
+    methods = "".join(f"<li>{_inline(line.lstrip('- ').strip())}</li>"
+                      for line in METHODS.replace("\n  ", " ").splitlines() if line.strip())
+    failed = "".join(f"<li>{esc(lab)}: <b>{esc(str(r.get('status')))}</b>: {esc(str(r.get('reason', '')))}</li>"
+                     for lab, r in table.failed)
+    failed = f"<h2>Runs that did not finish</h2><ul>{failed}</ul>" if failed else ""
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>shardbench: {esc(name)}</title>'
+            f"<style>{STYLE}</style></head><body><h1>Sweep report: {esc(name)}</h1><p>{esc(context)}</p>"
+            "<p>Best in each column highlighted, among runs that differ only in backend.</p>"
+            f'<table id="summary"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{failed}'
+            f'<div id="plots">{"".join(_figure(p) for p in plots.values())}</div>'
+            f"<h2>How each figure was measured</h2><ul>{methods}</ul><script>{MARK_RENDERED}</script></body></html>")
+
+
+def build(sweep_dir: Path, rows: Optional[List[dict]] = None) -> Path:
+    """Write report.md, report.html and plots/; `rows` are collect(sweep_dir), read again when not given."""
+    sweep_dir = Path(sweep_dir)
+    rows = collect(sweep_dir) if rows is None else rows
+    varying = varying_keys(rows)
+    table = Table(rows, varying)
+    plots = all_plots(rows, table.labels, sweep_dir, sweep_dir / "plots")
+    context = context_line(rows, varying)
+    write_text(sweep_dir / "report.md", markdown(sweep_dir.name, context, table, plots))
+    write_text(sweep_dir / "report.html", page(sweep_dir.name, context, table, plots))
+    return sweep_dir / "report.html"

@@ -1,0 +1,88 @@
+"""The plots of a sweep's report, one function each (matplotlib, Agg). Each takes the ok rows with their
+labels and returns a saved figure's path, or None when there is nothing to draw."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from ..core.rundir import RunDir
+
+MiB = 2**20
+Labelled = List[Tuple[dict, str]]
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
+def tradeoff(ok: Labelled, out_dir: Path) -> Path:
+    fig, ax = pyplot().subplots(figsize=(7, 4.5))
+    for r, lab in ok:
+        x, y = r["figures"]["memory/peak_mem_bytes"] / MiB, r["figures"]["throughput/tokens_per_s"]
+        ax.scatter(x, y, s=50)
+        ax.annotate(lab, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set(xlabel="peak memory per rank (MiB)", ylabel="tokens/s (global)",
+           title="Throughput against peak memory (up and left is better)")
+    ax.grid(alpha=0.3)
+    return _save(fig, out_dir / "tradeoff.png")
+
+
+def bars(ok: Labelled, out_dir: Path) -> Path:
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.5))
+    names = [lab for _, lab in ok]
+    axes[0].barh(names, [r["figures"]["throughput/tokens_per_s"] for r, _ in ok], color="tab:blue")
+    axes[0].set(xlabel="tokens/s (global)", title="Throughput")
+    axes[1].barh(names, [r["figures"]["memory/peak_mem_bytes"] / MiB for r, _ in ok], color="tab:orange")
+    axes[1].set(xlabel="MiB per rank", title="Peak memory")
+    axes[1].set_yticklabels([])
+    return _save(fig, out_dir / "bars.png")
+
+
+def memory_predicted_vs_measured(ok: Labelled, out_dir: Path) -> Path:
+    fig, ax = pyplot().subplots(figsize=(11, 4.5))
+    width, xs = 0.27, range(len(ok))
+    for i, (key, name) in enumerate((("memory/model_states_paper_bytes", "paper formula"),
+                                     ("memory/model_states_predicted_bytes", "predicted (layout)"),
+                                     ("memory/model_states_total_bytes_max", "measured (max rank)"))):
+        ax.bar([x + (i - 1) * width for x in xs], [r["figures"].get(key, 0) / MiB for r, _ in ok], width,
+               label=name)
+    ax.set_xticks(list(xs), [lab for _, lab in ok], rotation=30, ha="right", fontsize=8)
+    ax.set(ylabel="MiB per rank", title="Model-state memory: predicted against measured")
+    ax.legend()
+    return _save(fig, out_dir / "memory_predicted_vs_measured.png")
+
+
+def loss_curves(rows: Labelled, sweep_dir: Path, out_dir: Path) -> Optional[Path]:
+    curves = [(lab, [x for x in RunDir(sweep_dir / r["run_dir"]).read_metrics()
+                     if x.get("loss/loss") is not None and "step" in x]) for r, lab in rows]
+    curves = [(lab, recs) for lab, recs in curves if recs]
+    if not curves:
+        return None
+    fig, ax = pyplot().subplots(figsize=(9, 4.5))
+    for lab, recs in curves:
+        ax.plot([x["step"] for x in recs], [x["loss/loss"] for x in recs], marker=".", label=lab, alpha=0.8)
+    ax.set(xlabel="step", ylabel="loss (mean over ranks)", title="Loss curves: parity across backends")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _save(fig, out_dir / "loss_curves.png")
+
+
+def all_plots(rows: List[dict], labels: List[str], sweep_dir: Path, out_dir: Path) -> Dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    labelled = list(zip(rows, labels))
+    ok = [(r, lab) for r, lab in labelled if r.get("status") == "ok" and r["figures"]]
+    made = [tradeoff(ok, out_dir), bars(ok, out_dir), memory_predicted_vs_measured(ok, out_dir)] if ok else []
+    made.append(loss_curves(labelled, sweep_dir, out_dir))
+    return {p.stem: p for p in made if p is not None}

@@ -1,0 +1,129 @@
+"""One run's figures, from every rank's RankReport: throughput, FLOPs, memory, and theory beside each.
+
+Keys are `group/name_unit`; identity fields (status, backend, model, ...) sit at the top level of the
+summary. Memory figures are measured (`memory/model_states_*_bytes_{max,mean}`) and predicted by the theory
+(`*_predicted_bytes`, the ZeRO paper's `memory/model_states_paper_bytes`), with `*_error_pct` between them.
+Throughput is computed from the per-step maximum over ranks (the slowest rank sets the pace of a
+synchronous step), over the timed window only.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Dict, List
+
+from ..config import derive
+from ..core.records import RankReport, RunSummary
+from ..theory.predict import predict
+
+
+def percentile(values: List[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def over_ranks(values: List[float], key: str) -> Dict[str, float]:
+    return {f"{key}_max": max(values), f"{key}_mean": statistics.fmean(values)}
+
+
+def throughput(cfg, ranks: List[RankReport]) -> Dict[str, float]:
+    world = len(ranks)
+    tokens, samples = derive.tokens_per_step(cfg, world), derive.samples_per_step(cfg, world)
+    step_s = [max(r.timed_step_s[i] for r in ranks) for i in range(len(ranks[0].timed_step_s))]
+    window_s = sum(step_s)
+    records = ranks[0].records
+    return {
+        "throughput/tokens_per_s": tokens * len(step_s) / window_s,
+        "throughput/tokens_per_s_per_device": tokens * len(step_s) / window_s / world,
+        "throughput/samples_per_s": samples * len(step_s) / window_s,
+        "throughput/step_time_p50_s": percentile(step_s, 0.5),
+        "throughput/step_time_p90_s": percentile(step_s, 0.9),
+        "throughput/step_time_max_s": max(step_s),
+        "throughput/timed_steps": len(step_s),
+        "loss/final_loss": records[-1]["loss/loss"],
+        "loss/first_loss": records[0]["loss/loss"],
+        # only above 0 under train.on_nonfinite=continue (else the first one ends the run as failed)
+        "loss/nonfinite_steps": sum(r["loss/loss"] is None or not math.isfinite(r["loss/loss"]) for r in records),
+    }
+
+
+def flops(ranks: List[RankReport], counts: dict, tokens_per_s_per_device: float) -> Dict[str, float]:
+    """MFU uses the counted FLOPs; the PaLM formula is shown beside it."""
+    if not counts.get("counted"):
+        return {}
+    achieved = counts["counted"] * tokens_per_s_per_device / 1e12
+    peak = statistics.fmean(r.peak_tflops for r in ranks)
+    return {
+        "flops/per_token_counted": counts["counted"],
+        "flops/per_token_formula": counts["formula"],
+        "flops/formula_error_pct": 100 * (counts["formula"] - counts["counted"]) / counts["counted"],
+        "flops/achieved_tflops_per_device": achieved,
+        "flops/peak_tflops_per_device": peak,
+        "flops/mfu_pct": 100 * achieved / peak if peak else float("nan"),
+    }
+
+
+def memory(cfg, ranks: List[RankReport]) -> Dict[str, float]:
+    """Host peak over the timed window, CUDA allocator peaks, exact model-state bytes by component."""
+    out = over_ranks([r.host_peak_bytes for r in ranks], "memory/host_peak_bytes")
+    for key in ("memory/peak_allocated_bytes", "memory/peak_reserved_bytes", "memory/alloc_retries",
+                "memory/ooms"):
+        if key in ranks[0].device:
+            out.update(over_ranks([r.device[key] for r in ranks], key))
+    out["memory/peak_mem_bytes"] = out.get("memory/peak_allocated_bytes_max", out["memory/host_peak_bytes_max"])
+    if cfg.parallelism.device == "cuda":
+        out.update(over_ranks([r.after_setup["device_allocated"] for r in ranks],
+                              "memory/after_setup_allocated_bytes"))
+    out.update(over_ranks([r.after_setup["host_rss"] for r in ranks], "memory/after_setup_host_rss_bytes"))
+    for component in ranks[0].model_states:
+        out.update(over_ranks([r.model_states.get(component, 0) for r in ranks],
+                              f"memory/model_states_{component}_bytes"))
+    out.update(over_ranks([sum(r.unclassified.values()) for r in ranks], "memory/model_states_unclassified_bytes"))
+    return out
+
+
+ERRORS = (("memory/model_states_total_bytes_max", "memory/model_states_predicted_bytes"),
+          ("memory/model_states_device_bytes_max", "memory/model_states_device_predicted_bytes"),
+          ("memory/model_states_host_bytes_max", "memory/model_states_host_predicted_bytes"),
+          ("memory/model_states_buffers_bytes_max", "memory/buffers_predicted_bytes"))
+
+
+def errors(measured: dict, predicted: dict) -> Dict[str, float]:
+    """Theory beside every measurement: the most-loaded rank against the prediction, in percent."""
+    return {expected.replace("predicted_bytes", "error_pct"): 100 * (measured[got] - predicted[expected])
+            / predicted[expected] for got, expected in ERRORS if got in measured and predicted.get(expected)}
+
+
+def figures(cfg, ranks: List[RankReport], flop_counts: dict) -> dict:
+    out = throughput(cfg, ranks)
+    out.update(flops(ranks, flop_counts, out["throughput/tokens_per_s_per_device"]))
+    out.update(memory(cfg, ranks))
+    predicted = predict(cfg, len(ranks), ranks[0].params)
+    out.update(predicted)
+    out.update(errors(out, predicted))
+    return out
+
+
+def unclassified_warnings(ranks: List[RankReport]) -> List[str]:
+    names = sorted({name for r in ranks for name in r.unclassified})
+    if not names:
+        return []
+    worst = max(sum(r.unclassified.values()) for r in ranks)
+    return [f"{worst:,} B of model-state tensors in optimizer attributes no accounting table names "
+            f"({', '.join(names)}): counted as memory/model_states_unclassified_bytes, not as a component"]
+
+
+def ok(cfg, ranks: List[RankReport], flop_counts: dict, env: dict, warnings: List[str]) -> RunSummary:
+    r0 = ranks[0]
+    warnings = warnings + unclassified_warnings(ranks)
+    return RunSummary.ok(
+        derive.identity(cfg), figures(cfg, ranks, flop_counts),
+        params=r0.params["total"], optimizer=r0.optimizer, model_init=r0.init, device=env.get("device", ""),
+        peak_source=r0.peak_source, warnings=warnings or None,
+        per_rank=[{"rank": r.rank, "model_states": r.model_states, "unclassified": r.unclassified,
+                   "host_peak_bytes": r.host_peak_bytes, "host_peak_reset": r.host_peak_reset, **r.device}
+                  for r in ranks])

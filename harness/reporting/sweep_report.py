@@ -1,0 +1,61 @@
+"""A sweep's whole report, rebuilt from its run dirs at any time: summary.csv and summary.md, the console table,
+report.md / report.html with plots, and (at the end of a sweep) a W&B summary run.
+
+    python -m harness.report <sweep_dir>        (make report SWEEP=<sweep_dir>)
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List
+
+from ..config.derive import wandb_mode
+from . import html_report
+from .collect import collect
+from .tables import print_table, write_tables
+
+
+def build(sweep_dir: Path) -> List[dict]:
+    """Rebuild everything of a sweep from its run dirs: tables, console table, report and plots."""
+    rows = collect(sweep_dir)
+    write_tables(Path(sweep_dir), rows)
+    print_table(rows)
+    html_report.build(Path(sweep_dir), rows)
+    print(f"wrote {sweep_dir}/summary.csv, summary.md, report.md, report.html and plots/")
+    return rows
+
+
+def log_to_wandb(config, sweep_dir: Path, rows: List[dict]) -> None:
+    """The side-by-side table as a wandb.Table in a summary run of the sweep's group, with the report's plots.
+
+    Offline, it is written locally like every other run (`wandb sync` uploads it later). Never fails a sweep.
+    """
+    mode = wandb_mode(config.logger.mode)
+    if mode == "disabled":
+        return
+    try:
+        import wandb
+
+        keys = ["backend", "status", "model", "world_size", "precision"]
+        figure_keys = sorted({k for r in rows for k in r["figures"]})
+        table = wandb.Table(columns=keys + figure_keys,
+                            data=[[r.get(k) for k in keys] + [r["figures"].get(k) for k in figure_keys] for r in rows])
+        run = wandb.init(project=config.logger.project, entity=config.logger.entity,
+                         group=config.logger.group or config.sweep.name, name=f"{config.sweep.name}-summary",
+                         job_type="sweep-summary", dir=str(sweep_dir), mode=mode,
+                         settings=wandb.Settings(silent=True, console="off",
+                                                 init_timeout=config.logger.init_timeout_s))
+        images = {f"plots/{p.stem}": wandb.Image(str(p)) for p in sorted((sweep_dir / "plots").glob("*.png"))}
+        run.log({"sweep/summary": table, **images})
+        run.finish()
+    except Exception as exc:  # noqa: BLE001 - W&B trouble never loses the local results
+        print(f"warning: W&B summary run not logged ({mode}): {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def main(argv: List[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not Path(args[0]).is_dir():
+        print("usage: python -m harness.report <sweep_dir>", file=sys.stderr)
+        return 2
+    build(Path(args[0]))
+    return 0

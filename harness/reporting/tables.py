@@ -1,0 +1,81 @@
+"""The side-by-side table of a sweep: summary.csv (every figure of every run), summary.md, and the console
+table. Every run dir with a summary.json is a row, whatever its status: a failed run is a row, not a gap."""
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from pathlib import Path
+from typing import List
+
+from ..core.rundir import write_text
+from .collect import varying_keys
+
+# (header, how to get it from a summary, format)
+COLUMNS = [
+    ("backend", lambda s: s.get("backend", "?"), "{}"),
+    ("model", lambda s: s.get("model", "?"), "{}"),
+    ("precision", lambda s: s.get("precision", "?"), "{}"),
+    ("status", lambda s: s.get("status", "?"), "{}"),
+    ("tokens/s", lambda s: s["figures"].get("throughput/tokens_per_s"), "{:,.0f}"),
+    ("step p50 ms", lambda s: _ms(s["figures"].get("throughput/step_time_p50_s")), "{:.1f}"),
+    ("peak mem MiB", lambda s: _mib(s["figures"].get("memory/peak_mem_bytes")), "{:,.0f}"),
+    ("model states MiB/rank", lambda s: _mib(s["figures"].get("memory/model_states_total_bytes_max")), "{:.3f}"),
+    ("predicted", lambda s: _mib(s["figures"].get("memory/model_states_predicted_bytes")), "{:.3f}"),
+    ("error %", lambda s: s["figures"].get("memory/model_states_error_pct"), "{:+.2f}"),
+    ("final loss", lambda s: s["figures"].get("loss/final_loss"), "{:.5f}"),
+    ("optimizer", lambda s: s.get("optimizer", ""), "{}"),
+]
+
+
+def _ms(x):
+    return None if x is None else 1e3 * x
+
+
+def _mib(x):
+    return None if x is None else x / 2**20
+
+
+def cells(summary: dict) -> List[str]:
+    out = []
+    for _, get, fmt in COLUMNS:
+        value = get(summary)
+        out.append("" if value is None else fmt.format(value))
+    return out
+
+
+def write_tables(sweep_dir: Path, rows: List[dict]) -> str:
+    """summary.csv (every figure of every run) and summary.md (the side-by-side table); returns the md."""
+    figure_keys = sorted({k for r in rows for k in r["figures"]})
+    ident = ["run_dir", "status", "reason", "warnings", "backend", "model", "world_size", "precision", "params",
+             "optimizer"]
+    varying = [k for k in varying_keys(rows) if k not in ("backend.name", "model.name")]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=ident + varying + figure_keys, extrasaction="ignore")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({**{k: r.get(k, "") for k in ident}, "warnings": "; ".join(r.get("warnings", [])),
+                         **{k: r["config"].get(k, "") for k in varying},
+                         **r["figures"]})
+    write_text(sweep_dir / "summary.csv", buf.getvalue())
+    lines = ["| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
+    failed = [f"- {r.get('backend')}: {r.get('status')}: {r.get('reason')}" for r in rows if r.get("status") != "ok"]
+    warned = [f"- {r.get('backend')} ({r['run_dir']}): {w}" for r in rows for w in r.get("warnings", [])]
+    md = "\n".join(lines) + ("\n\nNot ok:\n" + "\n".join(failed) if failed else "")
+    md += ("\n\nWarnings:\n" + "\n".join(warned) if warned else "") + "\n"
+    write_text(sweep_dir / "summary.md", md)
+    return md
+
+
+def print_table(rows: List[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="shardbench: side by side (timed window, warm-up excluded)")
+    text_columns = ("backend", "model", "precision", "status", "optimizer")
+    for header, _, _ in COLUMNS:
+        table.add_column(header, justify="left" if header in text_columns else "right")
+    for r in rows:
+        table.add_row(*cells(r))
+    Console(file=sys.stdout, width=160).print(table)

@@ -1,0 +1,28 @@
+"""Exceptions a rank raises on purpose. The worker turns each into a RankOutcome (core/records.py)."""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+
+
+class NonFiniteLoss(RuntimeError):
+    """A NaN/inf global loss under train.on_nonfinite=stop. Every rank sees the all-reduced NaN; `peer` is
+    True on a rank whose own loss was finite (the cause is another rank's)."""
+
+    def __init__(self, step: int, peer: bool):
+        super().__init__(f"non-finite loss at step {step}" + (" (from another rank's loss)" if peer else ""))
+        self.peer = peer
+
+
+class MemoryBudgetExceeded(torch.OutOfMemoryError):
+    """A rank's device model states exceed train.memory_budget_bytes (a smaller card, emulated), or an injected
+    OOM on CPU; recorded as `oom`. `figures` holds what the rank had reached (copied into its outcome)."""
+
+    def __init__(self, message: str, figures: Optional[Dict[str, int]] = None):
+        super().__init__(message)
+        self.figures = dict(figures or {})
+
+
+class InjectedFault(RuntimeError):
+    """fault.kind=raise."""

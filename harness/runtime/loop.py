@@ -1,0 +1,79 @@
+"""The one training loop. It never asks which backend it runs: everything backend-specific is behind the
+Strategy interface (runtime/strategies/base.py), and measurement is delegated to probes.py (StepTimer,
+StateProbe), whose docstrings say how each figure is taken. Fault injection arrives as a callable.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..config import derive
+from . import probes
+from .errors import NonFiniteLoss
+from .faults import Injector, no_fault
+
+
+@dataclass
+class LoopResult:
+    records: List[dict] = field(default_factory=list)
+    timed_step_s: List[float] = field(default_factory=list)
+    model_states: Dict[str, int] = field(default_factory=dict)
+    unclassified: Dict[str, int] = field(default_factory=dict)
+    host_peak_bytes: int = 0
+    host_peak_reset: bool = False
+    device: Dict[str, int] = field(default_factory=dict)
+
+
+def global_mean_loss(loss_sum: torch.Tensor, count: int, step: int, on_nonfinite: str) -> float:
+    """One scalar collective per step: the mean loss over all ranks and micro-batches. A non-finite mean
+    stops the run (unless on_nonfinite=continue), saying whether this rank's own loss was the cause."""
+    local = loss_sum.clone()
+    dist.all_reduce(loss_sum)
+    value = loss_sum.item() / count
+    if not math.isfinite(value) and on_nonfinite == "stop":
+        raise NonFiniteLoss(step, peer=math.isfinite(local.item()))
+    return value
+
+
+def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fault) -> LoopResult:
+    """Run `train.steps` optimizer steps. `sink.log(record)` receives one dict per step (rank 0 writes it)."""
+    steps, warmup, ga = cfg.train.steps, cfg.train.warmup_steps, cfg.parallelism.grad_accum
+    tokens_per_step = derive.tokens_per_step(cfg, strategy.world_size)
+    timer = probes.StepTimer(device, warmup)
+    states = probes.StateProbe(warmup, cfg.train.memory_budget_bytes, dist.get_rank())
+    result = LoopResult()
+    for step in range(steps):
+        timer.begin(step)
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(ga):
+            inputs, targets = batches.get(step, micro)
+            with strategy.sync_context(last=micro == ga - 1):
+                with strategy.autocast():
+                    logits = model(input_ids=inputs).logits
+                loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+                if micro == 0:
+                    loss = inject(step, loss)  # once per step; the identity unless fault.kind is set
+                strategy.backward(loss)
+            loss_sum += loss.detach()
+        with timer.untimed():  # counting storages is not training
+            states.at(step, strategy)
+        grad_norm = strategy.step()
+        loss_value = global_mean_loss(loss_sum, ga * strategy.world_size, step, cfg.train.on_nonfinite)
+        step_s = timer.end()
+        record = {"step": step, "loss/loss": loss_value, "loss/grad_norm": float(grad_norm),
+                  "throughput/step_time_s": step_s, "throughput/tokens_per_s": tokens_per_step / step_s,
+                  "warmup": step < warmup}
+        if step >= warmup:
+            result.timed_step_s.append(step_s)
+        result.records.append(record)
+        sink.log(record)
+    result.model_states, result.unclassified = states.states, states.unclassified
+    result.host_peak_reset = timer.host_peak_reset
+    result.host_peak_bytes = probes.host_peak_bytes()
+    result.device = probes.device_memory(device)
+    return result

@@ -1,0 +1,188 @@
+"""How every figure is measured inside a rank: step timing, memory probes, FLOPs and the device's peak.
+Each says what it measures and how in its docstring; the report's methods section says the same for users.
+
+Metric keys use one scheme everywhere (metrics.jsonl, summary.json, W&B): `group/name_unit`.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Dict, Iterator, List
+
+import torch
+
+from .errors import MemoryBudgetExceeded
+
+# Dense (no sparsity) peak TFLOP/s by device-name substring and dtype, from the vendors' data sheets.
+PEAK_TFLOPS = {
+    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
+    "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
+    "L40S": {"bf16": 362.0, "fp16": 362.0, "fp32": 91.6},
+    "A10G": {"bf16": 70.0, "fp16": 70.0, "fp32": 31.2},
+    "V100": {"bf16": 0.0, "fp16": 125.0, "fp32": 15.7},
+}
+
+
+def device_sync(device: torch.device) -> None:
+    """Wait for queued device work. CPU kernels run synchronously, so the host clock is already in step."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# -- time -----------------------------------------------------------------------------------------------
+class StepTimer:
+    """Step time runs from the end of one step to the end of the next, each after a device synchronisation,
+    so it includes everything the loop does (data, forward, backward, step, logging), not only the kernels.
+    Steps before `warmup` are excluded; when the timed window opens the peak counters (CUDA allocator, the
+    kernel's RSS high-water mark) are reset, and the resets are not part of the first timed step. Work done
+    under `untimed()` (the model-state count) is subtracted from its step."""
+
+    def __init__(self, device: torch.device, warmup: int):
+        self.device, self.warmup = device, warmup
+        self.host_peak_reset = False
+        self._excluded = 0.0
+        device_sync(device)
+        self._started = time.perf_counter()
+
+    def begin(self, step: int) -> None:
+        self._excluded = 0.0
+        if step == self.warmup:
+            self.host_peak_reset = reset_host_peak()
+            reset_device_peak(self.device)
+            device_sync(self.device)
+            self._started = time.perf_counter()
+
+    @contextlib.contextmanager
+    def untimed(self) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._excluded += time.perf_counter() - started
+
+    def end(self) -> float:
+        device_sync(self.device)
+        now = time.perf_counter()
+        step_s, self._started = now - self._started - self._excluded, now
+        return step_s
+
+
+# -- memory ---------------------------------------------------------------------------------------------
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def host_rss_bytes() -> int:
+    return _status_kib("VmRSS") * 1024
+
+
+def reset_host_peak() -> bool:
+    """Reset the kernel's RSS high-water mark (VmHWM) to the current RSS (Linux: `5 > clear_refs`)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def host_peak_bytes() -> int:
+    """Peak RSS since the last reset, as the kernel tracks it (not a polled sample)."""
+    return _status_kib("VmHWM") * 1024
+
+
+def reset_device_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def device_memory(device: torch.device) -> Dict[str, int]:
+    """CUDA caching-allocator figures; empty on CPU, where the host figures are the device figures."""
+    if device.type != "cuda":
+        return {}
+    s = torch.cuda.memory_stats(device)
+    return {
+        "memory/peak_allocated_bytes": s.get("allocated_bytes.all.peak", 0),
+        "memory/peak_reserved_bytes": s.get("reserved_bytes.all.peak", 0),
+        "memory/alloc_retries": s.get("num_alloc_retries", 0),
+        "memory/ooms": s.get("num_ooms", 0),
+    }
+
+
+def device_allocated(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+class StateProbe:
+    """Model-state bytes, counted from the tensors each rank holds on the first timed step, after backward and
+    before the optimizer step, when parameters, gradients and optimizer states are all alive; then checked
+    against train.memory_budget_bytes (device states only: a smaller card, emulated on any device)."""
+
+    def __init__(self, at_step: int, budget: int, rank: int):
+        self.at_step, self.budget, self.rank = at_step, budget, rank
+        self.states: Dict[str, int] = {}
+        self.unclassified: Dict[str, int] = {}
+
+    def at(self, step: int, strategy) -> None:
+        if step != self.at_step:
+            return
+        self.states, self.unclassified = strategy.model_state_bytes()
+        if self.budget and self.states["device"] > self.budget:
+            raise MemoryBudgetExceeded(
+                f"out of memory (emulated): rank {self.rank} holds {self.states['device']:,} B of model states on "
+                f"the device at step {step}, over train.memory_budget_bytes={self.budget:,}",
+                {f"memory/model_states_{k}_bytes": v for k, v in self.states.items() if k in ("device", "host")})
+
+
+# -- FLOPs and peak -------------------------------------------------------------------------------------
+def count_flops_per_token(model_cfg, seq_len: int) -> int:
+    """Training FLOPs per token (forward + backward) counted by torch's FlopCounterMode on a meta-device
+    copy of the model: exact for the model as implemented, at no memory cost, on any device."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from . import models
+
+    model = models.build(model_cfg, device="meta")
+    ids = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
+    # An explicit 4-D causal mask skips transformers' data-dependent mask checks (.item() fails on meta);
+    # FlopCounterMode counts attention the same with or without it.
+    mask = torch.ones(1, 1, seq_len, seq_len, dtype=torch.bool, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        logits.float().sum().backward()
+    return int(counter.get_total_flops() // seq_len)
+
+
+def formula_flops_per_token(n_params: int, n_embedding: int, layers: int, hidden: int, seq_len: int) -> int:
+    """6·(N − N_embedding) + 12·L·h·s (PaLM appendix B, as torchtitan uses it)."""
+    return 6 * (n_params - n_embedding) + 12 * layers * hidden * seq_len
+
+
+def device_peak_tflops(device: torch.device, precision: str) -> tuple[float, str]:
+    """The dense peak of this device for the dtype: a data-sheet figure when the device is known, else a
+    short matmul calibration on this rank (labelled `measured`)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peaks in PEAK_TFLOPS.items():
+            if key in name and peaks.get(precision):
+                return peaks[precision], f"datasheet ({name}, dense {precision})"
+    return calibrate_matmul_tflops(device, precision), "measured (best of 5 matmuls, 1024^3, this rank)"
+
+
+def calibrate_matmul_tflops(device: torch.device, precision: str, n: int = 1024) -> float:
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    best = float("inf")
+    for _ in range(5):
+        device_sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        device_sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e12

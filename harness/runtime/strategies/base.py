@@ -1,0 +1,162 @@
+"""The small interface every data-parallel strategy implements. The train loop sees only this.
+
+One optimizer step of the loop, for grad_accum micro-batches:
+
+    for micro in range(grad_accum):
+        with strategy.sync_context(last=micro == grad_accum - 1):   # no gradient sync before the last
+            with strategy.autocast():
+                loss = loss_fn(model(inputs), targets)
+            strategy.backward(loss)                                  # raw micro-batch loss; scaled here
+    grad_norm = strategy.step()                                      # clip, step, zero
+"""
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from typing import ContextManager, Dict, Iterable
+
+import torch
+from torch import nn
+from typing_extensions import override
+
+from ...core.components import totals
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The part of a (possibly distributed) tensor that this rank really stores."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor], seen: set) -> int:
+    """Bytes of the distinct storages behind `tensors`, skipping storages already in `seen`.
+
+    Counting storages rather than tensors is what makes the figure exact: DDP's gradients are views of its
+    buckets, and DeepSpeed's parameters are views of flat buffers; each byte is counted once.
+    """
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        t = local_tensor(t)
+        if t.device.type == "meta":
+            continue
+        storage = t.untyped_storage()
+        key = (t.device, storage.data_ptr())
+        if storage.nbytes() == 0 or key in seen:
+            continue
+        seen.add(key)
+        total += storage.nbytes()
+    return total
+
+
+def tensors_in(obj, depth: int = 0):
+    """Every tensor inside nested lists, tuples and dicts (optimizer state, DeepSpeed's partition lists)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth < 4 and isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from tensors_in(item, depth + 1)
+    elif depth < 4 and isinstance(obj, dict):
+        for item in obj.values():
+            yield from tensors_in(item, depth + 1)
+
+
+class Strategy(ABC):
+    """Wraps a model and builds its optimizer; owns everything backend-specific about a training step."""
+
+    def __init__(self, cfg, device: torch.device, world_size: int, params: int):
+        self.cfg, self.backend, self.device, self.world_size = cfg, cfg.backend, device, world_size
+        self.params = params  # the model's parameter count (sizes the default buckets)
+        self.precision = cfg.train.precision
+        self.dtype = DTYPES[self.precision]
+        self.grad_accum = cfg.parallelism.grad_accum
+        self.model: nn.Module | None = None
+        self.optimizer_name = "torch.optim.AdamW"
+
+    # -- construction -------------------------------------------------------------------------------
+    def init_context(self, use_meta: bool) -> ContextManager:
+        """Where the model's parameters are created. Backends that can shard at construction override."""
+        return contextlib.nullcontext()
+
+    @abstractmethod
+    def setup(self, model: nn.Module, optim_cfg) -> nn.Module:
+        """Wrap the model and build the optimizer together (DeepSpeed needs both at once)."""
+
+    # -- one training step --------------------------------------------------------------------------
+    def autocast(self) -> ContextManager:
+        return contextlib.nullcontext()
+
+    def sync_context(self, last: bool) -> ContextManager:
+        """Entered around forward and backward of each micro-batch; suppresses sync unless `last`."""
+        return contextlib.nullcontext()
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of the raw micro-batch loss; the strategy scales it for accumulation."""
+
+    @abstractmethod
+    def step(self) -> torch.Tensor:
+        """Clip gradients, step the optimizer, zero gradients. Returns the pre-clip global grad norm."""
+
+    # -- what this rank holds -----------------------------------------------------------------------
+    @abstractmethod
+    def state_tensors(self) -> Dict[str, Iterable[torch.Tensor]]:
+        """Model-state tensors by component, in this order: params, grads, master, optimizer.
+
+        Offloaded components are keyed with a `host_` prefix (e.g. `host_optimizer`).
+        """
+
+    def unclassified_tensors(self) -> Dict[str, Iterable[torch.Tensor]]:
+        """Tensors the strategy holds but cannot attribute to a component, by where it found them."""
+        return {}
+
+    def model_state_bytes(self) -> tuple[Dict[str, int], Dict[str, int]]:
+        """Exact bytes this rank holds, by component (distinct storages, counted once), with device, host and
+        total (model states only, buffers apart); and the bytes of unclassified tensors whose storage no
+        component already counted."""
+        seen: set = set()
+        out = {name: storage_bytes(ts, seen) for name, ts in self.state_tensors().items()}
+        extra = {name: storage_bytes(ts, seen) for name, ts in self.unclassified_tensors().items()}
+        return {**out, **totals(out)}, {name: b for name, b in extra.items() if b}
+
+
+class NativeStrategy(Strategy):
+    """Shared by the strategies that drive a torch optimizer themselves (DDP, FSDP): the loss is divided by
+    grad_accum here, fp16 uses a GradScaler, and clipping uses torch's clip_grad_norm_."""
+
+    def _build_optimizer(self, optim_cfg) -> None:
+        o = optim_cfg
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
+        )
+        self.grad_clip = o.grad_clip
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+
+    @override
+    def backward(self, loss: torch.Tensor) -> None:
+        loss = loss / self.grad_accum
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    @override
+    def step(self) -> torch.Tensor:
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or float("inf"))
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return local_tensor(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    @override
+    def state_tensors(self):
+        params = list(self.model.parameters())
+        return {
+            "params": params,
+            "grads": [p.grad for p in params],
+            "optimizer": tensors_in(list(self.optimizer.state.values())),
+        }

@@ -1,0 +1,94 @@
+"""DeepSpeed ZeRO stages 1-3 and ZeRO-Offload: one class, the stage and offload are configuration.
+
+The optimizer is passed in (a client optimizer), so every backend runs the same AdamW: torch's AdamW on
+the device, or DeepSpeedCPUAdam in AdamW mode when the optimizer is offloaded (DeepSpeed refuses a torch
+optimizer under offload). Without this, DeepSpeed's config optimizer "AdamW" silently becomes a
+JIT-compiled FusedAdam on the CPU accelerator.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable
+
+import torch
+from typing_extensions import override
+
+from ...config.deepspeed_json import ds_config
+from .base import Strategy
+from .deepspeed_states import classify, placed
+
+
+class DeepSpeedStrategy(Strategy):
+    def __init__(self, cfg, device, world_size, params: int):
+        super().__init__(cfg, device, world_size, params)
+        self.config = ds_config(cfg, world_size, params)
+        self.stage = cfg.backend.zero_stage
+        self._unclassified: Dict[str, list] = {}
+
+    @override
+    def init_context(self, use_meta):
+        if self.stage == 3 and use_meta:
+            import deepspeed
+
+            # zero.Init sizes its partitions from DeepSpeed's comm layer: attach it to our process group first
+            deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
+            # Parameters are partitioned as each module is constructed: no rank ever holds the full model.
+            # No `dtype=`: DeepSpeed 0.19 drops an explicit dtype on devices without fp16 (an operator
+            # precedence slip in Init._set_dtype), and an fp32 run would silently build bf16 weights. Left
+            # to itself, Init takes the dtype from the config's bf16/fp16 sections, which we set.
+            return deepspeed.zero.Init(config_dict_or_path=self.config)
+        return super().init_context(use_meta)
+
+    @override
+    def setup(self, model, optim_cfg):
+        import deepspeed
+
+        kw = dict(lr=optim_cfg.lr, betas=(optim_cfg.beta1, optim_cfg.beta2), eps=optim_cfg.eps,
+                  weight_decay=optim_cfg.weight_decay)
+        if self.cfg.backend.offload_optimizer:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            optimizer = DeepSpeedCPUAdam(model.parameters(), adamw_mode=True, **kw)
+            self.optimizer_name = "DeepSpeedCPUAdam(adamw_mode=True)"
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), **kw)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=self.config, dist_init_required=False
+        )
+        self.model = self.engine
+        return self.engine
+
+    @override
+    def sync_context(self, last):
+        # DeepSpeed's own API for a caller-driven accumulation loop: False before each non-final micro-batch,
+        # True before the last, then one engine.step(). ZeRO-1 reduces only at the boundary; ZeRO-2/3
+        # reduce-scatter every micro-batch by design (gradient partitioning).
+        self.engine.set_gradient_accumulation_boundary(last)
+        return super().sync_context(last)
+
+    @override
+    def backward(self, loss):
+        self.engine.backward(loss)  # divides by gradient_accumulation_steps itself
+
+    @override
+    def step(self):
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return torch.as_tensor(float("nan") if norm is None else float(norm))
+
+    @override
+    def state_tensors(self) -> Dict[str, Iterable[torch.Tensor]]:
+        groups, unclassified = classify(self.optimizer)
+        for p in self.engine.module.parameters():
+            groups["params"] += [t for t in (getattr(p, "ds_tensor", None), p.data) if t is not None]
+            if p.grad is not None:
+                groups["grads"].append(p.grad)
+        self._unclassified = unclassified
+        opt = self.optimizer
+        # what DeepSpeed itself offloaded (its own flags), for the CPU run where devices cannot tell
+        off_opt = bool(getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False))
+        off_par = bool(getattr(opt, "offload_param", False))
+        return placed(groups, self.device, off_opt, off_par)
+
+    @override
+    def unclassified_tensors(self):
+        return self._unclassified

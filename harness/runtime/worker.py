@@ -1,0 +1,171 @@
+"""One rank of a run, started by torchrun: `python -m harness.runtime.worker <run_dir>`.
+
+It reads the resolved config the parent wrote (through the typed schema), trains, and leaves its outcome in
+`<run_dir>/ranks/rank<R>.json` (a RankOutcome: ok, or failed/oom/timeout with the reason and whether it is
+the cause or a peer's symptom; the traceback goes to `rank<R>.traceback.txt`). Every rank sends its
+RankReport to rank 0, which computes the run's figures, writes summary.json and the W&B summary.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from ..config import schema
+from ..core.records import RankOutcome, RankReport, Status
+from ..core.rundir import RunDir, read_json, write_json, write_text
+from ..reporting import run_summary
+from . import data, faults, loop, models, probes
+from .sink import open_sink
+from .strategies import make_strategy
+
+# Phrases of the errors torch, gloo and NCCL raise on a rank whose peer went away: this rank is a symptom.
+PEER_GONE = ("closed by peer", "reset by peer", "remote worker", "broken pipe")
+
+
+def classify(exc: BaseException) -> tuple[str, bool]:
+    """The status a failure becomes (oom, timeout or failed), and whether it is a peer's symptom."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    peer = bool(getattr(exc, "peer", False)) or any(p in text for p in PEER_GONE)
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text:
+        return Status.OOM, peer
+    if "timed out" in text or "timeout" in type(exc).__name__.lower():
+        return Status.TIMEOUT, peer
+    return Status.FAILED, peer
+
+
+def load_config(run_dir: RunDir):
+    """The parent's resolved config, merged into the schema so a rank reads typed fields as the parent did."""
+    schema.register()
+    return OmegaConf.merge(OmegaConf.structured(schema.RunConfig), OmegaConf.load(run_dir.config))
+
+
+def use_meta_init(cfg, n_params: int) -> bool:
+    mode = cfg.model.init
+    return mode == "meta" or (mode == "auto" and n_params > cfg.model.meta_above_params)
+
+
+def flop_counts(cfg, counts: dict) -> dict:
+    m, seq = cfg.model, cfg.parallelism.seq_len
+    return {"counted": probes.count_flops_per_token(m, seq),
+            "formula": probes.formula_flops_per_token(counts["total"], counts["embedding"], m.num_layers,
+                                                      m.hidden_size, seq)}
+
+
+def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> None:
+    torch.manual_seed(cfg.train.seed)
+    counts = models.param_count(cfg.model)
+    strategy = make_strategy(cfg, device, world, counts["total"])
+    use_meta = use_meta_init(cfg, counts["total"])
+    with strategy.init_context(use_meta):
+        model = models.build(cfg.model)
+    if cfg.train.activation_checkpointing:
+        models.enable_activation_checkpointing(model)
+    model.train()
+    model = strategy.setup(model, cfg.optim)
+    after_setup = {"host_rss": probes.host_rss_bytes(), "device_allocated": probes.device_allocated(device)}
+    batches = data.Batches(cfg.data, cfg.parallelism, cfg.model.vocab_size, cfg.train.seed, rank, world, device)
+    sink = open_sink(cfg if rank == 0 else None, run_dir)  # only rank 0 writes metrics and W&B
+    try:
+        result = loop.train(model, strategy, batches, cfg, device, sink, faults.injector(cfg, rank, run_dir))
+        peak_tflops, peak_source = probes.device_peak_tflops(device, cfg.train.precision)
+        report = RankReport(
+            rank=rank, records=result.records if rank == 0 else [], timed_step_s=result.timed_step_s,
+            model_states=result.model_states, unclassified=result.unclassified,
+            host_peak_bytes=result.host_peak_bytes, host_peak_reset=result.host_peak_reset, device=result.device,
+            after_setup=after_setup, peak_tflops=peak_tflops, peak_source=peak_source,
+            optimizer=strategy.optimizer_name, init="meta" if use_meta else "host", params=counts)
+        gathered = [None] * world
+        dist.all_gather_object(gathered, report)
+        if rank == 0:
+            flops = flop_counts(cfg, counts) if cfg.train.measure_flops else {}
+            summary = run_summary.ok(cfg, gathered, flops, read_json(run_dir.env) or {}, list(sink.warnings))
+            write_json(run_dir.summary, summary.to_dict())
+            sink.summary({**summary.figures, "status": Status.OK})
+        sink.finish(ok=True)
+    except BaseException:
+        sink.finish(ok=False)
+        raise
+
+
+def reached(exc: BaseException, device: torch.device) -> dict:
+    """What this rank had reached when it failed: its memory high-water marks (and, for an emulated OOM,
+    the model-state bytes that broke the budget), so an `oom` row says how far over it was."""
+    try:
+        return {"memory/host_peak_bytes": probes.host_peak_bytes(), **probes.device_memory(device),
+                **getattr(exc, "figures", {})}
+    except Exception:  # noqa: BLE001 - a broken device must not hide the failure itself
+        return {}
+
+
+def start(cfg) -> tuple[int, int, torch.device]:
+    """Rank, world size and device from torchrun's environment; the device selected (and on CUDA capped to
+    train.memory_budget_bytes); the process group started."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device("cpu")
+    if cfg.parallelism.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        if cfg.train.memory_budget_bytes:
+            # a smaller card, emulated: the caching allocator refuses to go past the budget (a real CUDA OOM)
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.train.memory_budget_bytes / total), device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            timeout=timedelta(seconds=cfg.dist.timeout_s),
+                            device_id=device if device.type == "cuda" else None)
+    return rank, world, device
+
+
+def main() -> int:
+    run_dir = RunDir(Path(sys.argv[1]))
+    cfg = load_config(run_dir)
+    rank = int(os.environ["RANK"])
+    started = time.time()
+
+    def on_term(signum, frame):
+        # torchrun stops the surviving ranks with SIGTERM when one fails; say so before exiting
+        write_json(run_dir.rank_outcome(rank), RankOutcome(rank, Status.TERMINATED, reason="stopped by launcher",
+                                                           peer=True, elapsed_s=time.time() - started).to_dict())
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
+    params, device = None, torch.device("cpu")  # params in every outcome: a failed row still says the size
+    try:
+        params = models.param_count(cfg.model)["total"]
+        rank, world, device = start(cfg)
+        run(cfg, run_dir, rank, world, device)
+        outcome, code = RankOutcome(rank, Status.OK, params=params, elapsed_s=time.time() - started), 0
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
+        tb = traceback.format_exc()
+        write_text(run_dir.rank_traceback(rank), tb)
+        status, peer = classify(exc)
+        outcome = RankOutcome(rank, status, error=type(exc).__name__, peer=peer, params=params,
+                              reason=str(exc).strip().splitlines()[0][:500] if str(exc) else "",
+                              elapsed_s=time.time() - started, reached=reached(exc, device))
+        print(tb, file=sys.stderr)
+        code = 1
+    write_json(run_dir.rank_outcome(rank), outcome.to_dict())
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a broken group must not mask the outcome
+            pass
+    return code
+
+
+if __name__ == "__main__":
+    code = main()
+    # Every result is on disk (atomic writes) and W&B is finished. Skip interpreter teardown: DeepSpeed's
+    # native threads (CPU Adam, shm comm) can abort there ("terminate called without an active exception"),
+    # which would turn a finished run into a failed one.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,183 @@
+"""`make capacity`: the largest model each backend trains under a per-rank memory budget.
+
+    python -m harness.capacity --budget-mib 256 [--backends ddp,fsdp,...] [--rungs 14] [overrides...]
+    python -m harness.capacity --micro-batch --budget-mib 30000 model=llama_1b parallelism=gpu1   # largest micro-batch
+
+Models come from a size ladder: a Llama whose width and depth both grow, so that each rung has about 1.5x
+the parameters of the one below (`ladder`). For each backend, the memory model proposes the largest rung it
+predicts will fit; that rung and its neighbour are probed, then the search bisects the ladder between the
+largest rung known to fit and the smallest known to fail. Every probe is a short real run (a few steps) under
+`train.memory_budget_bytes`, recorded under <out>/probes/ like any run, OOM included. On CPU the budget
+applies to the measured model-state bytes on the device (so offload backends are judged on device bytes);
+on CUDA it is also the allocator's cap (`torch.cuda.set_per_process_memory_fraction`), so activations count.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from ..config.compose import compose
+from ..config.derive import world_size
+from ..core.components import totals
+from ..core.paths import REPO
+from ..core.rundir import RunDir, write_json, write_text
+from ..runtime import models
+from ..theory.memory import activation_bytes, layout
+from ..theory.shape import shape_of
+from ..reporting.plots import pyplot
+from .subprocess_run import train_command
+
+# a probe is a short run, logged like any other (pass logger=none to keep probes out of W&B)
+PROBE = ["train.steps=3", "train.warmup_steps=1", "train.measure_flops=false"]
+
+
+def ladder(rungs: int, smallest: float = 1e5, step: float = 1.5, vocab: int = 256) -> List[List[str]]:
+    """Model overrides for each rung: Llama shapes whose parameter counts are closest to smallest·step^k.
+
+    Width (a multiple of 32, head size 32) and depth grow together: the shape keeps hidden/layers between
+    32 and 128, as real models do. Parameters ~ 12·L·h² + 2·V·h (SwiGLU at 8h/3, embeddings untied).
+    """
+    shapes = [(h, layers) for h in range(64, 8193, 32) for layers in range(1, 129) if 32 <= h / layers <= 128]
+    out, used = [], set()
+    for k in range(rungs):
+        target = smallest * step**k
+        h, layers = min(shapes, key=lambda s: abs(12 * s[1] * s[0] ** 2 + 2 * vocab * s[0] - target))
+        if (h, layers) in used:
+            continue
+        used.add((h, layers))
+        heads = h // 32
+        inter = int(round(8 * h / 3 / 32)) * 32
+        out.append(["model=tiny_llama", f"model.name=ladder_h{h}_l{layers}", f"model.hidden_size={h}",
+                    f"model.num_layers={layers}", f"model.num_heads={heads}", f"model.num_kv_heads={heads}",
+                    f"model.intermediate_size={inter}", f"model.vocab_size={vocab}", "model.max_positions=1024"])
+    return out
+
+
+def search(n: int, guess: int, fits: Callable[[int], bool]) -> tuple[Optional[int], List[int]]:
+    """Largest index in 0..n-1 with fits(i) true (fits is monotone: true then false), and the indices probed.
+
+    Probes the guess and its neighbour first (a good guess costs two probes), then bisects.
+    """
+    lo, hi, probed = -1, n, []  # lo: largest known to fit, hi: smallest known to fail
+
+    def probe(i):
+        nonlocal lo, hi
+        probed.append(i)
+        if fits(i):
+            lo = max(lo, i)
+        else:
+            hi = min(hi, i)
+
+    guess = min(max(guess, 0), n - 1)
+    probe(guess)
+    neighbour = guess + 1 if lo == guess else guess - 1
+    if 0 <= neighbour < n:
+        probe(neighbour)
+    while hi - lo > 1:
+        probe((lo + hi) // 2)
+    return (lo if lo >= 0 else None), probed
+
+
+def predicted(overrides: List[str]) -> tuple[int, float]:
+    """Parameters, and the device bytes theory predicts: model states, plus activations on CUDA (on CPU the
+    budget only sees model states)."""
+    cfg = compose(overrides)
+    shape = shape_of(cfg, world_size(cfg), models.param_count(cfg.model))
+    device = totals(layout(cfg.backend, shape))["device"]
+    if cfg.parallelism.device == "cuda":
+        device += activation_bytes(cfg.model, cfg.parallelism, cfg.train.precision,
+                                                cfg.train.activation_checkpointing)
+    return shape.params, device
+
+
+def run_probe(overrides: List[str], run_dir: Path) -> dict:
+    done = RunDir(run_dir).read_summary()
+    if done and done.get("status") in ("ok", "oom"):  # a finished probe is a result: reuse it
+        return done
+    subprocess.run(train_command(*PROBE, *overrides, run_dir=run_dir), cwd=REPO, capture_output=True, text=True)
+    return RunDir(run_dir).read_summary() or {"status": "failed", "reason": "no summary"}
+
+
+def capacity(backend: str, budget: int, candidates: List[List[str]], names: List[str], common: List[str],
+             out: Path) -> Dict:
+    """Search `candidates` (override lists, smallest first) for the largest that trains under `budget`."""
+    params, device = zip(*(predicted([f"backend={backend}", *c, *common]) for c in candidates))
+    guess = max([i for i, b in enumerate(device) if b <= budget], default=0)
+    outcomes: Dict[int, dict] = {}
+
+    def fits(i: int) -> bool:
+        summary = run_probe([f"backend={backend}", *candidates[i], *common, f"train.memory_budget_bytes={budget}"],
+                            out / "probes" / f"{backend}-{names[i]}")
+        outcomes[i] = summary
+        if summary.get("status") not in ("ok", "oom"):
+            print(f"  {backend} {names[i]}: {summary.get('status')}: {summary.get('reason')}", file=sys.stderr)
+        return summary.get("status") == "ok"
+
+    best, probed = search(len(candidates), guess, fits)
+    return {"backend": backend, "budget_bytes": budget, "largest": names[best] if best is not None else None,
+            # the top rung trained: the true capacity is at least this (a longer ladder would tell)
+            "ladder_exhausted": best == len(candidates) - 1,
+            "largest_params": params[best] if best is not None else 0,
+            "predicted": names[guess] if device[guess] <= budget else None,
+            "predicted_params": params[guess] if device[guess] <= budget else 0, "probes": len(probed),
+            "probed": [{"candidate": names[i], "params": params[i], "predicted_device_bytes": device[i],
+                        "status": outcomes[i].get("status"), "reason": outcomes[i].get("reason", ""),
+                        "device_bytes": outcomes[i].get("figures", {}).get("memory/model_states_device_bytes_max")}
+                       for i in probed]}
+
+
+def write(rows: List[dict], out: Path, command: str, budget: int) -> None:
+    plt = pyplot()
+    write_json(out / "capacity.json", {"command": command, "rows": rows})
+    lines = [f"# Capacity: largest trainable model per backend, budget {budget / 2**20:,.0f} MiB per rank", "",
+             f"Command: `{command}`. Each probe: 3 steps (1 warm-up) under train.memory_budget_bytes.", "",
+             "| backend | largest that trains (params) | theory predicts (params) | probes |", "|---|---:|---:|---:|"]
+    lines += [f"| {r['backend']} | {'≥ ' if r['ladder_exhausted'] else ''}{r['largest']}: {r['largest_params']:,} | "
+              f"{r['predicted']}: {r['predicted_params']:,} | {r['probes']} |" for r in rows]
+    if any(r["ladder_exhausted"] for r in rows):
+        lines += ["", "≥: the ladder's top rung trained, so the capacity is at least that (use more --rungs)."]
+    write_text(out / "capacity.md", "\n".join(lines) + "\n\n![capacity](capacity.png)\n")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["largest_params"] / 1e6 for r in rows], 0.4, label="measured")
+    ax.bar([x + 0.2 for x in xs], [r["predicted_params"] / 1e6 for r in rows], 0.4, label="theory")
+    ax.set_xticks(list(xs), [r["backend"] for r in rows], rotation=30, ha="right")
+    ax.set(ylabel="parameters (M)", title=f"Largest trainable model under {budget / 2**20:,.0f} MiB per rank")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "capacity.png", dpi=110)
+    plt.close(fig)
+    print("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-mib", type=float, default=256)
+    parser.add_argument("--backends", default="ddp,ds_zero2,ds_zero2_offload,fsdp,ds_zero3,ds_zero3_offload")
+    parser.add_argument("--rungs", type=int, default=20, help="ladder rungs from 1e5 parameters in 1.5x steps")
+    parser.add_argument("--micro-batch", action="store_true", help="search micro-batch 1..512 for the given model")
+    parser.add_argument("--out", default="results/capacity")
+    args, common = parser.parse_known_args(argv)
+    budget = int(args.budget_mib * 2**20)
+    out = (REPO / args.out).resolve()
+    if args.micro_batch:
+        candidates = [[f"parallelism.micro_batch={2 ** i}"] for i in range(10)]
+        names = [f"mb{2 ** i}" for i in range(10)]
+    else:
+        candidates = ladder(args.rungs)
+        names = [c[1].split("=")[1] for c in candidates]
+    rows = []
+    for backend in args.backends.split(","):
+        row = capacity(backend, budget, candidates, names, common, out)
+        print(f"{backend}: largest {row['largest']} ({row['largest_params']:,} params), theory {row['predicted']}, "
+              f"{row['probes']} probes", flush=True)
+        rows.append(row)
+    write(rows, out, "python -m harness.capacity " + " ".join(argv if argv is not None else sys.argv[1:]), budget)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Theory of memory: model-state bytes per rank, by component, and activation bytes.
+
+Two predictions of model-state memory sit side by side:
+
+- `paper_bytes`: the ZeRO paper's formula (arXiv 1910.02054, table 1). With p-byte parameters and
+  gradients and K bytes of optimizer state per parameter: DP (2p + K)Ψ, ZeRO-1 2pΨ + KΨ/N,
+  ZeRO-2 pΨ + (p + K)Ψ/N, ZeRO-3 (2p + K)Ψ/N. K = 12 under mixed precision (fp32 master + Adam m, v),
+  8 in fp32 (the weights are the master). 7.5B parameters on 64 GPUs gives 120 / 31.4 / 16.6 / 1.9 GB.
+- `layout`: what each backend really stores, component by component, as the harness measures it (after
+  the last backward, before the optimizer step). The differences from the paper are real and explained
+  in `LAYOUT_NOTES`; the tests hold the measured bytes within 5% of this layout on every backend.
+
+Components are those of core/components.py: `params`, `grads`, `master`, `optimizer`, with a `host_`
+prefix when offloaded, plus `buffers` (communication and offload staging, reported apart).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from .shape import Shape
+
+LAYOUT_NOTES = {
+    "ddp": "torch.autocast keeps fp32 parameters, so DDP holds 16 bytes per parameter in every precision.",
+    "fsdp": "FSDP2 with MixedPrecisionPolicy keeps fp32 sharded parameters, gradients and Adam states "
+            "(16Ψ/N); the 16-bit gathered copies are transient.",
+    "ds_zero1": "In bf16 with fp32 gradient accumulation DeepSpeed runs ZeRO-1 through its BF16_Optimizer, "
+                "which keeps full fp32 gradients plus the 16-bit ones: ZeRO-1 then holds more than ZeRO-2.",
+    "ds_zero2": "DeepSpeed keeps an fp32 master partition even in fp32 training, and reduces gradients "
+                "straight into an fp32 partition (grad_accum_dtype fp32).",
+    "ds_zero3": "Like ZeRO-2, plus one reduce bucket of `bucket_elements` 16-bit elements (buffers).",
+    "offload": "Offloaded gradients are staged twice on the host: the fp32 partition's .grad and a flat "
+               "buffer (ZeRO-3; ZeRO-2 in 16-bit). With gradient accumulation, ZeRO-1/2 offload also keeps "
+               "a host accumulation buffer per parameter of the partition (another pΨ/N).",
+}
+
+
+def paper_stage(backend) -> int:
+    """Which row of the paper's table a backend is. FSDP2 shards parameters at rest in both modes."""
+    if backend.family == "ddp":
+        return 0
+    if backend.family == "fsdp":
+        return 3
+    return int(backend.zero_stage)
+
+
+def paper_bytes(stage: int, s: Shape) -> float:
+    """The ZeRO paper's model-state bytes per rank (table 1), for p-byte weights and K optimizer bytes."""
+    psi, n, p, k = s.params, s.world, s.p, s.k
+    return {0: (2 * p + k) * psi, 1: 2 * p * psi + k * psi / n, 2: p * psi + (p + k) * psi / n,
+            3: (2 * p + k) * psi / n}[stage]
+
+
+def layout(backend, s: Shape) -> Dict[str, float]:
+    """Bytes per rank by component, following the backend's real storage (see the module docstring)."""
+    psi, n, p = s.params, s.world, s.p
+    if backend.family == "ddp":
+        return {"params": 4 * psi, "grads": 4 * psi, "optimizer": 8 * psi}
+    if backend.family == "fsdp":
+        return {"params": 4 * psi / n, "grads": 4 * psi / n, "optimizer": 8 * psi / n}
+    # DeepSpeed. We set grad_accum_dtype=fp32 under bf16, so gradient partitions are fp32 unless fp16.
+    g = 2 if s.precision == "fp16" else 4
+    stage, off_opt, off_par = backend.zero_stage, backend.offload_optimizer, backend.offload_params
+    out: Dict[str, float] = {"params": p * psi / n if stage == 3 else p * psi}
+    if stage == 1 and s.precision == "bf16" and not off_opt:
+        out["grads"] = (p + 4) * psi  # BF16_Optimizer: 16-bit .grad on every parameter + full fp32 copy
+    elif off_opt and (stage == 3 or p < 4):
+        out["grads"] = 8 * psi / n  # fp32 partition .grad + the flat staging buffer
+    else:
+        out["grads"] = g * psi / n
+    if off_opt and stage in (1, 2) and s.grad_accum > 1:
+        # Between micro-batches ZeRO-1/2 offload keeps a host buffer per parameter of this rank's partition
+        # (accumulated_grads_in_cpu, in the parameter dtype). Found when the fp32 test sweep moved to
+        # grad_accum 2: measured host grads were 2.07x the single partition.
+        out["grads"] += p * psi / n
+    out["master"] = 4 * psi / n
+    out["optimizer"] = 8 * psi / n
+    if off_opt:
+        for key in ("grads", "master", "optimizer"):
+            out["host_" + key] = out.pop(key)
+    if off_par:
+        out["host_params"] = out.pop("params")
+    buffers = 0.0
+    if stage == 3:
+        buffers += p * s.bucket_elements  # the reduce bucket, allocated at full size
+    elif off_opt:
+        buffers += p * psi / n + 2 * p * s.largest_param  # 16-bit partition staging + two grad temps
+    out["buffers"] = buffers
+    return out
+
+
+def activation_bytes(model, par, precision: str, checkpointing: bool) -> float:
+    """Activation bytes of one micro-batch on one rank (Korthikanti et al., arXiv 2205.05198, eq. 2).
+
+    Per layer, in 16-bit: s·b·h·(34 + 5·a·s/h). The models run SDPA (fused attention), which does not keep
+    the a·s² score matrices, so the 5·a·s/h term is dropped. fp32 doubles every byte. With full activation
+    checkpointing only each layer's input (2·s·b·h) is kept, plus one layer recomputed at a time. The
+    logits add s·b·V·(p + 8): the model-dtype logits, their fp32 upcast for the loss, and its gradient.
+    """
+    s, b, h, layers = par.seq_len, par.micro_batch, model.hidden_size, model.num_layers
+    scale = 2 if precision == "fp32" else 1
+    per_layer = s * b * h * 34 * scale
+    logits = s * b * model.vocab_size * ((4 if precision == "fp32" else 2) + 8)
+    if checkpointing:
+        return layers * 2 * s * b * h * scale + per_layer + logits
+    return layers * per_layer + logits
+
+
+def deepspeed_estimate(backend, s: Shape) -> Optional[Dict[str, float]]:
+    """DeepSpeed's own per-GPU model-state estimate for ZeRO-2/3 (16-bit training), or None.
+
+    Its formulas: ZeRO-2 2Ψ + 18Ψ/N (16-bit and fp32 gradients both kept), or 2Ψ offloaded; ZeRO-3
+    4·largest_layer + 18Ψ/N, or 4·largest_layer with everything offloaded. `gathered` is the
+    4·largest_layer working set, which is transient, not a model state.
+    """
+    if backend.family != "deepspeed" or backend.zero_stage not in (2, 3):
+        return None
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    if backend.zero_stage == 2:
+        cpu, gpu = estimate_zero2_model_states_mem_needs(s.params, num_gpus_per_node=s.world,
+                                                         cpu_offload=backend.offload_optimizer)
+        return {"gpu": gpu, "cpu": cpu, "gathered": 0}
+    cpu, gpu, gathered = estimate_zero3_model_states_mem_needs(
+        s.params, s.largest_param, num_gpus_per_node=s.world, cpu_offload=backend.offload_optimizer,
+        cpu_offload_params=backend.offload_params)
+    return {"gpu": gpu, "cpu": cpu, "gathered": gathered}

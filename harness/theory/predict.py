@@ -1,0 +1,30 @@
+"""Every prediction for one run, under the summary's metric keys."""
+from __future__ import annotations
+
+from typing import Dict
+
+from ..core.components import totals
+from .communication import comm_per_step
+from .memory import activation_bytes, layout, paper_bytes, paper_stage
+from .shape import shape_of
+
+
+def predict(cfg, world: int, counts: Dict[str, int]) -> Dict[str, float]:
+    """Every prediction for one run, under the metric keys the summary uses."""
+    s = shape_of(cfg, world, counts)
+    components = layout(cfg.backend, s)
+    total = totals(components)
+    out = {f"memory/model_states_{k}_predicted_bytes": v for k, v in components.items() if k != "buffers"}
+    out.update({
+        "memory/model_states_predicted_bytes": total["total"],
+        "memory/model_states_device_predicted_bytes": total["device"],
+        "memory/model_states_host_predicted_bytes": total["host"],
+        "memory/model_states_paper_bytes": paper_bytes(paper_stage(cfg.backend), s),
+        "memory/buffers_predicted_bytes": components.get("buffers", 0.0),
+        "memory/activations_predicted_bytes": activation_bytes(
+            cfg.model, cfg.parallelism, cfg.train.precision, cfg.train.activation_checkpointing),
+    })
+    comm = comm_per_step(cfg.backend, s)
+    out["comm/predicted_bytes_per_step"] = comm["bytes"]
+    out["comm/paper_elements_per_step"] = comm["paper_elements"]
+    return out

@@ -1,0 +1,137 @@
+"""The package's layers, read from the source with `ast` (nothing is imported): every import between harness
+modules goes down the layers or stays inside one package, and no import cycle exists, including imports
+made inside functions. The parent refuses bad input without loading torch."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+
+from conftest import REPO
+
+PACKAGE = REPO / "harness"
+# Lower imports from nothing above it. runtime (inside a rank) and launcher (the parent) are siblings: neither
+# may import the other. A module directly in harness/ is a command, the top.
+LAYERS = {"core": 0, "config": 1, "theory": 2, "reporting": 3, "runtime": 4, "launcher": 4, "studies": 5}
+COMMANDS = 6
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> Dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports_of(name: str, path: Path, known: Set[str]) -> Set[str]:
+    """Harness modules that `name` imports anywhere in its file (top level or inside functions)."""
+    is_package = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("harness")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("harness"):
+                continue
+            for alias in node.names:  # `from pkg import module` imports the module, else the package itself
+                out.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in known else target)
+    return {m for m in out if m in known and m != name}
+
+
+def layer(module: str) -> Tuple[int, str]:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return COMMANDS, "harness"
+    if parts[1] in LAYERS:
+        return LAYERS[parts[1]], parts[1]
+    return COMMANDS, "harness"  # harness/<command>.py
+
+
+def violations(graph: Dict[str, Set[str]]) -> List[str]:
+    out = []
+    for src, targets in graph.items():
+        (ls, ps) = layer(src)
+        for dst in targets:
+            (ld, pd) = layer(dst)
+            if ld > ls or (ld == ls and pd != ps):
+                out.append(f"{src} imports {dst}: from layer {ps} ({ls}) to {pd} ({ld})")
+    return out
+
+
+def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    found, state = [], {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def graph() -> Dict[str, Set[str]]:
+    mods = modules()
+    return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+
+
+def test_imports_only_go_down_the_layers():
+    g = graph()
+    assert len(g) > 40 and any(g.values())  # the walk really found the package and its imports
+    assert violations(g) == []
+
+
+def test_there_is_no_import_cycle():
+    assert cycles(graph()) == []
+
+
+def test_the_checks_catch_an_upward_import_and_a_cycle():
+    g = graph()
+    g["harness.core.rundir"] = g["harness.core.rundir"] | {"harness.runtime.loop"}  # a deliberate upward import
+    assert violations(g) == ["harness.core.rundir imports harness.runtime.loop: from layer core (0) to runtime (4)"]
+    g = {"harness.config.rules": {"harness.config.derive"}, "harness.config.derive": {"harness.config.rules"}}
+    assert cycles(g)
+
+
+def test_every_subpackage_is_a_named_layer():
+    packages = {p.parent.relative_to(PACKAGE).parts[0] for p in PACKAGE.rglob("*.py") if p.parent != PACKAGE}
+    assert packages == set(LAYERS)
+    commands = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    for command in commands:  # a command is a thin entry point: the code lives in a layer
+        assert len((PACKAGE / f"{command}.py").read_text().splitlines()) <= 30, command
+
+
+def test_the_parent_validates_without_importing_torch():
+    code = ("import sys; import harness.train; from harness.config.compose import compose; "
+            "from harness.config import rules; cfg = compose(['backend=ds_zero3', 'train.precision=fp16']); "
+            "assert rules.problems(cfg, lambda: 0); print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "False"
+
+
+def test_the_strategy_registry_and_the_fault_kinds_are_complete():
+    from harness.config.schema import CHOICES, FAULT_KINDS, STRATEGIES
+    from harness.runtime import faults
+    from harness.runtime.strategies import strategy_class
+    from harness.runtime.strategies.base import Strategy
+
+    assert CHOICES["backend.family"] == tuple(STRATEGIES)
+    assert all(issubclass(strategy_class(family), Strategy) for family in STRATEGIES)
+    assert set(faults.ACTIONS) | {"none"} == set(FAULT_KINDS) == set(CHOICES["fault.kind"])
