@@ -17,6 +17,10 @@ BACKENDS = backends()  # every file in conf/backend/
 FAST = ["logger=none", "train.steps=5", "train.warmup_steps=2"]
 
 
+def cli_command(module: str = "harness.train") -> list[str]:
+    return [sys.executable, "-m", module]
+
+
 def cli(*overrides: str, timeout: int = 600, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env_extra or {})}
     env["TORCH_EXTENSIONS_DIR"] = extensions_dir()

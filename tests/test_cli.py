@@ -23,6 +23,14 @@ BAD_INPUT = [
     (["optim.learning_rate=0.1"], "optim.learning_rate"),
     (["backend.zero_stag=2"], "backend.zero_stag"),
     (["parallelism.microbatch=2"], "parallelism.microbatch"),
+    # keys added with + that the schema does not have (Hydra accepts them; the rules refuse them)
+    (["+train.stpes=100"], "train.stpes: not a key of the config schema (added with +?); did you mean train.steps?"),
+    (["+train.no_such_key=1"], "train.no_such_key: not a key of the config schema"),
+    (["+optim.learning_rate=0.1"], "optim.learning_rate"),
+    # inside the DeepSpeed pass-through, DeepSpeed's own validation runs in the parent
+    (["backend=ds_zero2", "+backend.deepspeed.zero_optimization.overlap_com=true"],
+     "backend.deepspeed.zero_optimization.overlap_com: DeepSpeed refuses it"),
+    (["backend=ds_zero3", "+backend.deepspeed.wall_clock_breakdwn=true"], "did you mean wall_clock_breakdown?"),
     # wrong types
     (["train.steps=ten"], "train.steps"),
     (["optim.lr=fast"], "optim.lr"),

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import cli
+from conftest import REPO, cli, cli_command
 
 SECRET = "0123456789abcdef0123456789abcdef01234567"  # a well-formed W&B key that no server accepts
 
@@ -75,3 +75,43 @@ def test_a_nan_loss_with_on_nonfinite_continue_trains_on_and_counts_the_steps(tm
     losses = [json.loads(line)["loss/loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x is None for x in losses] == [False, False, False, True, True, True]
     assert summary["figures"]["loss/nonfinite_steps"] == 3 and summary["figures"]["loss/final_loss"] is None
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_during_a_sweep_fails_that_run_and_damages_nothing_earlier(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        sweep_dir = disk / "sweeps" / "fill"
+        proc = subprocess.Popen(
+            [*cli_command(), "-m", "backend=ddp,fsdp,fsdp_grad_op", "train.steps=100", "train.warmup_steps=1",
+             "logger=none", "train.measure_flops=false", f"paths.root={disk}", "paths.min_free_mib=1",
+             "sweep.name=fill"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 300
+        fsdp = None
+        while time.time() < deadline and fsdp is None:  # fill the disk once the second run is training
+            fsdp = next((p for p in sweep_dir.glob("backend=fsdp,*/metrics.jsonl") if p.stat().st_size), None)
+            time.sleep(0.1)
+        ddp_summary = next(sweep_dir.glob("backend=ddp,*/summary.json"))
+        ddp_before = ddp_summary.read_bytes()
+        with pytest.raises(OSError, match="No space left"), open(disk / "filler", "wb") as f:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]  # the sweep went on to its end
+        assert "Traceback" not in err
+        summary = json.loads((fsdp.parent / "summary.json").read_text())
+        assert summary["status"] == "failed" and summary["reason"].startswith("disk full:"), summary["reason"]
+        assert ddp_summary.read_bytes() == ddp_before  # the earlier result is intact, byte for byte
+        assert "[invalid] fsdp_grad_op" in out and "only 0 MiB free" in out  # the next run is a row, not a crash
+        (disk / "filler").unlink()
+        rebuilt = subprocess.run([*cli_command("harness.report"), str(sweep_dir)], cwd=REPO, capture_output=True,
+                                 text=True)
+        assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
+        table = (sweep_dir / "summary.md").read_text()
+        assert "| ddp |" in table and "disk full" in table
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

@@ -6,11 +6,14 @@ Each violation is one line that names the key, the problem and the fix.
 """
 from __future__ import annotations
 
+import difflib
 import os
 from typing import Callable, List
 
+from omegaconf import DictConfig, OmegaConf
+
 from ..core.errors import ConfigError
-from . import derive
+from . import deepspeed_check, derive, schema
 from .deepspeed_json import conflicts
 from .schema import CHOICES
 
@@ -35,6 +38,30 @@ def cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+PASS_THROUGH = ("backend.deepspeed",)  # DeepSpeed's own keys, checked by DeepSpeed (deepspeed_rules)
+
+
+def unknown_key_rules(cfg) -> List[str]:
+    """Keys the schema does not have. Hydra refuses a misspelt key, but accepts one added with `+`
+    (`+train.stpes=100`), which would then be ignored: refuse it here, naming the nearest known key."""
+    out: List[str] = []
+
+    def walk(node, template, prefix):
+        known = [str(k) for k in template.keys()]  # keys(), not `in`: `in` is false for a MISSING value
+        for key in node.keys():
+            dotted = f"{prefix}{key}"
+            if str(key) not in known:
+                near = difflib.get_close_matches(str(key), known, n=1)
+                hint = f"did you mean {prefix}{near[0]}?" if near else f"known keys: {', '.join(known)}"
+                out.append(f"{dotted}: not a key of the config schema (added with +?); {hint}")
+            elif dotted not in PASS_THROUGH and isinstance(node[key], DictConfig) \
+                    and isinstance(template[key], DictConfig):
+                walk(node[key], template[key], dotted + ".")
+
+    walk(cfg, OmegaConf.structured(schema.RunConfig), "")
+    return out
 
 
 def value_rules(cfg) -> List[str]:
@@ -137,13 +164,13 @@ def backend_rules(cfg) -> List[str]:
     for c in conflicts(cfg, derive.world_size(cfg)):
         out.append(f"backend.deepspeed.{c}: contradicts the harness config; remove the key and set the "
                    "harness's own option instead (parallelism.*, optim.grad_clip, train.precision)")
-    return out
+    return out or deepspeed_check.problems(cfg, derive.world_size(cfg))
 
 
 def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[str]:
-    """Every violated rule, as `key=value: problem; fix`. Values of the wrong kind are reported alone: the
-    rules after them assume values of the right kind."""
-    return value_rules(cfg) or [*shape_rules(cfg), *device_rules(cfg, cuda_devices), *batch_rules(cfg),
+    """Every violated rule, as `key=value: problem; fix`. Unknown keys, then values of the wrong kind, are
+    reported alone: the rules after them assume a config of the schema's shape with values of the right kind."""
+    return unknown_key_rules(cfg) or value_rules(cfg) or [*shape_rules(cfg), *device_rules(cfg, cuda_devices), *batch_rules(cfg),
                                 *run_rules(cfg), *backend_rules(cfg)]
 
 

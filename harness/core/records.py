@@ -18,6 +18,7 @@ class Status:
     OK, FAILED, OOM, TIMEOUT, INVALID = "ok", "failed", "oom", "timeout", "invalid"
     KILLED = "killed"  # rank only: it exited without writing its outcome (a signal, the OOM killer)
     TERMINATED = "terminated"  # rank only: torchrun stopped it because another rank failed
+    RUNNING = "running"  # a table row only: another live launch holds the run dir
 
     # Worst first: a failed run takes the status of its worst rank. Among equals, a rank that is the cause
     # comes before a rank that failed because of it (RankOutcome.peer).
@@ -136,6 +137,13 @@ class RunSummary:
     @classmethod
     def interrupted(cls, identity: Identity) -> "RunSummary":
         return cls.failed(identity, "interrupted (SIGINT/SIGTERM) before the run ended")
+
+    @classmethod
+    def launcher_lost(cls, identity: Identity) -> "RunSummary":
+        """A run dir with no summary whose lock nobody holds: its launcher died (SIGKILL, the OOM killer, a lost
+        session) before it could write one."""
+        return cls.failed(identity, "launcher lost: the launcher died before the run ended (no summary.json "
+                                    "was written; the ranks were stopped with it)")
 
     @classmethod
     def of_status(cls, status: str, identity: Identity, reason: str, **facts) -> "RunSummary":

@@ -144,6 +144,11 @@ class RunDir:
     def rank_traceback(self, rank: int) -> Path:
         return self.ranks / f"rank{rank}.traceback.txt"
 
+    def abandoned(self) -> bool:
+        """An attempt started here (ranks or metrics exist) but no summary was written. Only meaningful while
+        nobody holds the run dir's lock (core/runlock.py): then its launcher is gone."""
+        return not self.summary.exists() and any(p.exists() for p in (self.ranks, self.metrics, self.launcher_log))
+
     def read_metrics(self) -> List[dict]:
         return read_jsonl(self.metrics)
 

@@ -17,6 +17,7 @@ from ..config import derive, rules
 from ..core.errors import ConfigError
 from ..core.records import RunSummary, Status, one_line
 from ..core.rundir import RunDir, write_json, write_text
+from ..core.runlock import RunDirBusy, RunLock, describe
 from .environment import environment
 from .sweep_callback import JOBS_FILE
 from .torchrun import launch
@@ -63,15 +64,45 @@ def validated(cfg, run_dir: RunDir, in_sweep: bool) -> RunSummary | None:
     return None
 
 
+def busy(cfg, run_dir: RunDir, err: RunDirBusy, in_sweep: bool) -> dict:
+    """Another live launch holds this run dir: a single run refuses in one line; a sweep records a row."""
+    who = describe(err.holder)
+    if not in_sweep:
+        print(f"shardbench: run dir {run_dir.root} is in use by {who}; wait for that run to end or set another "
+              "hydra.run.dir", file=sys.stderr)
+        sys.exit(1)
+    print(f"[running elsewhere] {cfg.backend.name}: {run_dir.root} is in use by {who}", flush=True)
+    return RunSummary(Status.RUNNING, f"running elsewhere: {who}", **vars(derive.identity(cfg))).to_dict()
+
+
 def run_one(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
     run_dir = RunDir(Path(hc.runtime.output_dir))
     in_sweep = hc.mode == RunMode.MULTIRUN
     invalid = validated(cfg, run_dir, in_sweep)
-    if invalid is not None:
-        write_json(run_dir.summary, invalid.to_dict())
-        return invalid.to_dict()
+    try:
+        lock = RunLock(run_dir.root).acquire()  # held for the run's life; nothing in the dir changes before
+    except RunDirBusy as err:
+        return busy(cfg, run_dir, err, in_sweep)
+    try:
+        if invalid is not None:
+            try:
+                write_json(run_dir.summary, invalid.to_dict())
+            except OSError as err:  # e.g. the disk that made it invalid is full: the row still counts
+                print(f"shardbench: could not write {run_dir.summary}: {err}", file=sys.stderr)
+            print(one_line(invalid.to_dict(), run_dir.root), flush=True)
+            return invalid.to_dict()
+        return run_locked(cfg, hc, run_dir, in_sweep)
+    finally:
+        lock.release()
+
+
+def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool) -> dict:
     derive.apply_global_batch(cfg)  # grad_accum from a pinned global batch, before the config is written
+    if run_dir.abandoned():  # we hold the lock, so the launcher of that attempt is gone
+        write_json(run_dir.summary, RunSummary.launcher_lost(derive.identity(cfg)).to_dict())
+        print(f"[lost] {cfg.backend.name}: the earlier attempt in {run_dir.root} lost its launcher before it ended",
+              flush=True)
     if in_sweep:
         print(f"[sweep {sweep_position(hc)}] {cfg.backend.name} {cfg.model.name} -> {run_dir.root}", flush=True)
         done = already_done(run_dir, cfg)

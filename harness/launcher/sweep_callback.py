@@ -55,4 +55,10 @@ class SweepTable(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        sweep_report.log_to_wandb(config, sweep_dir, sweep_report.build(sweep_dir))
+        try:
+            rows = sweep_report.build(sweep_dir)
+        except OSError as err:  # a full disk: every run's own result is kept; the tables can be rebuilt later
+            print(f"shardbench: warning: the sweep's tables and report were not written ({err}); "
+                  f"`make report SWEEP={sweep_dir}` rebuilds them", file=sys.stderr)
+            return
+        sweep_report.log_to_wandb(config, sweep_dir, rows)

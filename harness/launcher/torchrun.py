@@ -7,6 +7,7 @@ output goes to `<run_dir>/launcher.log`, each rank's outcome to `<run_dir>/ranks
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,6 +70,24 @@ def torchrun_cmd(cfg, run_dir: Path, module: tuple[str, ...] = ()) -> list[str]:
     return cmd + ["-m", *(module or (WORKER, str(run_dir)))]
 
 
+def die_with_parent(parent_pid: int):
+    """A preexec for torchrun: the kernel sends it SIGTERM when the launcher dies, however it dies (SIGKILL, the
+    OOM killer, a lost session), and torchrun then stops its ranks as on any SIGTERM (Linux PR_SET_PDEATHSIG;
+    elsewhere a no-op, and the ranks' own parent watch in runtime/worker.py still ends them)."""
+
+    def preexec() -> None:
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def _group_alive(pgid: int) -> bool:
     """Whether any process of the group still runs. Zombies do not count: killpg(pgid, 0) would count them,
     and under a PID 1 that does not reap orphans (containers) a rank torchrun left behind stays a zombie."""
@@ -114,15 +133,46 @@ def launch(cfg, run_dir: RunDir, identity: Identity) -> dict:
         signal.signal(signal.SIGTERM, previous)
 
 
+RESERVE_BYTES = 256 * 1024  # room kept back for the summary of a run that fills the disk
+
+
+def _reserve(run_dir: RunDir) -> Path:
+    """Hold back RESERVE_BYTES on the results filesystem (real bytes: tmpfs and quotas count pages, not sizes),
+    so that a run which fills the disk can still record why it failed."""
+    path = run_dir.root / ".reserve"
+    with open(path, "wb") as f:
+        f.write(b"\0" * RESERVE_BYTES)
+    return path
+
+
+def disk_full_reason(run_dir: RunDir, min_free_mib: int) -> str:
+    """A reason prefix when the results filesystem is (nearly) full, measured before the reserve is freed."""
+    free = shutil.disk_usage(run_dir.root).free
+    if free >= max(min_free_mib * 2**20, RESERVE_BYTES):
+        return ""
+    return (f"disk full: {free // 1024} KiB free on the filesystem of {run_dir.root} when the ranks ended "
+            f"(paths.min_free_mib={min_free_mib}); ")
+
+
 def _launch(cfg, run_dir: RunDir, identity: Identity) -> dict:
+    reserve = _reserve(run_dir)
+    try:
+        return _launch_and_summarise(cfg, run_dir, identity, reserve)
+    finally:
+        reserve.unlink(missing_ok=True)
+
+
+def _launch_and_summarise(cfg, run_dir: RunDir, identity: Identity, reserve: Path) -> dict:
     with open(run_dir.launcher_log, "w") as log:
         proc = subprocess.Popen(torchrun_cmd(cfg, run_dir.root), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=rank_env(cfg), start_new_session=True)
+                                stdin=subprocess.DEVNULL, env=rank_env(cfg), start_new_session=True,
+                                preexec_fn=die_with_parent(os.getpid()))
         try:
             returncode = wait_with_progress(proc, cfg, run_dir)
         except BaseException:  # Ctrl-C or a kill of the parent: no rank may outlive it
             _stop_group(proc, grace_s=3.0)  # a user who pressed Ctrl-C is waiting; results are atomic
             proc.wait()
+            reserve.unlink(missing_ok=True)
             write_json(run_dir.summary, RunSummary.interrupted(identity).to_dict())
             raise
         finally:
@@ -130,6 +180,9 @@ def _launch(cfg, run_dir: RunDir, identity: Identity) -> dict:
     summary = run_dir.read_summary()
     if returncode == 0 and summary and summary.get("status") == Status.OK:
         return summary
+    full = disk_full_reason(run_dir, cfg.paths.min_free_mib)
+    reserve.unlink(missing_ok=True)  # the room for this failure's summary
     summary = failure_summary(identity, run_dir, world_size(cfg), returncode).to_dict()
+    summary["reason"] = full + summary["reason"]
     write_json(run_dir.summary, summary)
     return summary

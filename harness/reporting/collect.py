@@ -4,7 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List
 
+from ..core.records import Identity, RunSummary, Status
 from ..core.rundir import RunDir, read_json
+from ..core.runlock import describe, holder
 
 
 def flat_config(run_dir: Path) -> Dict[str, object]:
@@ -31,16 +33,35 @@ def flat_config(run_dir: Path) -> Dict[str, object]:
     return out
 
 
+def without_summary(run_dir: RunDir, config: Dict[str, object]) -> dict | None:
+    """The row of a run dir that has no summary.json: running elsewhere (a live launch holds its lock), or its
+    launcher was lost (an attempt started and nobody holds the lock). None for a dir that is no run."""
+    ranks, nodes = config.get("parallelism.nproc_per_node"), config.get("parallelism.nnodes")
+    ident = Identity(str(config.get("backend.name", "?")), str(config.get("model.name", "?")),
+                     ranks * nodes if ranks and nodes else None, config.get("train.precision"))
+    held = holder(run_dir.root)
+    if held is not None:
+        return RunSummary(Status.RUNNING, f"running elsewhere: {describe(held)}", **vars(ident)).to_dict()
+    if run_dir.abandoned():
+        return RunSummary.launcher_lost(ident).to_dict()
+    return None
+
+
 def collect(sweep_dir: Path) -> List[dict]:
-    """Every run dir of the sweep with a summary.json, as a row: the summary plus `run_dir` and `config`."""
+    """A row per run dir of the sweep: its summary (an unreadable one is a failed row), or, with none, whether
+    it is running elsewhere or lost its launcher; plus `run_dir` and the flattened `config`."""
     rows = []
-    for path in sorted(Path(sweep_dir).glob("*/" + RunDir(".").summary.name)):
-        summary = read_json(path)
-        if summary is None:  # unreadable: still a row
-            summary = {"status": "failed", "reason": "summary.json unreadable"}
+    for path in sorted(p for p in Path(sweep_dir).iterdir() if p.is_dir()):
+        run_dir, config = RunDir(path), flat_config(path)
+        if run_dir.summary.exists():
+            summary = read_json(run_dir.summary) or {"status": "failed", "reason": "summary.json unreadable"}
+        else:
+            summary = without_summary(run_dir, config)
+            if summary is None:
+                continue
         summary.setdefault("figures", {})
-        summary["run_dir"] = path.parent.name
-        summary["config"] = flat_config(path.parent)
+        summary["run_dir"] = path.name
+        summary["config"] = config
         rows.append(summary)
     order = {"ok": 0}
     return sorted(rows, key=lambda r: (order.get(r.get("status"), 1), str(r.get("model")), str(r.get("precision")),

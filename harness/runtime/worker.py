@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -76,7 +77,10 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
     sink = open_sink(cfg if rank == 0 else None, run_dir)  # only rank 0 writes metrics and W&B
     try:
         result = loop.train(model, strategy, batches, cfg, device, sink, faults.injector(cfg, rank, run_dir))
-        peak_tflops, peak_source = probes.device_peak_tflops(device, cfg.train.precision)
+        # the peak only serves MFU, which needs the counted FLOPs: no calibration when they are off (a bf16
+        # matmul calibration on a CPU without bf16 instructions takes ~15 s)
+        peak_tflops, peak_source = (probes.device_peak_tflops(device, cfg.train.precision) if cfg.train.measure_flops
+                                    else (0.0, "not measured (train.measure_flops=false)"))
         report = RankReport(
             rank=rank, records=result.records if rank == 0 else [], timed_step_s=result.timed_step_s,
             model_states=result.model_states, unclassified=result.unclassified,
@@ -124,6 +128,28 @@ def start(cfg) -> tuple[int, int, torch.device]:
     return rank, world, device
 
 
+def best_effort(write, path: Path, content) -> None:
+    """Write a failure record if the disk lets us; on a full disk the parent reports the run from what it sees."""
+    try:
+        write(path, content)
+    except OSError as err:
+        print(f"shardbench: could not write {path}: {err}", file=sys.stderr)
+
+
+def watch_parent(on_lost, interval_s: float = 0.5) -> None:
+    """End this rank when its parent (torchrun's agent) is gone: the rank is then reparented, so getppid()
+    changes. Polling rather than PR_SET_PDEATHSIG: the kernel sends that signal when the *thread* that forked
+    the child exits, and a rank cannot know which of the agent's threads started it."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        on_lost(parent)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main() -> int:
     run_dir = RunDir(Path(sys.argv[1]))
     cfg = load_config(run_dir)
@@ -136,7 +162,14 @@ def main() -> int:
                                                            peer=True, elapsed_s=time.time() - started).to_dict())
         os._exit(143)
 
+    def on_parent_lost(parent: int):
+        write_json(run_dir.rank_outcome(rank), RankOutcome(
+            rank, Status.FAILED, error="LauncherLost", reason=f"launcher lost: torchrun (pid {parent}) is gone",
+            elapsed_s=time.time() - started).to_dict())
+        os._exit(1)
+
     signal.signal(signal.SIGTERM, on_term)
+    watch_parent(on_parent_lost)
     params, device = None, torch.device("cpu")  # params in every outcome: a failed row still says the size
     try:
         params = models.param_count(cfg.model)["total"]
@@ -145,14 +178,14 @@ def main() -> int:
         outcome, code = RankOutcome(rank, Status.OK, params=params, elapsed_s=time.time() - started), 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
         tb = traceback.format_exc()
-        write_text(run_dir.rank_traceback(rank), tb)
+        best_effort(write_text, run_dir.rank_traceback(rank), tb)
         status, peer = classify(exc)
         outcome = RankOutcome(rank, status, error=type(exc).__name__, peer=peer, params=params,
                               reason=str(exc).strip().splitlines()[0][:500] if str(exc) else "",
                               elapsed_s=time.time() - started, reached=reached(exc, device))
         print(tb, file=sys.stderr)
         code = 1
-    write_json(run_dir.rank_outcome(rank), outcome.to_dict())
+    best_effort(write_json, run_dir.rank_outcome(rank), outcome.to_dict())
     if dist.is_initialized():
         try:
             dist.destroy_process_group()

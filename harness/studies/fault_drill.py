@@ -7,6 +7,9 @@
    (its ranks/fault.json).
 2. The same command again, which skips the ok run and re-runs the failed ones, then SIGINT (a terminal's
    Ctrl-C) once the re-run's hung rank has hung. Time to detect = SIGINT to the sweep's exit.
+3. The launcher's own faults (launcher_drill.py): a second launch into a run dir another launch holds (time
+   to refuse), SIGKILL of a running launcher (time until its torchrun agent and ranks are gone), and the same
+   sweep started twice at once.
 After each step it counts the processes left that belong to the runs (`pgrep -f <run_dir>`).
 Writes <out>/faults.md and faults.json; tests/test_faults.py asserts the same outcomes.
 """
@@ -24,6 +27,7 @@ from typing import List
 from ..config.schema import FAULT_KINDS as KINDS  # hang last: the re-run is interrupted while it waits
 from ..core.paths import REPO
 from ..core.rundir import RunDir, read_json, write_json, write_text
+from .launcher_drill import concurrent_sweeps, race_and_sigkill
 from .subprocess_run import train_command
 
 
@@ -70,6 +74,26 @@ def interrupt_rerun(root: Path, timeout_s: int, extra: List[str], before: dict) 
     return {"returncode": proc.returncode, "stopped_s": time.time() - sent, "stdout": out, "stderr": err}
 
 
+def launcher_rows(root: Path) -> List[dict]:
+    race = race_and_sigkill(root / "launcher")
+    refusal = race["second"].stderr.strip().splitlines()[-1] if race["second"].stderr.strip() else ""
+    lost = read_json(race["run_dir"] / "attempts" / "1" / "summary.json") or {}
+    twice = concurrent_sweeps(root / "launcher")
+    trained = sum(out.count("[ok] ") for out in twice["stdout"])
+    once = all(r["steps"] == sorted(set(r["steps"])) and not r["attempts"] for r in twice["runs"].values())
+    return [
+        {"fault": "second launch into a held run dir", "status": f"refused, exit {race['second'].returncode}",
+         "reason": f"{refusal} (dir {'unchanged' if race['unchanged'] else 'CHANGED'})",
+         "detected_s": race["refused_s"], "processes_left": 0},
+        {"fault": "SIGKILL of the launcher", "status": f"{lost.get('status')} (on re-run)",
+         "reason": f"{lost.get('reason', '')}; torchrun + ranks gone after the kill (pids {race['pids']})",
+         "detected_s": race["gone_s"], "processes_left": len(race["left"])},
+        {"fault": "same sweep started twice at once", "status": f"exit codes {twice['codes']}",
+         "reason": f"{len(twice['runs'])} runs, {trained} trainings in all, each run's steps once: {once}",
+         "detected_s": None, "processes_left": 0},
+    ]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--timeout-s", type=int, default=10, help="dist.timeout_s for the hung rank")
@@ -77,10 +101,10 @@ def main(argv=None) -> int:
     parser.add_argument("--root", default="results/fault_drill", help="paths.root of the drill's runs (emptied)")
     args, extra = parser.parse_known_args(argv)
     root, out = Path(args.root).resolve(), Path(args.out)
-    if (root / "sweeps" / "faults").exists():
-        import shutil
+    import shutil
 
-        shutil.rmtree(root / "sweeps" / "faults")  # a drill starts from nothing, or nothing would fail
+    for old in (root / "sweeps" / "faults", root / "launcher"):  # a drill starts from nothing
+        shutil.rmtree(old, ignore_errors=True)
     first = subprocess.run(sweep_command(root, args.timeout_s, extra), cwd=REPO, capture_output=True, text=True)
     if first.returncode:
         print(first.stderr[-3000:], file=sys.stderr)
@@ -97,11 +121,13 @@ def main(argv=None) -> int:
                  "reason": f"{after['hang']['summary'].get('reason')}; sweep exit code {again['returncode']}",
                  "detected_s": again["stopped_s"],
                  "processes_left": sum(len(left_running(r["dir"])) for r in after.values())})
+    rows += launcher_rows(root)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "faults.json", {"rows": rows, "rerun": rerun, "timeout_s": args.timeout_s})
     md = [f"# Fault drill: `python -m harness.fault_drill --timeout-s {args.timeout_s}`", "",
           "2 CPU ranks (gloo), tiny_llama, fault on rank 1 at step 3. Detected = summary.json written minus "
-          "the fault's injection; for Ctrl-C, SIGINT to the sweep's exit.", "",
+          "the fault's injection; for Ctrl-C, SIGINT to the sweep's exit; for a second launch, its start to "
+          "its refusal; for SIGKILL of the launcher, the kill until no process of the run is left.", "",
           "| fault | status | detected after (s) | rank processes left | reason |", "|---|---|---:|---:|---|"]
     md += [f"| {r['fault']} | {r['status']} | {r['detected_s']:.2f} | {r['processes_left']} | {r['reason']} |"
            if r["detected_s"] is not None else f"| {r['fault']} | {r['status']} | - | {r['processes_left']} | "
