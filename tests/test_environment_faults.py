@@ -13,6 +13,14 @@ from conftest import REPO, cli, cli_command
 SECRET = "0123456789abcdef0123456789abcdef01234567"  # a well-formed W&B key that no server accepts
 
 
+def fill(path) -> None:
+    """Write zeros until the filesystem refuses (ENOSPC), as a sweep's logs and checkpoints would."""
+    with pytest.raises(OSError, match="No space left"), open(path, "wb") as f:
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case, env, says", [
     # port 9 (discard) on localhost refuses the connection: W&B's server is down or unreachable
@@ -45,10 +53,7 @@ def test_a_full_disk_is_refused_before_any_rank_starts(tmp_path):
         pytest.skip("mounting a 1 MiB tmpfs needs root; tests/test_cli.py covers the rule with paths.min_free_mib")
     try:
         # fill it, as a sweep's logs and checkpoints would: the next write fails with ENOSPC
-        with pytest.raises(OSError, match="No space left"), open(full / "filler", "wb") as f:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
+        fill(full / "filler")
         started = time.time()
         proc = cli(f"paths.root={full}", "logger=none")
         elapsed = time.time() - started
@@ -96,10 +101,7 @@ def test_a_disk_that_fills_during_a_sweep_fails_that_run_and_damages_nothing_ear
             time.sleep(0.1)
         ddp_summary = next(sweep_dir.glob("backend=ddp,*/summary.json"))
         ddp_before = ddp_summary.read_bytes()
-        with pytest.raises(OSError, match="No space left"), open(disk / "filler", "wb") as f:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
+        fill(disk / "filler")
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-3000:]  # the sweep went on to its end
         assert "Traceback" not in err
