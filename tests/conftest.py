@@ -24,7 +24,7 @@ def cli_command(module: str = "harness.train") -> list[str]:
 def cli(*overrides: str, timeout: int = 600, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env_extra or {})}
     env["TORCH_EXTENSIONS_DIR"] = extensions_dir()
-    return subprocess.run([sys.executable, "-m", "harness.train", *overrides], cwd=REPO, env=env,
+    return subprocess.run([*cli_command(), *overrides], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -2,6 +2,7 @@
 a real full filesystem (a 1 MiB tmpfs)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -11,6 +12,20 @@ import pytest
 from conftest import REPO, cli, cli_command
 
 SECRET = "0123456789abcdef0123456789abcdef01234567"  # a well-formed W&B key that no server accepts
+
+
+@contextlib.contextmanager
+def tmpfs(path, size: str):
+    """A real, small filesystem at `path` for the test's life (mounting needs root: skip otherwise)."""
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                      capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root; tests/test_cli.py covers the free-space rule with "
+                    "paths.min_free_mib")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
 
 
 def fill(path) -> None:
@@ -47,11 +62,7 @@ def test_wandb_failure_still_trains_and_writes_local_results_with_a_warning(tmp_
 
 
 def test_a_full_disk_is_refused_before_any_rank_starts(tmp_path):
-    full = tmp_path / "full"
-    full.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(full)], capture_output=True).returncode:
-        pytest.skip("mounting a 1 MiB tmpfs needs root; tests/test_cli.py covers the rule with paths.min_free_mib")
-    try:
+    with tmpfs(tmp_path / "full", "1m") as full:
         # fill it, as a sweep's logs and checkpoints would: the next write fails with ENOSPC
         fill(full / "filler")
         started = time.time()
@@ -62,8 +73,6 @@ def test_a_full_disk_is_refused_before_any_rank_starts(tmp_path):
             f"shardbench: invalid config: paths.root={full}: only 0 MiB free"), proc.stderr
         assert "Traceback" not in proc.stderr and elapsed < 10
         assert [p.name for p in full.rglob("*")] == ["filler"]  # nothing was created, no rank started
-    finally:
-        subprocess.run(["umount", str(full)], check=True)
 
 
 @pytest.mark.slow
@@ -84,11 +93,7 @@ def test_a_nan_loss_with_on_nonfinite_continue_trains_on_and_counts_the_steps(tm
 
 @pytest.mark.slow
 def test_a_disk_that_fills_during_a_sweep_fails_that_run_and_damages_nothing_earlier(tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root")
-    try:
+    with tmpfs(tmp_path / "disk", "8m") as disk:
         sweep_dir = disk / "sweeps" / "fill"
         proc = subprocess.Popen(
             [*cli_command(), "-m", "backend=ddp,fsdp,fsdp_grad_op", "train.steps=100", "train.warmup_steps=1",
@@ -115,5 +120,3 @@ def test_a_disk_that_fills_during_a_sweep_fails_that_run_and_damages_nothing_ear
         assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
         table = (sweep_dir / "summary.md").read_text()
         assert "| ddp |" in table and "disk full" in table
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)

@@ -2,6 +2,10 @@
 `make faults` records, harness/studies/launcher_drill.py)."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from harness.reporting.collect import collect
@@ -38,14 +42,11 @@ def test_a_report_names_a_lost_launcher_and_a_run_held_elsewhere(tmp_path):
         (d / "ranks").mkdir(parents=True)
         (d / "config.yaml").write_text("backend:\n  name: ddp\nmodel:\n  name: tiny_llama\n")
     with RunLock(held):  # this test's own process holds it, as a live launch would
-        import subprocess
-        import sys
-
         # read from another process, as `make report` would: a lock is seen from outside its holder
         code = ("import json, sys; from harness.reporting.collect import collect; "
-                f"print(json.dumps([(r['run_dir'], r['status'], r['reason']) for r in collect(sys.argv[1])]))")
+                "print(json.dumps([(r['run_dir'], r['status'], r['reason']) for r in collect(sys.argv[1])]))")
         proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
-    rows = {name: (status, reason) for name, status, reason in __import__("json").loads(proc.stdout)}
+    rows = {name: (status, reason) for name, status, reason in json.loads(proc.stdout)}
     assert rows["held"][0] == "running" and "running elsewhere: pid" in rows["held"][1]
     assert rows["lost"][0] == "failed" and rows["lost"][1].startswith("launcher lost")
     assert {r["run_dir"]: r["status"] for r in collect(tmp_path)}["lost"] == "failed"

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -59,8 +60,6 @@ class RankOutcome:
         if exit_code is None:
             how = "killed by a signal?"
         elif exit_code < 0:
-            import signal
-
             how = f"signal {signal.Signals(-exit_code).name}"
         else:
             how = f"exit code {exit_code}"

@@ -47,7 +47,7 @@ def throughput(cfg, ranks: List[RankReport]) -> Dict[str, float]:
         "loss/final_loss": records[-1]["loss/loss"],
         "loss/first_loss": records[0]["loss/loss"],
         # only above 0 under train.on_nonfinite=continue (else the first one ends the run as failed)
-        "loss/nonfinite_steps": sum(r["loss/loss"] is None or not math.isfinite(r["loss/loss"]) for r in records),
+        "loss/nonfinite_steps": sum(not math.isfinite(r["loss/loss"]) for r in records),
     }
 
 

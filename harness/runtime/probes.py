@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator
 
 import torch
 

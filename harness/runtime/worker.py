@@ -45,7 +45,6 @@ def classify(exc: BaseException) -> tuple[str, bool]:
 
 def load_config(run_dir: RunDir):
     """The parent's resolved config, merged into the schema so a rank reads typed fields as the parent did."""
-    schema.register()
     return OmegaConf.merge(OmegaConf.structured(schema.RunConfig), OmegaConf.load(run_dir.config))
 
 
