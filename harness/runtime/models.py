@@ -69,7 +69,8 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     Accelerate's FSDP auto-wrap reads it; nothing here guesses at attribute names."""
     base = getattr(model, "module", model)
     names = set(getattr(base, "_no_split_modules", None) or ())
-    found = [m for m in base.modules() if type(m).__name__ in names]
+    # by class lineage: FSDP2 swaps each sharded module's class for a subclass (FSDPGPT2Block)
+    found = [m for m in base.modules() if any(c.__name__ in names for c in type(m).__mro__)]
     if not found:
         raise ValueError(f"{type(base).__name__} declares no block class (_no_split_modules={sorted(names)})")
     return found
@@ -94,10 +95,6 @@ def _param_count(model_yaml: str) -> dict:
     per_block = sum(p.numel() for p in blocks(model)[0].parameters())
     # the largest single tensor sizes DeepSpeed's offload staging buffers and ZeRO-3's gathered working set
     largest = max(p.numel() for p in model.parameters())
-    return {"total": total, "embedding": emb, "per_block": per_block, "largest_param": largest}
-
-
-def init_weights_(model: nn.Module, seed: int) -> None:
-    """Initialise a model materialised from meta (every rank seeds the same, so shards agree)."""
-    torch.manual_seed(seed)
-    model.init_weights()
+    # every tensor's size (tied ones once): ZeRO-3 keeps those under its persistence threshold whole
+    sizes = [p.numel() for p in model.parameters()]
+    return {"total": total, "embedding": emb, "per_block": per_block, "largest_param": largest, "sizes": sizes}

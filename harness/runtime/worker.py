@@ -71,6 +71,9 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
         models.enable_activation_checkpointing(model)
     model.train()
     model = strategy.setup(model, cfg.optim)
+    settings = strategy.effective_settings()
+    if rank == 0:  # written now, so that a run that fails later still says what it ran with
+        write_json(run_dir.settings, settings)
     after_setup = {"host_rss": probes.host_rss_bytes(), "device_allocated": probes.device_allocated(device)}
     batches = data.Batches(cfg.data, cfg.parallelism, cfg.model.vocab_size, cfg.train.seed, rank, world, device)
     sink = open_sink(cfg if rank == 0 else None, run_dir)  # only rank 0 writes metrics and W&B
@@ -78,19 +81,22 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
         result = loop.train(model, strategy, batches, cfg, device, sink, faults.injector(cfg, rank, run_dir))
         # the peak only serves MFU, which needs the counted FLOPs: no calibration when they are off (a bf16
         # matmul calibration on a CPU without bf16 instructions takes ~15 s)
-        peak_tflops, peak_source = (probes.device_peak_tflops(device, cfg.train.precision) if cfg.train.measure_flops
-                                    else (0.0, "not measured (train.measure_flops=false)"))
+        peak_tflops, peak_source, measured_peak = (
+            probes.device_peaks(device, cfg.train.precision) if cfg.train.measure_flops
+            else (0.0, "not measured (train.measure_flops=false)", 0.0))
         report = RankReport(
             rank=rank, records=result.records if rank == 0 else [], timed_step_s=result.timed_step_s,
             model_states=result.model_states, unclassified=result.unclassified,
             host_peak_bytes=result.host_peak_bytes, host_peak_reset=result.host_peak_reset, device=result.device,
             after_setup=after_setup, peak_tflops=peak_tflops, peak_source=peak_source,
-            optimizer=strategy.optimizer_name, init="meta" if use_meta else "host", params=counts)
+            optimizer=strategy.optimizer_name, init=strategy.construction, params=counts,
+            measured_peak_tflops=measured_peak)
         gathered = [None] * world
         dist.all_gather_object(gathered, report)
         if rank == 0:
             flops = flop_counts(cfg, counts) if cfg.train.measure_flops else {}
-            summary = run_summary.ok(cfg, gathered, flops, read_json(run_dir.env) or {}, list(sink.warnings))
+            summary = run_summary.ok(cfg, gathered, flops, read_json(run_dir.env) or {}, list(sink.warnings),
+                                     settings)
             write_json(run_dir.summary, summary.to_dict())
             sink.summary({**summary.figures, "status": Status.OK})
         sink.finish(ok=True)

@@ -20,6 +20,7 @@ from torch import nn
 from typing_extensions import override
 
 from ...core.components import totals
+from .. import initial_weights
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -74,17 +75,34 @@ class Strategy(ABC):
         self.grad_accum = cfg.parallelism.grad_accum
         self.model: nn.Module | None = None
         self.optimizer_name = "torch.optim.AdamW"
+        self.construction = "host"  # where the model was really built: host, meta or zero.Init
+        self.settings: Dict[str, dict] = {}  # the framework settings this strategy passed, by framework
 
     # -- construction -------------------------------------------------------------------------------
     def init_context(self, use_meta: bool) -> ContextManager:
-        """Where the model's parameters are created. Backends that can shard at construction override."""
+        """Where the model's parameters are created. Backends that can shard at construction override
+        (and set `self.construction`); the others build on the host whatever model.init asks."""
         return contextlib.nullcontext()
+
+    def gather_for_write(self, params: list) -> ContextManager:
+        """A context inside which `params` hold their full value and writes to them stick (ZeRO-3 overrides)."""
+        return contextlib.nullcontext()
+
+    def initialise(self, model: nn.Module) -> None:
+        """The seed's initial weights, the same on every construction path (runtime/initial_weights.py).
+        Called by each strategy's setup once the model's storage exists, before anything copies it."""
+        if not self.cfg.model.pretrained_path:
+            initial_weights.apply(model, self.cfg.train.seed, self.gather_for_write)
 
     @abstractmethod
     def setup(self, model: nn.Module, optim_cfg) -> nn.Module:
         """Wrap the model and build the optimizer together (DeepSpeed needs both at once)."""
 
-    # -- one training step --------------------------------------------------------------------------
+    def effective_settings(self) -> dict:
+        """What ran, after setup: the profile, and each framework's settings as the framework holds them."""
+        return {"profile": self.cfg.profile, "construction": self.construction, **self.settings}
+
+        # -- one training step --------------------------------------------------------------------------
     def autocast(self) -> ContextManager:
         return contextlib.nullcontext()
 

@@ -9,23 +9,36 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from ...config.derive import bucket_elements
+from ...config import profiles
 from .base import NativeStrategy
 
 
 class DDPStrategy(NativeStrategy):
+    def __init__(self, cfg, device, world_size, params):
+        super().__init__(cfg, device, world_size, params)
+        # empty under the native profile (DDP's defaults); parity sizes one bucket to the model and makes
+        # gradients views of it
+        self.settings = {"ddp": profiles.ddp_options(cfg, params)}
+
     @override
     def setup(self, model, optim_cfg):
         model.to(self.device)
+        self.initialise(model)
         self.model = DistributedDataParallel(
             model,
             device_ids=[self.device] if self.device.type == "cuda" else None,
-            # gradients become views into the all-reduce buckets: no second copy of every gradient
-            gradient_as_bucket_view=True,
-            bucket_cap_mb=bucket_elements(self.cfg, self.params) * 4 / 2**20,
+            **self.settings["ddp"],
         )
         self._build_optimizer(optim_cfg)
         return self.model
+
+    @override
+    def effective_settings(self):
+        out = super().effective_settings()
+        # read back from DDP itself: its bucket cap in bytes, and whether gradients are bucket views
+        out["ddp"] = {**out["ddp"], "bucket_bytes_cap": self.model.bucket_bytes_cap,
+                      "gradient_as_bucket_view": self.model.gradient_as_bucket_view}
+        return out
 
     @override
     def autocast(self):

@@ -7,6 +7,7 @@ JIT-compiled FusedAdam on the CPU accelerator.
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, Iterable
 
 import torch
@@ -35,17 +36,30 @@ class DeepSpeedStrategy(Strategy):
             # No `dtype=`: DeepSpeed 0.19 drops an explicit dtype on devices without fp16 (an operator
             # precedence slip in Init._set_dtype), and an fp32 run would silently build bf16 weights. Left
             # to itself, Init takes the dtype from the config's bf16/fp16 sections, which we set.
+            self.construction = "zero.Init"
             return deepspeed.zero.Init(config_dict_or_path=self.config)
         return super().init_context(use_meta)
+
+    @override
+    def gather_for_write(self, params):
+        if self.construction != "zero.Init":
+            return super().gather_for_write(params)
+        import deepspeed
+
+        # gathers the parameters whole on every rank; on exit rank 0's values are partitioned again
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
 
     @override
     def setup(self, model, optim_cfg):
         import deepspeed
 
+        self.initialise(model)
         kw = dict(lr=optim_cfg.lr, betas=(optim_cfg.beta1, optim_cfg.beta2), eps=optim_cfg.eps,
                   weight_decay=optim_cfg.weight_decay)
         if self.cfg.backend.offload_optimizer:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            _remember_cpu_info()
 
             optimizer = DeepSpeedCPUAdam(model.parameters(), adamw_mode=True, **kw)
             self.optimizer_name = "DeepSpeedCPUAdam(adamw_mode=True)"
@@ -56,6 +70,15 @@ class DeepSpeedStrategy(Strategy):
         )
         self.model = self.engine
         return self.engine
+
+    @override
+    def effective_settings(self):
+        zero = self.engine._config.zero_config  # DeepSpeed's parsed ZeRO section, defaults filled in
+        return {**super().effective_settings(), "deepspeed": {
+            "json": self.config,  # as DeepSpeed received it
+            "zero_optimization": {k: zero_value(v) for k, v in zero.model_dump().items()},
+            "optimizer_wrapper": type(self.engine.optimizer).__name__,  # which ZeRO optimizer DeepSpeed chose
+        }}
 
     @override
     def sync_context(self, last):
@@ -92,3 +115,19 @@ class DeepSpeedStrategy(Strategy):
     @override
     def unclassified_tensors(self):
         return self._unclassified
+
+
+def _remember_cpu_info() -> None:
+    """py-cpuinfo starts a subprocess on every call (1.2 s here), and DeepSpeed asks it three times while it
+    loads CPU Adam; the CPU does not change within a rank, so the first answer serves the other two."""
+    import cpuinfo
+
+    if not hasattr(cpuinfo.get_cpu_info, "cache_info"):
+        cpuinfo.get_cpu_info = functools.lru_cache(maxsize=1)(cpuinfo.get_cpu_info)
+
+
+def zero_value(value):
+    """A parsed ZeRO setting as JSON: enums by name, nested sections as dicts."""
+    if isinstance(value, dict):
+        return {k: zero_value(v) for k, v in value.items()}
+    return getattr(value, "name", value) if not isinstance(value, (int, float, str, bool, type(None))) else value

@@ -14,6 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from typing_extensions import override
 
+from ...config import profiles
 from .. import models
 from .base import NativeStrategy
 
@@ -21,7 +22,10 @@ from .base import NativeStrategy
 class FSDPStrategy(NativeStrategy):
     @override
     def init_context(self, use_meta):
-        return torch.device("meta") if use_meta else contextlib.nullcontext()
+        if not use_meta:
+            return contextlib.nullcontext()
+        self.construction = "meta"
+        return torch.device("meta")
 
     @override
     def setup(self, model, optim_cfg):
@@ -29,16 +33,19 @@ class FSDPStrategy(NativeStrategy):
         mp = MixedPrecisionPolicy(
             param_dtype=None if self.precision == "fp32" else self.dtype, reduce_dtype=torch.float32
         )
-        reshard = self.backend.reshard_after_forward
+        reshard, root = self.backend.reshard_after_forward, profiles.fsdp_root_reshard(self.cfg)
         for block in models.blocks(model):
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-        if any(p.is_meta for p in model.parameters()):
-            # meta-device build: allocate only this rank's shards, then initialise them
-            model.to_empty(device=self.device)
-            models.init_weights_(model, self.cfg.train.seed)
+        # native leaves the root to FSDP2 (None: kept unsharded after forward, its gather not exposed)
+        fully_shard(model, mesh=mesh, mp_policy=mp, **({} if root is None else {"reshard_after_forward": root}))
+        self.settings = {"fsdp": {"blocks_reshard_after_forward": reshard, "root_reshard_after_forward": root,
+                                  "mp_param_dtype": str(mp.param_dtype), "mp_reduce_dtype": str(mp.reduce_dtype),
+                                  "blocks": len(models.blocks(model))}}
+        if self.construction == "meta":
+            model.to_empty(device=self.device)  # allocate only this rank's shards (and the buffers)
         else:
             model.to(self.device)
+        self.initialise(model)  # writes each rank's shard of the same full weights
         self.model = model
         self._build_optimizer(optim_cfg)
         return model
