@@ -38,6 +38,10 @@ def test_report_marks_the_best_figure_of_each_column(fp32_runs):
     for plot in ("tradeoff", "bars", "loss_curves", "memory_predicted_vs_measured"):
         assert f"plots/{plot}.png" in md and (sweep_dir(fp32_runs) / "plots" / f"{plot}.png").stat().st_size > 5000
     assert "How each figure was measured" in md
+    # the settings each backend really ran with, one row per run, read back from the frameworks
+    settings = md.split("## Settings that ran", 1)[1].split("\n## ", 1)[0]
+    assert settings.count("| parity |") == len(fp32_runs)
+    assert "overlap_comm False" in settings and "root True" in settings and "bucket_cap" in settings
 
 
 def test_report_html_renders_in_headless_chromium(fp32_runs):
@@ -51,7 +55,9 @@ def test_report_html_renders_in_headless_chromium(fp32_runs):
     # the page's own script marks each image the browser decoded (naturalWidth > 0) once it has loaded
     assert len(re.findall(r'data-rendered="yes"', dom)) == 4, dom[-2000:]
     assert 'data-broken="yes"' not in dom
-    assert len(re.findall(r"<tr>", dom)) == 1 + len(BACKENDS)  # header + a row per backend
+    summary, settings = dom.split('id="summary"', 1)[1].split('id="settings"', 1)
+    assert summary.count("<tr>") == 1 + len(BACKENDS)  # header + a row per backend
+    assert settings.count("<tr>") == 1 + len(BACKENDS)  # and the settings each ran with
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report.png"
     subprocess.run([*flags, "--window-size=1400,2600", f"--screenshot={shot}", page.as_uri()],

@@ -11,7 +11,7 @@ from typing import Any, Dict
 
 from omegaconf import OmegaConf
 
-from .derive import bucket_elements
+from . import profiles
 
 
 def pass_through(cfg) -> Dict[str, Any]:
@@ -44,30 +44,37 @@ def harness_keys(cfg, world_size: int) -> Dict[str, Any]:
 
 
 def ds_config(cfg, world_size: int, params: int) -> Dict[str, Any]:
-    """The whole DeepSpeed JSON; `params` (the model's parameter count) sizes the default buckets."""
+    """The whole DeepSpeed JSON, as DeepSpeed receives it: the run's own keys, the profile's tuning keys
+    (config/profiles.py; none under native), then the user's pass-through. `params` (the model's parameter
+    count) sizes the parity profile's buckets."""
     b = cfg.backend
-    bucket = bucket_elements(cfg, params)
-    zero: Dict[str, Any] = {
-        "reduce_bucket_size": bucket,
-        "allgather_bucket_size": bucket,
-        "contiguous_gradients": True,
-        "overlap_comm": False,
-    }
-    if b.zero_stage == 3:
-        # Shard every parameter, however small: DeepSpeed's default keeps tensors under 1e5 elements
-        # whole on every rank, which would hide sharding on small models. Override through the pass-through.
-        zero["stage3_param_persistence_threshold"] = 0
-        zero["stage3_prefetch_bucket_size"] = bucket
+    zero: Dict[str, Any] = profiles.deepspeed_zero(cfg, params)
     if b.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.parallelism.device == "cuda"}
     if b.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": cfg.parallelism.device == "cuda"}
     base = deep_merge({"zero_optimization": zero, "steps_per_print": 2**31 - 1, "wall_clock_breakdown": False,
                        "zero_allow_untested_optimizer": True}, harness_keys(cfg, world_size))
-    if cfg.train.precision == "bf16":
+    if profiles.deepspeed_fp32_accumulation(cfg):
         # accumulate and reduce gradients in fp32, as the torch backends do
         base["data_types"] = {"grad_accum_dtype": "fp32"}
     return deep_merge(base, pass_through(cfg))
+
+
+# DeepSpeed's own defaults (deepspeed/runtime/zero/config.py, 0.19) for the keys the memory model needs,
+# where a config leaves them unset (the native profile does)
+ZERO_DEFAULTS = {"reduce_bucket_size": 500_000_000, "stage3_param_persistence_threshold": 100_000}
+
+
+def effective_zero(cfg, world_size: int, params: int) -> Dict[str, Any]:
+    """The zero_optimization section with DeepSpeed's defaults filled in where the JSON leaves a key unset."""
+    return {**ZERO_DEFAULTS, **ds_config(cfg, world_size, params)["zero_optimization"]}
+
+
+def fp32_gradients(cfg, world_size: int, params: int) -> bool:
+    """Whether DeepSpeed keeps gradient partitions in fp32: in fp32 runs, and with grad_accum_dtype fp32."""
+    dtype = ds_config(cfg, world_size, params).get("data_types", {}).get("grad_accum_dtype")
+    return cfg.train.precision == "fp32" or dtype == "fp32"
 
 
 def conflicts(cfg, world_size: int) -> list[str]:

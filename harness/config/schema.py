@@ -26,6 +26,7 @@ STRATEGIES = {
 FAULT_KINDS = ("none", "oom", "raise", "nan", "kill", "hang")
 
 CHOICES = {
+    "profile": ("native", "parity"),  # config/profiles.py
     "backend.family": tuple(STRATEGIES),
     "model.family": ("llama", "gpt2"),
     "model.init": ("auto", "host", "meta"),
@@ -157,6 +158,9 @@ class SweepConfig:
 
 @dataclass
 class RunConfig:
+    # native: each framework's own defaults (buckets, overlap, ...); parity: the settings the tests use for
+    # exact accounting and loss parity. config/profiles.py lists every difference.
+    profile: str = "native"
     backend: BackendConfig = field(default_factory=BackendConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)

@@ -85,11 +85,12 @@ class RankReport:
     host_peak_reset: bool
     device: Dict[str, int]  # CUDA allocator figures; empty on CPU
     after_setup: Dict[str, int]
-    peak_tflops: float
+    peak_tflops: float  # what MFU is computed against: the datasheet figure, else measured_peak_tflops
     peak_source: str
     optimizer: str  # the optimizer class that really ran
-    init: str  # host | meta
-    params: Dict[str, int]  # total, embedding, per_block, largest_param
+    init: str  # where the model was built: host | meta | zero.Init
+    params: Dict[str, int]  # total, embedding, per_block, largest_param, sizes
+    measured_peak_tflops: float = 0.0  # a matmul's best rate on this rank: the practical ceiling
 
 
 @dataclass
@@ -105,13 +106,17 @@ class RunSummary:
     params: Optional[int] = None
     figures: Dict[str, Any] = field(default_factory=dict)
     optimizer: Optional[str] = None
-    model_init: Optional[str] = None
+    model_init: Optional[str] = None  # where the model was built: host, meta or zero.Init
+    profile: Optional[str] = None  # native | parity (config/profiles.py)
+    settings: Optional[Dict[str, Any]] = None  # the framework settings that ran (also <run_dir>/settings.json)
     device: Optional[str] = None
     peak_source: Optional[str] = None
     per_rank: Optional[List[dict]] = None
     ranks: Optional[List[dict]] = None  # failed runs: every rank's outcome
     traceback: Optional[str] = None  # failed runs: the causing rank's traceback, relative to the run dir
     warnings: Optional[List[str]] = None
+    errors: Optional[List[str]] = None  # figures withheld because they cannot be right (an MFU above 100%)
+    notes: Optional[List[str]] = None  # what the parent adjusted or wants said (a capped seq_len, shared cores)
 
     @classmethod
     def ok(cls, identity: Identity, figures: dict, **facts) -> "RunSummary":

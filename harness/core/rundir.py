@@ -1,7 +1,7 @@
 """A run dir's files, by name, in one place; written atomically (temp file in the same dir, then rename), so a
 crash never leaves a half-written summary; read with one rule for a torn last line.
 
-    <run_dir>/config.yaml  env.json  summary.json  metrics.jsonl  launcher.log  wandb/
+    <run_dir>/config.yaml  env.json  settings.json  summary.json  metrics.jsonl  launcher.log  wandb/
     <run_dir>/ranks/rank<R>.json  rank<R>.traceback.txt  fault.json  report.json
     <run_dir>/attempts/<n>/   an earlier attempt's files, moved aside before the run starts again
 """
@@ -105,6 +105,11 @@ class RunDir:
         return self.root / "env.json"
 
     @property
+    def settings(self) -> Path:
+        """The framework settings that really ran (the DeepSpeed JSON as DeepSpeed got it, DDP's bucket, ...)."""
+        return self.root / "settings.json"
+
+    @property
     def summary(self) -> Path:
         return self.root / "summary.json"
 
@@ -156,7 +161,8 @@ class RunDir:
         return read_json(self.summary)
 
     # what an attempt leaves; moved aside as a whole before the run starts again
-    ATTEMPT_FILES = ("summary.json", "metrics.jsonl", "launcher.log", "ranks", "config.yaml", "env.json", "wandb")
+    ATTEMPT_FILES = ("summary.json", "metrics.jsonl", "launcher.log", "ranks", "config.yaml", "env.json",
+                     "settings.json", "wandb")
 
     def archive_attempt(self) -> Path | None:
         """Move an earlier attempt's outputs into <run_dir>/attempts/<n>/ before the run starts again.

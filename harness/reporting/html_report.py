@@ -14,6 +14,7 @@ from typing import Dict, List, Optional
 
 from ..core.rundir import write_text
 from .collect import collect, varying_keys
+from . import settings_table
 from .plots import all_plots
 
 MiB = 2**20
@@ -43,7 +44,11 @@ METHODS = """\
   per-step maximum over ranks. p50/p90/max are over the timed steps.
 - **FLOPs and MFU.** FLOPs per token are counted once with `torch.utils.flop_counter.FlopCounterMode` on a
   meta-device copy of the model; 6·(N−N_emb) + 12·L·h·s is shown beside it. MFU uses the counted figure and
-  the device's dense datasheet peak, or on CPU a peak measured by a matmul calibration (labelled measured).
+  the dense datasheet peak of the device's exact name, else (CPU, an unlisted GPU) the best of 5 matmuls on
+  the rank (labelled measured). The measured matmul peak is always recorded as the practical ceiling
+  (`flops/mfu_of_measured_pct`). An MFU above 100% is withheld and said, never shown.
+- **Settings.** `profile=native` leaves each framework's tuning at its own defaults; `parity` uses the
+  harness's settings for exact accounting. The settings table is read back from each framework after setup.
 - **Peak memory.** GPU: the caching allocator's peak allocated and reserved bytes over the timed window
   (`reset_peak_memory_stats` when it opens). CPU: the kernel's RSS high-water mark (`VmHWM`), reset
   when the timed window opens (`5 > /proc/self/clear_refs`). Max over ranks.
@@ -107,6 +112,8 @@ class Table:
             cells += [_cell(get(r["figures"]), fmt, best[_group(r, varying)][h]) for h, get, fmt, _ in TABLE]
             self.body.append(cells)
         self.failed = [(lab, r) for r, lab in zip(rows, self.labels) if r.get("status") != "ok"]
+        self.settings = settings_table.rows(rows, self.labels)
+        self.errors = [(lab, e) for r, lab in zip(rows, self.labels) for e in r.get("errors") or []]
 
 
 def context_line(rows: List[dict], varying: List[str]) -> str:
@@ -126,6 +133,11 @@ def markdown(name: str, context: str, table: Table, plots: Dict[str, Path]) -> s
     if table.failed:
         md += ["", "## Runs that did not finish", ""] + [f"- {lab}: `{r.get('status')}`: {r.get('reason', '')}"
                                                            for lab, r in table.failed]
+    if table.errors:
+        md += ["", "## Figures withheld", ""] + [f"- {lab}: {e}" for lab, e in table.errors]
+    if table.settings:
+        md += ["", "## Settings that ran", "", "| " + " | ".join(settings_table.HEADERS) + " |",
+               "|" + "---|" * len(settings_table.HEADERS)] + ["| " + " | ".join(r) + " |" for r in table.settings]
     md += [""] + [f"![{stem}](plots/{path.name})" for stem, path in plots.items()]
     md += ["", "## How each figure was measured", "", METHODS]
     return "\n".join(md) + "\n"
@@ -156,10 +168,16 @@ def page(name: str, context: str, table: Table, plots: Dict[str, Path]) -> str:
     failed = "".join(f"<li>{esc(lab)}: <b>{esc(str(r.get('status')))}</b>: {esc(str(r.get('reason', '')))}</li>"
                      for lab, r in table.failed)
     failed = f"<h2>Runs that did not finish</h2><ul>{failed}</ul>" if failed else ""
+    withheld = "".join(f"<li>{esc(lab)}: {esc(e)}</li>" for lab, e in table.errors)
+    failed += f"<h2>Figures withheld</h2><ul>{withheld}</ul>" if withheld else ""
+    settings = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in table.settings)
+    settings = (f'<h2>Settings that ran</h2><table id="settings"><thead><tr>'
+                f'{"".join(f"<th>{esc(h)}</th>" for h in settings_table.HEADERS)}</tr></thead>'
+                f"<tbody>{settings}</tbody></table>") if settings else ""
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>shardbench: {esc(name)}</title>'
             f"<style>{STYLE}</style></head><body><h1>Sweep report: {esc(name)}</h1><p>{esc(context)}</p>"
             "<p>Best in each column highlighted, among runs that differ only in backend.</p>"
-            f'<table id="summary"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{failed}'
+            f'<table id="summary"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{failed}{settings}'
             f'<div id="plots">{"".join(_figure(p) for p in plots.values())}</div>'
             f"<h2>How each figure was measured</h2><ul>{methods}</ul><script>{MARK_RENDERED}</script></body></html>")
 

@@ -52,19 +52,40 @@ def throughput(cfg, ranks: List[RankReport]) -> Dict[str, float]:
 
 
 def flops(ranks: List[RankReport], counts: dict, tokens_per_s_per_device: float) -> Dict[str, float]:
-    """MFU uses the counted FLOPs; the PaLM formula is shown beside it."""
+    """MFU uses the counted FLOPs; the PaLM formula is shown beside it. MFU is given against the peak (the
+    datasheet's, else measured) and against the measured matmul ceiling; `mfu_errors` withholds either when
+    it exceeds 100%, which only a wrong peak or a wrong count can produce."""
     if not counts.get("counted"):
         return {}
     achieved = counts["counted"] * tokens_per_s_per_device / 1e12
     peak = statistics.fmean(r.peak_tflops for r in ranks)
-    return {
+    measured = statistics.fmean(r.measured_peak_tflops for r in ranks)
+    out = {
         "flops/per_token_counted": counts["counted"],
         "flops/per_token_formula": counts["formula"],
         "flops/formula_error_pct": 100 * (counts["formula"] - counts["counted"]) / counts["counted"],
         "flops/achieved_tflops_per_device": achieved,
         "flops/peak_tflops_per_device": peak,
-        "flops/mfu_pct": 100 * achieved / peak if peak else float("nan"),
+        "flops/measured_peak_tflops_per_device": measured,
     }
+    for key, ceiling in (("flops/mfu_pct", peak), ("flops/mfu_of_measured_pct", measured)):
+        if ceiling:
+            out[key] = 100 * achieved / ceiling
+    return out
+
+
+def mfu_errors(figures: dict) -> List[str]:
+    """An MFU above 100% is removed from the figures and said instead."""
+    out = []
+    for key in ("flops/mfu_pct", "flops/mfu_of_measured_pct"):
+        value = figures.get(key)
+        if value is not None and value > 100:
+            del figures[key]
+            out.append(f"{key} would be {value:.0f}%: {figures['flops/achieved_tflops_per_device']:.3g} TFLOP/s "
+                       "achieved against a peak of "
+                       f"{figures['flops/peak_tflops_per_device' if key == 'flops/mfu_pct' else 'flops/measured_peak_tflops_per_device']:.3g}; "
+                       "the peak or the FLOP count is wrong, so no MFU is reported")
+    return out
 
 
 def memory(cfg, ranks: List[RankReport]) -> Dict[str, float]:
@@ -117,13 +138,17 @@ def unclassified_warnings(ranks: List[RankReport]) -> List[str]:
             f"({', '.join(names)}): counted as memory/model_states_unclassified_bytes, not as a component"]
 
 
-def ok(cfg, ranks: List[RankReport], flop_counts: dict, env: dict, warnings: List[str]) -> RunSummary:
+def ok(cfg, ranks: List[RankReport], flop_counts: dict, env: dict, warnings: List[str],
+       settings: dict | None = None) -> RunSummary:
     r0 = ranks[0]
     warnings = warnings + unclassified_warnings(ranks)
+    figs = figures(cfg, ranks, flop_counts)
+    errors = mfu_errors(figs)
     return RunSummary.ok(
-        derive.identity(cfg), figures(cfg, ranks, flop_counts),
+        derive.identity(cfg), figs, errors=errors or None,
         params=r0.params["total"], optimizer=r0.optimizer, model_init=r0.init, device=env.get("device", ""),
-        peak_source=r0.peak_source, warnings=warnings or None,
+        peak_source=r0.peak_source, warnings=warnings or None, notes=env.get("notes") or None,
+        profile=cfg.profile, settings=settings,
         per_rank=[{"rank": r.rank, "model_states": r.model_states, "unclassified": r.unclassified,
                    "host_peak_bytes": r.host_peak_bytes, "host_peak_reset": r.host_peak_reset, **r.device}
                   for r in ranks])

@@ -21,9 +21,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from ..config import profiles
 from ..config.deepspeed_json import ds_config
 from ..core.rundir import RunDir
-from ..config.derive import bucket_elements
 from ..runtime import data, models, probes
 
 
@@ -51,15 +51,15 @@ def main() -> int:
     elif family == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
+        root = profiles.fsdp_root_reshard(cfg)  # the profile's settings, as the harness passes them
         for block in models.blocks(model):
             fully_shard(block, reshard_after_forward=cfg.backend.reshard_after_forward)
-        fully_shard(model, reshard_after_forward=cfg.backend.reshard_after_forward)
+        fully_shard(model, **({} if root is None else {"reshard_after_forward": root}))
         optimizer = torch.optim.AdamW(model.parameters(), **adam)
     else:
         from torch.nn.parallel import DistributedDataParallel
 
-        model = DistributedDataParallel(model, gradient_as_bucket_view=True,
-                                        bucket_cap_mb=bucket_elements(cfg, params) * 4 / 2**20)
+        model = DistributedDataParallel(model, **profiles.ddp_options(cfg, params))
         optimizer = torch.optim.AdamW(model.parameters(), **adam)
     batches = data.Batches(cfg.data, cfg.parallelism, cfg.model.vocab_size, cfg.train.seed, rank, world, device)
     times = []

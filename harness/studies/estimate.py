@@ -12,7 +12,6 @@ With --params, terms sized by the largest tensor (offload staging, DeepSpeed's g
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from typing import List
 
@@ -33,12 +32,10 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
     for name in backends():
         cfg = compose([*overrides, f"backend={name}"])
         n = world or world_size(cfg)
-        shape = shape_of(cfg, n, models.param_count(cfg.model))
-        if params:
-            # a hypothetical model has no tensors: the terms sized by its largest tensor (offload staging,
-            # DeepSpeed's gathered layer) are left out, and the bucket follows the default rule
-            bucket = cfg.backend.bucket_elements or min(25_000_000, int(params))
-            shape = dataclasses.replace(shape, params=int(params), largest_param=0, bucket_elements=bucket)
+        # a hypothetical model has no tensors: the terms sized by its tensors (offload staging, DeepSpeed's
+        # gathered layer, ZeRO-3's persistent small parameters) are left out
+        counts = {"total": int(params), "largest_param": 0, "sizes": ()} if params else models.param_count(cfg.model)
+        shape = shape_of(cfg, n, counts)
         comps = memory.layout(cfg.backend, shape)
         total = totals(comps)
         par = cfg.parallelism
@@ -85,7 +82,7 @@ def main(argv: List[str] | None = None) -> int:
     r = table[0]
     cfg = compose(overrides)
     render(table, f"{cfg.model.name if not args.params else 'Ψ=%.3g' % args.params}: {r['params']:,} params, "
-                  f"N={r['world']}, {r['precision']}, micro_batch {cfg.parallelism.micro_batch} x seq "
+                  f"N={r['world']}, {r['precision']}, profile {cfg.profile}, micro_batch {cfg.parallelism.micro_batch} x seq "
                   f"{cfg.parallelism.seq_len}")
     return 0
 

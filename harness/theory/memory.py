@@ -23,14 +23,19 @@ LAYOUT_NOTES = {
     "ddp": "torch.autocast keeps fp32 parameters, so DDP holds 16 bytes per parameter in every precision.",
     "fsdp": "FSDP2 with MixedPrecisionPolicy keeps fp32 sharded parameters, gradients and Adam states "
             "(16Ψ/N); the 16-bit gathered copies are transient.",
-    "ds_zero1": "In bf16 with fp32 gradient accumulation DeepSpeed runs ZeRO-1 through its BF16_Optimizer, "
-                "which keeps full fp32 gradients plus the 16-bit ones: ZeRO-1 then holds more than ZeRO-2.",
-    "ds_zero2": "DeepSpeed keeps an fp32 master partition even in fp32 training, and reduces gradients "
-                "straight into an fp32 partition (grad_accum_dtype fp32).",
-    "ds_zero3": "Like ZeRO-2, plus one reduce bucket of `bucket_elements` 16-bit elements (buffers).",
+    "ds_zero1": "In bf16 with fp32 gradient accumulation (the parity profile) DeepSpeed runs ZeRO-1 through its "
+                "BF16_Optimizer, which keeps full fp32 gradients plus the 16-bit ones: ZeRO-1 then holds more "
+                "than ZeRO-2. Under native it is DeepSpeed's ZeRO optimizer, with 16-bit gradient partitions.",
+    "ds_zero2": "DeepSpeed keeps an fp32 master partition even in fp32 training. Gradient partitions are "
+                "fp32 under parity (grad_accum_dtype fp32), in the model dtype under native.",
+    "ds_zero3": "Like ZeRO-2, plus one reduce bucket, allocated whole (buffers): the profile's bucket, or "
+                "DeepSpeed's 5e8 elements under native. Parameters under the persistence threshold (native: "
+                "1e5 elements) are kept whole on every rank beside their shard.",
     "offload": "Offloaded gradients are staged twice on the host: the fp32 partition's .grad and a flat "
-               "buffer (ZeRO-3; ZeRO-2 in 16-bit). With gradient accumulation, ZeRO-1/2 offload also keeps "
-               "a host accumulation buffer per parameter of the partition (another pΨ/N).",
+               "buffer in the gradient dtype (ZeRO-3; ZeRO-2 only in 16-bit with fp32 accumulation, i.e. "
+               "parity). With gradient "
+               "accumulation, ZeRO-1/2 offload also keeps a host accumulation buffer per parameter of the "
+               "partition (another pΨ/N).",
 }
 
 
@@ -57,14 +62,21 @@ def layout(backend, s: Shape) -> Dict[str, float]:
         return {"params": 4 * psi, "grads": 4 * psi, "optimizer": 8 * psi}
     if backend.family == "fsdp":
         return {"params": 4 * psi / n, "grads": 4 * psi / n, "optimizer": 8 * psi / n}
-    # DeepSpeed. We set grad_accum_dtype=fp32 under bf16, so gradient partitions are fp32 unless fp16.
-    g = 2 if s.precision == "fp16" else 4
+    # DeepSpeed. Gradient partitions are fp32 in fp32 runs and under parity's grad_accum_dtype=fp32.
+    g = 4 if s.fp32_grads else p
     stage, off_opt, off_par = backend.zero_stage, backend.offload_optimizer, backend.offload_params
-    out: Dict[str, float] = {"params": p * psi / n if stage == 3 else p * psi}
-    if stage == 1 and s.precision == "bf16" and not off_opt:
+    # ZeRO-3 shards every parameter. Those under its persistence threshold are also kept whole on every rank
+    # once gathered, beside their shard: measured 3Ψ bytes a rank for tiny_gpt2 in bf16 on 2 ranks, where every
+    # tensor is under the native threshold (2Ψ/2 of shards + 2Ψ whole).
+    out: Dict[str, float] = {"params": p * (psi / n + s.persistent_params) if stage == 3 else p * psi}
+    if stage == 1 and s.precision == "bf16" and s.fp32_grads and not off_opt:
         out["grads"] = (p + 4) * psi  # BF16_Optimizer: 16-bit .grad on every parameter + full fp32 copy
-    elif off_opt and (stage == 3 or p < 4):
-        out["grads"] = 8 * psi / n  # fp32 partition .grad + the flat staging buffer
+    elif off_opt and stage == 3:
+        out["grads"] = (4 + g) * psi / n  # fp32 partition .grad + the flat staging buffer (gradient dtype)
+    elif off_opt:
+        # the fp32 partition's .grad (CPU Adam steps in fp32), and in a 16-bit run with fp32 accumulation
+        # (parity) a second fp32 staging buffer
+        out["grads"] = (8 if p < 4 and s.fp32_grads else 4) * psi / n
     else:
         out["grads"] = g * psi / n
     if off_opt and stage in (1, 2) and s.grad_accum > 1:

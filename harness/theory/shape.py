@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict
 
+from ..config import deepspeed_json
 from ..config.derive import bucket_elements
 
 
@@ -15,8 +16,10 @@ class Shape:
     world: int  # N, the data-parallel degree
     precision: str  # fp32 | bf16 | fp16
     largest_param: int = 0
-    bucket_elements: int = 0
+    bucket_elements: int = 0  # the gradient bucket: DeepSpeed's reduce bucket as it will run, else DDP's
     grad_accum: int = 1
+    fp32_grads: bool = True  # DeepSpeed keeps gradient partitions in fp32 (fp32 runs; parity's bf16 runs)
+    persistent_params: int = 0  # ZeRO-3: elements of the parameters small enough to stay whole on every rank
 
     @property
     def p(self) -> int:
@@ -31,7 +34,21 @@ class Shape:
 
 def shape_of(cfg, world: int, counts: Dict[str, int]) -> Shape:
     """`counts` are the model's parameter counts (runtime.models.param_count, or a rank's report of them):
-    passed in, so that the theory never builds a model."""
-    return Shape(params=counts["total"], world=world, precision=cfg.train.precision,
-                 largest_param=counts["largest_param"], bucket_elements=bucket_elements(cfg, counts["total"]),
-                 grad_accum=cfg.parallelism.grad_accum)
+    passed in, so that the theory never builds a model. DeepSpeed's figures come from the JSON it will get,
+    with its own defaults where the JSON is silent (the native profile)."""
+    params, fp32_grads, persistent = counts["total"], cfg.train.precision == "fp32", 0
+    bucket = bucket_elements(cfg, params)
+    if cfg.backend.family == "deepspeed":
+        zero = deepspeed_json.effective_zero(cfg, world, params)
+        bucket, fp32_grads = int(zero["reduce_bucket_size"]), deepspeed_json.fp32_gradients(cfg, world, params)
+        if cfg.backend.zero_stage == 3:
+            persistent = persistent_elements(counts.get("sizes", ()), zero["stage3_param_persistence_threshold"])
+    return Shape(params=params, world=world, precision=cfg.train.precision,
+                 largest_param=counts["largest_param"], bucket_elements=bucket,
+                 grad_accum=cfg.parallelism.grad_accum, fp32_grads=fp32_grads, persistent_params=persistent)
+
+
+def persistent_elements(sizes, threshold: int) -> int:
+    """ZeRO-3 keeps every parameter of at most `threshold` elements whole on every rank
+    (DeepSpeedZeRoOffload.mark_persistent_parameters; its model-wide cap defaults to unlimited)."""
+    return sum(n for n in sizes if n <= threshold)
