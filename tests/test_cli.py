@@ -7,7 +7,14 @@ import time
 
 import pytest
 
-from conftest import cli
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import OmegaConfBaseException
+
+from conftest import REPO, cli
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+
+from harness.config import derive, rules, schema
 
 
 BAD_INPUT = [
@@ -82,7 +89,18 @@ BAD_INPUT = [
 ]
 
 
-@pytest.mark.parametrize("overrides, says", BAD_INPUT, ids=[" ".join(o) for o, _ in BAD_INPUT])
+# Every case goes through the real CLI once per category (a process costs ~1 s of imports, so not all 56):
+# exit code, the message, no traceback, no rank. Every case goes through the parent's own composition and
+# rules in-process below, which is where each message comes from.
+THROUGH_THE_CLI = {"backend=nope", "train.stepz=5", "+train.stpes=100", "train.steps=ten", "train.precision=fp16",
+                   "backend=ds_zero2 +backend.deepspeed.zero_optimization.overlap_com=true",
+                   "backend=ds_zero2 +backend.deepspeed.train_batch_size=999", "parallelism.seq_len=100000",
+                   "parallelism.global_batch=6", "model.init=lazy", "paths.min_free_mib=1000000000",
+                   "hydra.run.dir=/tmp/shardbench-outside", "-m sweep.name=../../escape"}
+CLI_CASES = [(o, says) for o, says in BAD_INPUT if " ".join(o) in THROUGH_THE_CLI]
+
+
+@pytest.mark.parametrize("overrides, says", CLI_CASES, ids=[" ".join(o) for o, _ in CLI_CASES])
 def test_bad_input_fails_before_any_rank_starts(tmp_path, overrides, says):
     started = time.monotonic()
     proc = cli(*overrides, f"paths.root={tmp_path}", "logger=none", timeout=120)
@@ -92,6 +110,27 @@ def test_bad_input_fails_before_any_rank_starts(tmp_path, overrides, says):
     assert "Traceback" not in proc.stderr + proc.stdout
     # no rank started: torchrun never ran, so no launcher log or rank outcome exists anywhere
     assert not list(tmp_path.rglob("launcher.log")) and not list(tmp_path.rglob("rank*.json"))
+
+
+def refusal(overrides) -> str:
+    """What the parent says of these overrides: Hydra's composition error, or the rules' problems (checked, as
+    the parent does, after a preset's seq_len is fitted and before a global batch sets grad_accum)."""
+    try:
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+        derive.fit_to_model(cfg, overrides)
+    except (ConfigCompositionException, OmegaConfBaseException) as err:
+        return f"{err} {err.__cause__ or ''}"
+    return "; ".join(rules.problems(cfg) + rules.output_problems(cfg.paths, str(REPO / cfg.paths.root)))
+
+
+schema.register()
+IN_PROCESS = [(o, says) for o, says in BAD_INPUT if not {"-m"} & set(o) and not o[0].startswith("hydra.")]
+
+
+@pytest.mark.parametrize("overrides, says", IN_PROCESS, ids=[" ".join(o) for o, _ in IN_PROCESS])
+def test_every_bad_input_is_refused_with_a_message_naming_it(overrides, says):
+    assert says in refusal(overrides)
 
 
 def test_rule_violations_are_exactly_one_line(tmp_path):

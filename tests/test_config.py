@@ -1,6 +1,8 @@
 """Configs compose, the typed schema rejects what Hydra can type-check, and the rules reject the rest."""
 from __future__ import annotations
 
+import os
+
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
@@ -8,6 +10,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from conftest import BACKENDS, REPO
 from harness.config import derive, schema
+from harness.config.compose import compose as compose_run
+from harness.config.compose import options
 from harness.config import rules as validate
 
 schema.register()
@@ -83,3 +87,31 @@ def test_a_pinned_global_batch_sets_grad_accum_for_the_world_size(parallelism, g
     par = cfg.parallelism
     assert par.grad_accum == grad_accum
     assert par.micro_batch * par.grad_accum * par.nproc_per_node * par.nnodes == global_batch
+
+
+@pytest.mark.parametrize("parallelism", options("parallelism"))
+@pytest.mark.parametrize("model", options("model"))
+def test_every_model_runs_with_every_parallelism_preset(model, parallelism):
+    cfg = compose_run([f"model={model}", f"parallelism={parallelism}"])
+    assert validate.problems(cfg, lambda: 8) == []  # the device count stubbed: as on an 8-GPU node
+    assert cfg.parallelism.seq_len <= cfg.model.max_positions
+    preset = make(f"parallelism={parallelism}").parallelism.seq_len
+    assert cfg.parallelism.seq_len == min(preset, cfg.model.max_positions)  # capped, never otherwise changed
+
+
+def test_a_preset_seq_len_is_capped_with_a_note_but_an_asked_one_is_refused():
+    cfg = make("model=tiny_gpt2", "parallelism=gpu1")
+    assert derive.fit_to_model(cfg, []) == [
+        "parallelism.seq_len=2048 of preset gpu1 capped to 512, the model.max_positions of tiny_gpt2"]
+    assert cfg.parallelism.seq_len == 512
+    asked = ["model=tiny_gpt2", "parallelism=gpu1", "parallelism.seq_len=2048"]
+    cfg = compose_run(asked)
+    assert cfg.parallelism.seq_len == 2048 and any("seq_len" in p for p in validate.problems(cfg, lambda: 8))
+
+
+def test_cpu_ranks_may_share_cores_with_a_note_but_not_cuda_ranks_gpus():
+    cores = os.cpu_count() or 1
+    shared = make(f"parallelism.nproc_per_node={cores + 1}")
+    assert validate.problems(shared, no_cuda) == [] and "share" in validate.notes(shared)[0]
+    assert validate.problems(make(f"parallelism.nproc_per_node={2 * cores + 1}"), no_cuda)
+    assert validate.problems(make("parallelism=gpu8"), lambda: 1)

@@ -23,5 +23,6 @@ def compose(overrides: List[str]):
     schema.register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=list(overrides))
-    derive.apply_global_batch(cfg)  # as a run does: a pinned global batch sets grad_accum
+    derive.fit_to_model(cfg, overrides)  # as a run does: a preset's seq_len fits the model
+    derive.apply_global_batch(cfg)  # and a pinned global batch sets grad_accum
     return cfg

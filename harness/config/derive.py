@@ -29,6 +29,20 @@ def apply_global_batch(cfg) -> None:
         par.grad_accum = par.global_batch // (par.micro_batch * world_size(cfg))
 
 
+def fit_to_model(cfg, overrides) -> list[str]:
+    """A preset's seq_len (parallelism=gpu1 asks 2048) above the model's positions is capped to
+    model.max_positions, with a note, so that every model runs with every preset. A seq_len the user set on
+    the command line (`overrides`) is left as asked, for the rules to refuse."""
+    par, m = cfg.parallelism, cfg.model
+    asked = any(o.lstrip("+~").split("=", 1)[0] == "parallelism.seq_len" for o in overrides)
+    if asked or par.seq_len <= m.max_positions:
+        return []
+    note = (f"parallelism.seq_len={par.seq_len} of preset {par.name} capped to {m.max_positions}, the "
+            f"model.max_positions of {m.name}")
+    par.seq_len = m.max_positions
+    return [note]
+
+
 def bucket_elements(cfg, params: int) -> int:
     """Gradient bucket size in elements: backend.bucket_elements, or when 0, min(25M, parameters).
 

@@ -79,6 +79,7 @@ def run_one(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
     run_dir = RunDir(Path(hc.runtime.output_dir))
     in_sweep = hc.mode == RunMode.MULTIRUN
+    notes = derive.fit_to_model(cfg, hc.overrides.task)
     invalid = validated(cfg, run_dir, in_sweep)
     try:
         lock = RunLock(run_dir.root).acquire()  # held for the run's life; nothing in the dir changes before
@@ -92,12 +93,12 @@ def run_one(cfg: DictConfig) -> dict:
                 print(f"shardbench: could not write {run_dir.summary}: {err}", file=sys.stderr)
             print(one_line(invalid.to_dict(), run_dir.root), flush=True)
             return invalid.to_dict()
-        return run_locked(cfg, hc, run_dir, in_sweep)
+        return run_locked(cfg, hc, run_dir, in_sweep, notes + rules.notes(cfg))
     finally:
         lock.release()
 
 
-def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool) -> dict:
+def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list[str]) -> dict:
     derive.apply_global_batch(cfg)  # grad_accum from a pinned global batch, before the config is written
     if run_dir.abandoned():  # we hold the lock, so the launcher of that attempt is gone
         write_json(run_dir.summary, RunSummary.launcher_lost(derive.identity(cfg)).to_dict())
@@ -114,7 +115,9 @@ def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool) -> dict:
     if earlier is not None:
         print(f"[rerun] {cfg.backend.name}: the earlier attempt moved to {earlier}", flush=True)
     write_text(run_dir.config, OmegaConf.to_yaml(cfg, resolve=True))
-    write_json(run_dir.env, environment(cfg))
+    write_json(run_dir.env, {**environment(cfg), "notes": notes})  # the rank copies the notes into the summary
+    for note in notes:
+        print(f"shardbench: note: {note}", file=sys.stderr, flush=True)
     try:
         summary = launch(cfg, run_dir, derive.identity(cfg))
     except KeyboardInterrupt:
@@ -123,8 +126,10 @@ def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool) -> dict:
                   "what finished", file=sys.stderr)
         raise
     print(one_line(summary, run_dir.root), flush=True)
-    for warning in summary.get("warnings", []):
+    for warning in summary.get("warnings") or []:
         print(f"shardbench: warning: {warning}", file=sys.stderr, flush=True)
+    for error in summary.get("errors") or []:
+        print(f"shardbench: figure withheld: {error}", file=sys.stderr, flush=True)
     if not in_sweep and summary["status"] != Status.OK:
         sys.exit(1)
     return summary

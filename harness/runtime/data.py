@@ -14,14 +14,22 @@ from pathlib import Path
 import torch
 
 
+def _stdlib_files(directory: Path):
+    """The .py files under `directory` in sorted-path order, never entering site-packages or test dirs (walking
+    them and filtering afterwards cost 0.7 s a rank; the order and the bytes are the same)."""
+    for entry in sorted(directory.iterdir()):
+        if entry.is_dir() and not entry.is_symlink():
+            if entry.name not in ("site-packages", "test"):
+                yield from _stdlib_files(entry)
+        elif entry.suffix == ".py" and entry.is_file():
+            yield entry
+
+
 @lru_cache(maxsize=2)
 def stdlib_corpus(max_bytes: int) -> torch.Tensor:
     """The Python standard library's own .py files, concatenated as bytes (byte-level tokens 0..255)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
     chunks, size = [], 0
-    for path in sorted(root.rglob("*.py")):
-        if "site-packages" in path.parts or "test" in path.parts:
-            continue
+    for path in _stdlib_files(Path(sysconfig.get_paths()["stdlib"])):
         data = path.read_bytes()
         chunks.append(data)
         size += len(data)
