@@ -9,10 +9,10 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare sweep report run estimate bench capacity collectives faults browser test clean lock
+.PHONY: help install warm demo compare sweep report run estimate bench capacity collectives faults browser test test-drills test-all clean lock
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## create .venv with the pinned CPU stack (torch 2.13.0 CPU; never the CUDA build)
 $(STAMP): pyproject.toml $(LOCK)
@@ -63,8 +63,13 @@ browser: ## install headless Chromium (Debian's `chromium`), which the report te
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-test: install warm browser ## the test suite: unit tests and real 2-rank runs of every backend (gloo, CPU)
-	$(PY) -m pytest $(ARGS)
+test: install warm browser ## the test suite (<10 min): unit tests and real runs of every backend (gloo, CPU)
+	$(PY) -m pytest -m "not drill" $(ARGS)
+
+test-drills: install warm ## the launcher drills (~4 min): injected faults, Ctrl-C, racing launches, a killed launcher
+	$(PY) -m pytest -m drill $(ARGS)
+
+test-all: test test-drills ## both, as CI runs them
 
 lock: ## re-pin requirements/cpu.lock from the current .venv
 	{ echo "# Exact versions CI and the CPU install use (pip constraints). Regenerate with: make lock"; \

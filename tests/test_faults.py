@@ -12,7 +12,8 @@ import pytest
 from conftest import REPO
 from harness.studies.fault_drill import interrupt_rerun, left_running, read_runs, sweep_command
 
-pytestmark = pytest.mark.slow
+# a launcher drill: run by `make test-drills` (and CI), not by `make test`
+pytestmark = [pytest.mark.slow, pytest.mark.drill]
 TIMEOUT_S = 10
 
 

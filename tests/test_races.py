@@ -11,7 +11,8 @@ import pytest
 from harness.reporting.collect import collect
 from harness.studies.launcher_drill import KILL_BOUND_S, concurrent_sweeps, race_and_sigkill
 
-pytestmark = pytest.mark.slow
+# a launcher drill: run by `make test-drills` (and CI), not by `make test`
+pytestmark = [pytest.mark.slow, pytest.mark.drill]
 
 
 def test_a_held_run_dir_refuses_a_second_launch_and_no_rank_outlives_a_killed_launcher(tmp_path):
