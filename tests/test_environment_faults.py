@@ -47,7 +47,7 @@ def test_wandb_failure_still_trains_and_writes_local_results_with_a_warning(tmp_
     (tmp_path / "home").mkdir()
     env = {k: v.format(tmp=tmp_path) for k, v in env.items()}
     # one rank: only rank 0 talks to W&B, and a rank's imports are most of a run's cost
-    proc = cli("logger.mode=online", "logger.init_timeout_s=5", "train.steps=4", "train.warmup_steps=1",
+    proc = cli("logger.mode=online", "logger.init_timeout_s=5", "train.profile_memory=false", "train.steps=4", "train.warmup_steps=1",
                "parallelism.nproc_per_node=1",
                "train.measure_flops=false", f"paths.root={tmp_path}", "hydra.run.dir=${paths.root}/runs/wandb-down",
                env_extra=env, timeout=300)
@@ -79,7 +79,7 @@ def test_a_full_disk_is_refused_before_any_rank_starts(tmp_path):
 
 @pytest.mark.slow
 def test_a_nan_loss_with_on_nonfinite_continue_trains_on_and_counts_the_steps(tmp_path):
-    proc = cli("fault.kind=nan", "fault.rank=1", "fault.step=3", "train.on_nonfinite=continue", "train.steps=6",
+    proc = cli("fault.kind=nan", "fault.rank=1", "train.profile_memory=false", "fault.step=3", "train.on_nonfinite=continue", "train.steps=6",
                "train.warmup_steps=1", "logger=none", "train.measure_flops=false", f"paths.root={tmp_path}",
                "hydra.run.dir=${paths.root}/runs/nan", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

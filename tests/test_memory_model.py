@@ -126,3 +126,45 @@ def test_estimate_cli_prints_every_backend_and_the_paper_figures(capsys):
         assert name in out
     for figure in ("120.000", "31.406", "16.641", "1.875"):
         assert figure in out
+
+
+KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")
+
+
+def _peak_by_kind(runs, name, within_pct):
+    """`within_pct`: the band the measured peak must fall in, as error % against the predicted peak."""
+    summary = runs[name][0]
+    f = summary["figures"]
+    peak = f["memory/tensor_peak_bytes_max"]
+    kinds = {k: f[f"memory/tensor_peak_{k}_bytes"] for k in KINDS}
+    print(f"PEAK {name:17} {peak / 2**20:9.3f} pred {f['memory/tensor_peak_predicted_bytes'] / 2**20:9.3f} "
+          f"err {f['memory/tensor_peak_error_pct']:+6.1f}% unacc {f['memory/unaccounted_pct']:+6.1f}% "
+          + " ".join(f"{k}={v / 2**20:.3f}" for k, v in kinds.items()))
+    # the kinds are a split of the peak, and the peak holds at least every model state the rank keeps
+    assert sum(kinds.values()) == peak
+    assert peak >= f["memory/model_states_total_bytes_max"] * 0.99
+    # the table's peak is the tensor peak on CPU, never process RSS (which can be lower: DeepSpeed's native
+    # 5e8-element reduce bucket is allocated but never all touched, so the kernel never maps it)
+    assert f["memory/peak_mem_bytes"] == peak
+    # the closure check is reported on every backend; where it is over 5% the summary says so
+    assert f["memory/unaccounted_pct"] is not None
+    assert abs(f["memory/unaccounted_pct"]) <= 5 or any("unaccounted" in n for n in summary.get("notes", [])), name
+    low, high = within_pct
+    assert low <= f["memory/tensor_peak_error_pct"] <= high, f["memory/tensor_peak_error_pct"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BACKENDS)
+def test_peak_tensor_memory_by_kind_fp32(fp32_runs, name):
+    # Known miss, reported rather than tuned: with grad_accum 2 on 3 ranks (parity) every backend measures
+    # up to 26% above the predicted peak (the gradients of the second micro-batch beside the accumulated ones,
+    # and the Llama activation count 8% low); where torch's analysis falls back to plain allocations the
+    # peak moves by a few percent. The band holds the theory to a near lower bound.
+    _peak_by_kind(fp32_runs, name, (-10, 30))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BACKENDS)
+def test_peak_tensor_memory_by_kind_bf16(bf16_runs, name):
+    # the native profile, as a user runs it: within 10% on every backend
+    _peak_by_kind(bf16_runs, name, (-10, 10))

@@ -20,6 +20,7 @@ BUILT = {"ddp": "host", "fsdp": "meta", "ds_zero3": "zero.Init"}
 
 def test_meta_and_zero_init_start_from_the_host_build_weights_on_a_tied_model(tmp_path):
     proc = cli("-m", f"backend={','.join(BUILT)}", "model=tiny_gpt2", "model.init=meta", "profile=parity",
+               "train.profile_memory=false",
                f"paths.root={tmp_path}", "sweep.name=meta", *FAST)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = {}

@@ -88,6 +88,7 @@ def test_valid_draws_train_inside_real_ranks(backend, model, precision, micro_ba
     assume(not validate.problems(cfg))
     root = Path(tempfile.mkdtemp(prefix="shardbench-prop-"))
     proc = cli(*overrides, "logger=none", "train.steps=2", "train.warmup_steps=1", "train.measure_flops=false",
+               "train.profile_memory=false",
                f"paths.root={root}", "hydra.run.dir=${paths.root}/runs/draw", timeout=300)
     summary = json.loads((root / "runs" / "draw" / "summary.json").read_text())
     assert proc.returncode == 0 and summary["status"] == "ok", (overrides, summary.get("reason"))

@@ -12,7 +12,8 @@ from conftest import cli
 # tiny_llama in fp32 holds 2.0 MB of model states per rank under DDP and 1.0 MB under FSDP (2 ranks)
 BUDGET = "train.memory_budget_bytes=1500000"
 SECRET = "sk-shardbench-test-secret-0123456789"
-COMMON = [BUDGET, "logger=none", "train.steps=3", "train.warmup_steps=1", "train.measure_flops=false"]
+COMMON = [BUDGET, "logger=none", "train.steps=3", "train.warmup_steps=1", "train.measure_flops=false",
+          "train.profile_memory=false"]
 ARGS = ["-m", "backend=ddp,fsdp", *COMMON]
 
 

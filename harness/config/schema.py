@@ -96,6 +96,9 @@ class TrainConfig:
     activation_checkpointing: bool = False
     on_nonfinite: str = "stop"  # stop: a NaN/inf loss ends the run as failed | continue
     measure_flops: bool = True  # count FLOPs once with FlopCounterMode on a meta-device copy
+    # peak tensor memory by kind, from torch's memory profiler on one extra step after the timed window
+    # (runtime/memory_profile.py); that step is neither timed nor logged
+    profile_memory: bool = True
     # 0 = none. Else a rank whose model states on the device (params, grads, master, optimizer; offloaded
     # and buffers excluded) exceed this many bytes fails as `oom`: a smaller card, emulated on any device.
     # On CUDA it also caps the caching allocator (set_per_process_memory_fraction), so activations count.

@@ -91,6 +91,7 @@ class RankReport:
     init: str  # where the model was built: host | meta | zero.Init
     params: Dict[str, int]  # total, embedding, per_block, largest_param, sizes
     measured_peak_tflops: float = 0.0  # a matmul's best rate on this rank: the practical ceiling
+    tensor_peak: Optional[dict] = None  # runtime.memory_profile: peak live tensor bytes by kind, closure
 
 
 @dataclass
@@ -166,6 +167,8 @@ def one_line(summary: dict, run_dir: Path) -> str:
         return f"[{summary['status']}] {summary.get('backend')}: {summary.get('reason')} ({run_dir})"
     loss = f["loss/final_loss"]  # null after a NaN under train.on_nonfinite=continue
     loss_text = f"{loss:.4f}" if loss is not None else f"non-finite ({f.get('loss/nonfinite_steps')} steps)"
+    peak = f.get("memory/peak_mem_bytes")  # absent on CPU under train.profile_memory=false
+    peak_text = "not measured" if peak is None else f"{peak / 2**20:.2f} MiB"
     return (f"[ok] {summary['backend']} {summary['model']} x{summary['world_size']} {summary['precision']}: "
             f"{f['throughput/tokens_per_s']:.0f} tok/s, p50 step {f['throughput/step_time_p50_s'] * 1e3:.1f} ms, "
-            f"peak {f['memory/peak_mem_bytes'] / 2**20:.0f} MiB, final loss {loss_text} ({run_dir})")
+            f"peak {peak_text}, final loss {loss_text} ({run_dir})")

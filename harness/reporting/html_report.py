@@ -28,7 +28,11 @@ TABLE = [
     ("step max ms", lambda f: _scale(f.get("throughput/step_time_max_s"), 1e3), "{:.1f}", "min"),
     ("TFLOP/s/device", lambda f: f.get("flops/achieved_tflops_per_device"), "{:.4f}", "max"),
     ("MFU %", lambda f: f.get("flops/mfu_pct"), "{:.2f}", "max"),
-    ("peak mem MiB", lambda f: _scale(f.get("memory/peak_mem_bytes"), 1 / MiB), "{:,.0f}", "min"),
+    ("peak MiB/rank", lambda f: _scale(f.get("memory/peak_mem_bytes"), 1 / MiB), "{:,.2f}", "min"),
+    ("peak predicted", lambda f: _scale(f.get("memory/tensor_peak_predicted_bytes"), 1 / MiB), "{:,.2f}", None),
+    ("peak error %", lambda f: f.get("memory/tensor_peak_error_pct"), "{:+.1f}", None),
+    ("unaccounted %", lambda f: f.get("memory/unaccounted_pct"), "{:+.1f}", None),
+    ("host RSS MiB", lambda f: _scale(f.get("memory/host_peak_bytes_max"), 1 / MiB), "{:,.0f}", None),
     ("states MiB/rank", lambda f: _scale(f.get("memory/model_states_total_bytes_max"), 1 / MiB), "{:.3f}", "min"),
     ("states predicted", lambda f: _scale(f.get("memory/model_states_predicted_bytes"), 1 / MiB), "{:.3f}", None),
     ("error %", lambda f: f.get("memory/model_states_error_pct"), "{:+.2f}", None),
@@ -49,9 +53,18 @@ METHODS = """\
   (`flops/mfu_of_measured_pct`). An MFU above 100% is withheld and said, never shown.
 - **Settings.** `profile=native` leaves each framework's tuning at its own defaults; `parity` uses the
   harness's settings for exact accounting. The settings table is read back from each framework after setup.
-- **Peak memory.** GPU: the caching allocator's peak allocated and reserved bytes over the timed window
-  (`reset_peak_memory_stats` when it opens). CPU: the kernel's RSS high-water mark (`VmHWM`), reset
-  when the timed window opens (`5 > /proc/self/clear_refs`). Max over ranks.
+- **Peak memory.** The peak of live tensor bytes per rank, max over ranks. On CPU it comes from one extra
+  step after the timed window (neither timed nor logged), run under `torch.profiler` with `profile_memory`:
+  torch's memory profiler (`torch.profiler._memory_profiler.MemoryProfile`) replays every allocation and
+  free of the step, tagged by kind (parameter, gradient, optimizer state, activation, temporary). Model-state
+  tensors that existed before the step take their kind from the strategy's exact classifier; allocations
+  torch cannot tie to a tensor (gloo's, DeepSpeed's native buffers) are `unattributed`. Where torch's
+  analysis fails on a graph, the step's allocations are replayed without kinds. "unaccounted" is live bytes
+  right after backward minus the exact model states and buffers. "predicted" is model states + buffers +
+  activations + the backend's transients (`harness/theory/memory.py`, `transient_bytes`). On GPU the table
+  uses the caching allocator's peak allocated bytes over the timed window (`reset_peak_memory_stats` when it
+  opens). Host RSS (the kernel's `VmHWM`, reset when the timed window opens) is shown apart: on CPU it is
+  ~400 MiB of runtime per rank and says little about the model.
 - **Model states.** Bytes of the distinct storages each rank holds for parameters, gradients, master
   weights and optimizer states (local shards, DeepSpeed's flat partitions, offloaded copies labelled host),
   counted after the first timed backward. "predicted" is `harness/theory/memory.py`'s layout of the

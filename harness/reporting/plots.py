@@ -30,10 +30,10 @@ def _save(fig, path: Path) -> Path:
 def tradeoff(ok: Labelled, out_dir: Path) -> Path:
     fig, ax = pyplot().subplots(figsize=(7, 4.5))
     for r, lab in ok:
-        x, y = r["figures"]["memory/peak_mem_bytes"] / MiB, r["figures"]["throughput/tokens_per_s"]
+        x, y = r["figures"].get("memory/peak_mem_bytes", 0) / MiB, r["figures"]["throughput/tokens_per_s"]
         ax.scatter(x, y, s=50)
         ax.annotate(lab, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
-    ax.set(xlabel="peak memory per rank (MiB)", ylabel="tokens/s (global)",
+    ax.set(xscale="log", xlabel="peak tensor memory per rank (MiB, log)", ylabel="tokens/s (global)",
            title="Throughput against peak memory (up and left is better)")
     ax.grid(alpha=0.3)
     return _save(fig, out_dir / "tradeoff.png")
@@ -44,8 +44,8 @@ def bars(ok: Labelled, out_dir: Path) -> Path:
     names = [lab for _, lab in ok]
     axes[0].barh(names, [r["figures"]["throughput/tokens_per_s"] for r, _ in ok], color="tab:blue")
     axes[0].set(xlabel="tokens/s (global)", title="Throughput")
-    axes[1].barh(names, [r["figures"]["memory/peak_mem_bytes"] / MiB for r, _ in ok], color="tab:orange")
-    axes[1].set(xlabel="MiB per rank", title="Peak memory")
+    axes[1].barh(names, [r["figures"].get("memory/peak_mem_bytes", 0) / MiB for r, _ in ok], color="tab:orange")
+    axes[1].set(xscale="log", xlabel="MiB per rank (log)", title="Peak tensor memory")
     axes[1].set_yticklabels([])
     return _save(fig, out_dir / "bars.png")
 
@@ -62,6 +62,36 @@ def memory_predicted_vs_measured(ok: Labelled, out_dir: Path) -> Path:
     ax.set(ylabel="MiB per rank", title="Model-state memory: predicted against measured")
     ax.legend()
     return _save(fig, out_dir / "memory_predicted_vs_measured.png")
+
+
+MEASURED_KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")
+
+
+def peak_by_kind(ok: Labelled, out_dir: Path) -> Optional[Path]:
+    """Two stacked bars per run: the profiled peak by kind (measured) and the theory's terms (predicted)."""
+    ok = [(r, lab) for r, lab in ok if "memory/tensor_peak_bytes_max" in r["figures"]]
+    if not ok:
+        return None
+    predicted_terms = ("model_states", "buffers", "activations", "transients")
+    fig, ax = pyplot().subplots(figsize=(11, 0.9 * len(ok) + 1.5))
+    colours = pyplot().get_cmap("tab10")
+    for i, (r, lab) in enumerate(ok):
+        f = r["figures"]
+        measured = [f.get(f"memory/tensor_peak_{k}_bytes", 0) / MiB for k in MEASURED_KINDS]
+        transients = sum(v for k, v in f.items() if k.startswith("memory/transient_")) / MiB
+        predicted = [f.get("memory/model_states_predicted_bytes", 0) / MiB, f.get("memory/buffers_predicted_bytes", 0) / MiB,
+                     f.get("memory/activations_predicted_bytes", 0) / MiB, transients]
+        for row, values, names, offset in ((2 * i, measured, MEASURED_KINDS, 0), (2 * i + 1, predicted, predicted_terms, 6)):
+            left = 0.0
+            for j, (v, name) in enumerate(zip(values, names)):
+                ax.barh(row, v, left=left, color=colours(j + offset), label=name if i == 0 else None)
+                left += v
+    ax.set_yticks([x for i in range(len(ok)) for x in (2 * i, 2 * i + 1)],
+                  [f"{lab} {side}" for _, lab in ok for side in ("measured", "predicted")], fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlabel="MiB per rank (rank with the highest peak)", title="Peak tensor memory by kind: measured and predicted")
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, out_dir / "peak_by_kind.png")
 
 
 def loss_curves(rows: Labelled, sweep_dir: Path, out_dir: Path) -> Optional[Path]:
@@ -83,6 +113,7 @@ def all_plots(rows: List[dict], labels: List[str], sweep_dir: Path, out_dir: Pat
     out_dir.mkdir(parents=True, exist_ok=True)
     labelled = list(zip(rows, labels))
     ok = [(r, lab) for r, lab in labelled if r.get("status") == "ok" and r["figures"]]
-    made = [tradeoff(ok, out_dir), bars(ok, out_dir), memory_predicted_vs_measured(ok, out_dir)] if ok else []
+    made = [tradeoff(ok, out_dir), bars(ok, out_dir), memory_predicted_vs_measured(ok, out_dir),
+            peak_by_kind(ok, out_dir)] if ok else []
     made.append(loss_curves(labelled, sweep_dir, out_dir))
     return {p.stem: p for p in made if p is not None}

@@ -95,11 +95,22 @@ def memory(cfg, ranks: List[RankReport]) -> Dict[str, float]:
                 "memory/ooms"):
         if key in ranks[0].device:
             out.update(over_ranks([r.device[key] for r in ranks], key))
-    out["memory/peak_mem_bytes"] = out.get("memory/peak_allocated_bytes_max", out["memory/host_peak_bytes_max"])
+    out.update(tensor_peak(ranks))
+    # the table's peak: the allocator's on CUDA, else the profiled peak of live tensors (never process RSS,
+    # which on CPU is ~400 MiB of runtime that hides the model)
+    peak = out.get("memory/peak_allocated_bytes_max", out.get("memory/tensor_peak_bytes_max"))
+    if peak is not None:  # absent on CPU under train.profile_memory=false
+        out["memory/peak_mem_bytes"] = peak
     if cfg.parallelism.device == "cuda":
         out.update(over_ranks([r.after_setup["device_allocated"] for r in ranks],
                               "memory/after_setup_allocated_bytes"))
     out.update(over_ranks([r.after_setup["host_rss"] for r in ranks], "memory/after_setup_host_rss_bytes"))
+    if all("host_peak" in r.after_setup for r in ranks):  # the load-time cost: host peak and time to first step
+        out.update(over_ranks([r.after_setup["host_peak"] for r in ranks], "memory/load_host_peak_bytes"))
+        out.update(over_ranks([r.after_setup["seconds"] for r in ranks], "time/rank_start_to_first_step_s"))
+    if "memory/peak_reserved_bytes_max" in out:  # what the caching allocator holds and no tensor uses
+        out["memory/fragmentation_bytes"] = max(r.device["memory/peak_reserved_bytes"] - r.device["memory/peak_allocated_bytes"]
+                                                for r in ranks)
     for component in ranks[0].model_states:
         out.update(over_ranks([r.model_states.get(component, 0) for r in ranks],
                               f"memory/model_states_{component}_bytes"))
@@ -107,10 +118,27 @@ def memory(cfg, ranks: List[RankReport]) -> Dict[str, float]:
     return out
 
 
+def tensor_peak(ranks: List[RankReport]) -> Dict[str, float]:
+    """Peak live tensor bytes (runtime/memory_profile.py), its kinds on the rank with the highest peak, and
+    the closure check: live bytes after backward that no model state or buffer accounts for."""
+    profiled = [r.tensor_peak for r in ranks]
+    if not all(profiled):
+        return {}
+    out = over_ranks([p["peak"] for p in profiled], "memory/tensor_peak_bytes")
+    top = max(profiled, key=lambda p: p["peak"])
+    out.update({f"memory/tensor_peak_{kind}_bytes": b for kind, b in top["by_kind"].items()})
+    if all(p["unaccounted"] is not None for p in profiled):
+        worst = max(profiled, key=lambda p: abs(p["unaccounted"]))
+        out["memory/unaccounted_bytes"] = worst["unaccounted"]
+        out["memory/unaccounted_pct"] = 100 * worst["unaccounted"] / max(worst["at_marker"], 1)
+    return out
+
+
 ERRORS = (("memory/model_states_total_bytes_max", "memory/model_states_predicted_bytes"),
           ("memory/model_states_device_bytes_max", "memory/model_states_device_predicted_bytes"),
           ("memory/model_states_host_bytes_max", "memory/model_states_host_predicted_bytes"),
-          ("memory/model_states_buffers_bytes_max", "memory/buffers_predicted_bytes"))
+          ("memory/model_states_buffers_bytes_max", "memory/buffers_predicted_bytes"),
+          ("memory/tensor_peak_bytes_max", "memory/tensor_peak_predicted_bytes"))
 
 
 def errors(measured: dict, predicted: dict) -> Dict[str, float]:
@@ -129,6 +157,32 @@ def figures(cfg, ranks: List[RankReport], flop_counts: dict) -> dict:
     return out
 
 
+def memory_notes(figures: dict, ranks: List[RankReport]) -> List[str]:
+    """What the peak-memory figures cannot say by themselves: how the peak was taken when torch's analysis
+    failed, and what the unaccounted bytes after backward are when they are over 5% of the live bytes."""
+    out = []
+    for r in ranks:
+        method = (r.tensor_peak or {}).get("method", "categorised")
+        if method == "allocations":
+            out.append(f"memory: torch's memory profiler could not categorise this step ({r.tensor_peak['why']}); the "
+                       "peak is the exact states plus the step's allocations, with activations and temporaries "
+                       "as unattributed")
+            break
+        if method != "categorised":
+            out.append(f"memory: torch's memory profiler categorised this step with its self-checks off "
+                       f"({r.tensor_peak['why'][:60]}…): the kinds of tensors touched on other threads may be off")
+            break
+    pct = figures.get("memory/unaccounted_pct")
+    if pct is not None and abs(pct) > 5:
+        transients = ", ".join(f"{k.split('transient_')[1].removesuffix('_predicted_bytes')} {v:,.0f} B"
+                               for k, v in figures.items() if k.startswith("memory/transient_") and v)
+        out.append(f"memory: {figures['memory/unaccounted_bytes']:,.0f} B ({pct:.0f}%) live right after backward are "
+                   "unaccounted: not model states or buffers the strategy's classifier knows (the backend's own "
+                   "communication buffers, the last micro-batch's loss); the theory's transients here: "
+                   + (transients or "none"))
+    return out
+
+
 def unclassified_warnings(ranks: List[RankReport]) -> List[str]:
     names = sorted({name for r in ranks for name in r.unclassified})
     if not names:
@@ -144,10 +198,11 @@ def ok(cfg, ranks: List[RankReport], flop_counts: dict, env: dict, warnings: Lis
     warnings = warnings + unclassified_warnings(ranks)
     figs = figures(cfg, ranks, flop_counts)
     errors = mfu_errors(figs)
+    notes = (env.get("notes") or []) + memory_notes(figs, ranks)
     return RunSummary.ok(
         derive.identity(cfg), figs, errors=errors or None,
         params=r0.params["total"], optimizer=r0.optimizer, model_init=r0.init, device=env.get("device", ""),
-        peak_source=r0.peak_source, warnings=warnings or None, notes=env.get("notes") or None,
+        peak_source=r0.peak_source, warnings=warnings or None, notes=notes or None,
         profile=cfg.profile, settings=settings,
         per_rank=[{"rank": r.rank, "model_states": r.model_states, "unclassified": r.unclassified,
                    "host_peak_bytes": r.host_peak_bytes, "host_peak_reset": r.host_peak_reset, **r.device}

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..config import derive
-from . import probes
+from . import memory_profile, probes
 from .errors import NonFiniteLoss
 from .faults import Injector, no_fault
 
@@ -27,6 +27,7 @@ class LoopResult:
     host_peak_bytes: int = 0
     host_peak_reset: bool = False
     device: Dict[str, int] = field(default_factory=dict)
+    memory_profile: Optional[dict] = None  # peak tensor bytes by kind (memory_profile.StepMemory), or None
 
 
 def global_mean_loss(loss_sum: torch.Tensor, count: int, step: int, on_nonfinite: str) -> float:
@@ -47,21 +48,32 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
     timer = probes.StepTimer(device, warmup)
     states = probes.StateProbe(warmup, cfg.train.memory_budget_bytes, dist.get_rank())
     result = LoopResult()
-    for step in range(steps):
-        timer.begin(step)
+
+    def micro_batch_loss(step: int, micro: int) -> torch.Tensor:
+        # a function of its own, so that the logits are freed when it returns, not held through backward
+        inputs, targets = batches.get(step, micro)
+        with strategy.autocast():
+            logits = model(input_ids=inputs).logits
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return inject(step, loss) if micro == 0 else loss  # the identity unless fault.kind is set
+
+    def forward_backward(step: int, after_backward) -> torch.Tensor:
         loss_sum = torch.zeros((), device=device)
         for micro in range(ga):
-            inputs, targets = batches.get(step, micro)
             with strategy.sync_context(last=micro == ga - 1):
-                with strategy.autocast():
-                    logits = model(input_ids=inputs).logits
-                loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-                if micro == 0:
-                    loss = inject(step, loss)  # once per step; the identity unless fault.kind is set
+                loss = micro_batch_loss(step, micro)
                 strategy.backward(loss)
             loss_sum += loss.detach()
+        after_backward(step)
+        return loss_sum
+
+    def count_states(step: int) -> None:
         with timer.untimed():  # counting storages is not training
             states.at(step, strategy)
+
+    for step in range(steps):
+        timer.begin(step)
+        loss_sum = forward_backward(step, count_states)
         grad_norm = strategy.step()
         loss_value = global_mean_loss(loss_sum, ga * strategy.world_size, step, cfg.train.on_nonfinite)
         step_s = timer.end()
@@ -72,8 +84,16 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
             result.timed_step_s.append(step_s)
         result.records.append(record)
         sink.log(record)
+    # the timed window's high-water marks, read before the profiled step can raise them
+    result.host_peak_bytes, result.device = probes.host_peak_bytes(), probes.device_memory(device)
+    if cfg.train.profile_memory:
+        profiler = memory_profile.StepMemory(strategy, device, dataset=(batches.corpus,))
+
+        def profiled_step() -> None:  # the next step's data, neither timed nor logged
+            forward_backward(steps, lambda _: profiler.marker())
+            strategy.step()
+
+        result.memory_profile = profiler.measure(profiled_step)
     result.model_states, result.unclassified = states.states, states.unclassified
     result.host_peak_reset = timer.host_peak_reset
-    result.host_peak_bytes = probes.host_peak_bytes()
-    result.device = probes.device_memory(device)
     return result

@@ -105,6 +105,12 @@ def host_peak_bytes() -> int:
     return _status_kib("VmHWM") * 1024
 
 
+def seconds_since_process_start() -> float:
+    """Wall seconds since this process started (psutil's create_time: the kernel's record, not a timer we set)."""
+    import psutil
+    return time.time() - psutil.Process().create_time()
+
+
 def reset_device_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -74,9 +74,12 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
     settings = strategy.effective_settings()
     if rank == 0:  # written now, so that a run that fails later still says what it ran with
         write_json(run_dir.settings, settings)
-    after_setup = {"host_rss": probes.host_rss_bytes(), "device_allocated": probes.device_allocated(device)}
     batches = data.Batches(cfg.data, cfg.parallelism, cfg.model.vocab_size, cfg.train.seed, rank, world, device)
     sink = open_sink(cfg if rank == 0 else None, run_dir)  # only rank 0 writes metrics and W&B
+    # the load-time cost: the host high-water mark since this rank started (imports, build, wrap, optimizer;
+    # the timed window resets it later) and the seconds from the rank's start to its first step
+    after_setup = {"host_rss": probes.host_rss_bytes(), "device_allocated": probes.device_allocated(device),
+                   "host_peak": probes.host_peak_bytes(), "seconds": probes.seconds_since_process_start()}
     try:
         result = loop.train(model, strategy, batches, cfg, device, sink, faults.injector(cfg, rank, run_dir))
         # the peak only serves MFU, which needs the counted FLOPs: no calibration when they are off (a bf16
@@ -90,7 +93,7 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
             host_peak_bytes=result.host_peak_bytes, host_peak_reset=result.host_peak_reset, device=result.device,
             after_setup=after_setup, peak_tflops=peak_tflops, peak_source=peak_source,
             optimizer=strategy.optimizer_name, init=strategy.construction, params=counts,
-            measured_peak_tflops=measured_peak)
+            measured_peak_tflops=measured_peak, tensor_peak=result.memory_profile)
         gathered = [None] * world
         dist.all_gather_object(gathered, report)
         if rank == 0:

@@ -2,11 +2,15 @@
 
     python -m harness.estimate model=llama_7b parallelism=gpu8 train.precision=bf16
     python -m harness.estimate --params 7.5e9 --world 64 train.precision=bf16   # a hypothetical model
+    python -m harness.estimate model=llama_7b parallelism=gpu8 --device-gib 80   # does each backend fit?
 
 Arguments other than the flags are Hydra overrides of the usual config (model, parallelism, train...).
 Figures are per rank, in GB (1e9 bytes, as the ZeRO paper). "paper" is the paper's formula; "device" and
 "host" are the backend's real layout (harness/memory.py); "DeepSpeed" is DeepSpeed's own estimator
 where it models the same backend. Activations are for one micro-batch, without and with checkpointing.
+"peak" is the predicted peak of live tensors on a device: model states on it + buffers + activations (as
+train.activation_checkpointing says) + the backend's transients (theory/memory.transient_bytes); with
+--device-gib it says whether that fits (no margin: the CUDA context and fragmentation come on top).
 With --params, terms sized by the largest tensor (offload staging, DeepSpeed's gathered layer) are left out.
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ from ..core.components import totals
 from ..runtime import models
 from ..theory import memory
 from ..theory.communication import comm_per_step
+from ..theory.predict import predict
 from ..theory.shape import shape_of
 
 GB = 1e9
@@ -48,24 +53,26 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
             "activations_bytes": memory.activation_bytes(cfg.model, par, shape.precision, False),
             "activations_ckpt_bytes": memory.activation_bytes(cfg.model, par, shape.precision, True),
             "comm_bytes_per_step": comm_per_step(cfg.backend, shape)["bytes"],
+            "peak_bytes": predict(cfg, n, counts)["memory/tensor_peak_predicted_bytes"],
             "components": comps,
         })
     return out
 
 
-def render(table: List[dict], title: str) -> None:
+def render(table: List[dict], title: str, device_gib: float | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
     t = Table(title=title)
     for col in ("backend", "paper", "device", "host", "buffers", "DeepSpeed est.", "activations",
-                "act. (ckpt)", "comm/step"):
+                "act. (ckpt)", "comm/step", "peak") + (("fits",) if device_gib else ()):
         t.add_column(col, justify="left" if col == "backend" else "right")
     fmt = lambda v: "-" if v is None else f"{v / GB:,.3f}"  # noqa: E731
     for r in table:
         t.add_row(r["backend"], fmt(r["paper_bytes"]), fmt(r["device_bytes"]), fmt(r["host_bytes"] or None),
                   fmt(r["buffers_bytes"] or None), fmt(r["deepspeed_gpu_bytes"]), fmt(r["activations_bytes"]),
-                  fmt(r["activations_ckpt_bytes"]), fmt(r["comm_bytes_per_step"]))
+                  fmt(r["activations_ckpt_bytes"]), fmt(r["comm_bytes_per_step"]), fmt(r["peak_bytes"]),
+                  *((("yes" if r["peak_bytes"] <= device_gib * 2**30 else "no"),) if device_gib else ()))
     Console(width=max(Console().width, 140)).print(t)
     print("GB per rank (1e9 bytes). device+host = model states; buffers = comm/offload staging; "
           "activations per micro-batch; comm = bytes sent per rank per step.")
@@ -77,13 +84,14 @@ def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=float, help="a hypothetical parameter count (e.g. 7.5e9)")
     parser.add_argument("--world", type=int, help="data-parallel ranks (default: from parallelism)")
+    parser.add_argument("--device-gib", type=float, help="device memory (GiB): say whether each backend's peak fits")
     args, overrides = parser.parse_known_args(argv)
     table = rows(overrides, args.params, args.world)
     r = table[0]
     cfg = compose(overrides)
     render(table, f"{cfg.model.name if not args.params else 'Ψ=%.3g' % args.params}: {r['params']:,} params, "
                   f"N={r['world']}, {r['precision']}, profile {cfg.profile}, micro_batch {cfg.parallelism.micro_batch} x seq "
-                  f"{cfg.parallelism.seq_len}")
+                  f"{cfg.parallelism.seq_len}", args.device_gib)
     return 0
 
 

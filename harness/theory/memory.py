@@ -100,21 +100,62 @@ def layout(backend, s: Shape) -> Dict[str, float]:
     return out
 
 
-def activation_bytes(model, par, precision: str, checkpointing: bool) -> float:
-    """Activation bytes of one micro-batch on one rank (Korthikanti et al., arXiv 2205.05198, eq. 2).
+def activation_elements_per_token(model) -> float:
+    """Elements one layer keeps for backward, per token, in the training dtype (i: the MLP width).
 
-    Per layer, in 16-bit: s·b·h·(34 + 5·a·s/h). The models run SDPA (fused attention), which does not keep
-    the a·s² score matrices, so the 5·a·s/h term is dropped. fp32 doubles every byte. With full activation
-    checkpointing only each layer's input (2·s·b·h) is kept, plus one layer recomputed at a time. The
+    GPT-2 (Korthikanti et al., arXiv 2205.05198, eq. 2, without the a·s² scores that SDPA never keeps), in
+    elements: attention 5.5h (its input, q, k, v, the projection's input, a byte-mask for dropout), MLP
+    1.5h + 2i (its input, the GELU's input and output, a mask), the two LayerNorms' inputs 2h: 9h + 2i,
+    i.e. the paper's 34 bytes per h at 16 bits when i = 4h. Llama (SwiGLU, GQA, RMSNorm), counted from the
+    modules as transformers implements them: the two norms' inputs and outputs (4h), q and its rotated copy
+    (2h), k and v and the rotated k (3·h_kv), the attention output (h), and the MLP's gate, up,
+    silu(gate) and their product (4i): 7h + 3·h_kv + 4i."""
+    h = model.hidden_size
+    i = model.intermediate_size or 4 * h
+    if model.family == "llama":
+        h_kv = h * (model.num_kv_heads or model.num_heads) // model.num_heads
+        return 7 * h + 3 * h_kv + 4 * i
+    return 9 * h + 2 * i
+
+
+def activation_bytes(model, par, precision: str, checkpointing: bool) -> float:
+    """Activation bytes of one micro-batch on one rank, at the end of the forward pass.
+
+    Per layer: s·b·(elements per token)·p (activation_elements_per_token). With full activation
+    checkpointing only each layer's input (s·b·h·p) is kept, plus one layer recomputed at a time. The
     logits add s·b·V·(p + 8): the model-dtype logits, their fp32 upcast for the loss, and its gradient.
     """
     s, b, h, layers = par.seq_len, par.micro_batch, model.hidden_size, model.num_layers
-    scale = 2 if precision == "fp32" else 1
-    per_layer = s * b * h * 34 * scale
-    logits = s * b * model.vocab_size * ((4 if precision == "fp32" else 2) + 8)
+    p = 4 if precision == "fp32" else 2
+    per_layer = s * b * activation_elements_per_token(model) * p
+    logits = s * b * model.vocab_size * (p + 8)
     if checkpointing:
-        return layers * 2 * s * b * h * scale + per_layer + logits
+        return layers * s * b * h * p + per_layer + logits
     return layers * per_layer + logits
+
+
+def transient_bytes(backend, s: Shape) -> Dict[str, float]:
+    """Memory a backend holds only during the step, beyond model states and persistent buffers, at the
+    moment of the peak (the start of backward, when the activations are all alive):
+
+    - DDP with gradient_as_bucket_view off (native): its buckets, a second copy of every fp32 gradient.
+    - DeepSpeed ZeRO-1/2: the contiguous-gradient bucket that backward fills before each reduce, allocated
+      at reduce_bucket_size elements whatever the model (5e8 by DeepSpeed's default: 2 GB in fp32).
+      BF16_Optimizer (ZeRO-1 under parity in bf16) keeps full gradients instead, counted as states.
+    - FSDP2: one block's parameters gathered and the next one prefetched, plus one block's unsharded
+      gradients before their reduce-scatter, in the parameter dtype.
+    - ZeRO-3: one block gathered and its gradients before the reduce (its bucket is a persistent buffer).
+    """
+    p = s.p
+    if backend.family == "ddp":
+        return {"ddp_buckets": 4 * s.params if s.ddp_grad_copy else 0.0}
+    if backend.family == "fsdp":
+        return {"gathered_blocks": 2 * p * s.block_params, "unsharded_grads": p * s.block_params}
+    if backend.zero_stage == 3:
+        return {"gathered_block": p * s.block_params, "block_grads": p * s.block_params}
+    if backend.zero_stage == 1 and s.precision == "bf16" and s.fp32_grads and not backend.offload_optimizer:
+        return {"reduce_bucket": 0.0}
+    return {"reduce_bucket": (4 if s.fp32_grads else p) * s.bucket_elements}
 
 
 def deepspeed_estimate(backend, s: Shape) -> Optional[Dict[str, float]]:

@@ -5,7 +5,7 @@ from typing import Dict
 
 from ..core.components import totals
 from .communication import comm_per_step
-from .memory import activation_bytes, layout, paper_bytes, paper_stage
+from .memory import activation_bytes, layout, paper_bytes, paper_stage, transient_bytes
 from .shape import shape_of
 
 
@@ -24,6 +24,12 @@ def predict(cfg, world: int, counts: Dict[str, int]) -> Dict[str, float]:
         "memory/activations_predicted_bytes": activation_bytes(
             cfg.model, cfg.parallelism, cfg.train.precision, cfg.train.activation_checkpointing),
     })
+    transients = transient_bytes(cfg.backend, s)
+    out.update({f"memory/transient_{k}_predicted_bytes": v for k, v in transients.items()})
+    # the peak of live tensors on the training device: on CPU every state is on it, offloaded or not
+    states = total["total"] if cfg.parallelism.device == "cpu" else total["device"]
+    out["memory/tensor_peak_predicted_bytes"] = (states + out["memory/buffers_predicted_bytes"]
+                                                 + out["memory/activations_predicted_bytes"] + sum(transients.values()))
     comm = comm_per_step(cfg.backend, s)
     out["comm/predicted_bytes_per_step"] = comm["bytes"]
     out["comm/paper_elements_per_step"] = comm["paper_elements"]

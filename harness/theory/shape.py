@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict
 
-from ..config import deepspeed_json
+from ..config import deepspeed_json, profiles
 from ..config.derive import bucket_elements
 
 
@@ -20,6 +20,8 @@ class Shape:
     grad_accum: int = 1
     fp32_grads: bool = True  # DeepSpeed keeps gradient partitions in fp32 (fp32 runs; parity's bf16 runs)
     persistent_params: int = 0  # ZeRO-3: elements of the parameters small enough to stay whole on every rank
+    block_params: int = 0  # one transformer block: what FSDP2 gathers at a time
+    ddp_grad_copy: bool = False  # DDP keeps .grad apart from its buckets (gradient_as_bucket_view off)
 
     @property
     def p(self) -> int:
@@ -45,7 +47,9 @@ def shape_of(cfg, world: int, counts: Dict[str, int]) -> Shape:
             persistent = persistent_elements(counts.get("sizes", ()), zero["stage3_param_persistence_threshold"])
     return Shape(params=params, world=world, precision=cfg.train.precision,
                  largest_param=counts["largest_param"], bucket_elements=bucket,
-                 grad_accum=cfg.parallelism.grad_accum, fp32_grads=fp32_grads, persistent_params=persistent)
+                 grad_accum=cfg.parallelism.grad_accum, fp32_grads=fp32_grads, persistent_params=persistent,
+                 block_params=counts.get("per_block", 0),
+                 ddp_grad_copy=not profiles.ddp_options(cfg, params).get("gradient_as_bucket_view", False))
 
 
 def persistent_elements(sizes, threshold: int) -> int:

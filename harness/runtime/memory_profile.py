@@ -1,0 +1,194 @@
+"""Peak tensor memory by kind, measured with torch's memory profiler on one extra step after the timed window.
+
+How it is measured: the step runs under `torch.profiler.profile(profile_memory=True, record_shapes=True,
+with_stack=True)`, and `torch.profiler._memory_profiler.MemoryProfile` replays every allocation and free of
+that step on the training device, each tagged with the category torch infers from the autograd graph and
+the optimizer (parameter, gradient, optimizer state, activation, autograd detail, temporary, input).
+Tensors that existed before the step count from its start: every model-state tensor is touched with a
+no-op view first, so that the profiler sees it, and its kind is then taken from the strategy's own exact
+classifier (flat buffers, fp32 masters and offloaded states are invisible to torch's heuristics). Allocations
+torch cannot tie to a tensor (gloo's and DeepSpeed's native buffers) are `unattributed`.
+
+The closure check: right after the last backward (where StateProbe counts model states) a marker splits the
+timeline; live bytes there minus the exact model states and buffers on this device are the `unaccounted`
+bytes (what the strategy's classifier does not know of, or what the profiler double-counts).
+
+The module is private in torch, so every use is guarded: on a torch without it, `measure` returns None
+and the summary says the figure is unavailable.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+import torch
+
+from .strategies.base import local_tensor
+
+KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")
+# the strategy's exact components, as kinds of the peak (host_ states are the same memory on a CPU run)
+COMPONENT_KIND = {"params": "params", "grads": "grads", "master": "optimizer", "optimizer": "optimizer",
+                  "buffers": "temporaries"}
+MARKER_BYTES = 40_009  # an odd-sized allocation nothing else makes: where the marker sits in the timeline
+
+
+def available() -> bool:
+    try:
+        from torch.profiler import _memory_profiler as mp
+    except ImportError:
+        return False
+    return all(hasattr(mp, name) for name in ("Action", "Category", "MemoryProfile", "TensorKey", "DataFlowNode"))
+
+
+def _category_kinds():
+    from torch.profiler._memory_profiler import Category
+    return {Category.PARAMETER: "params", Category.GRADIENT: "grads", Category.OPTIMIZER_STATE: "optimizer",
+            Category.ACTIVATION: "activations", Category.AUTOGRAD_DETAIL: "activations",
+            Category.TEMPORARY: "temporaries", Category.INPUT: "temporaries", None: "unattributed"}
+
+
+def state_storages(strategy, device: torch.device) -> Dict[int, tuple]:
+    """Storage pointer -> (kind, bytes), for every model-state and buffer storage this rank holds on
+    `device` (each storage once, as the strategy's own byte count takes it)."""
+    out: Dict[int, tuple] = {}
+    groups = {**strategy.state_tensors(), **{"buffers": t for t in strategy.unclassified_tensors().values()}}
+    for component, tensors in groups.items():
+        kind = COMPONENT_KIND.get(component.removeprefix("host_"))
+        for t in tensors:
+            if t is None:
+                continue
+            t = local_tensor(t)
+            if t.device.type == device.type and t.untyped_storage().nbytes():
+                storage = t.untyped_storage()
+                out.setdefault(storage.data_ptr(), (kind or "temporaries", storage.nbytes()))
+    return out
+
+
+def lenient_memory_profile(prof):
+    """torch's MemoryProfile with its two self-checks off. They assert on graphs where ops on other threads
+    (gloo's work, DeepSpeed's hooks) interleave with the training thread's: FSDP2's in-place all-gather
+    outputs ("version mismatch"), ZeRO-1's flattened buffers ("duplicate outputs"). The categories of the
+    tensors those ops touch may then be off; the allocations and sizes are not."""
+    from torch.profiler import _memory_profiler as mp
+
+    class Node(mp.DataFlowNode):
+        def __init__(self, event, graph):  # the parent's, less the version assertion
+            self._event, self._graph = event, graph
+            self._edges = self._determine_edges()
+            for key, edge in self._edges.items():
+                if edge.mutated and not edge.is_allocation:
+                    self._graph.bump(key)
+
+    original_node, original_validate = mp.DataFlowNode, mp.DataFlowGraph.validate
+    mp.DataFlowNode, mp.DataFlowGraph.validate = Node, lambda self: None
+    try:
+        return mp.MemoryProfile(prof.profiler.kineto_results)
+    finally:
+        mp.DataFlowNode, mp.DataFlowGraph.validate = original_node, original_validate
+
+
+class StepMemory:
+    """Run one step under the memory profiler; `marker()` is called by the step after its last backward."""
+
+    def __init__(self, strategy, device: torch.device, dataset: tuple = ()):
+        self.strategy, self.device = strategy, device
+        # the corpus the batches are cut from: the dataset, not training memory (on CUDA it stays on the host)
+        self._ignored = {t.untyped_storage().data_ptr() for t in dataset if t is not None}
+        self._marker: Optional[torch.Tensor] = None
+        self._states: Dict[int, tuple] = {}
+        self._marker_states = 0
+
+    def marker(self) -> None:
+        """Called after the last backward: the exact states now (gradients included), then the marker."""
+        self._marker_states = sum(size for _, size in state_storages(self.strategy, self.device).values())
+        self._marker = torch.empty(MARKER_BYTES, dtype=torch.uint8, device=self.device).zero_()
+
+    def measure(self, step: Callable[[], None]) -> Optional[dict]:
+        if not available():
+            return None
+        from torch.profiler import ProfilerActivity, profile
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self._states = state_storages(self.strategy, self.device)
+        with profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
+            with torch.no_grad():
+                for t in self._touchable():
+                    torch.ops.aten.alias.default(t)  # so the profiler sees the pre-existing state tensors
+            step()
+        try:
+            return {"method": "categorised", **self._replay(prof._memory_profile())}
+        except Exception as err:  # noqa: BLE001 - torch's data-flow analysis asserts on some graphs
+            why = f"{type(err).__name__}: {str(err)[:120]}"
+        try:
+            return {"method": "categorised, lenient", "why": why, **self._replay(lenient_memory_profile(prof))}
+        except Exception:  # noqa: BLE001 - the allocations themselves are still exact
+            return {"method": "allocations", "why": why, **self._allocations(prof)}
+
+    def _touchable(self):
+        groups = {**self.strategy.state_tensors(), **self.strategy.unclassified_tensors()}
+        for tensors in groups.values():
+            for t in tensors:
+                if t is not None and local_tensor(t).device.type == self.device.type:
+                    yield local_tensor(t)
+
+    def _allocations(self, prof) -> dict:
+        """Fallback without categories: the exact states at the start, plus every allocation and free of
+        the step in time order. Activations, temporaries and communication buffers are then one kind."""
+        from torch._C._profiler import _EventType
+        events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            event = stack.pop()
+            stack.extend(event.children)
+            if event.typed[0] == _EventType.Allocation and event.typed[1].device.type == self.device.type:
+                events.append((event.start_time_ns, event.typed[1].alloc_size, event.typed[1].total_allocated))
+        base = dict.fromkeys(KINDS, 0)
+        for kind, size in self._states.values():
+            base[kind] += size
+        start = sum(base.values())
+        live = peak_delta = 0
+        at_marker = None
+        for _, size, _total in sorted(events):
+            live += size
+            if size == MARKER_BYTES and at_marker is None:
+                at_marker = start + live - size
+            peak_delta = max(peak_delta, live)
+        return {"peak": start + peak_delta, "by_kind": {**base, "unattributed": peak_delta},
+                "at_marker": at_marker, "states": self._marker_states,
+                "unaccounted": None if at_marker is None else at_marker - self._marker_states}
+
+    def _replay(self, memory_profile) -> dict:
+        """Live bytes by kind through the step; the kinds at the peak, and the live total at the marker."""
+        from torch.profiler._memory_profiler import Action, TensorKey
+        kinds, categories = _category_kinds(), memory_profile._categories
+        timeline = memory_profile.timeline
+        # only storages that existed before the step take the exact classifier's kind: a new allocation can
+        # reuse the address of one freed during the step
+        preexisting = {key for _, action, (key, _v), _ in timeline if action == Action.PREEXISTING}
+        live = dict.fromkeys(KINDS, 0)
+
+        peak, at_peak, at_marker = 0, dict(live), None
+
+        def kind_of(key, version) -> str:
+            if isinstance(key, TensorKey):
+                exact = self._states.get(key.storage.ptr) if key in preexisting else None
+                return exact[0] if exact else kinds.get(categories.get(key, version), "unattributed")
+            return "unattributed"
+
+        for _, action, (key, version), size in timeline:
+            if key.device.type != self.device.type:
+                continue
+            if key in preexisting and key.storage.ptr in self._ignored:
+                continue
+            if action in (Action.PREEXISTING, Action.CREATE):
+                live[kind_of(key, version)] += size
+                if action == Action.CREATE and at_marker is None and size == MARKER_BYTES:
+                    at_marker = sum(live.values()) - size
+            elif action == Action.INCREMENT_VERSION:
+                live[kind_of(key, version)] -= size
+                live[kind_of(key, version + 1)] += size
+            elif action == Action.DESTROY:
+                live[kind_of(key, version)] -= size
+            total = sum(live.values())
+            if total > peak:
+                peak, at_peak = total, dict(live)
+        states = self._marker_states
+        return {"peak": peak, "by_kind": at_peak, "at_marker": at_marker, "states": states,
+                "unaccounted": None if at_marker is None else at_marker - states}
