@@ -72,15 +72,18 @@ def peak_by_kind(ok: Labelled, out_dir: Path) -> Optional[Path]:
     ok = [(r, lab) for r, lab in ok if "memory/tensor_peak_bytes_max" in r["figures"]]
     if not ok:
         return None
-    predicted_terms = ("model_states", "buffers", "activations", "transients")
+    predicted_terms = ("model_states", "buffers", "activations", "transients (peak phase)")
     fig, ax = pyplot().subplots(figsize=(11, 0.9 * len(ok) + 1.5))
     colours = pyplot().get_cmap("tab10")
     for i, (r, lab) in enumerate(ok):
         f = r["figures"]
         measured = [f.get(f"memory/tensor_peak_{k}_bytes", 0) / MiB for k in MEASURED_KINDS]
-        transients = sum(v for k, v in f.items() if k.startswith("memory/transient_")) / MiB
+        # the phase the theory puts the peak in, and its terms beyond states and buffers
+        phase = max(("backward", "step"), key=lambda ph: f.get(f"memory/peak_at_{ph}_predicted_bytes", 0))
+        extra = sum(v for k, v in f.items() if k.startswith(f"memory/{phase}_") and k.endswith("_predicted_bytes"))
+        activations = f.get("memory/activations_predicted_bytes", 0) if phase == "backward" else 0
         predicted = [f.get("memory/model_states_predicted_bytes", 0) / MiB, f.get("memory/buffers_predicted_bytes", 0) / MiB,
-                     f.get("memory/activations_predicted_bytes", 0) / MiB, transients]
+                     activations / MiB, extra / MiB]
         for row, values, names, offset in ((2 * i, measured, MEASURED_KINDS, 0), (2 * i + 1, predicted, predicted_terms, 6)):
             left = 0.0
             for j, (v, name) in enumerate(zip(values, names)):

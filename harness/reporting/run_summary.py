@@ -174,11 +174,11 @@ def memory_notes(figures: dict, ranks: List[RankReport]) -> List[str]:
             break
     pct = figures.get("memory/unaccounted_pct")
     if pct is not None and abs(pct) > 5:
-        transients = ", ".join(f"{k.split('transient_')[1].removesuffix('_predicted_bytes')} {v:,.0f} B"
-                               for k, v in figures.items() if k.startswith("memory/transient_") and v)
+        transients = ", ".join(f"{k.split('backward_')[1].removesuffix('_predicted_bytes')} {v:,.0f} B"
+                               for k, v in figures.items() if k.startswith("memory/backward_") and v)
         out.append(f"memory: {figures['memory/unaccounted_bytes']:,.0f} B ({pct:.0f}%) live right after backward are "
                    "unaccounted: not model states or buffers the strategy's classifier knows (the backend's own "
-                   "communication buffers, the last micro-batch's loss); the theory's transients here: "
+                   "communication buffers, the last micro-batch's loss); the theory's backward transients here: "
                    + (transients or "none"))
     return out
 

@@ -8,8 +8,9 @@ Arguments other than the flags are Hydra overrides of the usual config (model, p
 Figures are per rank, in GB (1e9 bytes, as the ZeRO paper). "paper" is the paper's formula; "device" and
 "host" are the backend's real layout (harness/memory.py); "DeepSpeed" is DeepSpeed's own estimator
 where it models the same backend. Activations are for one micro-batch, without and with checkpointing.
-"peak" is the predicted peak of live tensors on a device: model states on it + buffers + activations (as
-train.activation_checkpointing says) + the backend's transients (theory/memory.transient_bytes); with
+"peak" is the predicted peak of live tensors on a device: model states on it + buffers + the larger of the
+start of backward (activations, as train.activation_checkpointing says, and the backend's transients) and
+the optimizer step (theory/memory.peak_phases); with
 --device-gib it says whether that fits (no margin: the CUDA context and fragmentation come on top).
 With --params, terms sized by the largest tensor (offload staging, DeepSpeed's gathered layer) are left out.
 """

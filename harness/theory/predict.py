@@ -5,7 +5,7 @@ from typing import Dict
 
 from ..core.components import totals
 from .communication import comm_per_step
-from .memory import activation_bytes, layout, paper_bytes, paper_stage, transient_bytes
+from .memory import activation_bytes, layout, paper_bytes, paper_stage, peak_phases
 from .shape import shape_of
 
 
@@ -24,12 +24,15 @@ def predict(cfg, world: int, counts: Dict[str, int]) -> Dict[str, float]:
         "memory/activations_predicted_bytes": activation_bytes(
             cfg.model, cfg.parallelism, cfg.train.precision, cfg.train.activation_checkpointing),
     })
-    transients = transient_bytes(cfg.backend, s)
-    out.update({f"memory/transient_{k}_predicted_bytes": v for k, v in transients.items()})
-    # the peak of live tensors on the training device: on CPU every state is on it, offloaded or not
+    phases = peak_phases(cfg.backend, s, out["memory/activations_predicted_bytes"])
+    # the peak of live tensors on the training device (on CPU every state is on it, offloaded or not): states
+    # and buffers, plus the larger of the two phases' terms
     states = total["total"] if cfg.parallelism.device == "cpu" else total["device"]
-    out["memory/tensor_peak_predicted_bytes"] = (states + out["memory/buffers_predicted_bytes"]
-                                                 + out["memory/activations_predicted_bytes"] + sum(transients.values()))
+    base = states + out["memory/buffers_predicted_bytes"]
+    for phase, terms in phases.items():
+        out.update({f"memory/{phase}_{k}_predicted_bytes": v for k, v in terms.items() if k != "activations"})
+        out[f"memory/peak_at_{phase}_predicted_bytes"] = base + sum(terms.values())
+    out["memory/tensor_peak_predicted_bytes"] = max(out[f"memory/peak_at_{p}_predicted_bytes"] for p in phases)
     comm = comm_per_step(cfg.backend, s)
     out["comm/predicted_bytes_per_step"] = comm["bytes"]
     out["comm/paper_elements_per_step"] = comm["paper_elements"]

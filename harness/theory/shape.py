@@ -22,6 +22,7 @@ class Shape:
     persistent_params: int = 0  # ZeRO-3: elements of the parameters small enough to stay whole on every rank
     block_params: int = 0  # one transformer block: what FSDP2 gathers at a time
     ddp_grad_copy: bool = False  # DDP keeps .grad apart from its buckets (gradient_as_bucket_view off)
+    foreach: bool = False  # torch's AdamW takes its foreach path (its default on CUDA), else one tensor at a time
 
     @property
     def p(self) -> int:
@@ -49,7 +50,8 @@ def shape_of(cfg, world: int, counts: Dict[str, int]) -> Shape:
                  largest_param=counts["largest_param"], bucket_elements=bucket,
                  grad_accum=cfg.parallelism.grad_accum, fp32_grads=fp32_grads, persistent_params=persistent,
                  block_params=counts.get("per_block", 0),
-                 ddp_grad_copy=not profiles.ddp_options(cfg, params).get("gradient_as_bucket_view", False))
+                 ddp_grad_copy=not profiles.ddp_options(cfg, params).get("gradient_as_bucket_view", False),
+                 foreach=cfg.parallelism.device == "cuda")
 
 
 def persistent_elements(sizes, threshold: int) -> int:
