@@ -68,32 +68,37 @@ MEASURED_KINDS = ("params", "grads", "optimizer", "activations", "temporaries", 
 
 
 def peak_by_kind(ok: Labelled, out_dir: Path) -> Optional[Path]:
-    """Two stacked bars per run: the profiled peak by kind (measured) and the theory's terms (predicted)."""
+    """Two bars per run, measured and predicted, each split into its kinds as a share of its own total, with
+    the total in MiB at its end: one shared MiB axis would hide a 3 MiB run beside DeepSpeed's 2 GB bucket."""
     ok = [(r, lab) for r, lab in ok if "memory/tensor_peak_bytes_max" in r["figures"]]
     if not ok:
         return None
-    predicted_terms = ("model_states", "buffers", "activations", "transients (peak phase)")
-    fig, ax = pyplot().subplots(figsize=(11, 0.9 * len(ok) + 1.5))
+    predicted_terms = ("model states", "buffers", "activations (theory)", "transients (peak phase)")
+    fig, ax = pyplot().subplots(figsize=(11, 0.9 * len(ok) + 2.2))
     colours = pyplot().get_cmap("tab10")
     for i, (r, lab) in enumerate(ok):
         f = r["figures"]
-        measured = [f.get(f"memory/tensor_peak_{k}_bytes", 0) / MiB for k in MEASURED_KINDS]
-        # the phase the theory puts the peak in, and its terms beyond states and buffers
+        measured = [f.get(f"memory/tensor_peak_{k}_bytes", 0) for k in MEASURED_KINDS]
+        # the phase the theory puts the peak in, and its terms beyond states and buffers; a negative term
+        # (gradients that do not exist yet) is taken off the states, so that every segment is a size
         phase = max(("backward", "step"), key=lambda ph: f.get(f"memory/peak_at_{ph}_predicted_bytes", 0))
-        extra = sum(v for k, v in f.items() if k.startswith(f"memory/{phase}_") and k.endswith("_predicted_bytes"))
+        terms = {k: v for k, v in f.items() if k.startswith(f"memory/{phase}_") and k.endswith("_predicted_bytes")}
         activations = f.get("memory/activations_predicted_bytes", 0) if phase == "backward" else 0
-        predicted = [f.get("memory/model_states_predicted_bytes", 0) / MiB, f.get("memory/buffers_predicted_bytes", 0) / MiB,
-                     activations / MiB, extra / MiB]
+        predicted = [f.get("memory/model_states_predicted_bytes", 0) + sum(min(v, 0) for v in terms.values()),
+                     f.get("memory/buffers_predicted_bytes", 0), activations, sum(max(v, 0) for v in terms.values())]
         for row, values, names, offset in ((2 * i, measured, MEASURED_KINDS, 0), (2 * i + 1, predicted, predicted_terms, 6)):
-            left = 0.0
+            total, left = sum(values), 0.0
             for j, (v, name) in enumerate(zip(values, names)):
-                ax.barh(row, v, left=left, color=colours(j + offset), label=name if i == 0 else None)
-                left += v
+                share = 100 * v / total if total else 0
+                ax.barh(row, share, left=left, color=colours(j + offset), label=name if i == 0 else None)
+                left += share
+            ax.text(101, row, f"{total / MiB:,.2f} MiB", va="center", fontsize=7)
     ax.set_yticks([x for i in range(len(ok)) for x in (2 * i, 2 * i + 1)],
                   [f"{lab} {side}" for _, lab in ok for side in ("measured", "predicted")], fontsize=7)
     ax.invert_yaxis()
-    ax.set(xlabel="MiB per rank (rank with the highest peak)", title="Peak tensor memory by kind: measured and predicted")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set(xlim=(0, 118), xlabel="% of the bar's own peak (rank with the highest peak); the total is at its end",
+           title="Peak tensor memory by kind: measured and predicted")
+    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.09))
     return _save(fig, out_dir / "peak_by_kind.png")
 
 
