@@ -66,15 +66,12 @@ def ds_config(cfg, world_size: int, params: int) -> Dict[str, Any]:
 ZERO_DEFAULTS = {"reduce_bucket_size": 500_000_000, "stage3_param_persistence_threshold": 100_000}
 
 
-def effective_zero(cfg, world_size: int, params: int) -> Dict[str, Any]:
-    """The zero_optimization section with DeepSpeed's defaults filled in where the JSON leaves a key unset."""
-    return {**ZERO_DEFAULTS, **ds_config(cfg, world_size, params)["zero_optimization"]}
-
-
-def fp32_gradients(cfg, world_size: int, params: int) -> bool:
-    """Whether DeepSpeed keeps gradient partitions in fp32: in fp32 runs, and with grad_accum_dtype fp32."""
-    dtype = ds_config(cfg, world_size, params).get("data_types", {}).get("grad_accum_dtype")
-    return cfg.train.precision == "fp32" or dtype == "fp32"
+def effective_zero(cfg, world_size: int, params: int) -> tuple[Dict[str, Any], bool]:
+    """The zero_optimization section with DeepSpeed's defaults filled in where the JSON leaves a key unset,
+    and whether DeepSpeed keeps gradient partitions in fp32 (fp32 runs, or grad_accum_dtype fp32)."""
+    config = ds_config(cfg, world_size, params)
+    fp32_grads = cfg.train.precision == "fp32" or config.get("data_types", {}).get("grad_accum_dtype") == "fp32"
+    return {**ZERO_DEFAULTS, **config["zero_optimization"]}, fp32_grads
 
 
 def conflicts(cfg, world_size: int) -> list[str]:

@@ -53,25 +53,21 @@ DIFFERENCES = (
 )
 
 
-def profile_of(cfg) -> str:
-    return cfg.profile
-
-
 def ddp_options(cfg, params: int) -> Dict[str, Any]:
     """DistributedDataParallel keyword arguments beyond the model and device."""
-    if profile_of(cfg) == NATIVE:
+    if cfg.profile == NATIVE:
         return {}
     return {"gradient_as_bucket_view": True, "bucket_cap_mb": bucket_elements(cfg, params) * 4 / 2**20}
 
 
 def fsdp_root_reshard(cfg) -> Optional[bool]:
     """`reshard_after_forward` for the root module (the blocks get backend.reshard_after_forward)."""
-    return None if profile_of(cfg) == NATIVE else bool(cfg.backend.reshard_after_forward)
+    return None if cfg.profile == NATIVE else bool(cfg.backend.reshard_after_forward)
 
 
 def deepspeed_zero(cfg, params: int) -> Dict[str, Any]:
     """The zero_optimization keys beyond the stage and offload."""
-    if profile_of(cfg) == NATIVE:
+    if cfg.profile == NATIVE:
         return {}
     bucket = bucket_elements(cfg, params)
     zero: Dict[str, Any] = {"reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
@@ -84,4 +80,4 @@ def deepspeed_zero(cfg, params: int) -> Dict[str, Any]:
 
 def deepspeed_fp32_accumulation(cfg) -> bool:
     """Whether DeepSpeed accumulates and reduces bf16 gradients in fp32 (parity only)."""
-    return profile_of(cfg) == PARITY and cfg.train.precision == "bf16"
+    return cfg.profile == PARITY and cfg.train.precision == "bf16"

@@ -77,14 +77,14 @@ def flops(ranks: List[RankReport], counts: dict, tokens_per_s_per_device: float)
 def mfu_errors(figures: dict) -> List[str]:
     """An MFU above 100% is removed from the figures and said instead."""
     out = []
-    for key in ("flops/mfu_pct", "flops/mfu_of_measured_pct"):
+    for key, ceiling in (("flops/mfu_pct", "flops/peak_tflops_per_device"),
+                         ("flops/mfu_of_measured_pct", "flops/measured_peak_tflops_per_device")):
         value = figures.get(key)
         if value is not None and value > 100:
             del figures[key]
             out.append(f"{key} would be {value:.0f}%: {figures['flops/achieved_tflops_per_device']:.3g} TFLOP/s "
-                       "achieved against a peak of "
-                       f"{figures['flops/peak_tflops_per_device' if key == 'flops/mfu_pct' else 'flops/measured_peak_tflops_per_device']:.3g}; "
-                       "the peak or the FLOP count is wrong, so no MFU is reported")
+                       f"achieved against a peak of {figures[ceiling]:.3g}; the peak or the FLOP count is wrong, "
+                       "so no MFU is reported")
     return out
 
 

@@ -46,20 +46,24 @@ def _category_kinds():
             Category.TEMPORARY: "temporaries", Category.INPUT: "temporaries", None: "unattributed"}
 
 
+def state_tensors_on(strategy, device: torch.device):
+    """(kind, local tensor) for every model-state and unclassified tensor this rank holds on `device`."""
+    groups = {**strategy.state_tensors(), **{"buffers": t for t in strategy.unclassified_tensors().values()}}
+    for component, tensors in groups.items():
+        kind = COMPONENT_KIND.get(component.removeprefix("host_"), "temporaries")
+        for t in tensors:
+            if t is not None and local_tensor(t).device.type == device.type:
+                yield kind, local_tensor(t)
+
+
 def state_storages(strategy, device: torch.device) -> Dict[int, tuple]:
     """Storage pointer -> (kind, bytes), for every model-state and buffer storage this rank holds on
     `device` (each storage once, as the strategy's own byte count takes it)."""
     out: Dict[int, tuple] = {}
-    groups = {**strategy.state_tensors(), **{"buffers": t for t in strategy.unclassified_tensors().values()}}
-    for component, tensors in groups.items():
-        kind = COMPONENT_KIND.get(component.removeprefix("host_"))
-        for t in tensors:
-            if t is None:
-                continue
-            t = local_tensor(t)
-            if t.device.type == device.type and t.untyped_storage().nbytes():
-                storage = t.untyped_storage()
-                out.setdefault(storage.data_ptr(), (kind or "temporaries", storage.nbytes()))
+    for kind, t in state_tensors_on(strategy, device):
+        storage = t.untyped_storage()
+        if storage.nbytes():
+            out.setdefault(storage.data_ptr(), (kind, storage.nbytes()))
     return out
 
 
@@ -110,7 +114,7 @@ class StepMemory:
         self._states = state_storages(self.strategy, self.device)
         with profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
             with torch.no_grad():
-                for t in self._touchable():
+                for _, t in state_tensors_on(self.strategy, self.device):
                     torch.ops.aten.alias.default(t)  # so the profiler sees the pre-existing state tensors
             step()
         try:
@@ -122,13 +126,6 @@ class StepMemory:
         except Exception:  # noqa: BLE001 - the allocations themselves are still exact
             return {"method": "allocations", "why": why, **self._allocations(prof)}
 
-    def _touchable(self):
-        groups = {**self.strategy.state_tensors(), **self.strategy.unclassified_tensors()}
-        for tensors in groups.values():
-            for t in tensors:
-                if t is not None and local_tensor(t).device.type == self.device.type:
-                    yield local_tensor(t)
-
     def _allocations(self, prof) -> dict:
         """Fallback without categories: the exact states at the start, plus every allocation and free of
         the step in time order. Activations, temporaries and communication buffers are then one kind."""
@@ -138,14 +135,14 @@ class StepMemory:
             event = stack.pop()
             stack.extend(event.children)
             if event.typed[0] == _EventType.Allocation and event.typed[1].device.type == self.device.type:
-                events.append((event.start_time_ns, event.typed[1].alloc_size, event.typed[1].total_allocated))
+                events.append((event.start_time_ns, event.typed[1].alloc_size))
         base = dict.fromkeys(KINDS, 0)
         for kind, size in self._states.values():
             base[kind] += size
         start = sum(base.values())
         live = peak_delta = 0
         at_marker = None
-        for _, size, _total in sorted(events):
+        for _, size in sorted(events):
             live += size
             if size == MARKER_BYTES and at_marker is None:
                 at_marker = start + live - size

@@ -42,8 +42,8 @@ def shape_of(cfg, world: int, counts: Dict[str, int]) -> Shape:
     params, fp32_grads, persistent = counts["total"], cfg.train.precision == "fp32", 0
     bucket = bucket_elements(cfg, params)
     if cfg.backend.family == "deepspeed":
-        zero = deepspeed_json.effective_zero(cfg, world, params)
-        bucket, fp32_grads = int(zero["reduce_bucket_size"]), deepspeed_json.fp32_gradients(cfg, world, params)
+        zero, fp32_grads = deepspeed_json.effective_zero(cfg, world, params)
+        bucket = int(zero["reduce_bucket_size"])
         if cfg.backend.zero_stage == 3:
             persistent = persistent_elements(counts.get("sizes", ()), zero["stage3_param_persistence_threshold"])
     return Shape(params=params, world=world, precision=cfg.train.precision,

@@ -102,7 +102,7 @@ class Strategy(ABC):
         """What ran, after setup: the profile, and each framework's settings as the framework holds them."""
         return {"profile": self.cfg.profile, "construction": self.construction, **self.settings}
 
-        # -- one training step --------------------------------------------------------------------------
+    # -- one training step --------------------------------------------------------------------------
     def autocast(self) -> ContextManager:
         return contextlib.nullcontext()
 
