@@ -4,6 +4,7 @@ memory model) works, or it is refused by named rules, each naming the key it is 
 machine can run then train inside real ranks, which must not crash."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -88,7 +89,12 @@ def test_valid_draws_train_inside_real_ranks(backend, model, precision, micro_ba
     assume(not validate.problems(cfg))
     root = Path(tempfile.mkdtemp(prefix="shardbench-prop-"))
     proc = cli(*overrides, "logger=none", "train.steps=2", "train.warmup_steps=1", "train.measure_flops=false",
-               "train.profile_memory=false",
+               "train.profile_memory=false", "train.profile=true",
                f"paths.root={root}", "hydra.run.dir=${paths.root}/runs/draw", timeout=300)
     summary = json.loads((root / "runs" / "draw" / "summary.json").read_text())
     assert proc.returncode == 0 and summary["status"] == "ok", (overrides, summary.get("reason"))
+    # train.profile=true: a gzipped Chrome trace per rank, covering the loop's marked steps
+    for rank in range(ranks):
+        with gzip.open(root / "runs" / "draw" / "traces" / f"rank{rank}.json.gz", "rt") as f:
+            names = {e.get("name") for e in json.load(f)["traceEvents"]}
+        assert {"shardbench/step", "shardbench/forward", "shardbench/backward", "shardbench/optimizer"} <= names

@@ -53,8 +53,11 @@ def test_report_html_renders_in_headless_chromium(fp32_runs):
              "--virtual-time-budget=5000"]
     dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
     # the page's own script marks each image the browser decoded (naturalWidth > 0) once it has loaded
-    assert len(re.findall(r'data-rendered="yes"', dom)) == 5, dom[-2000:]
+    assert len(re.findall(r'data-rendered="yes"', dom)) == 6, dom[-2000:]  # time_breakdown among them
     assert 'data-broken="yes"' not in dom
+    # one generated sentence per backend on where its step time goes, against the fastest
+    story = dom.split('id="time-story"', 1)[1].split("</ul>", 1)[0]
+    assert story.count("<li>") == len(BACKENDS) and story.count("the fastest") == 1, story
     summary, settings = dom.split('id="summary"', 1)[1].split('id="settings"', 1)
     assert summary.count("<tr>") == 1 + len(BACKENDS)  # header + a row per backend
     assert settings.count("<tr>") == 1 + len(BACKENDS)  # and the settings each ran with

@@ -13,7 +13,7 @@ from conftest import cli
 BUDGET = "train.memory_budget_bytes=1500000"
 SECRET = "sk-shardbench-test-secret-0123456789"
 COMMON = [BUDGET, "logger=none", "train.steps=3", "train.warmup_steps=1", "train.measure_flops=false",
-          "train.profile_memory=false"]
+          "train.profile_memory=false", "train.breakdown_steps=0"]
 ARGS = ["-m", "backend=ddp,fsdp", *COMMON]
 
 

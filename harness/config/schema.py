@@ -99,6 +99,11 @@ class TrainConfig:
     # peak tensor memory by kind, from torch's memory profiler on one extra step after the timed window
     # (runtime/memory_profile.py); that step is neither timed nor logged
     profile_memory: bool = True
+    # where the step time goes (runtime/time_profile.py): this many extra steps after the timed window run under
+    # torch's profiler, neither timed nor logged; 0 = no breakdown
+    breakdown_steps: int = 2
+    # true: those steps are also written as a Chrome/Perfetto trace per rank, traces/rank<r>.json.gz in the run dir
+    profile: bool = False
     # 0 = none. Else a rank whose model states on the device (params, grads, master, optimizer; offloaded
     # and buffers excluded) exceed this many bytes fails as `oom`: a smaller card, emulated on any device.
     # On CUDA it also caps the caching allocator (set_per_process_memory_fraction), so activations count.

@@ -92,6 +92,8 @@ class RankReport:
     params: Dict[str, int]  # total, embedding, per_block, largest_param, sizes
     measured_peak_tflops: float = 0.0  # a matmul's best rate on this rank: the practical ceiling
     tensor_peak: Optional[dict] = None  # runtime.memory_profile: peak live tensor bytes by kind, closure
+    time_breakdown: Optional[dict] = None  # runtime.time_profile: seconds per part of a profiled step
+    measured_copy_gbps: float = 0.0  # a large copy's best rate on this rank: the optimizer theory's bandwidth
 
 
 @dataclass

@@ -143,6 +143,10 @@ class RunDir:
         """Every rank's RankReport, gathered by rank 0 (the summary is computed from them)."""
         return self.ranks / "report.json"
 
+    def trace(self, rank: int) -> Path:
+        """Chrome/Perfetto trace of the breakdown steps (train.profile=true): open it in ui.perfetto.dev."""
+        return self.root / "traces" / f"rank{rank}.json.gz"
+
     def rank_outcome(self, rank: int) -> Path:
         return self.ranks / f"rank{rank}.json"
 

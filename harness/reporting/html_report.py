@@ -16,6 +16,7 @@ from ..core.rundir import write_text
 from .collect import collect, varying_keys
 from . import settings_table
 from .plots import all_plots
+from .time_story import sentences
 
 MiB = 2**20
 # (header, value, format, which is best: "max", "min" or None)
@@ -26,6 +27,8 @@ TABLE = [
     ("step p50 ms", lambda f: _scale(f.get("throughput/step_time_p50_s"), 1e3), "{:.1f}", "min"),
     ("step p90 ms", lambda f: _scale(f.get("throughput/step_time_p90_s"), 1e3), "{:.1f}", "min"),
     ("step max ms", lambda f: _scale(f.get("throughput/step_time_max_s"), 1e3), "{:.1f}", "min"),
+    ("exposed comm %", lambda f: f.get("time/comm_exposed_pct"), "{:.0f}", "min"),
+    ("step predicted ms", lambda f: _scale(f.get("time/step_predicted_s"), 1e3), "{:.1f}", None),
     ("TFLOP/s/device", lambda f: f.get("flops/achieved_tflops_per_device"), "{:.4f}", "max"),
     ("MFU %", lambda f: f.get("flops/mfu_pct"), "{:.2f}", "max"),
     ("peak MiB/rank", lambda f: _scale(f.get("memory/peak_mem_bytes"), 1 / MiB), "{:,.2f}", "min"),
@@ -71,6 +74,18 @@ METHODS = """\
   weights and optimizer states (local shards, DeepSpeed's flat partitions, offloaded copies labelled host),
   counted after the first timed backward. "predicted" is `harness/theory/memory.py`'s layout of the
   backend; "paper" the ZeRO paper's formula; "error" is measured (max over ranks) against predicted.
+- **Where the step time goes.** Per rank, the step is split into forward, backward, the optimizer step,
+  exposed communication and the rest (`harness/runtime/time_profile.py`); the table and the plot show the
+  rank with the slowest step. On CPU the loop's phases are clocked through the timed steps themselves: the
+  exposed communication is the step's wall time less the training thread's CPU time (`time.thread_time`),
+  i.e. the time the thread is blocked on a collective (gloo's work handles, a late peer); each phase is the
+  thread's CPU time inside it; "other" is the rest (data, Python between phases). The communication total
+  comes from extra steps under `torch.profiler` (the spans of gloo's collectives). On CUDA all parts come
+  from the profiler: NCCL kernels are communication, exposed where no other kernel runs. The predicted
+  parts (`harness/theory/time.py`): counted FLOPs ÷ the measured matmul peak, optimizer bytes ÷ the measured
+  copy bandwidth, every collective of the step timed from `make collectives` (else a stated default), and
+  an overlap rule per backend; "other" is not modelled. A part that misses by more than 30% is named in
+  the run's notes.
 - **Loss.** The mean over all ranks and micro-batches of each step's loss, identical data on every backend.
 """
 
@@ -129,6 +144,7 @@ class Table:
         self.failed = [(lab, r) for r, lab in zip(rows, self.labels) if r.get("status") != "ok"]
         self.settings = settings_table.rows(rows, self.labels)
         self.errors = [(lab, e) for r, lab in zip(rows, self.labels) for e in r.get("errors") or []]
+        self.time_story = sentences(rows, self.labels, lambda r: _group(r, varying))
 
 
 def context_line(rows: List[dict], varying: List[str]) -> str:
@@ -145,6 +161,8 @@ def markdown(name: str, context: str, table: Table, plots: Dict[str, Path]) -> s
           "Best in each column in **bold**, among runs that differ only in backend.", "",
           "| " + " | ".join(table.headers) + " |", "|" + "---|" * len(table.headers)]
     md += ["| " + " | ".join(f"**{c}**" if b else c for c, b in cells) + " |" for cells in table.body]
+    if table.time_story:
+        md += ["", "## Where the step time goes", ""] + [f"- {line}" for line in table.time_story]
     if table.failed:
         md += ["", "## Runs that did not finish", ""] + [f"- {lab}: `{r.get('status')}`: {r.get('reason', '')}"
                                                            for lab, r in table.failed]
@@ -185,6 +203,8 @@ def page(name: str, context: str, table: Table, plots: Dict[str, Path]) -> str:
     failed = f"<h2>Runs that did not finish</h2><ul>{failed}</ul>" if failed else ""
     withheld = "".join(f"<li>{esc(lab)}: {esc(e)}</li>" for lab, e in table.errors)
     failed += f"<h2>Figures withheld</h2><ul>{withheld}</ul>" if withheld else ""
+    story = "".join(f"<li>{esc(line)}</li>" for line in table.time_story)
+    failed = (f'<h2>Where the step time goes</h2><ul id="time-story">{story}</ul>' if story else "") + failed
     settings = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in table.settings)
     settings = (f'<h2>Settings that ran</h2><table id="settings"><thead><tr>'
                 f'{"".join(f"<th>{esc(h)}</th>" for h in settings_table.HEADERS)}</tr></thead>'

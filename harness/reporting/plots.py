@@ -102,6 +102,35 @@ def peak_by_kind(ok: Labelled, out_dir: Path) -> Optional[Path]:
     return _save(fig, out_dir / "peak_by_kind.png")
 
 
+TIME_PARTS = ("forward", "backward", "optimizer", "comm_exposed", "other")
+
+
+def time_breakdown(ok: Labelled, out_dir: Path) -> Optional[Path]:
+    """Two bars per run, the measured step and the time model's, each stacked by part (ms)."""
+    ok = [(r, lab) for r, lab in ok if "time/forward_s" in r["figures"]]
+    if not ok:
+        return None
+    fig, ax = pyplot().subplots(figsize=(11, 0.9 * len(ok) + 2.2))
+    colours = pyplot().get_cmap("tab10")
+    for i, (r, lab) in enumerate(ok):
+        f = r["figures"]
+        for row, suffix in ((2 * i, "_s"), (2 * i + 1, "_predicted_s")):
+            left = 0.0
+            for j, part in enumerate(TIME_PARTS):
+                ms = 1e3 * f.get(f"time/{part}{suffix}", 0.0)
+                ax.barh(row, ms, left=left, color=colours(j), label=part.replace("_", " ") if i == 0 and row == 0 else None)
+                left += ms
+            if suffix == "_predicted_s" and "time/step_predicted_s" not in f:
+                ax.text(0, row, " no prediction (FLOPs not measured)", va="center", fontsize=7)
+    ax.set_yticks([x for i in range(len(ok)) for x in (2 * i, 2 * i + 1)],
+                  [f"{lab} {side}" for _, lab in ok for side in ("measured", "predicted")], fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlabel="ms per step (rank with the slowest step); 'other' is not modelled",
+           title="Where the step time goes: measured and predicted")
+    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.09))
+    return _save(fig, out_dir / "time_breakdown.png")
+
+
 def loss_curves(rows: Labelled, sweep_dir: Path, out_dir: Path) -> Optional[Path]:
     curves = [(lab, [x for x in RunDir(sweep_dir / r["run_dir"]).read_metrics()
                      if x.get("loss/loss") is not None and "step" in x]) for r, lab in rows]
@@ -122,6 +151,6 @@ def all_plots(rows: List[dict], labels: List[str], sweep_dir: Path, out_dir: Pat
     labelled = list(zip(rows, labels))
     ok = [(r, lab) for r, lab in labelled if r.get("status") == "ok" and r["figures"]]
     made = [tradeoff(ok, out_dir), bars(ok, out_dir), memory_predicted_vs_measured(ok, out_dir),
-            peak_by_kind(ok, out_dir)] if ok else []
+            peak_by_kind(ok, out_dir), time_breakdown(ok, out_dir)] if ok else []
     made.append(loss_curves(labelled, sweep_dir, out_dir))
     return {p.stem: p for p in made if p is not None}

@@ -8,12 +8,16 @@ synchronous step), over the timed window only.
 """
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from pathlib import Path
 from typing import Dict, List
 
 from ..config import derive
 from ..core.records import RankReport, RunSummary
+from ..theory.shape import shape_of
+from ..theory.time import PARTS, CommTable, Rates, predict_parts
 from ..theory.predict import predict
 
 
@@ -134,6 +138,66 @@ def tensor_peak(ranks: List[RankReport]) -> Dict[str, float]:
     return out
 
 
+def time_breakdown(ranks: List[RankReport]) -> Dict[str, float]:
+    """The step's parts (runtime/time_profile.py) on the rank whose measured step was slowest: a synchronous
+    step goes at that rank's pace, and one rank's parts sum to its step. How far that step is from the
+    rank's timed steps says whether the breakdown describes them."""
+    profiled = [r.time_breakdown for r in ranks]
+    if not all(profiled):
+        return {}
+    slowest = max(profiled, key=lambda p: p["step"])
+    out = {f"time/{part}_s": slowest[part] for part in PARTS + ("comm_total",)}
+    out["time/profiled_step_s"] = slowest["step"]
+    out["time/breakdown_vs_step_pct"] = slowest["vs_timed_pct"]
+    out["time/comm_exposed_pct"] = 100 * slowest["comm_exposed"] / slowest["step"]
+    out["time/comm_total_pct"] = 100 * slowest["comm_total"] / slowest["step"]
+    return out
+
+
+def collectives_table(cfg) -> list:
+    """This machine's `make collectives` rows (under paths.root), or none: the time model then says it used
+    its stated default."""
+    path = Path(cfg.paths.root) / "collectives" / "collectives.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+
+
+def time_model(cfg, ranks: List[RankReport], flop_counts: dict, measured: dict) -> Dict[str, float]:
+    """The predicted parts of a step (theory/time.py) and each part's error against the measured one."""
+    if not flop_counts.get("counted") or not ranks[0].measured_copy_gbps:
+        return {}
+    world, par = len(ranks), cfg.parallelism
+    rates = Rates(tflops=statistics.fmean(r.measured_peak_tflops for r in ranks),
+                  mem_gbps=statistics.fmean(r.measured_copy_gbps for r in ranks),
+                  comm=CommTable(collectives_table(cfg), par.device, world), device=par.device)
+    flops_per_step = flop_counts["counted"] * par.micro_batch * par.seq_len * par.grad_accum
+    parts = predict_parts(cfg.backend, shape_of(cfg, world, ranks[0].params), flops_per_step, rates,
+                          cfg.train.activation_checkpointing)
+    out = {f"time/{k}_predicted_s": v for k, v in parts.items()}
+    out["time/collectives_measured"] = float(bool(rates.comm.by_op))
+    for part in ("forward", "backward", "optimizer", "comm_exposed", "comm_total"):
+        if f"time/{part}_s" in measured and parts[part] > 0:
+            out[f"time/{part}_error_pct"] = 100 * (measured[f"time/{part}_s"] - parts[part]) / parts[part]
+    if "time/profiled_step_s" in measured:
+        out["time/step_error_pct"] = 100 * (measured["time/profiled_step_s"] - parts["step"]) / parts["step"]
+    return out
+
+
+def time_notes(figures: dict) -> List[str]:
+    """Every part the time model misses by more than 30%, named (`other` is not modelled: not a miss)."""
+    misses = [f"{part} {figures[f'time/{part}_s'] * 1e3:.2f} ms measured, {figures[f'time/{part}_predicted_s'] * 1e3:.2f} "
+              f"predicted ({figures[f'time/{part}_error_pct']:+.0f}%)"
+              for part in ("forward", "backward", "optimizer", "comm_exposed", "comm_total")
+              if abs(figures.get(f"time/{part}_error_pct", 0)) > 30]
+    if not misses:
+        return []
+    source = ("this machine's collectives table" if figures.get("time/collectives_measured")
+              else "the stated default link (no `make collectives` result for this device and world size)")
+    return [f"time: the model misses by over 30% on {'; '.join(misses)} (communication from {source})"]
+
+
 ERRORS = (("memory/model_states_total_bytes_max", "memory/model_states_predicted_bytes"),
           ("memory/model_states_device_bytes_max", "memory/model_states_device_predicted_bytes"),
           ("memory/model_states_host_bytes_max", "memory/model_states_host_predicted_bytes"),
@@ -151,9 +215,11 @@ def figures(cfg, ranks: List[RankReport], flop_counts: dict) -> dict:
     out = throughput(cfg, ranks)
     out.update(flops(ranks, flop_counts, out["throughput/tokens_per_s_per_device"]))
     out.update(memory(cfg, ranks))
+    out.update(time_breakdown(ranks))
     predicted = predict(cfg, len(ranks), ranks[0].params)
     out.update(predicted)
     out.update(errors(out, predicted))
+    out.update(time_model(cfg, ranks, flop_counts, out))
     return out
 
 
@@ -198,12 +264,13 @@ def ok(cfg, ranks: List[RankReport], flop_counts: dict, env: dict, warnings: Lis
     warnings = warnings + unclassified_warnings(ranks)
     figs = figures(cfg, ranks, flop_counts)
     errors = mfu_errors(figs)
-    notes = (env.get("notes") or []) + memory_notes(figs, ranks)
+    notes = (env.get("notes") or []) + memory_notes(figs, ranks) + time_notes(figs)
     return RunSummary.ok(
         derive.identity(cfg), figs, errors=errors or None,
         params=r0.params["total"], optimizer=r0.optimizer, model_init=r0.init, device=env.get("device", ""),
         peak_source=r0.peak_source, warnings=warnings or None, notes=notes or None,
         profile=cfg.profile, settings=settings,
         per_rank=[{"rank": r.rank, "model_states": r.model_states, "unclassified": r.unclassified,
-                   "host_peak_bytes": r.host_peak_bytes, "host_peak_reset": r.host_peak_reset, **r.device}
+                   "host_peak_bytes": r.host_peak_bytes, "host_peak_reset": r.host_peak_reset,
+                   "timed_step_s": r.timed_step_s, "time_breakdown": r.time_breakdown, **r.device}
                   for r in ranks])

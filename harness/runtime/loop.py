@@ -13,7 +13,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..config import derive
-from . import memory_profile, probes
+from . import memory_profile, probes, time_profile
+from .time_profile import phase
 from .errors import NonFiniteLoss
 from .faults import Injector, no_fault
 
@@ -28,6 +29,7 @@ class LoopResult:
     host_peak_reset: bool = False
     device: Dict[str, int] = field(default_factory=dict)
     memory_profile: Optional[dict] = None  # peak tensor bytes by kind (memory_profile.StepMemory), or None
+    time_breakdown: Optional[dict] = None  # seconds per part of a step (time_profile.StepTime), or None
 
 
 def global_mean_loss(loss_sum: torch.Tensor, count: int, step: int, on_nonfinite: str) -> float:
@@ -41,8 +43,12 @@ def global_mean_loss(loss_sum: torch.Tensor, count: int, step: int, on_nonfinite
     return value
 
 
-def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fault) -> LoopResult:
-    """Run `train.steps` optimizer steps. `sink.log(record)` receives one dict per step (rank 0 writes it)."""
+def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fault,
+          trace_path: Optional[str] = None) -> LoopResult:
+    """Run `train.steps` optimizer steps. `sink.log(record)` receives one dict per step (rank 0 writes it).
+    The timed steps are clocked by phase (runtime/time_profile.py). After them, untimed and unlogged:
+    `train.breakdown_steps` steps under torch's profiler for the rest of the time breakdown (and the Chrome
+    trace at `trace_path`, if given), then one under the memory profiler."""
     steps, warmup, ga = cfg.train.steps, cfg.train.warmup_steps, cfg.parallelism.grad_accum
     tokens_per_step = derive.tokens_per_step(cfg, strategy.world_size)
     timer = probes.StepTimer(device, warmup)
@@ -52,9 +58,10 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
     def micro_batch_loss(step: int, micro: int) -> torch.Tensor:
         # a function of its own, so that the logits are freed when it returns, not held through backward
         inputs, targets = batches.get(step, micro)
-        with strategy.autocast():
-            logits = model(input_ids=inputs).logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        with phase("forward"):
+            with strategy.autocast():
+                logits = model(input_ids=inputs).logits
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         return inject(step, loss) if micro == 0 else loss  # the identity unless fault.kind is set
 
     def forward_backward(step: int, after_backward) -> torch.Tensor:
@@ -62,20 +69,24 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
         for micro in range(ga):
             with strategy.sync_context(last=micro == ga - 1):
                 loss = micro_batch_loss(step, micro)
-                strategy.backward(loss)
+                with phase("backward"):
+                    strategy.backward(loss)
             loss_sum += loss.detach()
         after_backward(step)
         return loss_sum
 
     def count_states(step: int) -> None:
-        with timer.untimed():  # counting storages is not training
+        with timer.untimed(), phase("untimed"):  # counting storages is not training
             states.at(step, strategy)
 
+    breakdown = time_profile.StepTime(device, cfg.train.breakdown_steps, trace_path)
     for step in range(steps):
         timer.begin(step)
-        loss_sum = forward_backward(step, count_states)
-        grad_norm = strategy.step()
-        loss_value = global_mean_loss(loss_sum, ga * strategy.world_size, step, cfg.train.on_nonfinite)
+        with breakdown.clocked(cfg.train.breakdown_steps and step >= warmup), phase("step"):
+            loss_sum = forward_backward(step, count_states)
+            with phase("optimizer"):
+                grad_norm = strategy.step()
+            loss_value = global_mean_loss(loss_sum, ga * strategy.world_size, step, cfg.train.on_nonfinite)
         step_s = timer.end()
         record = {"step": step, "loss/loss": loss_value, "loss/grad_norm": float(grad_norm),
                   "throughput/step_time_s": step_s, "throughput/tokens_per_s": tokens_per_step / step_s,
@@ -86,11 +97,23 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
         sink.log(record)
     # the timed window's high-water marks, read before the profiled step can raise them
     result.host_peak_bytes, result.device = probes.host_peak_bytes(), probes.device_memory(device)
+    next_step = steps  # the extra steps below take the data the next steps would
+    if cfg.train.breakdown_steps:
+        def timed_like_step(i: int) -> None:  # a step as the timed window runs it, neither timed nor logged
+            with phase("step"):
+                loss_sum = forward_backward(next_step + i, lambda _: None)
+                with phase("optimizer"):
+                    strategy.step()
+                global_mean_loss(loss_sum, ga * strategy.world_size, next_step + i, "continue")
+                probes.device_sync(device)
+
+        result.time_breakdown = breakdown.measure(timed_like_step, result.timed_step_s)
+        next_step += breakdown.used
     if cfg.train.profile_memory:
         profiler = memory_profile.StepMemory(strategy, device, dataset=(batches.corpus,))
 
         def profiled_step() -> None:  # the next step's data, neither timed nor logged
-            forward_backward(steps, lambda _: profiler.marker())
+            forward_backward(next_step, lambda _: profiler.marker())
             strategy.step()
 
         result.memory_profile = profiler.measure(profiled_step)

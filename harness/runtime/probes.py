@@ -211,3 +211,18 @@ def calibrate_matmul_tflops(device: torch.device, precision: str, n: int = 1024)
         device_sync(device)
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best / 1e12
+
+
+def calibrate_copy_gbps(device: torch.device, mib: int = 64) -> float:
+    """Memory bandwidth: the best of 5 copies of a `mib` MiB buffer, read plus write bytes per second / 1e9
+    (what the optimizer step's theory divides its bytes by)."""
+    src = torch.ones(mib * 2**18, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        device_sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        device_sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.nbytes / best / 1e9

@@ -81,19 +81,26 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
     after_setup = {"host_rss": probes.host_rss_bytes(), "device_allocated": probes.device_allocated(device),
                    "host_peak": probes.host_peak_bytes(), "seconds": probes.seconds_since_process_start()}
     try:
-        result = loop.train(model, strategy, batches, cfg, device, sink, faults.injector(cfg, rank, run_dir))
+        trace = None
+        if cfg.train.profile:
+            trace = run_dir.trace(rank)
+            trace.parent.mkdir(parents=True, exist_ok=True)
+        result = loop.train(model, strategy, batches, cfg, device, sink, faults.injector(cfg, rank, run_dir),
+                            trace_path=trace and str(trace))
         # the peak only serves MFU, which needs the counted FLOPs: no calibration when they are off (a bf16
         # matmul calibration on a CPU without bf16 instructions takes ~15 s)
         peak_tflops, peak_source, measured_peak = (
             probes.device_peaks(device, cfg.train.precision) if cfg.train.measure_flops
             else (0.0, "not measured (train.measure_flops=false)", 0.0))
+        copy_gbps = probes.calibrate_copy_gbps(device) if cfg.train.measure_flops else 0.0
         report = RankReport(
             rank=rank, records=result.records if rank == 0 else [], timed_step_s=result.timed_step_s,
             model_states=result.model_states, unclassified=result.unclassified,
             host_peak_bytes=result.host_peak_bytes, host_peak_reset=result.host_peak_reset, device=result.device,
             after_setup=after_setup, peak_tflops=peak_tflops, peak_source=peak_source,
             optimizer=strategy.optimizer_name, init=strategy.construction, params=counts,
-            measured_peak_tflops=measured_peak, tensor_peak=result.memory_profile)
+            measured_peak_tflops=measured_peak, tensor_peak=result.memory_profile,
+            time_breakdown=result.time_breakdown, measured_copy_gbps=copy_gbps)
         gathered = [None] * world
         dist.all_gather_object(gathered, report)
         if rank == 0:

@@ -32,7 +32,7 @@ from .subprocess_run import train_command
 
 # a probe is a short run, logged like any other (pass logger=none to keep probes out of W&B)
 # the budget bounds model states (StateProbe): a probe needs neither FLOPs nor the profiled memory step
-PROBE = ["train.steps=3", "train.warmup_steps=1", "train.measure_flops=false", "train.profile_memory=false"]
+PROBE = ["train.steps=3", "train.warmup_steps=1", "train.measure_flops=false", "train.profile_memory=false", "train.breakdown_steps=0"]
 
 
 def ladder(rungs: int, smallest: float = 1e5, step: float = 1.5, vocab: int = 256) -> List[List[str]]:

@@ -34,7 +34,7 @@ from .subprocess_run import train_command
 def sweep_command(root: Path, timeout_s: int, extra: List[str]) -> List[str]:
     return train_command("-m", f"fault.kind={','.join(KINDS)}", "fault.rank=1", "fault.step=3",
                          f"dist.timeout_s={timeout_s}", "train.steps=6", "train.warmup_steps=1", "logger=none",
-                         "train.measure_flops=false", "train.profile_memory=false", f"paths.root={root}", "sweep.name=faults",
+                         "train.measure_flops=false", "train.profile_memory=false", "train.breakdown_steps=0", f"paths.root={root}", "sweep.name=faults",
                          *extra)
 
 

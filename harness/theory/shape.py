@@ -23,6 +23,11 @@ class Shape:
     block_params: int = 0  # one transformer block: what FSDP2 gathers at a time
     ddp_grad_copy: bool = False  # DDP keeps .grad apart from its buckets (gradient_as_bucket_view off)
     foreach: bool = False  # torch's AdamW takes its foreach path (its default on CUDA), else one tensor at a time
+    blocks: int = 0  # transformer blocks (FSDP2 wraps each; the root holds the rest)
+    root_reshards: bool = False  # FSDP2's root is resharded after forward (parity), else kept whole (native)
+    overlap_comm: bool = False  # DeepSpeed overlaps its reduce (and ZeRO-3 its gathers) with compute
+    tensor_sizes: tuple = ()  # every parameter tensor's elements (tied ones once)
+    persistence_threshold: int = 0  # ZeRO-3 keeps tensors of at most this many elements whole on every rank
 
     @property
     def p(self) -> int:
@@ -40,18 +45,22 @@ def shape_of(cfg, world: int, counts: Dict[str, int]) -> Shape:
     passed in, so that the theory never builds a model. DeepSpeed's figures come from the JSON it will get,
     with its own defaults where the JSON is silent (the native profile)."""
     params, fp32_grads, persistent = counts["total"], cfg.train.precision == "fp32", 0
-    bucket = bucket_elements(cfg, params)
+    bucket, overlap, threshold = bucket_elements(cfg, params), False, 0
     if cfg.backend.family == "deepspeed":
         zero, fp32_grads = deepspeed_json.effective_zero(cfg, world, params)
         bucket = int(zero["reduce_bucket_size"])
+        overlap = bool(zero.get("overlap_comm", cfg.backend.zero_stage == 3))  # DeepSpeed's default by stage
         if cfg.backend.zero_stage == 3:
-            persistent = persistent_elements(counts.get("sizes", ()), zero["stage3_param_persistence_threshold"])
+            threshold = int(zero["stage3_param_persistence_threshold"])
+            persistent = persistent_elements(counts.get("sizes", ()), threshold)
     return Shape(params=params, world=world, precision=cfg.train.precision,
                  largest_param=counts["largest_param"], bucket_elements=bucket,
                  grad_accum=cfg.parallelism.grad_accum, fp32_grads=fp32_grads, persistent_params=persistent,
                  block_params=counts.get("per_block", 0),
                  ddp_grad_copy=not profiles.ddp_options(cfg, params).get("gradient_as_bucket_view", False),
-                 foreach=cfg.parallelism.device == "cuda")
+                 foreach=cfg.parallelism.device == "cuda", blocks=cfg.model.num_layers,
+                 root_reshards=bool(profiles.fsdp_root_reshard(cfg)), overlap_comm=overlap,
+                 tensor_sizes=tuple(counts.get("sizes", ())), persistence_threshold=threshold)
 
 
 def persistent_elements(sizes, threshold: int) -> int:

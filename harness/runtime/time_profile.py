@@ -1,0 +1,235 @@
+"""Where the step time goes: forward, backward, optimizer step, communication (total and exposed) and the
+rest, measured on a few extra steps after the timed window (so the timed figures are untouched), per rank.
+
+The loop marks its phases with `phase(...)`: `forward` (each micro-batch's forward and loss), `backward`,
+`optimizer` (the strategy's step: clipping, the optimizer, ZeRO's parameter all-gather, offload's copies and
+CPU Adam), and `step` around all of it. Each is a `record_function` range (free when nothing profiles) and,
+while a PhaseClock runs, a pair of clock readings.
+
+On CPU (gloo), the parts come from clocks, not from the profiler: the profiler costs a few µs per op, and a
+tiny FSDP2 step has ~3,400 ops, so a profiled step ran 50% longer than a timed one. With clocks:
+- exposed communication = the step's wall time less the training thread's CPU time (`time.thread_time`):
+  the time the thread is blocked, which in a training step is waiting on a collective's work handle or
+  inside a blocking collective (torch runs one intra-op thread per rank here, so there is nothing else to
+  wait on; being descheduled for gloo's own threads counts too, as communication's cost on a shared host);
+- forward / backward / optimizer = the training thread's CPU time inside each phase;
+- other = the rest of the thread's CPU time in the step (data, the loss all-reduce's host side, Python
+  between phases).
+The communication total comes from one profiled pass after them: the union of the collectives' spans as
+gloo's worker threads record them (`gloo:all_reduce`, ...; from when a worker takes one up until it completes,
+so a late peer counts) and the training thread's time in collective calls (`c10d::*`).
+
+On CUDA, the parts come from the profiler's kernels: communication is the NCCL kernels, exposed communication
+the time they run while no other kernel does, forward / backward / optimizer the busy time of the compute
+kernels launched inside each phase, other the rest of the step (the GPU waiting on the host).
+
+The parts sum to the measured step's wall time by construction; how far that step is from the timed median
+says whether the breakdown describes the timed steps (the summary's `time/breakdown_vs_step_pct`).
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+import torch
+
+from ..theory.time import PHASES
+
+PREFIX = "shardbench/"
+Interval = Tuple[int, int]
+
+
+class PhaseClock:
+    """Wall and training-thread CPU seconds spent inside each phase, summed over the steps it runs for."""
+
+    running: Optional["PhaseClock"] = None
+
+    def __init__(self):
+        self.steps: List[Dict[str, List[float]]] = []
+
+    def parts(self) -> List[Dict[str, float]]:
+        out = []
+        for phases in self.steps:
+            wall, cpu = phases["step"]
+            untimed = phases.get("untimed", [0.0, 0.0])  # the model-state count, which the step timer excludes too
+            wall, cpu = wall - untimed[0], cpu - untimed[1]
+            step = {name: phases.get(name, [0.0, 0.0])[1] for name in PHASES}
+            step["comm_exposed"] = wall - cpu
+            step["other"] = cpu - sum(step[name] for name in PHASES)
+            out.append({**step, "step": wall})
+        return out
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """A named range in the profiler's timeline and, while a PhaseClock runs, on its clocks. The step's own
+    phase is recorded when it ends, so its phases are added to it first (a step's entry opens on `step`)."""
+    clock = PhaseClock.running
+    with torch.profiler.record_function(PREFIX + name):
+        if clock is None:
+            yield
+            return
+        if name == "step":
+            clock.steps.append({})
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            clock.steps[-1].setdefault(name, [0.0, 0.0])
+            clock.steps[-1][name][0] += time.perf_counter() - wall
+            clock.steps[-1][name][1] += time.thread_time() - cpu
+
+
+def union(intervals: List[Interval]) -> List[Interval]:
+    """Sorted, non-overlapping cover of `intervals`."""
+    out: List[list] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(s, e) for s, e in out]
+
+
+def length(intervals: List[Interval]) -> int:
+    return sum(e - s for s, e in intervals)
+
+
+def clip(intervals: List[Interval], window: Interval) -> List[Interval]:
+    lo, hi = window
+    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
+
+
+def subtract(a: List[Interval], b: List[Interval]) -> List[Interval]:
+    """Parts of the union `a` not covered by the union `b` (both sorted and disjoint)."""
+    out, j = [], 0
+    for start, end in a:
+        cur = start
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < end:
+            out.append((cur, end))
+    return out
+
+
+def is_comm(name: str) -> bool:
+    lowered = name.lower()
+    return lowered.startswith(("gloo:", "c10d::", "nccl:", "record_param_comms")) or "nccl" in lowered
+
+
+class Timeline:
+    """The profiled events reduced to what the breakdown needs: the loop's phase ranges, and the
+    communication and compute intervals, in nanoseconds."""
+
+    def __init__(self, events, device_type: str):
+        ranges = [e for e in events if e.name().startswith(PREFIX)]
+        main = {e.start_thread_id() for e in ranges}
+        self.ranges: Dict[str, List[Interval]] = {}
+        for e in ranges:
+            self.ranges.setdefault(e.name()[len(PREFIX):], []).append(span(e))
+        if device_type == "cuda":
+            kernels = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA]
+            self.comm = union([span(e) for e in kernels if is_comm(e.name())])
+            launches = {e.correlation_id(): e.start_ns() for e in events
+                        if e.device_type() == torch.autograd.DeviceType.CPU and e.correlation_id()}
+            self.compute_by_launch = [(launches.get(e.linked_correlation_id() or e.correlation_id()), span(e))
+                                      for e in kernels if not is_comm(e.name())]
+            self.compute = union([iv for _, iv in self.compute_by_launch])
+        else:
+            comm = [e for e in events if is_comm(e.name())]
+            self.comm = union([span(e) for e in comm])
+            self.compute = union([span(e) for e in events if e.start_thread_id() in main
+                                  and e.name().startswith("aten::")])
+            self.compute_by_launch = None
+        self.exposed = subtract(self.comm, self.compute)
+
+    def step(self, window: Interval) -> Dict[str, float]:
+        """The parts of one step (seconds), with communication's total beside them."""
+        wall = window[1] - window[0]
+        exposed = clip(self.exposed, window)
+        out = {}
+        for name in PHASES:
+            ranges = union(clip(self.ranges.get(name, []), window))
+            if self.compute_by_launch is None:
+                busy = length(ranges) - length(subtract(exposed, subtract(exposed, ranges)))
+            else:  # CUDA: the kernels launched from inside the phase, as the GPU ran them
+                busy = length(union([iv for launch, iv in self.compute_by_launch if launch is not None
+                                     and any(s <= launch < e for s, e in ranges)]))
+            out[name] = busy / 1e9
+        out["comm_exposed"] = length(exposed) / 1e9
+        out["other"] = wall / 1e9 - sum(out.values())
+        out["comm_total"] = length(clip(self.comm, window)) / 1e9
+        out["step"] = wall / 1e9
+        return out
+
+
+def span(event) -> Interval:
+    return event.start_ns(), event.start_ns() + event.duration_ns()
+
+
+class StepTime:
+    """The breakdown, per rank. On CPU the PhaseClock runs through the timed steps themselves (`clocked`;
+    two clock readings per phase, which `make bench` shows do not move the step time) and `measure` adds the
+    profiler's communication total and the trace from `steps` extra steps; on CUDA `measure`'s profiled
+    steps give every part. The parts are the mean over the steps (a mean step's parts still sum to its wall
+    time). `used` says how many extra steps `measure` ran."""
+
+    def __init__(self, device: torch.device, steps: int, trace_path: Optional[str] = None):
+        self.device, self.steps, self.trace_path = device, steps, trace_path
+        self.clock = PhaseClock()
+        self.used = 0
+
+    @contextlib.contextmanager
+    def clocked(self, on: bool) -> Iterator[None]:
+        PhaseClock.running = self.clock if on and self.device.type == "cpu" else None
+        try:
+            yield
+        finally:
+            PhaseClock.running = None
+
+    def measure(self, step: Callable[[int], None], timed_step_s: List[float]) -> Optional[dict]:
+        def run(i: int) -> None:
+            step(self.used)
+            self.used += 1
+
+        timeline = self.profiled(run)
+        windows = sorted(timeline.ranges.get("step", [])) if timeline else []
+        profiled = [timeline.step(w) for w in windows]
+        clocked = self.clock.parts()
+        parts = clocked or profiled
+        if not parts or not timed_step_s:
+            return None
+        out = {k: statistics.fmean(p[k] for p in parts) for k in parts[0]}
+        if clocked:  # the profiler's span of the collectives; at least what the thread was seen blocked
+            out["comm_total"] = max([statistics.fmean(p["comm_total"] for p in profiled)] * bool(profiled)
+                                    + [out["comm_exposed"]])
+        timed = statistics.fmean(timed_step_s) if clocked else statistics.median(timed_step_s)
+        return {**out, "steps": len(parts), "vs_timed_pct": 100 * (out["step"] - timed) / timed,
+                "method": "thread clocks over the timed steps" if clocked else "profiler kernels"}
+
+    def profiled(self, run: Callable[[int], None]) -> Optional[Timeline]:
+        """The same steps under torch's profiler, after one step of its own warm-up (its documentation's
+        schedule: the first profiled step pays the profiler's start-up)."""
+        from torch.profiler import ProfilerActivity, profile, schedule
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        captured: List[Timeline] = []
+
+        def ready(prof) -> None:
+            if self.trace_path:  # Chrome/Perfetto JSON, gzipped by the file name
+                prof.export_chrome_trace(self.trace_path)
+            captured.append(Timeline(prof.profiler.kineto_results.events(), self.device.type))
+
+        with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=self.steps),
+                     on_trace_ready=ready) as prof:
+            for i in range(self.steps + 1):
+                run(i)
+                prof.step()
+        return captured[0] if captured else None

@@ -1,0 +1,111 @@
+"""Theory of step time: the parts of a step predicted from FLOPs, bytes sent and bytes through memory, with an
+overlap rule per backend. Measured against runtime/time_profile.py's breakdown, part by part.
+
+- forward, backward: counted FLOPs of this rank's tokens ÷ the device's measured matmul peak (the forward is
+  a third of training FLOPs, the backward two thirds; activation checkpointing adds a forward to backward).
+- optimizer: bytes the step moves through memory ÷ the measured copy bandwidth. AdamW reads parameter,
+  gradient and both moments and writes three of them back (28 B per fp32 element); clipping reads and scales
+  the gradients (12 B); a 16-bit copy of the master adds 6 B. Under offload the host does it, and the
+  gradients go down and the parameters come back over the host link.
+- communication: every collective the backend issues (theory/communication.py's list) timed from
+  this machine's `make collectives` table for that op and size (log-log interpolation between measured
+  sizes), or, without one, from the stated α-β default.
+- exposed communication, the overlap rule: DDP's all-reduce hides behind backward, except the last bucket
+  and whatever outlasts backward; ZeRO-3 and FSDP prefetch gathers behind forward and backward compute, except
+  the first gather and whatever outlasts the compute; ZeRO-1/2 reduce at the boundary (hidden behind
+  backward only with DeepSpeed's overlap_comm, off by default for stages 1-2); the parameter all-gather
+  after a ZeRO-1/2 step, the grad-norm all-reduce and the loss all-reduce are never hidden.
+- other (data, Python between phases, logging) is not modelled: predicted 0.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from .communication import collectives
+from .shape import Shape
+
+PHASES = ("forward", "backward", "optimizer")
+PARTS = PHASES + ("comm_exposed", "other")
+# without a measured collectives table: latency and bus bandwidth, stated (gloo over loopback on a small
+# host; NCCL within one NVLink node)
+DEFAULT_LINK = {"cpu": (300e-6, 1.0e9), "cuda": (20e-6, 100e9)}
+DEFAULT_HOST_LINK_GBPS = 20.0  # host<->device copies under offload on CUDA (PCIe 4 x16, practical)
+
+
+class CommTable:
+    """Seconds for one collective of a given size: measured rows (op, size_bytes, time_s) for this world
+    size and device, else the α-β default."""
+
+    def __init__(self, rows: List[dict], device: str, world: int):
+        self.by_op: Dict[str, List[tuple]] = {}
+        for r in rows:
+            if r.get("ranks") == world and r.get("device", "cpu") == device:
+                self.by_op.setdefault(r["op"], []).append((r["size_bytes"], r["time_s"]))
+        for points in self.by_op.values():
+            points.sort()
+        self.latency, self.busbw = DEFAULT_LINK[device]
+        self.world = world
+        self.source = ("measured (results/collectives, log-log interpolation)" if self.by_op else
+                       f"default: {self.latency * 1e6:.0f} µs + size / {self.busbw / 1e9:g} GB/s bus bandwidth")
+
+    def seconds(self, op: str, size: float) -> float:
+        points = self.by_op.get(op)
+        if not points:
+            factor = 2 * (self.world - 1) / self.world if op == "all_reduce" else (self.world - 1) / self.world
+            return self.latency + size * factor / self.busbw
+        sizes = [s for s, _ in points]
+        i = min(max(bisect.bisect_left(sizes, size), 1), len(points) - 1)
+        (s0, t0), (s1, t1) = points[i - 1], points[i]
+        if size <= s0:  # below the smallest size: latency-bound, the smallest size's time
+            return t0
+        # log-log between the neighbours; past the largest, the same slope (bandwidth-bound by then)
+        slope = math.log(t1 / t0) / math.log(s1 / s0)
+        return t0 * (size / s0) ** slope
+
+
+@dataclass(frozen=True)
+class Rates:
+    tflops: float  # the measured matmul peak of this device and dtype
+    mem_gbps: float  # the measured copy bandwidth (read + write bytes per second / 1e9)
+    comm: CommTable
+    device: str = "cpu"
+
+
+def optimizer_bytes(backend, s: Shape) -> Dict[str, float]:
+    """Bytes the optimizer step moves per rank: through memory (`local`), and over the host link under offload."""
+    local = s.params if backend.family == "ddp" else s.params / s.world
+    per_element = 28 + 12 + (6 if s.p == 2 and backend.family == "deepspeed" else 0)
+    out = {"memory": per_element * local}
+    if getattr(backend, "offload_optimizer", False):
+        out["host_link"] = (4 + s.p) * local  # gradients down in fp32, updated parameters back up
+    return out
+
+
+def predict_parts(backend, s: Shape, flops_per_step: float, rates: Rates, checkpointing: bool) -> Dict[str, float]:
+    """Seconds per part of a step, and the communication total, for one rank."""
+    forward = flops_per_step / 3 / (rates.tflops * 1e12)
+    backward = 2 * forward + (forward if checkpointing else 0.0)
+    moved = optimizer_bytes(backend, s)
+    optimizer = moved["memory"] / (rates.mem_gbps * 1e9)
+    if "host_link" in moved:
+        link = rates.mem_gbps if rates.device == "cpu" else DEFAULT_HOST_LINK_GBPS
+        optimizer += moved["host_link"] / (link * 1e9)
+    window = {"backward": backward, "forward+backward": forward + backward}
+    total, exposed = 0.0, 0.0
+    groups: Dict[Optional[str], List[tuple]] = {}
+    for c in collectives(backend, s):
+        one = rates.comm.seconds(c.op, c.size_bytes)
+        total += one * c.count
+        groups.setdefault(c.hidden_by, []).append((one, one * c.count))
+    for hidden_by, items in groups.items():
+        spent = sum(t for _, t in items)
+        if hidden_by is None:
+            exposed += spent
+        else:  # one message cannot overlap (the last bucket, the first gather); the rest hides behind compute
+            exposed += max(max(one for one, _ in items), spent - window[hidden_by])
+    parts = {"forward": forward, "backward": backward, "optimizer": optimizer, "comm_exposed": exposed,
+             "other": 0.0}
+    return {**parts, "comm_total": total, "step": sum(parts.values())}

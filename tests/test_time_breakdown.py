@@ -1,0 +1,119 @@
+"""Where the step time goes: the measured breakdown (runtime/time_profile.py) on the fixture sweeps' runs, and
+the theory of communication and time (theory/communication.py, theory/time.py) against the ZeRO paper."""
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import BACKENDS
+from harness.theory.communication import collectives, comm_per_step
+from harness.theory.shape import Shape
+from harness.theory.time import PARTS, CommTable, Rates, predict_parts
+
+MEASURED = [f"time/{part}_s" for part in PARTS]
+
+
+def _check_breakdown(summary: dict) -> None:
+    f = summary["figures"]
+    parts = [f[k] for k in MEASURED]
+    # every part is a duration; `other` may dip a clock tick below zero, no more
+    assert min(parts[:-1]) >= 0 and parts[-1] > -1e-4, dict(zip(MEASURED, parts))
+    assert sum(parts) == pytest.approx(f["time/profiled_step_s"], rel=1e-9)
+    # the breakdown describes the timed steps: its step within 10% of that rank's timed steps
+    assert abs(f["time/breakdown_vs_step_pct"]) < 10, f["time/breakdown_vs_step_pct"]
+    assert f["time/comm_total_s"] >= f["time/comm_exposed_s"] > 0
+    for rank in summary["per_rank"]:  # every rank measured its own
+        assert rank["time_breakdown"]["step"] > 0
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_step_parts_sum_to_the_timed_step_fp32(fp32_runs, name):
+    summary, _, _ = fp32_runs[name]
+    _check_breakdown(summary)
+    # the fp32 sweep counts FLOPs, so the time model stands beside every part
+    f = summary["figures"]
+    assert all(f"time/{part}_predicted_s" in f for part in PARTS)
+    assert f["time/step_predicted_s"] == pytest.approx(sum(f[f"time/{p}_predicted_s"] for p in PARTS))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_step_parts_sum_to_the_timed_step_bf16(bf16_runs, name):
+    _check_breakdown(bf16_runs[name][0])
+
+
+def test_more_communication_per_flop_shows_a_larger_share(fp32_runs, bf16_runs):
+    """Same model, same FLOPs: ZeRO-3 and FSDP gather parameters in forward and again in backward where DDP
+    all-reduces gradients once. Measured on the bf16 sweep (2 ranks on 2 cores, native: as a user runs it),
+    their exposed communication is a larger share of the step than DDP's; predicted on the fp32 sweep
+    (parity: every ZeRO-3 tensor sharded), they send more bytes and spend longer communicating. The fp32
+    sweep's measured shares are not compared: its 3 ranks on 2 cores block on each other's compute too."""
+    measured = {name: bf16_runs[name][0]["figures"] for name in ("ddp", "ds_zero3", "fsdp")}
+    predicted = {name: fp32_runs[name][0]["figures"] for name in ("ddp", "ds_zero3", "fsdp")}
+    for sharded in ("ds_zero3", "fsdp"):
+        assert measured[sharded]["time/comm_exposed_pct"] > measured["ddp"]["time/comm_exposed_pct"], sharded
+        assert predicted[sharded]["comm/predicted_bytes_per_step"] > predicted["ddp"]["comm/predicted_bytes_per_step"]
+        assert predicted[sharded]["time/comm_total_predicted_s"] > predicted["ddp"]["time/comm_total_predicted_s"]
+
+
+def _backend(family, stage=0, reshard=True):
+    return OmegaConf.create({"family": family, "zero_stage": stage, "reshard_after_forward": reshard,
+                             "offload_optimizer": False})
+
+
+PSI, BLOCK, LAYERS = 1_000_000, 150_000, 4
+SIZES = (100_000,) + (50_000,) * 16 + (100_000,)  # tensors summing to PSI
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_collectives_move_the_zero_papers_volume(world):
+    """Summed over every collective of the step (the loss and grad-norm scalars aside), each rank sends
+    the ZeRO paper's volume with ring collectives: 2Ψ for DDP and ZeRO-1/2, 3Ψ for ZeRO-3 and FSDP (in
+    the parity settings, where every tensor is sharded and one bucket holds the model)."""
+    ring = (world - 1) / world
+    s = Shape(params=PSI, world=world, precision="fp32", bucket_elements=PSI, block_params=BLOCK, blocks=LAYERS,
+              root_reshards=True, tensor_sizes=SIZES, persistence_threshold=0)
+    scalars = 2 * ring * 4 * 2  # the loss and the grad norm all-reduces, 4 B each
+    for backend, elements in ((_backend("ddp"), 2), (_backend("deepspeed", 1), 2), (_backend("deepspeed", 2), 2),
+                              (_backend("deepspeed", 3), 3), (_backend("fsdp"), 3)):
+        sent = comm_per_step(backend, s)["bytes"]
+        scalar = scalars / 2 if backend.family == "ddp" else scalars
+        assert sent - scalar == pytest.approx(elements * ring * 4 * PSI), backend.family
+
+
+def test_native_ddp_buckets_and_zero3_persistence_shape_the_list():
+    """DDP's native 25 MiB buckets split a 10M-parameter model's 40 MB of gradients in two; ZeRO-3 leaves
+    tensors at or under its persistence threshold out of the gathers; FSDP2's native root is gathered once."""
+    s = Shape(params=10_000_000, world=2, precision="fp32", ddp_grad_copy=True, bucket_elements=10_000_000)
+    reduces = [c for c in collectives(_backend("ddp"), s) if c.size_bytes > 4]
+    assert sum(c.count for c in reduces) == 2 and sum(c.count * c.size_bytes for c in reduces) == 40_000_000
+    z3 = Shape(params=PSI, world=2, precision="bf16", bucket_elements=PSI, tensor_sizes=SIZES,
+               persistence_threshold=50_000, overlap_comm=True)
+    gathers = [c for c in collectives(_backend("deepspeed", 3), z3) if c.op == "all_gather"]
+    assert sorted(c.size_bytes for c in gathers) == [2 * 100_000, 2 * 100_000]
+    fs = Shape(params=PSI, world=2, precision="bf16", block_params=BLOCK, blocks=LAYERS, root_reshards=False)
+    root = PSI - LAYERS * BLOCK
+    assert sum(c.count for c in collectives(_backend("fsdp"), fs) if c.size_bytes == 2 * root) == 1
+
+
+def test_overlap_rules():
+    """DDP hides its all-reduce behind backward except the last bucket; ZeRO-1/2 without overlap_comm
+    expose everything; doubling compute shrinks DDP's exposed time and leaves ZeRO-2's."""
+    s = Shape(params=PSI, world=2, precision="fp32", bucket_elements=PSI // 4, block_params=BLOCK, blocks=LAYERS)
+    rates = Rates(tflops=1.0, mem_gbps=10.0, comm=CommTable([], "cpu", 2))
+    one_bucket = rates.comm.seconds("all_reduce", PSI)  # PSI / 4 elements of 4 B
+    slow, fast = (predict_parts(_backend("ddp"), s, flops, rates, False) for flops in (1e10, 1e8))
+    assert slow["comm_exposed"] == pytest.approx(one_bucket + rates.comm.seconds("all_reduce", 4))
+    assert fast["comm_exposed"] > slow["comm_exposed"]
+    z2 = [predict_parts(_backend("deepspeed", 2), s, flops, rates, False) for flops in (1e10, 1e8)]
+    assert z2[0]["comm_exposed"] == pytest.approx(z2[0]["comm_total"]) == pytest.approx(z2[1]["comm_exposed"])
+
+
+def test_comm_table_interpolates_measured_sizes_and_states_its_default():
+    rows = [{"op": "all_gather", "size_bytes": 1024, "time_s": 1e-4, "ranks": 2},
+            {"op": "all_gather", "size_bytes": 4096, "time_s": 4e-4, "ranks": 2},
+            {"op": "all_gather", "size_bytes": 1024, "time_s": 9.0, "ranks": 3}]  # another world size: unused
+    table = CommTable(rows, "cpu", 2)
+    assert table.seconds("all_gather", 2048) == pytest.approx(2e-4)  # linear in log-log between the two
+    assert table.seconds("all_gather", 16384) == pytest.approx(16e-4)  # the last slope, extended
+    assert table.seconds("all_gather", 10) == pytest.approx(1e-4)  # below the smallest: latency-bound
+    assert "measured" in table.source and "default" in CommTable([], "cpu", 2).source
