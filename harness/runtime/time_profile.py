@@ -121,53 +121,44 @@ def subtract(a: List[Interval], b: List[Interval]) -> List[Interval]:
 
 
 def is_comm(name: str) -> bool:
-    lowered = name.lower()
-    return lowered.startswith(("gloo:", "c10d::", "nccl:", "record_param_comms")) or "nccl" in lowered
+    """gloo's worker spans, the c10d calls, and NCCL's kernels (`ncclDevKernel_...`, `nccl:all_reduce`)."""
+    return name.startswith(("gloo:", "c10d::", "record_param_comms")) or "nccl" in name.lower()
 
 
 class Timeline:
-    """The profiled events reduced to what the breakdown needs: the loop's phase ranges, and the
-    communication and compute intervals, in nanoseconds."""
+    """The profiled events reduced to what the breakdown needs, in nanoseconds: the loop's phase ranges and
+    the communication intervals; on CUDA also the compute kernels, each with the host time it was launched
+    at (on CPU the phases come from the PhaseClock, so only communication's total is read from here)."""
 
     def __init__(self, events, device_type: str):
-        ranges = [e for e in events if e.name().startswith(PREFIX)]
-        main = {e.start_thread_id() for e in ranges}
         self.ranges: Dict[str, List[Interval]] = {}
-        for e in ranges:
-            self.ranges.setdefault(e.name()[len(PREFIX):], []).append(span(e))
-        if device_type == "cuda":
+        for e in events:
+            if e.name().startswith(PREFIX):
+                self.ranges.setdefault(e.name()[len(PREFIX):], []).append(span(e))
+        self.on_device = device_type == "cuda"
+        if self.on_device:
             kernels = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA]
-            self.comm = union([span(e) for e in kernels if is_comm(e.name())])
             launches = {e.correlation_id(): e.start_ns() for e in events
                         if e.device_type() == torch.autograd.DeviceType.CPU and e.correlation_id()}
             self.compute_by_launch = [(launches.get(e.linked_correlation_id() or e.correlation_id()), span(e))
                                       for e in kernels if not is_comm(e.name())]
-            self.compute = union([iv for _, iv in self.compute_by_launch])
+            self.comm = union([span(e) for e in kernels if is_comm(e.name())])
+            self.exposed = subtract(self.comm, union([iv for _, iv in self.compute_by_launch]))
         else:
-            comm = [e for e in events if is_comm(e.name())]
-            self.comm = union([span(e) for e in comm])
-            self.compute = union([span(e) for e in events if e.start_thread_id() in main
-                                  and e.name().startswith("aten::")])
-            self.compute_by_launch = None
-        self.exposed = subtract(self.comm, self.compute)
+            self.comm = union([span(e) for e in events if is_comm(e.name())])
 
     def step(self, window: Interval) -> Dict[str, float]:
-        """The parts of one step (seconds), with communication's total beside them."""
+        """One step's communication total and wall time (seconds); on CUDA every part of it."""
         wall = window[1] - window[0]
-        exposed = clip(self.exposed, window)
-        out = {}
-        for name in PHASES:
+        out = {"comm_total": length(clip(self.comm, window)) / 1e9, "step": wall / 1e9}
+        if not self.on_device:
+            return out
+        for name in PHASES:  # the kernels launched from inside the phase, as the GPU ran them
             ranges = union(clip(self.ranges.get(name, []), window))
-            if self.compute_by_launch is None:
-                busy = length(ranges) - length(subtract(exposed, subtract(exposed, ranges)))
-            else:  # CUDA: the kernels launched from inside the phase, as the GPU ran them
-                busy = length(union([iv for launch, iv in self.compute_by_launch if launch is not None
-                                     and any(s <= launch < e for s, e in ranges)]))
-            out[name] = busy / 1e9
-        out["comm_exposed"] = length(exposed) / 1e9
-        out["other"] = wall / 1e9 - sum(out.values())
-        out["comm_total"] = length(clip(self.comm, window)) / 1e9
-        out["step"] = wall / 1e9
+            out[name] = length(union([iv for launch, iv in self.compute_by_launch if launch is not None
+                                      and any(s <= launch < e for s, e in ranges)])) / 1e9
+        out["comm_exposed"] = length(clip(self.exposed, window)) / 1e9
+        out["other"] = out["step"] - sum(out[k] for k in (*PHASES, "comm_exposed"))
         return out
 
 

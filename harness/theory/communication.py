@@ -25,11 +25,11 @@ def bucketed(op: str, elements: int, bucket: int, nbytes: int, repeats: int, hid
 
 def collectives(backend, s: Shape) -> List[Collective]:
     """Every collective a step issues, per rank, in the backend's native or parity settings (`s`)."""
+    if s.world == 1:
+        return []
     psi, ga, p = s.params, s.grad_accum, s.p
     g = 4 if s.fp32_grads else p
     loss = [Collective("all_reduce", 4, 1, None)]  # the loop's mean loss, every backend
-    if s.world == 1:
-        return []
     if backend.family == "ddp":  # fp32 gradients (autocast keeps weights fp32), once per step (no_sync before)
         bucket = DDP_NATIVE_BUCKET_BYTES // 4 if s.ddp_grad_copy else s.bucket_elements
         return bucketed("all_reduce", psi, bucket, 4, 1, "backward") + loss
