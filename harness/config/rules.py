@@ -106,6 +106,9 @@ def device_rules(cfg, cuda_devices: Callable[[], int]) -> List[str]:
     elif par.nproc_per_node > max_cpu_ranks():
         out.append(f"parallelism.nproc_per_node={par.nproc_per_node}: more than two CPU ranks per core (the "
                    f"{os.cpu_count()} cores here); use parallelism.nproc_per_node<={max_cpu_ranks()}")
+    if par.device == "cpu" and t.memory_budget_bytes and not t.profile_memory:
+        out.append(f"train.memory_budget_bytes={t.memory_budget_bytes}: on CPU the budget bounds the profiled "
+                   "peak of live tensors, which train.profile_memory=false turns off; set train.profile_memory=true")
     return out
 
 

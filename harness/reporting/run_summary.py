@@ -16,6 +16,7 @@ from typing import Dict, List
 
 from ..config import derive
 from ..core.records import RankReport, RunSummary
+from ..theory.memory import device_share
 from ..theory.shape import shape_of
 from ..theory.time import PARTS, CommTable, Rates, predict_parts
 from ..theory.predict import predict
@@ -105,6 +106,11 @@ def memory(cfg, ranks: List[RankReport]) -> Dict[str, float]:
     peak = out.get("memory/peak_allocated_bytes_max", out.get("memory/tensor_peak_bytes_max"))
     if peak is not None:  # absent on CPU under train.profile_memory=false
         out["memory/peak_mem_bytes"] = peak
+    if "memory/peak_allocated_bytes_max" in out:  # what a budget bounds: the allocator's peak on CUDA ...
+        out["memory/device_peak_bytes_max"] = out["memory/peak_allocated_bytes_max"]
+    elif "memory/tensor_peak_bytes_max" in out:  # ... on CPU the profiled peak less the offloaded states
+        out.update(over_ranks([device_share(r.tensor_peak["peak"], r.model_states.get("host", 0)) for r in ranks],
+                              "memory/device_peak_bytes"))
     if cfg.parallelism.device == "cuda":
         out.update(over_ranks([r.after_setup["device_allocated"] for r in ranks],
                               "memory/after_setup_allocated_bytes"))
@@ -202,7 +208,8 @@ ERRORS = (("memory/model_states_total_bytes_max", "memory/model_states_predicted
           ("memory/model_states_device_bytes_max", "memory/model_states_device_predicted_bytes"),
           ("memory/model_states_host_bytes_max", "memory/model_states_host_predicted_bytes"),
           ("memory/model_states_buffers_bytes_max", "memory/buffers_predicted_bytes"),
-          ("memory/tensor_peak_bytes_max", "memory/tensor_peak_predicted_bytes"))
+          ("memory/tensor_peak_bytes_max", "memory/tensor_peak_predicted_bytes"),
+          ("memory/device_peak_bytes_max", "memory/device_peak_predicted_bytes"))
 
 
 def errors(measured: dict, predicted: dict) -> Dict[str, float]:

@@ -52,7 +52,7 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
     steps, warmup, ga = cfg.train.steps, cfg.train.warmup_steps, cfg.parallelism.grad_accum
     tokens_per_step = derive.tokens_per_step(cfg, strategy.world_size)
     timer = probes.StepTimer(device, warmup)
-    states = probes.StateProbe(warmup, cfg.train.memory_budget_bytes, dist.get_rank())
+    states = probes.StateProbe(warmup, cfg.train.memory_budget_bytes, dist.get_rank(), emulated=device.type == "cpu")
     result = LoopResult()
 
     def micro_batch_loss(step: int, micro: int) -> torch.Tensor:
@@ -117,6 +117,7 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
             strategy.step()
 
         result.memory_profile = profiler.measure(profiled_step)
+        states.check_peak(result.memory_profile, next_step)
     result.model_states, result.unclassified = states.states, states.unclassified
     result.host_peak_reset = timer.host_peak_reset
     return result

@@ -11,6 +11,7 @@ from typing import Dict, Iterator
 
 import torch
 
+from ..theory.memory import device_share
 from .errors import MemoryBudgetExceeded
 
 # Dense (no sparsity) peak TFLOP/s by device-name substring and dtype, from the vendors' data sheets.
@@ -136,10 +137,12 @@ def device_allocated(device: torch.device) -> int:
 class StateProbe:
     """Model-state bytes, counted from the tensors each rank holds on the first timed step, after backward and
     before the optimizer step, when parameters, gradients and optimizer states are all alive; then checked
-    against train.memory_budget_bytes (device states only: a smaller card, emulated on any device)."""
+    against train.memory_budget_bytes (a smaller card, emulated): the device's model states there, which
+    fails early, and on CPU, where no allocator enforces the budget, the profiled step's peak of live tensors
+    less the offloaded (host) states (`check_peak`), so that "fits" means what it means on a GPU."""
 
-    def __init__(self, at_step: int, budget: int, rank: int):
-        self.at_step, self.budget, self.rank = at_step, budget, rank
+    def __init__(self, at_step: int, budget: int, rank: int, emulated: bool = True):
+        self.at_step, self.budget, self.rank, self.emulated = at_step, budget, rank, emulated
         self.states: Dict[str, int] = {}
         self.unclassified: Dict[str, int] = {}
 
@@ -152,6 +155,18 @@ class StateProbe:
                 f"out of memory (emulated): rank {self.rank} holds {self.states['device']:,} B of model states on "
                 f"the device at step {step}, over train.memory_budget_bytes={self.budget:,}",
                 {f"memory/model_states_{k}_bytes": v for k, v in self.states.items() if k in ("device", "host")})
+
+    def check_peak(self, profile: dict | None, step: int) -> None:
+        """The profiled step's device peak (runtime/memory_profile.py) against the budget, on CPU. Without
+        a profile (a torch lacking the memory profiler) only the states were checked."""
+        if not (self.budget and self.emulated and profile):
+            return
+        peak = device_share(profile["peak"], self.states.get("host", 0))
+        if peak > self.budget:
+            raise MemoryBudgetExceeded(
+                f"out of memory (emulated): rank {self.rank}'s peak of live tensors on the device was {peak:,} B "
+                f"in the profiled step {step}, over train.memory_budget_bytes={self.budget:,}",
+                {"memory/device_peak_bytes": peak, "memory/tensor_peak_bytes": profile["peak"]})
 
 
 # -- FLOPs and peak -------------------------------------------------------------------------------------

@@ -7,9 +7,10 @@ Models come from a size ladder: a Llama whose width and depth both grow, so that
 the parameters of the one below (`ladder`). For each backend, the memory model proposes the largest rung it
 predicts will fit; that rung and its neighbour are probed, then the search bisects the ladder between the
 largest rung known to fit and the smallest known to fail. Every probe is a short real run (a few steps) under
-`train.memory_budget_bytes`, recorded under <out>/probes/ like any run, OOM included. On CPU the budget
-applies to the measured model-state bytes on the device (so offload backends are judged on device bytes);
-on CUDA it is also the allocator's cap (`torch.cuda.set_per_process_memory_fraction`), so activations count.
+`train.memory_budget_bytes`, recorded under <out>/probes/ like any run, OOM included. The budget bounds the
+device's peak of live tensors: on CUDA it is the allocator's cap (`torch.cuda.set_per_process_memory_fraction`);
+on CPU it bounds the profiled step's peak less the offloaded host states (runtime/probes.StateProbe), so
+offload backends are judged on device bytes and activations count on both.
 """
 from __future__ import annotations
 
@@ -21,18 +22,16 @@ from typing import Callable, Dict, List, Optional
 
 from ..config.compose import compose
 from ..config.derive import world_size
-from ..core.components import totals
 from ..core.paths import REPO
 from ..core.rundir import RunDir, write_json, write_text
 from ..runtime import models
-from ..theory.memory import activation_bytes, layout
-from ..theory.shape import shape_of
+from ..theory.predict import predict
 from ..reporting.plots import pyplot
 from .subprocess_run import train_command
 
-# a probe is a short run, logged like any other (pass logger=none to keep probes out of W&B)
-# the budget bounds model states (StateProbe): a probe needs neither FLOPs nor the profiled memory step
-PROBE = ["train.steps=3", "train.warmup_steps=1", "train.measure_flops=false", "train.profile_memory=false", "train.breakdown_steps=0"]
+# a probe is a short run, logged like any other (pass logger=none to keep probes out of W&B); it needs no
+# FLOPs or time breakdown, but keeps the profiled memory step, whose peak the budget bounds on CPU
+PROBE = ["train.steps=3", "train.warmup_steps=1", "train.measure_flops=false", "train.breakdown_steps=0"]
 
 
 def ladder(rungs: int, smallest: float = 1e5, step: float = 1.5, vocab: int = 256) -> List[List[str]]:
@@ -83,20 +82,15 @@ def search(n: int, guess: int, fits: Callable[[int], bool]) -> tuple[Optional[in
 
 
 def predicted(overrides: List[str]) -> tuple[int, float]:
-    """Parameters, and the device bytes theory predicts: model states, plus activations on CUDA (on CPU the
-    budget only sees model states)."""
+    """Parameters, and the device peak theory predicts (what the budget bounds)."""
     cfg = compose(overrides)
-    shape = shape_of(cfg, world_size(cfg), models.param_count(cfg.model))
-    device = totals(layout(cfg.backend, shape))["device"]
-    if cfg.parallelism.device == "cuda":
-        device += activation_bytes(cfg.model, cfg.parallelism, cfg.train.precision,
-                                                cfg.train.activation_checkpointing)
-    return shape.params, device
+    counts = models.param_count(cfg.model)
+    return counts["total"], predict(cfg, world_size(cfg), counts)["memory/device_peak_predicted_bytes"]
 
 
-def run_probe(overrides: List[str], run_dir: Path) -> dict:
+def run_probe(overrides: List[str], run_dir: Path, reuse: bool = True) -> dict:
     done = RunDir(run_dir).read_summary()
-    if done and done.get("status") in ("ok", "oom"):  # a finished probe is a result: reuse it
+    if reuse and done and done.get("status") in ("ok", "oom"):  # a finished probe is a result: reuse it
         return done
     subprocess.run(train_command(*PROBE, *overrides, run_dir=run_dir), cwd=REPO, capture_output=True, text=True)
     return RunDir(run_dir).read_summary() or {"status": "failed", "reason": "no summary"}
@@ -126,8 +120,15 @@ def capacity(backend: str, budget: int, candidates: List[List[str]], names: List
             "predicted_params": params[guess] if device[guess] <= budget else 0, "probes": len(probed),
             "probed": [{"candidate": names[i], "params": params[i], "predicted_device_bytes": device[i],
                         "status": outcomes[i].get("status"), "reason": outcomes[i].get("reason", ""),
-                        "device_bytes": outcomes[i].get("figures", {}).get("memory/model_states_device_bytes_max")}
+                        "device_bytes": device_bytes(outcomes[i])}
                        for i in probed]}
+
+
+def device_bytes(summary: dict) -> Optional[float]:
+    """The device peak a probe reached: the summary's figure, or for an OOM what its rank recorded."""
+    figures = summary.get("figures", {})
+    return figures.get("memory/device_peak_bytes_max", figures.get("memory/device_peak_bytes",
+                                                                   figures.get("memory/model_states_device_bytes")))
 
 
 def write(rows: List[dict], out: Path, command: str, budget: int) -> None:

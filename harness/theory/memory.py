@@ -217,3 +217,10 @@ def deepspeed_estimate(backend, s: Shape) -> Optional[Dict[str, float]]:
         s.params, s.largest_param, num_gpus_per_node=s.world, cpu_offload=backend.offload_optimizer,
         cpu_offload_params=backend.offload_params)
     return {"gpu": gpu, "cpu": cpu, "gathered": gathered}
+
+
+def device_share(tensor_peak: float, host_states: float) -> float:
+    """The device's share of a peak measured on CPU, where every tensor is in the same memory: all of it but
+    the states an offloading backend keeps on the host (alive through the whole step, so inside every peak).
+    What train.memory_budget_bytes bounds on CPU, and what `memory/device_peak_*` report."""
+    return tensor_peak - host_states

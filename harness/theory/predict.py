@@ -33,6 +33,9 @@ def predict(cfg, world: int, counts: Dict[str, int]) -> Dict[str, float]:
         out.update({f"memory/{phase}_{k}_predicted_bytes": v for k, v in terms.items() if k != "activations"})
         out[f"memory/peak_at_{phase}_predicted_bytes"] = base + sum(terms.values())
     out["memory/tensor_peak_predicted_bytes"] = max(out[f"memory/peak_at_{p}_predicted_bytes"] for p in phases)
+    # what a budget bounds: on CUDA the same peak; on CPU all of it but the offloaded (host) states
+    out["memory/device_peak_predicted_bytes"] = (out["memory/tensor_peak_predicted_bytes"]
+                                                 - (total["host"] if cfg.parallelism.device == "cpu" else 0.0))
     comm = comm_per_step(cfg.backend, s)
     out["comm/predicted_bytes_per_step"] = comm["bytes"]
     out["comm/paper_elements_per_step"] = comm["paper_elements"]
