@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare sweep report run estimate bench capacity collectives faults browser test test-drills test-all clean lock
+.PHONY: help install warm demo compare sweep report run estimate bench advise capacity collectives faults browser test test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ estimate: install ## predict memory and comm for every backend, no training: mak
 
 bench: install warm ## harness overhead: step time vs a hand-written loop (DDP, FSDP, ZeRO-2) -> results/bench/
 	$(PY) -m harness.bench $(ARGS)
+
+advise: install warm ## which strategy? theory prunes, real runs decide: make advise ARGS="model=small_llama --device-gib 0.0625" -> results/advise/
+	$(PY) -m harness.advise $(ARGS)
 
 capacity: install warm ## largest model per backend under a budget: make capacity ARGS="--budget-mib 256 logger=none" -> results/capacity/
 	$(PY) -m harness.capacity $(ARGS)

@@ -1,0 +1,242 @@
+"""The advisor's answer (studies/advise.py): the winner in one sentence, the measured candidates ranked, and
+for every backend that lost, why; written to results/advise/<name>/advice.{md,json,png}, printed, and logged
+to W&B when the logger is on."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+from ..config.compose import backends as all_backends
+from ..config.compose import compose
+from ..core.paths import REPO
+from ..core.rundir import write_json, write_text
+from ..reporting.plots import pyplot
+from . import advise
+from .advise import GIB, Plan, measure, plan, size, to_dict
+
+
+def answer(p: Plan) -> dict:
+    """The winner (fastest measured candidate that trained under the budget), the ranked table, each
+    backend's reason for losing, and every miss of the memory model the probes found."""
+    measured = sorted((c for c in p.candidates if c.status == "ok" and c.tokens_per_s),
+                      key=lambda c: -c.tokens_per_s)
+    winner = measured[0] if measured else None
+    why = {backend: lost(p, backend, winner) for backend in dict.fromkeys(c.backend for c in p.candidates)}
+    misses = [{"candidate": c.name, "predicted_fit": c.fits, "status": c.status,
+               "predicted_peak_bytes": c.predicted_peak_bytes, "peak_bytes": c.peak_bytes,
+               "error_pct": None if not c.peak_bytes else 100 * (c.peak_bytes - c.predicted_peak_bytes) / c.predicted_peak_bytes}
+              for c in p.candidates if c.status in ("ok", "oom") and (c.status == "ok") != c.fits]
+    if winner:
+        sentence = (f"Use {winner.backend} with micro-batch {winner.micro_batch}, activation checkpointing "
+                    f"{'on' if winner.checkpointing else 'off'}: {winner.tokens_per_s:,.0f} tokens/s, peak "
+                    f"{size(winner.peak_bytes)} of {size(p.budget_bytes)}.")
+    else:
+        sentence = (f"No probed candidate trained under {size(p.budget_bytes)} per rank: "
+                    + "; ".join(f"{b}: {w}" for b, w in why.items()))
+    return {"sentence": sentence, "winner": winner.name if winner else None,
+            "ranked": [c.name for c in measured], "why": why, "misses": misses}
+
+
+def lost(p: Plan, backend: str, winner) -> str:
+    mine = [c for c in p.candidates if c.backend == backend]
+    probed = [c for c in mine if c.status]
+    ok = sorted((c for c in probed if c.status == "ok" and c.tokens_per_s), key=lambda c: -c.tokens_per_s)
+    boundary = next((c for c in probed if c.role == "boundary"), None)
+    checked = ""
+    if boundary:
+        checked = (f"; the boundary probe {boundary.name} (predicted {size(boundary.predicted_peak_bytes)}) "
+                   + ("ran out of memory, as predicted" if boundary.status == "oom" else
+                      f"trained at {size(boundary.peak_bytes)}: the memory model was pessimistic"
+                      if boundary.status == "ok" else f"ended {boundary.status}: {boundary.reason[:120]}"))
+    if winner and winner.backend == backend:
+        return "the winner" + checked
+    if ok:
+        best = ok[0]
+        return f"{100 * (1 - best.tokens_per_s / winner.tokens_per_s):.0f}% slower than the winner at its best " \
+               f"({best.name}: {best.tokens_per_s:,.0f} tokens/s)" + checked
+    if not any(c.fits for c in mine):
+        smallest = min(mine, key=lambda c: c.predicted_peak_bytes)
+        buffers = smallest.predicted_buffers_bytes
+        of_which = (f", of which {size(buffers)} is its communication buffers (DeepSpeed's 5e8-element default "
+                    "buckets under profile=native; profile=parity sizes them to the model)"
+                    if buffers > smallest.predicted_peak_bytes / 2 and backend.startswith("ds_") else
+                    f", of which {size(buffers)} is its buffers" if buffers > smallest.predicted_peak_bytes / 2 else "")
+        if not boundary:
+            checked = "; not probed: the prediction is over " + \
+                      f"{advise.BOUNDARY_X:g}x the budget" if smallest.predicted_peak_bytes > advise.BOUNDARY_X * \
+                      p.budget_bytes else "; its boundary was not probed (--max-probes reached)"
+        return (f"predicted not to fit: its smallest predicted peak is {size(smallest.predicted_peak_bytes)} "
+                f"({smallest.name}{of_which}), over {size(p.budget_bytes)} less the {p.margin:.0%} margin" + checked)
+    ooms = [c for c in probed if c.status == "oom"]
+    if ooms:
+        c = ooms[-1]
+        return (f"measured OOM: {c.name} peaked at {size(c.peak_bytes)} against a predicted "
+                f"{size(c.predicted_peak_bytes)}" + (" (and every other probe of it)" if len(ooms) > 1 else "") + checked)
+    failed = [c for c in probed if c.status != "ok"]
+    if failed:
+        return f"its probe {failed[0].name} ended {failed[0].status}: {failed[0].reason[:160]}" + checked
+    best = next(c for c in mine if c.fits)
+    return (f"not measured (--max-probes reached): predicted {best.predicted_tokens_per_s:,.0f} tokens/s at "
+            f"{best.name}" + checked)
+
+
+def table(p: Plan) -> List[str]:
+    """The measured candidates, fastest first, with theory beside each figure."""
+    rows = sorted((c for c in p.candidates if c.status), key=lambda c: (c.status != "ok", -(c.tokens_per_s or 0)))
+    lines = ["| rank | candidate | probe | status | tokens/s | predicted | peak | predicted | headroom |",
+             "|---:|---|---|---|---:|---:|---:|---:|---:|"]
+    for i, c in enumerate(rows, 1):
+        headroom = f"{100 * (1 - c.peak_bytes / p.budget_bytes):.0f}%" if c.peak_bytes and c.status == "ok" else "-"
+        tps = f"{c.tokens_per_s:,.0f}" if c.tokens_per_s and c.status == "ok" else "-"
+        lines.append(f"| {i if c.status == 'ok' else ''} | {c.name} | {c.role} | {c.status} | {tps} | "
+                     f"{c.predicted_tokens_per_s:,.0f} | {size(c.peak_bytes)} | {size(c.predicted_peak_bytes)} | {headroom} |")
+    return lines
+
+
+def theory_table(p: Plan) -> List[str]:
+    lines = ["| candidate | grad_accum | predicted peak | fits | predicted step ms | predicted tokens/s |",
+             "|---|---:|---:|---|---:|---:|"]
+    lines += [f"| {c.name} | {c.grad_accum} | {size(c.predicted_peak_bytes)} | {'yes' if c.fits else 'no'} | "
+              f"{c.predicted_step_s * 1e3:,.2f} | {c.predicted_tokens_per_s:,.0f} |" for c in p.candidates]
+    return lines
+
+
+def print_plan(p: Plan) -> None:
+    print(f"advise: {p.model}, {p.world} {p.device} ranks, {p.precision}, global batch {p.global_batch}, "
+          f"budget {size(p.budget_bytes)} per rank ({p.margin:.0%} margin); {len(p.fitting)} of "
+          f"{len(p.candidates)} candidates predicted to fit")
+    print("\n".join(theory_table(p)), flush=True)
+
+
+def write(p: Plan, result: dict, out: Path, command: str) -> None:
+    rates = p.rates
+    lines = [f"# Advice: {p.model} on {p.world} {p.device} rank(s), {p.precision}, global batch {p.global_batch}, "
+             f"{size(p.budget_bytes)} per rank", "", f"**{result['sentence']}**", "", f"Command: `{command}`", "",
+             "## Measured candidates", "",
+             "Each probe: 3 steps (1 warm-up) under `train.memory_budget_bytes`; tokens/s over the timed steps; "
+             "peak = the device's peak of live tensors (CUDA: the allocator's; CPU: the profiled step's, less "
+             "offloaded host states). Headroom = budget less the measured peak.", "", *table(p), "",
+             "## Why each backend lost", "", *[f"- **{b}**: {w}" for b, w in result["why"].items()], ""]
+    if result["misses"]:
+        lines += ["## Where the memory model was wrong", "",
+                  *[f"- {m['candidate']}: predicted {'to fit' if m['predicted_fit'] else 'not to fit'}, measured "
+                    f"{m['status']} (peak {size(m['peak_bytes'])}, predicted {size(m['predicted_peak_bytes'])})"
+                    for m in result["misses"]], ""]
+    errors = [100 * (c.peak_bytes - c.predicted_peak_bytes) / c.predicted_peak_bytes for c in p.candidates
+              if c.status == "ok" and c.peak_bytes]
+    speed = [c.tokens_per_s / c.predicted_tokens_per_s for c in p.candidates if c.status == "ok" and c.tokens_per_s]
+    lines += ["## Theory", "",
+              f"Peak memory: theory/predict.py; measured against predicted over the probes that trained: median "
+              f"{statistics.median(errors) if errors else float('nan'):+.1f}%. Step time: theory/time.py with this "
+              f"device's measured matmul peak ({rates['matmul_tflops']:.3g} TFLOP/s) and copy bandwidth "
+              f"({rates['copy_gbps']:.3g} GB/s), {rates['flops_per_token']:,.0f} FLOPs per token (FlopCounterMode), "
+              f"collectives from {'this machine' if rates['collectives_measured'] else 'the stated default link'}"
+              f"; measured ÷ predicted tokens/s: median {statistics.median(speed) if speed else float('nan'):.2f} "
+              "(theory orders the candidates; the probes decide).", "", *theory_table(p), "",
+              "![advice](advice.png)", ""]
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "advice.json", {"command": command, **result, "plan": to_dict(p)})
+    write_text(out / "advice.md", "\n".join(lines))
+    plot(p, result, out / "advice.png")
+    log_wandb(p, result, out)
+    print("\n".join([f"\n{result['sentence']}\n", *table(p), "", *[f"  {b}: {w}" for b, w in result["why"].items()],
+                     "", f"written to {out}/advice.{{md,json,png}}"]))
+
+
+def plot(p: Plan, result: dict, path: Path) -> None:
+    """Tokens/s against peak memory: measured (filled) and predicted (hollow) per probed candidate, with the
+    budget as a line; the winner starred."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colours: Dict[str, str] = {}
+    for c in (c for c in p.candidates if c.status):
+        colour = colours.setdefault(c.backend, f"C{len(colours) % 10}")
+        ax.scatter(c.predicted_peak_bytes / 2**20, c.predicted_tokens_per_s, facecolors="none", edgecolors=colour)
+        if c.status == "ok" and c.tokens_per_s:
+            ax.scatter(c.peak_bytes / 2**20, c.tokens_per_s, color=colour, marker="*" if c.name == result["winner"]
+                       else "o", s=160 if c.name == result["winner"] else 40, label=c.name)
+        elif c.peak_bytes:
+            ax.scatter(c.peak_bytes / 2**20, 0, color=colour, marker="x", label=f"{c.name} ({c.status})")
+    ax.axvline(p.budget_bytes / 2**20, color="k", linestyle="--", label="budget")
+    ax.set(xlabel="device peak per rank (MiB)", ylabel="tokens/s", yscale="symlog",
+           title=f"{p.model}: measured (filled) and predicted (hollow)")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def log_wandb(p: Plan, result: dict, out: Path) -> None:
+    """One W&B run of job type `advise` with the answer, the table and the plot, unless the logger is off."""
+    from ..config.compose import compose
+    from ..config.derive import wandb_mode
+
+    cfg = compose(p.overrides)
+    mode = wandb_mode(cfg.logger.mode)
+    if mode == "disabled":
+        return
+    try:
+        import wandb
+
+        run = wandb.init(project=cfg.logger.project, entity=cfg.logger.entity, job_type="advise", dir=str(out),
+                         name=f"advise-{out.name}", mode=mode, config={"plan": to_dict(p)},
+                         settings=wandb.Settings(silent=True, console="off", init_timeout=cfg.logger.init_timeout_s))
+        rows = [[c.name, c.status, c.tokens_per_s, c.predicted_tokens_per_s, c.peak_bytes, c.predicted_peak_bytes]
+                for c in p.candidates if c.status]
+        run.log({"advice/table": wandb.Table(columns=["candidate", "status", "tokens_per_s", "predicted_tokens_per_s",
+                                                      "peak_bytes", "predicted_peak_bytes"], data=rows),
+                 "advice/plot": wandb.Image(str(out / "advice.png"))})
+        run.summary.update({"advice/sentence": result["sentence"], "advice/winner": result["winner"]})
+        run.finish()
+    except Exception as err:  # noqa: BLE001 - W&B never fails the advice, which is on disk already
+        print(f"advise: W&B logging failed ({type(err).__name__}: {err}); the advice is on disk", flush=True)
+
+
+def main(argv=None) -> int:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ..config import rules
+    from ..core.errors import ConfigError
+    parser = argparse.ArgumentParser(description=advise.__doc__.splitlines()[0])
+    parser.add_argument("--device-gib", type=float, help="device memory per rank (default: the GPU's, or on CPU "
+                                                         "the host's available memory over its ranks)")
+    parser.add_argument("--global-batch", type=int, help="sequences per optimizer step, held fixed")
+    parser.add_argument("--max-probes", type=int, default=12, help="real runs in all (default 12)")
+    parser.add_argument("--margin", type=float, default=0.10, help="headroom theory must leave (default 0.10)")
+    parser.add_argument("--backends", default=",".join(all_backends()), help="comma-separated (default: all)")
+    parser.add_argument("--dry-run", action="store_true", help="theory only: print the table and stop")
+    parser.add_argument("--force", action="store_true", help="re-run probes that already have a result")
+    parser.add_argument("--name", help="<out>/<name> (default: from the model, ranks, batch, budget)")
+    parser.add_argument("--out", default="results/advise", help="where the advice dirs go (default results/advise)")
+    args, overrides = parser.parse_known_args(argv)
+    budget = int(args.device_gib * GIB) if args.device_gib else None
+    try:  # bad input is refused as harness.train refuses it, before anything is measured or run
+        rules.check(compose([*overrides, f"train.memory_budget_bytes={budget or 0}"]))
+        p = plan(overrides, budget, args.global_batch, args.backends.split(","), args.margin)
+    except (HydraException, OmegaConfBaseException, ConfigError, ValueError) as err:
+        print(f"advise: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
+        return 2
+    name = args.name or f"{p.model}-n{p.world}-{p.precision}-gb{p.global_batch}-{p.budget_bytes / GIB:g}gib"
+    out = (REPO / args.out / name).resolve()
+    if not p.fitting:
+        smallest = min(p.candidates, key=lambda c: c.predicted_peak_bytes)
+        print(f"advise: nothing fits in {size(p.budget_bytes)} per rank with {p.margin:.0%} margin: the smallest "
+              f"predicted peak is {size(smallest.predicted_peak_bytes)} ({smallest.label}); raise --device-gib, "
+              f"lower --global-batch, or add ranks", file=sys.stderr)
+        return 2
+    print_plan(p)
+    if args.dry_run:  # the table, and the plan for scripts (no probe has run)
+        write_json(out / "plan.json", to_dict(p))
+        return 0
+    measure(p, args.max_probes, out, args.force)
+    result = answer(p)
+    write(p, result, out, "python -m harness.advise " + " ".join(argv if argv is not None else sys.argv[1:]))
+    return 0 if result["winner"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""`make advise`: which strategy should I use? Theory prunes and orders the candidates, short real runs
+measure the best ones, and the answer names the winner and why every other backend lost.
+
+    python -m harness.advise model=small_llama --device-gib 0.0625 [--global-batch 16] [--max-probes 12]
+    python -m harness.advise model=llama_7b parallelism=gpu8 train.precision=bf16 --dry-run
+
+The candidates are every backend x micro-batch x activation checkpointing on/off, at the user's precision,
+with the global batch held fixed (`--global-batch`, else the config's micro_batch x grad_accum x ranks), so
+that every candidate does the same optimizer work per step; grad_accum follows from the micro-batch.
+
+Stage 1, theory (nothing runs): each candidate's device peak (theory/predict.py: states, buffers, and the
+larger of the backward and optimizer phases' activations and transients) must fit the device with
+`--margin` to spare (default 10%, the memory model's tolerance), and its step time comes from the time model
+(theory/time.py: FLOPs / this device's measured matmul peak, collectives over `make collectives`' table or
+the stated default link, the backend's overlap rule). `--dry-run` prints that table and stops.
+
+Stage 2, measurement: each backend's fastest predicted candidate that fits is run for a few steps under
+`train.memory_budget_bytes` (a smaller card, emulated: on CPU the budget bounds the profiled peak of live
+tensors), up to `--max-probes` runs in all, recorded under results/advise/<name>/probes/ and reused on a
+re-run. A measured OOM removes the candidate, is recorded as a miss of the memory model, and the backend's
+next candidate takes its place. Where a backend's fastest candidate was predicted not to fit, the pruned
+candidate nearest the budget is probed once, to check the prediction.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ..config.compose import compose
+from ..config.derive import tokens_per_step, world_size
+from .capacity import run_probe
+
+GIB = 2**30
+BOUNDARY_X = 1.5  # a pruned candidate predicted within this factor of the budget is worth one probe
+
+
+@dataclass
+class Candidate:
+    backend: str
+    micro_batch: int
+    grad_accum: int
+    checkpointing: bool
+    overrides: List[str]
+    predicted_peak_bytes: float = 0.0
+    predicted_step_s: float = 0.0
+    predicted_tokens_per_s: float = 0.0
+    predicted_buffers_bytes: float = 0.0  # communication and offload staging buffers inside the peak
+    fits: bool = False
+    role: str = ""  # why it was probed: "best" (of its backend), "next" (after an OOM), "boundary"
+    status: str = ""  # the probe's: ok, oom, failed ...; "" = not probed
+    tokens_per_s: Optional[float] = None
+    peak_bytes: Optional[float] = None
+    reason: str = ""
+    run_dir: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend}-mb{self.micro_batch}-ckpt{'on' if self.checkpointing else 'off'}"
+
+    @property
+    def label(self) -> str:
+        return (f"{self.backend} with micro-batch {self.micro_batch} (grad_accum {self.grad_accum}), activation "
+                f"checkpointing {'on' if self.checkpointing else 'off'}")
+
+
+@dataclass
+class Plan:
+    overrides: List[str]
+    budget_bytes: int
+    margin: float
+    global_batch: int
+    world: int
+    model: str
+    precision: str
+    device: str
+    rates: Dict[str, float] = field(default_factory=dict)
+    candidates: List[Candidate] = field(default_factory=list)
+
+    @property
+    def fitting(self) -> List[Candidate]:
+        return [c for c in self.candidates if c.fits]
+
+
+def size(b: Optional[float]) -> str:
+    if b is None:
+        return "-"
+    return f"{b / GIB:,.3f} GiB" if b >= GIB / 4 else f"{b / 2**20:,.1f} MiB"
+
+
+def micro_batches(global_batch: int, world: int) -> List[int]:
+    """Every micro-batch that splits the global batch evenly over the ranks."""
+    per_rank = global_batch // world
+    return [m for m in range(1, per_rank + 1) if per_rank % m == 0]
+
+
+def rates_for(cfg, world: int):
+    """This device's measured matmul peak and copy bandwidth (one rank's share of the host on CPU: torchrun
+    runs each rank with one thread), and the collectives table the runs' own time model uses."""
+    import torch
+
+    from ..reporting.run_summary import collectives_table
+    from ..runtime import probes
+    from ..theory.time import CommTable, Rates
+
+    device = torch.device("cuda", 0) if cfg.parallelism.device == "cuda" and torch.cuda.is_available() \
+        else torch.device("cpu")
+    threads = torch.get_num_threads()
+    if device.type == "cpu" and cfg.parallelism.nproc_per_node > 1:
+        torch.set_num_threads(1)
+    try:
+        tflops = probes.calibrate_matmul_tflops(device, cfg.train.precision, 8192 if device.type == "cuda" else 1024)
+        gbps = probes.calibrate_copy_gbps(device)
+    finally:
+        torch.set_num_threads(threads)
+    return Rates(tflops=tflops, mem_gbps=gbps, comm=CommTable(collectives_table(cfg), cfg.parallelism.device, world),
+                 device=cfg.parallelism.device)
+
+
+def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Optional[int], backends: List[str],
+         margin: float) -> Plan:
+    """Stage 1: every candidate with its predicted peak and step time, fastest first."""
+    from ..runtime import models
+    from ..runtime.probes import count_flops_per_token
+    from ..theory.predict import predict
+    from ..theory.shape import shape_of
+    from ..theory.time import predict_parts
+
+    base = compose(overrides)
+    world, par = world_size(base), base.parallelism
+    batch = global_batch or par.global_batch or par.micro_batch * par.grad_accum * world
+    if batch % world:
+        raise ValueError(f"--global-batch {batch}: not divisible by the {world} ranks; use a multiple of {world}")
+    counts = models.param_count(base.model)
+    budget = budget_bytes or default_budget(base)
+    rates = rates_for(base, world)
+    flops_per_token = count_flops_per_token(base.model, par.seq_len)
+    out = Plan(overrides, budget, margin, batch, world, base.model.name, base.train.precision, par.device,
+               rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps,
+                      "collectives_measured": float(bool(rates.comm.by_op)), "flops_per_token": flops_per_token})
+    for backend in backends:
+        for mb in micro_batches(batch, world):
+            for ckpt in (False, True):
+                ga = batch // (mb * world)
+                extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
+                         f"parallelism.global_batch={batch}", f"train.activation_checkpointing={str(ckpt).lower()}"]
+                cfg = compose([*overrides, *extra])
+                theory = predict(cfg, world, counts)
+                peak = theory["memory/device_peak_predicted_bytes"]
+                step = predict_parts(cfg.backend, shape_of(cfg, world, counts),
+                                     flops_per_token * mb * par.seq_len * ga, rates, ckpt)["step"]
+                out.candidates.append(Candidate(
+                    backend, mb, ga, ckpt, extra, predicted_peak_bytes=peak, predicted_step_s=step,
+                    predicted_tokens_per_s=tokens_per_step(cfg, world) / step, fits=peak * (1 + margin) <= budget,
+                    predicted_buffers_bytes=theory["memory/buffers_predicted_bytes"]))
+    out.candidates.sort(key=lambda c: c.predicted_step_s)
+    return out
+
+
+def default_budget(cfg) -> int:
+    """The device's memory: the GPU's, or on CPU this host's available memory shared by its ranks."""
+    if cfg.parallelism.device == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).total_memory
+    import psutil
+
+    return psutil.virtual_memory().available // cfg.parallelism.nproc_per_node
+
+
+def measure(p: Plan, max_probes: int, out: Path, force: bool) -> None:
+    """Stage 2: probe each backend's best fitting candidate (fastest predicted first), its next one after a
+    measured OOM, then the boundary of each backend whose fastest candidate was pruned, up to max_probes."""
+    by_backend: Dict[str, List[Candidate]] = {}
+    for c in p.fitting:
+        by_backend.setdefault(c.backend, []).append(c)
+    queue = [(cands[0], "best") for cands in by_backend.values()]
+    probes = 0
+    while queue and probes < max_probes:
+        c, role = queue.pop(0)
+        probe(c, role, p, out, force)
+        probes += 1
+        if c.status == "oom":  # the model was wrong: the backend's next candidate takes its place
+            rest = [n for n in by_backend[c.backend] if not n.status]
+            if rest:
+                queue.insert(0, (rest[0], "next"))
+    for pruned in boundaries(p):
+        if probes >= max_probes:
+            break
+        probe(pruned, "boundary", p, out, force)
+        probes += 1
+
+
+def boundaries(p: Plan) -> List[Candidate]:
+    """For each backend whose fastest candidate was pruned, its pruned candidate nearest the budget, when
+    that is within BOUNDARY_X of it (a prediction many times over the budget needs no run to be believed);
+    nearest first."""
+    out = []
+    for backend in dict.fromkeys(c.backend for c in p.candidates):
+        mine = [c for c in p.candidates if c.backend == backend]
+        if not mine[0].fits:
+            nearest = min((c for c in mine if not c.fits), key=lambda c: c.predicted_peak_bytes)
+            if nearest.predicted_peak_bytes <= BOUNDARY_X * p.budget_bytes:
+                out.append(nearest)
+    return sorted(out, key=lambda c: c.predicted_peak_bytes / p.budget_bytes)
+
+
+def probe(c: Candidate, role: str, p: Plan, out: Path, force: bool) -> None:
+    """One short real run of `c` under the budget; a finished one (ok or oom) is reused unless `force`."""
+    run_dir = out / "probes" / c.name
+    overrides = [*p.overrides, *c.overrides, f"train.memory_budget_bytes={p.budget_bytes}"]
+    summary = run_probe([*overrides, "force=true"] if force else overrides, run_dir, reuse=not force)
+    figures = summary.get("figures", {})
+    c.role, c.status, c.reason, c.run_dir = role, summary.get("status", "failed"), summary.get("reason", ""), str(run_dir)
+    c.tokens_per_s = figures.get("throughput/tokens_per_s")
+    c.peak_bytes = figures.get("memory/device_peak_bytes_max", figures.get("memory/device_peak_bytes"))
+    print(f"  probe {c.name} ({role}): {c.status}"
+          + (f", {c.tokens_per_s:,.0f} tokens/s" if c.tokens_per_s else "")
+          + (f", peak {size(c.peak_bytes)} (predicted {size(c.predicted_peak_bytes)})" if c.peak_bytes else "")
+          + (f": {c.reason}" if c.status not in ("ok", "oom") else ""), flush=True)
+
+
+def to_dict(p: Plan) -> dict:
+    return {**{k: v for k, v in asdict(p).items() if k != "candidates"},
+            "candidates": [{**asdict(c), "name": c.name} for c in p.candidates]}

@@ -1,0 +1,104 @@
+"""The advisor (`python -m harness.advise`): theory prunes the candidates, short real runs under the budget
+decide, and what it says holds when the user follows it through `harness.train`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from omegaconf import OmegaConf
+
+from conftest import REPO, cli, extensions_dir
+
+# tiny_llama, fp32, 2 gloo ranks, global batch 4: DDP's 16 B/param of states alone (2.0 MB) plus the step's
+# transients puts its smallest predicted peak above this budget with the 10% margin, while FSDP's sharded
+# states leave room for its activations. DeepSpeed's native 5e8-element buckets (1.9 GiB) do not fit either.
+BUDGET_GIB = 2.9e6 / 2**30
+BUDGET_BYTES = int(BUDGET_GIB * 2**30)
+ADVISE = ["model=tiny_llama", "logger=none", f"--device-gib={BUDGET_GIB!r}", "--global-batch=4"]
+SHARDED = {"fsdp", "fsdp_grad_op", "ds_zero3", "ds_zero3_offload", "ds_zero2", "ds_zero1", "ds_zero2_offload"}
+
+
+def advise(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": extensions_dir()}  # the probes' DeepSpeed ops, built once
+    return subprocess.run([sys.executable, "-m", "harness.advise", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_dry_run_prunes_and_a_pruned_candidate_really_runs_out_of_memory(tmp_path):
+    proc = advise(*ADVISE, "--dry-run", f"--out={tmp_path}", "--name=dry")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads((tmp_path / "dry" / "plan.json").read_text())
+    candidates = plan["candidates"]
+    assert not list((tmp_path / "dry").glob("probes/*"))  # theory only: nothing ran
+    # every backend x micro-batch (1, 2: global batch 4 over 2 ranks) x checkpointing, fastest predicted first
+    assert len(candidates) == 8 * 2 * 2
+    assert [c["predicted_step_s"] for c in candidates] == sorted(c["predicted_step_s"] for c in candidates)
+    for c in candidates:  # grad_accum follows from the micro-batch, so every candidate steps on 4 sequences
+        assert c["micro_batch"] * c["grad_accum"] * 2 == 4
+        assert c["fits"] == (c["predicted_peak_bytes"] * 1.1 <= BUDGET_BYTES)
+    pruned = [c for c in candidates if not c["fits"]]
+    assert pruned and any(c["fits"] for c in candidates)
+    assert not any(c["fits"] for c in candidates if c["backend"] == "ddp")
+    assert "no" in proc.stdout and "yes" in proc.stdout  # the printed table
+    # the pruned candidate nearest the budget that theory puts clearly over it (by 10%, the margin; one inside
+    # the margin may fit, which is what the advisor's boundary probe checks), forced through harness.train: oom
+    nearest = min((c for c in pruned if c["predicted_peak_bytes"] >= 1.1 * BUDGET_BYTES),
+                  key=lambda c: c["predicted_peak_bytes"])
+    run = cli(*[o for o in nearest["overrides"]], "model=tiny_llama", "logger=none", "train.steps=3",
+              "train.warmup_steps=1", "train.measure_flops=false", "train.breakdown_steps=0",
+              f"train.memory_budget_bytes={BUDGET_BYTES}", f"paths.root={tmp_path}", f"hydra.run.dir={tmp_path}/forced")
+    summary = json.loads((tmp_path / "forced" / "summary.json").read_text())
+    assert run.returncode != 0 and summary["status"] == "oom", summary.get("reason")
+    reached = summary["figures"].get("memory/device_peak_bytes", summary["figures"].get("memory/model_states_device_bytes"))
+    assert reached > BUDGET_BYTES
+
+
+@pytest.mark.parametrize("args, says", [
+    (["model=tiny_llama", "--device-gib=0.0001", "--dry-run"], "nothing fits in 0.1 MiB"),
+    (["model=nope", "--dry-run"], "model/nope"),
+    (["parallelism=nope", "--dry-run"], "parallelism/nope"),
+    (["model=tiny_llama", "train.precision=fp16", "--dry-run"], "train.precision=fp16"),
+])
+def test_bad_input_is_one_line(tmp_path, args, says):
+    proc = advise(*args, f"--out={tmp_path}", timeout=120)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    if "nothing fits" in says:  # it names the smallest predicted peak, and which candidate has it
+        assert "smallest predicted peak is" in proc.stderr and "activation checkpointing on" in proc.stderr
+
+
+@pytest.mark.slow
+def test_recommends_a_sharded_backend_where_ddp_cannot_fit_and_it_trains_under_the_budget(tmp_path):
+    # two probes: each FSDP flavour's best; DDP is left to theory (its boundary candidate measured 2.98 MB, 3%
+    # over this budget: a third probe would confirm it, at the cost of a run)
+    proc = advise(*ADVISE, "--max-probes=2", f"--out={tmp_path}", "--name=adv")
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    out = tmp_path / "adv"
+    advice = json.loads((out / "advice.json").read_text())
+    plan = {c["name"]: c for c in advice["plan"]["candidates"]}
+    winner = plan[advice["winner"]]
+    assert winner["backend"] in SHARDED and winner["fits"]
+    assert advice["why"]["ddp"].startswith("predicted not to fit")
+    assert advice["sentence"].startswith(f"Use {winner['backend']} with micro-batch {winner['micro_batch']}")
+    # the recommended configuration really trained under the budget: its probe is a run dir like any other
+    summary = json.loads((out / "probes" / winner["name"] / "summary.json").read_text())
+    ran = OmegaConf.load(out / "probes" / winner["name"] / "config.yaml")
+    assert summary["status"] == "ok" and ran.train.memory_budget_bytes == BUDGET_BYTES
+    assert 0 < summary["figures"]["memory/device_peak_bytes_max"] <= BUDGET_BYTES
+    assert winner["tokens_per_s"] == pytest.approx(summary["figures"]["throughput/tokens_per_s"])
+    # no more than --max-probes real runs, and every probed candidate is in the ranked table or explained
+    probed = [c for c in plan.values() if c["status"]]
+    assert 1 <= len(probed) <= 2 and len(list((out / "probes").iterdir())) == len(probed)
+    assert set(advice["ranked"]) == {c["name"] for c in probed if c["status"] == "ok"}
+    assert set(advice["why"]) == {c["backend"] for c in plan.values()}
+    text = (out / "advice.md").read_text()
+    assert advice["sentence"] in text and "| rank | candidate |" in text and (out / "advice.png").stat().st_size > 0
+    # a re-run reuses the probes: the same answer, and no probe's summary rewritten
+    written = {p: p.stat().st_mtime_ns for p in (out / "probes").glob("*/summary.json")}
+    again = advise(*ADVISE, "--max-probes=2", f"--out={tmp_path}", "--name=adv", timeout=300)
+    assert again.returncode == 0 and json.loads((out / "advice.json").read_text())["winner"] == advice["winner"]
+    assert {p: p.stat().st_mtime_ns for p in (out / "probes").glob("*/summary.json")} == written
