@@ -15,7 +15,7 @@ from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
 from ..reporting.plots import pyplot
 from . import advise
-from .advise import GIB, Plan, measure, plan, size, to_dict
+from .advise import GIB, Candidate, Plan, measure, plan, size, to_dict
 
 
 def answer(p: Plan) -> dict:
@@ -27,8 +27,7 @@ def answer(p: Plan) -> dict:
     why = {backend: lost(p, backend, winner) for backend in dict.fromkeys(c.backend for c in p.candidates)}
     misses = [{"candidate": c.name, "predicted_fit": c.fits, "status": c.status,
                "predicted_peak_bytes": c.predicted_peak_bytes, "peak_bytes": c.peak_bytes,
-               "error_pct": None if not c.peak_bytes else 100 * (c.peak_bytes - c.predicted_peak_bytes) / c.predicted_peak_bytes}
-              for c in p.candidates if c.status in ("ok", "oom") and (c.status == "ok") != c.fits]
+               "error_pct": error_pct(c), "why": why_miss(p, c)} for c in p.candidates if why_miss(p, c)]
     if winner:
         sentence = (f"Use {winner.backend} with micro-batch {winner.micro_batch}, activation checkpointing "
                     f"{'on' if winner.checkpointing else 'off'}: {winner.tokens_per_s:,.0f} tokens/s, peak "
@@ -38,6 +37,22 @@ def answer(p: Plan) -> dict:
                     + "; ".join(f"{b}: {w}" for b, w in why.items()))
     return {"sentence": sentence, "winner": winner.name if winner else None,
             "ranked": [c.name for c in measured], "why": why, "misses": misses}
+
+
+def error_pct(c: Candidate):
+    return None if not c.peak_bytes else 100 * (c.peak_bytes - c.predicted_peak_bytes) / c.predicted_peak_bytes
+
+
+def why_miss(p: Plan, c: Candidate) -> str:
+    """How a probe showed the memory model wrong: about fitting at all (a prune by the margin alone is not a
+    miss), or by more than the margin on a run that trained (an OOM's figure is only what it reached)."""
+    if c.status == "ok" and c.predicted_peak_bytes > p.budget_bytes:
+        return "predicted over the budget, trained"
+    if c.status == "oom" and c.fits:
+        return "predicted to fit with the margin, ran out of memory"
+    if c.status == "ok" and c.peak_bytes and abs(error_pct(c)) > 100 * p.margin:
+        return f"peak off by {error_pct(c):+.0f}%, more than the {p.margin:.0%} margin"
+    return ""
 
 
 def lost(p: Plan, backend: str, winner) -> str:
@@ -50,6 +65,8 @@ def lost(p: Plan, backend: str, winner) -> str:
         checked = (f"; the boundary probe {boundary.name} (predicted {size(boundary.predicted_peak_bytes)}) "
                    + ("ran out of memory, as predicted" if boundary.status == "oom" else
                       f"trained at {size(boundary.peak_bytes)}: the memory model was pessimistic"
+                      if boundary.status == "ok" and boundary.predicted_peak_bytes > p.budget_bytes else
+                      f"trained at {size(boundary.peak_bytes)}: the prediction held, and only the margin had pruned it"
                       if boundary.status == "ok" else f"ended {boundary.status}: {boundary.reason[:120]}"))
     if winner and winner.backend == backend:
         return "the winner" + checked
@@ -59,22 +76,22 @@ def lost(p: Plan, backend: str, winner) -> str:
                f"({best.name}: {best.tokens_per_s:,.0f} tokens/s)" + checked
     if not any(c.fits for c in mine):
         smallest = min(mine, key=lambda c: c.predicted_peak_bytes)
-        buffers = smallest.predicted_buffers_bytes
-        of_which = (f", of which {size(buffers)} is its communication buffers (DeepSpeed's 5e8-element default "
-                    "buckets under profile=native; profile=parity sizes them to the model)"
-                    if buffers > smallest.predicted_peak_bytes / 2 and backend.startswith("ds_") else
-                    f", of which {size(buffers)} is its buffers" if buffers > smallest.predicted_peak_bytes / 2 else "")
-        if not boundary:
-            checked = "; not probed: the prediction is over " + \
-                      f"{advise.BOUNDARY_X:g}x the budget" if smallest.predicted_peak_bytes > advise.BOUNDARY_X * \
-                      p.budget_bytes else "; its boundary was not probed (--max-probes reached)"
+        rest = smallest.predicted_peak_bytes - smallest.predicted_states_bytes
+        of_which = f": {size(smallest.predicted_states_bytes)} of states, {size(rest)} of buffers, activations " \
+                   "and transients"
+        if rest > smallest.predicted_peak_bytes / 2 and backend.startswith("ds_") and p.profile == "native":
+            of_which += " (DeepSpeed's default 5e8-element buckets under profile=native; profile=parity sizes them)"
+        if not boundary and smallest.predicted_peak_bytes > advise.BOUNDARY_X * p.budget_bytes:
+            checked = f"; not probed: the prediction is over {advise.BOUNDARY_X:g}x the budget"
+        elif not boundary:
+            checked = "; its boundary was not probed (--max-probes reached)"
         return (f"predicted not to fit: its smallest predicted peak is {size(smallest.predicted_peak_bytes)} "
                 f"({smallest.name}{of_which}), over {size(p.budget_bytes)} less the {p.margin:.0%} margin" + checked)
     ooms = [c for c in probed if c.status == "oom"]
     if ooms:
         c = ooms[-1]
         return (f"measured OOM: {c.name} peaked at {size(c.peak_bytes)} against a predicted "
-                f"{size(c.predicted_peak_bytes)}" + (" (and every other probe of it)" if len(ooms) > 1 else "") + checked)
+                f"{size(c.predicted_peak_bytes)}" + (f" ({len(ooms)} of its candidates, all oom)" if len(ooms) > 1 else "") + checked)
     failed = [c for c in probed if c.status != "ok"]
     if failed:
         return f"its probe {failed[0].name} ended {failed[0].status}: {failed[0].reason[:160]}" + checked
@@ -122,9 +139,8 @@ def write(p: Plan, result: dict, out: Path, command: str) -> None:
              "## Why each backend lost", "", *[f"- **{b}**: {w}" for b, w in result["why"].items()], ""]
     if result["misses"]:
         lines += ["## Where the memory model was wrong", "",
-                  *[f"- {m['candidate']}: predicted {'to fit' if m['predicted_fit'] else 'not to fit'}, measured "
-                    f"{m['status']} (peak {size(m['peak_bytes'])}, predicted {size(m['predicted_peak_bytes'])})"
-                    for m in result["misses"]], ""]
+                  *[f"- {m['candidate']}: {m['why']} (peak {size(m['peak_bytes'])}, predicted "
+                    f"{size(m['predicted_peak_bytes'])})" for m in result["misses"]], ""]
     errors = [100 * (c.peak_bytes - c.predicted_peak_bytes) / c.predicted_peak_bytes for c in p.candidates
               if c.status == "ok" and c.peak_bytes]
     speed = [c.tokens_per_s / c.predicted_tokens_per_s for c in p.candidates if c.status == "ok" and c.tokens_per_s]

@@ -45,7 +45,7 @@ class Candidate:
     predicted_peak_bytes: float = 0.0
     predicted_step_s: float = 0.0
     predicted_tokens_per_s: float = 0.0
-    predicted_buffers_bytes: float = 0.0  # communication and offload staging buffers inside the peak
+    predicted_states_bytes: float = 0.0  # the model states on the device, inside the peak
     fits: bool = False
     role: str = ""  # why it was probed: "best" (of its backend), "next" (after an OOM), "boundary"
     status: str = ""  # the probe's: ok, oom, failed ...; "" = not probed
@@ -74,6 +74,7 @@ class Plan:
     model: str
     precision: str
     device: str
+    profile: str
     rates: Dict[str, float] = field(default_factory=dict)
     candidates: List[Candidate] = field(default_factory=list)
 
@@ -85,7 +86,7 @@ class Plan:
 def size(b: Optional[float]) -> str:
     if b is None:
         return "-"
-    return f"{b / GIB:,.3f} GiB" if b >= GIB / 4 else f"{b / 2**20:,.1f} MiB"
+    return f"{b / GIB:,.3f} GiB" if b >= GIB else f"{b / 2**20:,.1f} MiB"
 
 
 def micro_batches(global_batch: int, world: int) -> List[int]:
@@ -135,7 +136,7 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     budget = budget_bytes or default_budget(base)
     rates = rates_for(base, world)
     flops_per_token = count_flops_per_token(base.model, par.seq_len)
-    out = Plan(overrides, budget, margin, batch, world, base.model.name, base.train.precision, par.device,
+    out = Plan(overrides, budget, margin, batch, world, base.model.name, base.train.precision, par.device, base.profile,
                rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps,
                       "collectives_measured": float(bool(rates.comm.by_op)), "flops_per_token": flops_per_token})
     for backend in backends:
@@ -152,7 +153,7 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                 out.candidates.append(Candidate(
                     backend, mb, ga, ckpt, extra, predicted_peak_bytes=peak, predicted_step_s=step,
                     predicted_tokens_per_s=tokens_per_step(cfg, world) / step, fits=peak * (1 + margin) <= budget,
-                    predicted_buffers_bytes=theory["memory/buffers_predicted_bytes"]))
+                    predicted_states_bytes=theory["memory/model_states_device_predicted_bytes"]))
     out.candidates.sort(key=lambda c: c.predicted_step_s)
     return out
 
@@ -214,7 +215,9 @@ def probe(c: Candidate, role: str, p: Plan, out: Path, force: bool) -> None:
     figures = summary.get("figures", {})
     c.role, c.status, c.reason, c.run_dir = role, summary.get("status", "failed"), summary.get("reason", ""), str(run_dir)
     c.tokens_per_s = figures.get("throughput/tokens_per_s")
-    c.peak_bytes = figures.get("memory/device_peak_bytes_max", figures.get("memory/device_peak_bytes"))
+    # an OOM's figure: the profiled peak, or the device's states when they alone broke the budget (a floor)
+    c.peak_bytes = figures.get("memory/device_peak_bytes_max", figures.get(
+        "memory/device_peak_bytes", figures.get("memory/model_states_device_bytes")))
     print(f"  probe {c.name} ({role}): {c.status}"
           + (f", {c.tokens_per_s:,.0f} tokens/s" if c.tokens_per_s else "")
           + (f", peak {size(c.peak_bytes)} (predicted {size(c.predicted_peak_bytes)})" if c.peak_bytes else "")
