@@ -48,8 +48,8 @@ def why_miss(p: Plan, c: Candidate) -> str:
     miss), or by more than the margin on a run that trained (an OOM's figure is only what it reached)."""
     if c.status == "ok" and c.predicted_peak_bytes > p.budget_bytes:
         return "predicted over the budget, trained"
-    if c.status == "oom" and c.fits:
-        return "predicted to fit with the margin, ran out of memory"
+    if c.status == "oom" and c.predicted_peak_bytes <= p.budget_bytes:
+        return "predicted under the budget" + (" with the margin" if c.fits else "") + ", ran out of memory"
     if c.status == "ok" and c.peak_bytes and abs(error_pct(c)) > 100 * p.margin:
         return f"peak off by {error_pct(c):+.0f}%, more than the {p.margin:.0%} margin"
     return ""
@@ -63,7 +63,10 @@ def lost(p: Plan, backend: str, winner) -> str:
     checked = ""
     if boundary:
         checked = (f"; the boundary probe {boundary.name} (predicted {size(boundary.predicted_peak_bytes)}) "
-                   + ("ran out of memory, as predicted" if boundary.status == "oom" else
+                   + ("ran out of memory, as predicted" if boundary.status == "oom" and
+                      boundary.predicted_peak_bytes > p.budget_bytes else
+                      f"ran out of memory at {size(boundary.peak_bytes)}: the margin's prune was right, the prediction "
+                      "itself was under the budget" if boundary.status == "oom" else
                       f"trained at {size(boundary.peak_bytes)}: the memory model was pessimistic"
                       if boundary.status == "ok" and boundary.predicted_peak_bytes > p.budget_bytes else
                       f"trained at {size(boundary.peak_bytes)}: the prediction held, and only the margin had pruned it"
@@ -163,23 +166,38 @@ def write(p: Plan, result: dict, out: Path, command: str) -> None:
 
 
 def plot(p: Plan, result: dict, path: Path) -> None:
-    """Tokens/s against peak memory: measured (filled) and predicted (hollow) per probed candidate, with the
-    budget as a line; the winner starred."""
+    """Tokens/s against device peak per probed candidate: measured (filled) joined to predicted (hollow), one
+    colour per backend, the winner starred, OOMs as crosses on a band below at the peak they reached, and
+    the budget as a line."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
+    probed = [c for c in p.candidates if c.status]
+    speeds = [v for c in probed for v in (c.tokens_per_s, c.predicted_tokens_per_s) if v]
+    floor = min(speeds) / 3 if speeds else 1.0  # the OOM band
     colours: Dict[str, str] = {}
-    for c in (c for c in p.candidates if c.status):
+    failed: Dict[float, List[str]] = {}  # OOMs at the same peak share one label
+    for c in probed:
         colour = colours.setdefault(c.backend, f"C{len(colours) % 10}")
-        ax.scatter(c.predicted_peak_bytes / 2**20, c.predicted_tokens_per_s, facecolors="none", edgecolors=colour)
+        mib = lambda b: b / 2**20  # noqa: E731
+        ax.scatter(mib(c.predicted_peak_bytes), c.predicted_tokens_per_s, facecolors="none", edgecolors=colour)
         if c.status == "ok" and c.tokens_per_s:
-            ax.scatter(c.peak_bytes / 2**20, c.tokens_per_s, color=colour, marker="*" if c.name == result["winner"]
-                       else "o", s=160 if c.name == result["winner"] else 40, label=c.name)
+            ax.plot([mib(c.predicted_peak_bytes), mib(c.peak_bytes)], [c.predicted_tokens_per_s, c.tokens_per_s],
+                    color=colour, linewidth=0.6, alpha=0.6)
+            star = c.name == result["winner"]
+            ax.scatter(mib(c.peak_bytes), c.tokens_per_s, color=colour, marker="*" if star else "o", s=180 if star else 40)
+            ax.annotate(c.name, (mib(c.peak_bytes), c.tokens_per_s), fontsize=7, xytext=(4, -10), textcoords="offset points")
         elif c.peak_bytes:
-            ax.scatter(c.peak_bytes / 2**20, 0, color=colour, marker="x", label=f"{c.name} ({c.status})")
+            ax.scatter(mib(c.peak_bytes), floor, color=colour, marker="x")
+            failed.setdefault(round(mib(c.peak_bytes), 1), []).append(f"{c.name} ({c.status})")
+    for x, names in failed.items():
+        ax.annotate("\n".join(names), (x, floor), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    for backend, colour in colours.items():
+        ax.scatter([], [], color=colour, label=backend)
     ax.axvline(p.budget_bytes / 2**20, color="k", linestyle="--", label="budget")
-    ax.set(xlabel="device peak per rank (MiB)", ylabel="tokens/s", yscale="symlog",
-           title=f"{p.model}: measured (filled) and predicted (hollow)")
-    ax.legend(fontsize=7, loc="best")
+    ax.set(xlabel="device peak per rank (MiB)", ylabel="tokens/s (log; OOMs on the bottom band)", yscale="log",
+           title=f"{p.model}: measured (filled), predicted (hollow), budget {size(p.budget_bytes)}")
+    ax.set_ylim(floor / 2, max(speeds, default=1.0) * 2)
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
