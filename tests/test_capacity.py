@@ -42,9 +42,10 @@ def test_search_finds_the_boundary_from_any_guess(n):
 
 @pytest.mark.slow
 def test_real_search_orders_backends_as_theory(tmp_path):
-    # 28 MiB per rank of device peak (states, activations, transients): DDP is predicted to fit 0.99M parameters
-    # (20 MiB; 1.69M needs 34), FSDP on 2 ranks 1.69M (24 MiB; 2.55M needs 31)
-    proc = subprocess.run([sys.executable, "-m", "harness.capacity", "--budget-mib", "28", "--backends", "ddp,fsdp",
+    # 30 MiB per rank of device peak (states, activations, transients): DDP is predicted to fit 0.99M parameters
+    # (20 MiB; 1.69M needs 34), FSDP on 2 ranks 1.69M (24 MiB; 2.55M needs 31). Measured: DDP 20.8 and 34.2,
+    # FSDP 27.1 and 33.9 MiB, so each side of the budget has ~10% room (28 MiB left FSDP 3%, and it flaked)
+    proc = subprocess.run([sys.executable, "-m", "harness.capacity", "--budget-mib", "30", "--backends", "ddp,fsdp",
                            "--rungs", "10", "--out", str(tmp_path), "logger=none"], cwd=REPO, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

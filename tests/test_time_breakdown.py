@@ -41,16 +41,19 @@ def test_step_parts_sum_to_the_timed_step_bf16(bf16_runs, name):
     _check_breakdown(bf16_runs[name][0])
 
 
-def test_more_communication_per_flop_shows_a_larger_share(fp32_runs, bf16_runs):
+def test_more_communication_per_flop_shows_as_more_exposed_time(fp32_runs, bf16_runs):
     """Same model, same FLOPs: ZeRO-3 and FSDP gather parameters in forward and again in backward where DDP
     all-reduces gradients once. Measured on the bf16 sweep (2 ranks on 2 cores, native: as a user runs it),
-    their exposed communication is a larger share of the step than DDP's; predicted on the fp32 sweep
-    (parity: every ZeRO-3 tensor sharded), they send more bytes and spend longer communicating. The fp32
-    sweep's measured shares are not compared: its 3 ranks on 2 cores block on each other's compute too."""
+    they spend longer exposed in communication than DDP; predicted on the fp32 sweep (parity: every ZeRO-3
+    tensor sharded), they send more bytes and spend longer communicating. Seconds, not shares of the step:
+    the sharded backends' steps are also longer in compute and overhead on CPU, so their share moved around
+    DDP's from run to run (FSDP 24% against DDP's 32% once; the demo's fp32 run has FSDP 37%, DDP 41%) while
+    the exposed seconds stay several times DDP's (one run: DDP 2.6 ms, FSDP 10.0, ZeRO-3 27.6). The fp32
+    sweep's measured figures are not compared: its 3 ranks on 2 cores block on each other's compute too."""
     measured = {name: bf16_runs[name][0]["figures"] for name in ("ddp", "ds_zero3", "fsdp")}
     predicted = {name: fp32_runs[name][0]["figures"] for name in ("ddp", "ds_zero3", "fsdp")}
     for sharded in ("ds_zero3", "fsdp"):
-        assert measured[sharded]["time/comm_exposed_pct"] > measured["ddp"]["time/comm_exposed_pct"], sharded
+        assert measured[sharded]["time/comm_exposed_s"] > measured["ddp"]["time/comm_exposed_s"], sharded
         assert predicted[sharded]["comm/predicted_bytes_per_step"] > predicted["ddp"]["comm/predicted_bytes_per_step"]
         assert predicted[sharded]["time/comm_total_predicted_s"] > predicted["ddp"]["time/comm_total_predicted_s"]
 

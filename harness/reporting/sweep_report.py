@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Optional
 
 from ..config.derive import wandb_mode
 from . import html_report
@@ -30,26 +30,37 @@ def log_to_wandb(config, sweep_dir: Path, rows: List[dict]) -> None:
 
     Offline, it is written locally like every other run (`wandb sync` uploads it later). Never fails a sweep.
     """
+    keys = ["backend", "status", "model", "world_size", "precision"]
+    figure_keys = sorted({k for r in rows for k in r["figures"]})
+    log_summary_run(config, sweep_dir, f"{config.sweep.name}-summary", "sweep-summary", "sweep/summary",
+                    keys + figure_keys, [[r.get(k) for k in keys] + [r["figures"].get(k) for k in figure_keys]
+                                         for r in rows],
+                    images={f"plots/{p.stem}": p for p in sorted((sweep_dir / "plots").glob("*.png"))},
+                    group=config.logger.group or config.sweep.name)
+
+
+def log_summary_run(config, where: Path, name: str, job_type: str, table_key: str, columns: List[str],
+                    data: List[list], images: Dict[str, Path], summary: Optional[dict] = None,
+                    group: Optional[str] = None) -> None:
+    """One W&B run holding a table, images and summary values (a sweep's side-by-side table, the advisor's
+    answer), written under `where`, unless the logger is disabled. Offline, it is written locally like every
+    other run (`wandb sync` uploads it later). W&B trouble never fails the caller, whose results are on disk."""
     mode = wandb_mode(config.logger.mode)
     if mode == "disabled":
         return
     try:
         import wandb
 
-        keys = ["backend", "status", "model", "world_size", "precision"]
-        figure_keys = sorted({k for r in rows for k in r["figures"]})
-        table = wandb.Table(columns=keys + figure_keys,
-                            data=[[r.get(k) for k in keys] + [r["figures"].get(k) for k in figure_keys] for r in rows])
-        run = wandb.init(project=config.logger.project, entity=config.logger.entity,
-                         group=config.logger.group or config.sweep.name, name=f"{config.sweep.name}-summary",
-                         job_type="sweep-summary", dir=str(sweep_dir), mode=mode,
+        run = wandb.init(project=config.logger.project, entity=config.logger.entity, group=group, name=name,
+                         job_type=job_type, dir=str(where), mode=mode,
                          settings=wandb.Settings(silent=True, console="off",
                                                  init_timeout=config.logger.init_timeout_s))
-        images = {f"plots/{p.stem}": wandb.Image(str(p)) for p in sorted((sweep_dir / "plots").glob("*.png"))}
-        run.log({"sweep/summary": table, **images})
+        run.log({table_key: wandb.Table(columns=columns, data=data),
+                 **{key: wandb.Image(str(path)) for key, path in images.items()}})
+        run.summary.update(summary or {})
         run.finish()
     except Exception as exc:  # noqa: BLE001 - W&B trouble never loses the local results
-        print(f"warning: W&B summary run not logged ({mode}): {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"warning: W&B {job_type} run not logged ({mode}): {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def main(argv: List[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from ..config.compose import compose
 from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
 from ..reporting.plots import pyplot
+from ..reporting.sweep_report import log_summary_run
 from . import advise
 from .advise import GIB, Candidate, Plan, measure, plan, size, to_dict
 
@@ -144,8 +145,7 @@ def write(p: Plan, result: dict, out: Path, command: str) -> None:
         lines += ["## Where the memory model was wrong", "",
                   *[f"- {m['candidate']}: {m['why']} (peak {size(m['peak_bytes'])}, predicted "
                     f"{size(m['predicted_peak_bytes'])})" for m in result["misses"]], ""]
-    errors = [100 * (c.peak_bytes - c.predicted_peak_bytes) / c.predicted_peak_bytes for c in p.candidates
-              if c.status == "ok" and c.peak_bytes]
+    errors = [error_pct(c) for c in p.candidates if c.status == "ok" and c.peak_bytes]
     speed = [c.tokens_per_s / c.predicted_tokens_per_s for c in p.candidates if c.status == "ok" and c.tokens_per_s]
     lines += ["## Theory", "",
               f"Peak memory: theory/predict.py; measured against predicted over the probes that trained: median "
@@ -205,28 +205,12 @@ def plot(p: Plan, result: dict, path: Path) -> None:
 
 def log_wandb(p: Plan, result: dict, out: Path) -> None:
     """One W&B run of job type `advise` with the answer, the table and the plot, unless the logger is off."""
-    from ..config.compose import compose
-    from ..config.derive import wandb_mode
-
-    cfg = compose(p.overrides)
-    mode = wandb_mode(cfg.logger.mode)
-    if mode == "disabled":
-        return
-    try:
-        import wandb
-
-        run = wandb.init(project=cfg.logger.project, entity=cfg.logger.entity, job_type="advise", dir=str(out),
-                         name=f"advise-{out.name}", mode=mode, config={"plan": to_dict(p)},
-                         settings=wandb.Settings(silent=True, console="off", init_timeout=cfg.logger.init_timeout_s))
-        rows = [[c.name, c.status, c.tokens_per_s, c.predicted_tokens_per_s, c.peak_bytes, c.predicted_peak_bytes]
-                for c in p.candidates if c.status]
-        run.log({"advice/table": wandb.Table(columns=["candidate", "status", "tokens_per_s", "predicted_tokens_per_s",
-                                                      "peak_bytes", "predicted_peak_bytes"], data=rows),
-                 "advice/plot": wandb.Image(str(out / "advice.png"))})
-        run.summary.update({"advice/sentence": result["sentence"], "advice/winner": result["winner"]})
-        run.finish()
-    except Exception as err:  # noqa: BLE001 - W&B never fails the advice, which is on disk already
-        print(f"advise: W&B logging failed ({type(err).__name__}: {err}); the advice is on disk", flush=True)
+    columns = ["candidate", "status", "tokens_per_s", "predicted_tokens_per_s", "peak_bytes", "predicted_peak_bytes"]
+    rows = [[c.name, c.status, c.tokens_per_s, c.predicted_tokens_per_s, c.peak_bytes, c.predicted_peak_bytes]
+            for c in p.candidates if c.status]
+    log_summary_run(compose(p.overrides), out, f"advise-{out.name}", "advise", "advice/table", columns, rows,
+                    images={"advice/plot": out / "advice.png"},
+                    summary={"advice/sentence": result["sentence"], "advice/winner": result["winner"]})
 
 
 def main(argv=None) -> int:

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 
 from ..config.compose import compose
 from ..config.derive import tokens_per_step, world_size
-from .capacity import run_probe
+from .capacity import device_bytes, run_probe
 
 GIB = 2**30
 BOUNDARY_X = 1.5  # a pruned candidate predicted within this factor of the budget is worth one probe
@@ -110,7 +110,7 @@ def rates_for(cfg, world: int):
     if device.type == "cpu" and cfg.parallelism.nproc_per_node > 1:
         torch.set_num_threads(1)
     try:
-        tflops = probes.calibrate_matmul_tflops(device, cfg.train.precision, 8192 if device.type == "cuda" else 1024)
+        tflops = probes.device_peaks(device, cfg.train.precision)[2]  # the measured one, as each rank takes it
         gbps = probes.calibrate_copy_gbps(device)
     finally:
         torch.set_num_threads(threads)
@@ -215,9 +215,7 @@ def probe(c: Candidate, role: str, p: Plan, out: Path, force: bool) -> None:
     figures = summary.get("figures", {})
     c.role, c.status, c.reason, c.run_dir = role, summary.get("status", "failed"), summary.get("reason", ""), str(run_dir)
     c.tokens_per_s = figures.get("throughput/tokens_per_s")
-    # an OOM's figure: the profiled peak, or the device's states when they alone broke the budget (a floor)
-    c.peak_bytes = figures.get("memory/device_peak_bytes_max", figures.get(
-        "memory/device_peak_bytes", figures.get("memory/model_states_device_bytes")))
+    c.peak_bytes = device_bytes(summary)  # for an OOM, what it reached
     print(f"  probe {c.name} ({role}): {c.status}"
           + (f", {c.tokens_per_s:,.0f} tokens/s" if c.tokens_per_s else "")
           + (f", peak {size(c.peak_bytes)} (predicted {size(c.predicted_peak_bytes)})" if c.peak_bytes else "")

@@ -125,7 +125,8 @@ def capacity(backend: str, budget: int, candidates: List[List[str]], names: List
 
 
 def device_bytes(summary: dict) -> Optional[float]:
-    """The device peak a probe reached: the summary's figure, or for an OOM what its rank recorded."""
+    """The device peak a probe reached: the summary's figure; for an OOM, the peak its rank recorded, or the
+    device states when they alone broke the budget (a floor)."""
     figures = summary.get("figures", {})
     return figures.get("memory/device_peak_bytes_max", figures.get("memory/device_peak_bytes",
                                                                    figures.get("memory/model_states_device_bytes")))
