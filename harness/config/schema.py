@@ -36,6 +36,7 @@ CHOICES = {
     "data.name": ("stdlib", "synthetic"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
     "fault.kind": FAULT_KINDS,
+    "workload.name": ("full", "lora"),
 }
 
 
@@ -70,7 +71,20 @@ class ModelConfig:
     # it and the model has more than `meta_above_params` parameters.
     init: str = "auto"
     meta_above_params: int = 500_000_000
-    pretrained_path: Optional[str] = None  # local directory for from_pretrained; nothing is downloaded
+    # a local checkpoint (save_pretrained's safetensors, sharded or not) whose weights replace the seeded init
+    # on every construction path, tensor by tensor (runtime/checkpoint.py); nothing is downloaded
+    pretrained_path: Optional[str] = None
+
+
+@dataclass
+class WorkloadConfig:
+    """What trains: every parameter (full), or LoRA adapters over a frozen base (peft). The LoRA fields left
+    unset take peft's own defaults (LoraConfig: r 8, alpha 8, its per-architecture target modules)."""
+
+    name: str = "full"  # full | lora
+    lora_rank: Optional[int] = None
+    lora_alpha: Optional[int] = None
+    lora_targets: Optional[List[str]] = None  # module names, e.g. [q_proj, v_proj]; None = peft's default
 
 
 @dataclass
@@ -171,6 +185,7 @@ class RunConfig:
     profile: str = "native"
     backend: BackendConfig = field(default_factory=BackendConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     data: DataConfig = field(default_factory=DataConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)

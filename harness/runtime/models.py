@@ -1,8 +1,9 @@
-"""Transformer models built from transformers configs, randomly initialised (or from a local path).
+"""Transformer models built from transformers configs, with LoRA adapters when the workload asks.
 
-The harness only needs three things from a model: build it, find its repeated blocks (for FSDP wrapping
-and the memory model), and turn activation checkpointing on. Each family maps our typed `ModelConfig`
-onto its transformers config class.
+The harness only needs a few things from a model: build it, adapt it (peft LoRA), find its repeated blocks
+(for FSDP wrapping and the memory model), and turn activation checkpointing on. Each family maps our typed
+`ModelConfig` onto its transformers config class. Weights, seeded or from a checkpoint, are written after
+construction by runtime/initial_weights.py, the same way on every construction path.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from functools import lru_cache
 import torch
 from omegaconf import OmegaConf
 from torch import nn
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 
 def hf_config(m):
@@ -53,14 +54,47 @@ def hf_config(m):
 _CLASSES = {"llama": LlamaForCausalLM, "gpt2": GPT2LMHeadModel}
 
 
-def build(m, device: torch.device | str | None = None) -> nn.Module:
-    """Construct the model, on `device` or under the caller's context (meta, or deepspeed.zero.Init)."""
-    if m.pretrained_path and device != "meta":
-        return AutoModelForCausalLM.from_pretrained(m.pretrained_path, attn_implementation="sdpa")
+def build(m, device: torch.device | str | None = None, workload=None) -> nn.Module:
+    """Construct the model, on `device` or under the caller's context (meta, or deepspeed.zero.Init), with
+    LoRA adapters when `workload` asks. Its weights are whatever construction left: the caller writes them.
+
+    A pretrained checkpoint is not read here (no from_pretrained): that would materialise the whole model on
+    every rank, which neither the meta device nor zero.Init allows. initial_weights.apply loads it instead."""
     cfg = hf_config(m)
     cfg._attn_implementation = "sdpa"
     with torch.device(device) if device is not None else contextlib.nullcontext():
-        return _CLASSES[m.family](cfg)
+        model = _CLASSES[m.family](cfg)
+        return adapt(model, workload) if workload is not None and workload.name == "lora" else model
+
+
+def lora_config(workload):
+    """peft's LoraConfig for the workload: unset fields keep peft's defaults. Dropout stays 0 (peft's default)
+    so that the forward is deterministic, and peft's own init is skipped (init_lora_weights=False): under
+    zero.Init the adapters are partitioned before it could run, so initial_weights applies it, seeded, on
+    every path (peft's rule: A Kaiming-uniform, B zero, so the adapted model starts equal to its base)."""
+    from peft import LoraConfig
+
+    set_fields = {k: v for k, v in {"r": workload.lora_rank, "lora_alpha": workload.lora_alpha,
+                                    "target_modules": workload.lora_targets}.items() if v is not None}
+    if "target_modules" in set_fields:
+        set_fields["target_modules"] = list(set_fields["target_modules"])
+    return LoraConfig(init_lora_weights=False, lora_dropout=0.0, **set_fields)
+
+
+def adapt(model: nn.Module, workload) -> nn.Module:
+    """The model with LoRA adapters (peft.get_peft_model): base weights frozen, only the adapters train."""
+    import warnings
+
+    from peft import get_peft_model
+
+    with warnings.catch_warnings():  # GPT-2's Conv1D: peft says it sets fan_in_fan_out itself
+        warnings.filterwarnings("ignore", message=".*fan_in_fan_out.*")
+        return get_peft_model(model, lora_config(workload))
+
+
+def base_name(name: str) -> str:
+    """A parameter's name in the base model, whatever peft wrapped around it (the checkpoint's key)."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
@@ -82,19 +116,25 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
     model.config.use_cache = False
 
 
-def param_count(m) -> dict:
-    """Exact parameter counts from a meta-device build: total, embedding (input), per block, largest tensor."""
-    return _param_count(OmegaConf.to_yaml(m))
+def param_count(m, workload=None) -> dict:
+    """Exact parameter counts from a meta-device build: total, trainable, embedding (input), per block (and
+    its trainable part), largest tensor (and largest trainable one)."""
+    return _param_count(OmegaConf.to_yaml(m), OmegaConf.to_yaml(workload) if workload is not None else "")
 
 
 @lru_cache(maxsize=32)
-def _param_count(model_yaml: str) -> dict:
-    model = build(OmegaConf.create(model_yaml), device="meta")
+def _param_count(model_yaml: str, workload_yaml: str) -> dict:
+    workload = OmegaConf.create(workload_yaml) if workload_yaml else None
+    model = build(OmegaConf.create(model_yaml), device="meta", workload=workload)
     total = sum(p.numel() for p in model.parameters())
+    trainable = [p.numel() for p in model.parameters() if p.requires_grad]
     emb = model.get_input_embeddings().weight.numel()
     per_block = sum(p.numel() for p in blocks(model)[0].parameters())
     # the largest single tensor sizes DeepSpeed's offload staging buffers and ZeRO-3's gathered working set
     largest = max(p.numel() for p in model.parameters())
     # every tensor's size (tied ones once): ZeRO-3 keeps those under its persistence threshold whole
     sizes = [p.numel() for p in model.parameters()]
-    return {"total": total, "embedding": emb, "per_block": per_block, "largest_param": largest, "sizes": sizes}
+    block_trainable = sum(p.numel() for p in blocks(model)[0].parameters() if p.requires_grad)
+    return {"total": total, "embedding": emb, "per_block": per_block, "largest_param": largest, "sizes": sizes,
+            "trainable": sum(trainable), "per_block_trainable": block_trainable,
+            "largest_trainable": max(trainable, default=0)}

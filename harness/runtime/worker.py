@@ -62,11 +62,11 @@ def flop_counts(cfg, counts: dict) -> dict:
 
 def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> None:
     torch.manual_seed(cfg.train.seed)
-    counts = models.param_count(cfg.model)
+    counts = models.param_count(cfg.model, cfg.workload)
     strategy = make_strategy(cfg, device, world, counts["total"])
     use_meta = use_meta_init(cfg, counts["total"])
     with strategy.init_context(use_meta):
-        model = models.build(cfg.model)
+        model = models.build(cfg.model, workload=cfg.workload)
     if cfg.train.activation_checkpointing:
         models.enable_activation_checkpointing(model)
     model.train()
@@ -187,7 +187,7 @@ def main() -> int:
     watch_parent(on_parent_lost)
     params, device = None, torch.device("cpu")  # params in every outcome: a failed row still says the size
     try:
-        params = models.param_count(cfg.model)["total"]
+        params = models.param_count(cfg.model, cfg.workload)["total"]
         rank, world, device = start(cfg)
         run(cfg, run_dir, rank, world, device)
         outcome, code = RankOutcome(rank, Status.OK, params=params, elapsed_s=time.time() - started), 0

@@ -132,7 +132,7 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     batch = global_batch or par.global_batch or par.micro_batch * par.grad_accum * world
     if batch % world:
         raise ValueError(f"--global-batch {batch}: not divisible by the {world} ranks; use a multiple of {world}")
-    counts = models.param_count(base.model)
+    counts = models.param_count(base.model, base.workload)
     budget = budget_bytes or default_budget(base)
     rates = rates_for(base, world)
     flops_per_token = count_flops_per_token(base.model, par.seq_len)

@@ -40,7 +40,8 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
         n = world or world_size(cfg)
         # a hypothetical model has no tensors: the terms sized by its tensors (offload staging, DeepSpeed's
         # gathered layer, ZeRO-3's persistent small parameters) are left out
-        counts = {"total": int(params), "largest_param": 0, "sizes": ()} if params else models.param_count(cfg.model)
+        counts = ({"total": int(params), "largest_param": 0, "sizes": ()} if params
+                  else models.param_count(cfg.model, cfg.workload))
         shape = shape_of(cfg, n, counts)
         comps = memory.layout(cfg.backend, shape)
         total = totals(comps)

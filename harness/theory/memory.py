@@ -10,6 +10,9 @@ Two predictions of model-state memory sit side by side:
   the last backward, before the optimizer step). The differences from the paper are real and explained
   in `LAYOUT_NOTES`; the tests hold the measured bytes within 5% of this layout on every backend.
 
+LoRA (workload=lora) trains T of the Ψ parameters: every term for gradients, master weights and optimizer state
+counts T, parameters count Ψ. The paper's formula generalises the same way (T = Ψ gives the paper).
+
 Components are those of core/components.py: `params`, `grads`, `master`, `optimizer`, with a `host_`
 prefix when offloaded, plus `buffers` (communication and offload staging, reported apart).
 """
@@ -49,19 +52,22 @@ def paper_stage(backend) -> int:
 
 
 def paper_bytes(stage: int, s: Shape) -> float:
-    """The ZeRO paper's model-state bytes per rank (table 1), for p-byte weights and K optimizer bytes."""
-    psi, n, p, k = s.params, s.world, s.p, s.k
-    return {0: (2 * p + k) * psi, 1: 2 * p * psi + k * psi / n, 2: p * psi + (p + k) * psi / n,
-            3: (2 * p + k) * psi / n}[stage]
+    """The ZeRO paper's model-state bytes per rank (table 1), for p-byte weights and K optimizer bytes: weights
+    pΨ (sharded by stage 3), gradients pT (by stage 2) and optimizer state KT (by stage 1), T = Ψ but for
+    LoRA, whose frozen base has no gradients or optimizer state."""
+    psi, t, n, p, k = s.params, s.t, s.world, s.p, s.k
+    weights = p * psi / n if stage == 3 else p * psi
+    grads = p * t / n if stage >= 2 else p * t
+    return weights + grads + (k * t / n if stage >= 1 else k * t)
 
 
 def layout(backend, s: Shape) -> Dict[str, float]:
     """Bytes per rank by component, following the backend's real storage (see the module docstring)."""
-    psi, n, p = s.params, s.world, s.p
+    psi, t, n, p = s.params, s.t, s.world, s.p
     if backend.family == "ddp":
-        return {"params": 4 * psi, "grads": 4 * psi, "optimizer": 8 * psi}
+        return {"params": 4 * psi, "grads": 4 * t, "optimizer": 8 * t}
     if backend.family == "fsdp":
-        return {"params": 4 * psi / n, "grads": 4 * psi / n, "optimizer": 8 * psi / n}
+        return {"params": 4 * psi / n, "grads": 4 * t / n, "optimizer": 8 * t / n}
     # DeepSpeed. Gradient partitions are fp32 in fp32 runs and under parity's grad_accum_dtype=fp32.
     g = 4 if s.fp32_grads else p
     stage, off_opt, off_par = backend.zero_stage, backend.offload_optimizer, backend.offload_params
@@ -70,22 +76,22 @@ def layout(backend, s: Shape) -> Dict[str, float]:
     # tensor is under the native threshold (2Ψ/2 of shards + 2Ψ whole).
     out: Dict[str, float] = {"params": p * (psi / n + s.persistent_params) if stage == 3 else p * psi}
     if stage == 1 and s.precision == "bf16" and s.fp32_grads and not off_opt:
-        out["grads"] = (p + 4) * psi  # BF16_Optimizer: 16-bit .grad on every parameter + full fp32 copy
+        out["grads"] = (p + 4) * t  # BF16_Optimizer: 16-bit .grad on every parameter + full fp32 copy
     elif off_opt and stage == 3:
-        out["grads"] = (4 + g) * psi / n  # fp32 partition .grad + the flat staging buffer (gradient dtype)
+        out["grads"] = (4 + g) * t / n  # fp32 partition .grad + the flat staging buffer (gradient dtype)
     elif off_opt:
         # the fp32 partition's .grad (CPU Adam steps in fp32), and in a 16-bit run with fp32 accumulation
         # (parity) a second fp32 staging buffer
-        out["grads"] = (8 if p < 4 and s.fp32_grads else 4) * psi / n
+        out["grads"] = (8 if p < 4 and s.fp32_grads else 4) * t / n
     else:
-        out["grads"] = g * psi / n
+        out["grads"] = g * t / n
     if off_opt and stage in (1, 2) and s.grad_accum > 1:
         # Between micro-batches ZeRO-1/2 offload keeps a host buffer per parameter of this rank's partition
         # (accumulated_grads_in_cpu, in the parameter dtype). Found when the fp32 test sweep moved to
         # grad_accum 2: measured host grads were 2.07x the single partition.
-        out["grads"] += p * psi / n
-    out["master"] = 4 * psi / n
-    out["optimizer"] = 8 * psi / n
+        out["grads"] += p * t / n
+    out["master"] = 4 * t / n
+    out["optimizer"] = 8 * t / n
     if off_opt:
         for key in ("grads", "master", "optimizer"):
             out["host_" + key] = out.pop(key)
@@ -95,7 +101,7 @@ def layout(backend, s: Shape) -> Dict[str, float]:
     if stage == 3:
         buffers += p * s.bucket_elements  # the reduce bucket, allocated at full size
     elif off_opt:
-        buffers += p * psi / n + 2 * p * s.largest_param  # 16-bit partition staging + two grad temps
+        buffers += p * t / n + 2 * p * s.largest_t  # 16-bit partition staging + two grad temps
     out["buffers"] = buffers
     return out
 
@@ -156,10 +162,10 @@ def backward_transients(backend, s: Shape) -> Dict[str, float]:
         missing = s.grad_accum == 1 and not (backend.family == "ddp" and not s.ddp_grad_copy)
         out = {"grads_not_yet_allocated": -layout(backend, s)["grads"] if missing else 0.0}
         if backend.family == "ddp":
-            return {"ddp_buckets": 4 * s.params if s.ddp_grad_copy else 0.0, **out}
-        return {"gathered_blocks": 2 * p * s.block_params, "unsharded_grads": p * s.block_params, **out}
+            return {"ddp_buckets": 4 * s.t if s.ddp_grad_copy else 0.0, **out}
+        return {"gathered_blocks": 2 * p * s.block_params, "unsharded_grads": p * s.block_t, **out}
     if backend.zero_stage == 3:
-        return {"gathered_block": p * s.block_params, "block_grads": p * s.block_params}
+        return {"gathered_block": p * s.block_params, "block_grads": p * s.block_t}
     if backend.zero_stage == 1 and s.precision == "bf16" and s.fp32_grads and not backend.offload_optimizer:
         return {"reduce_bucket": 0.0}
     return {"reduce_bucket": (4 if s.fp32_grads else p) * s.bucket_elements}
@@ -177,16 +183,16 @@ def step_transients(backend, s: Shape) -> Dict[str, float]:
     - Offloaded: DeepSpeedCPUAdam steps in place, in C++.
     - DDP's separate buckets (native) are still allocated.
     """
-    psi, n = s.params, s.world
+    t, n = s.t, s.world  # only the parameters that train are stepped
     if backend.family == "deepspeed":
         if backend.offload_optimizer:
             return {"optimizer_temporaries": 0.0}
-        flat = 4 * psi / n
+        flat = 4 * t / n
         return {"optimizer_temporaries": flat if s.foreach else 2 * flat, "flat_fp32_grad": flat}
-    local, largest = (psi, s.largest_param) if backend.family == "ddp" else (psi / n, -(-s.largest_param // n))
+    local, largest = (t, s.largest_t) if backend.family == "ddp" else (t / n, -(-s.largest_t // n))
     out = {"optimizer_temporaries": 4 * local if s.foreach else 2 * 4 * largest}
     if backend.family == "ddp":
-        out["ddp_buckets"] = 4 * psi if s.ddp_grad_copy else 0.0
+        out["ddp_buckets"] = 4 * t if s.ddp_grad_copy else 0.0
     return out
 
 

@@ -28,6 +28,24 @@ class Shape:
     overlap_comm: bool = False  # DeepSpeed overlaps its reduce (and ZeRO-3 its gathers) with compute
     tensor_sizes: tuple = ()  # every parameter tensor's elements (tied ones once)
     persistence_threshold: int = 0  # ZeRO-3 keeps tensors of at most this many elements whole on every rank
+    # LoRA (workload=lora): only these parameters train; the frozen rest keep no gradient or optimizer state.
+    # None = all of them (full training), and the fields below follow the whole model's.
+    trainable_params: int | None = None
+    block_trainable: int | None = None
+    largest_trainable: int | None = None
+
+    @property
+    def t(self) -> int:
+        """T, the parameters that train: Ψ, or the adapters of a frozen base."""
+        return self.params if self.trainable_params is None else self.trainable_params
+
+    @property
+    def block_t(self) -> int:
+        return self.block_params if self.block_trainable is None else self.block_trainable
+
+    @property
+    def largest_t(self) -> int:
+        return self.largest_param if self.largest_trainable is None else self.largest_trainable
 
     @property
     def p(self) -> int:
@@ -60,7 +78,9 @@ def shape_of(cfg, world: int, counts: Dict[str, int]) -> Shape:
                  ddp_grad_copy=not profiles.ddp_options(cfg, params).get("gradient_as_bucket_view", False),
                  foreach=cfg.parallelism.device == "cuda", blocks=cfg.model.num_layers,
                  root_reshards=bool(profiles.fsdp_root_reshard(cfg)), overlap_comm=overlap,
-                 tensor_sizes=tuple(counts.get("sizes", ())), persistence_threshold=threshold)
+                 tensor_sizes=tuple(counts.get("sizes", ())), persistence_threshold=threshold,
+                 trainable_params=counts.get("trainable"), block_trainable=counts.get("per_block_trainable"),
+                 largest_trainable=counts.get("largest_trainable"))
 
 
 def persistent_elements(sizes, threshold: int) -> int:

@@ -21,6 +21,7 @@ from typing_extensions import override
 
 from ...core.components import totals
 from .. import initial_weights
+from ..checkpoint import Checkpoint
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -89,10 +90,15 @@ class Strategy(ABC):
         return contextlib.nullcontext()
 
     def initialise(self, model: nn.Module) -> None:
-        """The seed's initial weights, the same on every construction path (runtime/initial_weights.py).
-        Called by each strategy's setup once the model's storage exists, before anything copies it."""
-        if not self.cfg.model.pretrained_path:
-            initial_weights.apply(model, self.cfg.train.seed, self.gather_for_write)
+        """The seed's initial weights, or the checkpoint's, the same on every construction path
+        (runtime/initial_weights.py). Called by each strategy's setup once the model's storage exists, before
+        anything copies it."""
+        path = self.cfg.model.pretrained_path
+        initial_weights.apply(model, self.cfg.train.seed, self.gather_for_write, Checkpoint(path) if path else None)
+
+    def trainable(self, model: nn.Module) -> list:
+        """The parameters the optimizer steps: all of them, or only the adapters of a frozen base (LoRA)."""
+        return [p for p in model.parameters() if p.requires_grad]
 
     @abstractmethod
     def setup(self, model: nn.Module, optim_cfg) -> nn.Module:
@@ -147,7 +153,7 @@ class NativeStrategy(Strategy):
     def _build_optimizer(self, optim_cfg) -> None:
         o = optim_cfg
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
+            self.trainable(self.model), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
         )
         self.grad_clip = o.grad_clip
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None

@@ -61,10 +61,10 @@ class DeepSpeedStrategy(Strategy):
 
             _remember_cpu_info()
 
-            optimizer = DeepSpeedCPUAdam(model.parameters(), adamw_mode=True, **kw)
+            optimizer = DeepSpeedCPUAdam(self.trainable(model), adamw_mode=True, **kw)
             self.optimizer_name = "DeepSpeedCPUAdam(adamw_mode=True)"
         else:
-            optimizer = torch.optim.AdamW(model.parameters(), **kw)
+            optimizer = torch.optim.AdamW(self.trainable(model), **kw)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.config, dist_init_required=False
         )

@@ -1,0 +1,52 @@
+"""Before any rank starts: does model.pretrained_path hold a checkpoint of the model preset the run builds?
+
+The runs build the model from its preset (conf/model/) and read the checkpoint's tensors into it, so a
+checkpoint of another shape would fail on every rank, in the middle of loading. Its config.json says what it
+is; this compares the fields that decide the tensors' shapes, and names the first that differs.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List
+
+# the checkpoint's config.json key -> (our ModelConfig field, its value when ours is unset)
+FIELDS = {
+    "llama": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
+              "num_attention_heads": "num_heads", "num_key_value_heads": "num_kv_heads",
+              "intermediate_size": "intermediate_size", "tie_word_embeddings": "tie_embeddings"},
+    "gpt2": {"vocab_size": "vocab_size", "n_embd": "hidden_size", "n_layer": "num_layers", "n_head": "num_heads",
+             "n_inner": "intermediate_size", "tie_word_embeddings": "tie_embeddings"},
+}
+
+
+def ours(m, field: str):
+    value = m[field]
+    if value is None and field == "num_kv_heads":
+        return m.num_heads
+    return value
+
+
+def problems(m) -> List[str]:
+    if not m.pretrained_path:
+        return []
+    path = Path(m.pretrained_path)
+    where = f"model.pretrained_path={m.pretrained_path}"
+    if not (path / "config.json").is_file():
+        return [f"{where}: no config.json there; pass a directory written by save_pretrained"]
+    if not any((path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+        return [f"{where}: no model.safetensors or its shard index; save with save_pretrained's safetensors"]
+    theirs = json.loads((path / "config.json").read_text())
+    if theirs.get("model_type") != m.family:
+        return [f"{where}: a {theirs.get('model_type')} checkpoint, but model={m.name} is a {m.family}; pick a "
+                f"{theirs.get('model_type')} preset"]
+    for key, field in FIELDS[m.family].items():
+        want = theirs.get(key)
+        if want is None and field == "intermediate_size":
+            continue  # GPT-2's n_inner null: its 4h default, as ours
+        if key == "tie_word_embeddings" and want is None:
+            want = True  # transformers' default
+        if want != ours(m, field):
+            return [f"{where}: its {key} is {want}, model={m.name} has {field}={ours(m, field)}; pick the "
+                    f"checkpoint's preset or override model.{field}={want}"]
+    return []
