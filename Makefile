@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare sweep report run estimate bench advise capacity collectives faults browser test test-drills test-all clean lock
+.PHONY: help install warm demo compare sweep report run estimate bench advise capacity collectives finetune faults browser test test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -58,6 +58,11 @@ capacity: install warm ## largest model per backend under a budget: make capacit
 
 collectives: install ## all-reduce, reduce-scatter, all-gather, broadcast: time and busbw, 1 KiB-256 MiB -> results/collectives/
 	$(PY) -m harness.collectives $(ARGS)
+
+finetune: install warm ## full fine-tuning vs LoRA, every backend, from a checkpoint written here first -> results/sweeps/finetune/
+	test -f results/finetune/checkpoint/model.safetensors.index.json || \
+	  $(PY) -m harness.checkpoint --out results/finetune/checkpoint model=small_llama
+	$(PY) -m harness.train experiment=finetune $(ARGS)
 
 faults: install warm ## fault drill: OOM, exception, NaN, kill, hang, then re-run + Ctrl-C: status and time to detect -> results/faults/
 	$(PY) -m harness.fault_drill $(ARGS)

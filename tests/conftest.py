@@ -43,18 +43,50 @@ def sweep(root: Path, name: str, *overrides: str) -> dict:
 
 
 @pytest.fixture(scope="session")
-def fp32_runs(tmp_path_factory):
-    """Every backend, tiny_llama, fp32, the parity profile (exact accounting), and on purpose the hard cases:
-    3 ranks (uneven shards and padding, oversubscribing this 2-core machine), grad_accum 2 (no_sync paths and
-    per-micro-batch reduce-scatters), and model.init=meta (FSDP2 builds on the meta device, ZeRO-3 under
-    zero.Init; DDP and ZeRO-1/2 build on the host), so that loss parity covers every construction path."""
-    return sweep(tmp_path_factory.mktemp("fp32"), "fp32", "model=tiny_llama", "profile=parity",
-                 "parallelism.nproc_per_node=3", "parallelism.grad_accum=2", "model.init=meta")
+def llama_checkpoint(tmp_path_factory) -> Path:
+    """A pretrained tiny_llama checkpoint written here (`python -m harness.checkpoint`): 40 AdamW steps from
+    another seed, saved as 4 safetensors shards with their index. pretrain.json beside it has its losses."""
+    from harness.config.compose import compose
+    from harness.studies.checkpoint import write
+
+    out = tmp_path_factory.mktemp("checkpoint") / "tiny_llama"
+    write(compose(["model=tiny_llama"]), out, steps=40, shard_mib=0)  # in this process: no start-up to pay
+    return out
+
+
+# the fine-tuning sweeps' shape: 3 ranks (uneven shards and padding, oversubscribing this 2-core machine),
+# grad_accum 2 (no_sync paths and per-micro-batch reduce-scatters), the parity profile (exact accounting)
+FINETUNE = ("model=tiny_llama", "profile=parity", "parallelism.nproc_per_node=3", "parallelism.grad_accum=2")
+
+
+@pytest.fixture(scope="session")
+def fp32_runs(tmp_path_factory, llama_checkpoint):
+    """Every backend, fine-tuning tiny_llama from a pretrained checkpoint in fp32, on purpose with the hard
+    cases (FINETUNE), and model.init=meta: FSDP2 builds on the meta device and ZeRO-3 under zero.Init (DDP and
+    ZeRO-1/2 on the host), each reading the checkpoint tensor by tensor into its shards, so that loss parity
+    covers every construction path."""
+    return sweep(tmp_path_factory.mktemp("fp32"), "fp32", *FINETUNE, "model.init=meta",
+                 f"model.pretrained_path={llama_checkpoint}")
+
+
+@pytest.fixture(scope="session")
+def lora_runs(tmp_path_factory, llama_checkpoint):
+    """The fp32 sweep again with LoRA adapters (peft's defaults) over the frozen checkpoint, every backend
+    built on the host: with the fp32 sweep, each backend has loaded the checkpoint on both paths. 2 ranks x 3
+    micro-batches step on the same 12 sequences as the fp32 sweep's 3 x 2, and cost less (2 cores); only the
+    losses and the model states are tested here, so the profiled steps and FLOP count are off."""
+    return sweep(tmp_path_factory.mktemp("lora"), "lora", *FINETUNE, "parallelism.nproc_per_node=2",
+                 "parallelism.grad_accum=3", "model.init=host", "workload=lora",
+                 f"model.pretrained_path={llama_checkpoint}", "train.measure_flops=false",
+                 "train.breakdown_steps=0", "train.profile_memory=false")
 
 
 @pytest.fixture(scope="session")
 def bf16_runs(tmp_path_factory):
     """Every backend, tiny_gpt2 (a second model family: tied embeddings, biases), bf16, grad_accum 1, and the
-    native profile (each framework's own defaults), as a user runs it."""
+    native profile (each framework's own defaults), as a user runs it; from the seed's weights, with
+    model.init=meta: FSDP2 on the meta device and ZeRO-3 under zero.Init must initialise the tied model as the
+    host builds do (runtime/initial_weights.py)."""
     return sweep(tmp_path_factory.mktemp("bf16"), "bf16", "model=tiny_gpt2", "train.precision=bf16",
+                 "model.init=meta",
                  "train.measure_flops=false")  # FLOPs are tested on the fp32 sweep (test_parity); saves ~1 s a run

@@ -115,3 +115,13 @@ def test_cpu_ranks_may_share_cores_with_a_note_but_not_cuda_ranks_gpus():
     assert validate.problems(shared, no_cuda) == [] and "share" in validate.notes(shared)[0]
     assert validate.problems(make(f"parallelism.nproc_per_node={2 * cores + 1}"), no_cuda)
     assert validate.problems(make("parallelism=gpu8"), lambda: 1)
+
+
+def test_a_sweep_run_dir_name_fits_in_a_file_name_and_stays_stable():
+    # Hydra names each sweep run's dir after its overrides; 13 of them passed 255 bytes and every run crashed
+    short = "backend=ddp,model=tiny_llama"
+    assert schema.run_dirname(short) == short
+    long = ",".join(f"train.option_{i}=value_{i}" for i in range(20))
+    named = schema.run_dirname(long)
+    assert len(named.encode()) <= schema.MAX_DIRNAME and named == schema.run_dirname(long)
+    assert named != schema.run_dirname(long + ",x=1") and named.startswith("train.option_0=value_0")

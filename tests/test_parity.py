@@ -6,6 +6,7 @@ with 2 accumulated micro-batches per step (tiny_llama). The bf16 sweep runs the 
 """
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -25,16 +26,19 @@ def assert_losses_match(runs: dict, rel: float) -> None:
         assert losses == pytest.approx(ref, rel=rel), f"{backend} diverges from ddp: {losses} vs {ref}"
 
 
-def test_fp32_losses_match_ddp_on_every_construction_path_at_3_ranks(fp32_runs):
+def test_fp32_losses_match_ddp_on_every_construction_path_at_3_ranks(fp32_runs, llama_checkpoint):
     # 3 ranks: uneven shards; grad_accum 2: no_sync paths and per-micro-batch reduce-scatters; model.init=meta:
-    # FSDP2 on the meta device and ZeRO-3 under zero.Init start from the host build's weights
+    # FSDP2 on the meta device and ZeRO-3 under zero.Init load the same checkpoint as the host builds
     assert_losses_match(fp32_runs, rel=1e-4)
     built = {b: s["model_init"] for b, (s, _, _) in fp32_runs.items()}
     assert built == {**{b: "host" for b in BACKENDS}, "fsdp": "meta", "fsdp_grad_op": "meta",
                      "ds_zero3": "zero.Init", "ds_zero3_offload": "zero.Init"}
-    assert abs(fp32_runs["ddp"][1][0]["loss/loss"] - math.log(256)) < 0.3  # transformers' init: near-uniform
+    # the checkpoint's weights, not a seeded init (near-uniform over 256 bytes: ln 256 = 5.55): 40 steps of
+    # pretraining took its own loss from 5.5 to 2.8
+    pretrain = json.loads((llama_checkpoint / "pretrain.json").read_text())["losses"]
+    assert abs(pretrain[0] - math.log(256)) < 0.3 and fp32_runs["ddp"][1][0]["loss/loss"] < pretrain[0] - 1.5
     losses = [r["loss/loss"] for r in fp32_runs["ddp"][1]]
-    assert losses[-1] < losses[0], "training must lower the loss on the stdlib corpus"
+    assert min(losses[1:]) < losses[0] + 1, "fine-tuning must stay near the pretrained loss"
 
 
 def test_bf16_losses_agree_within_bf16_resolution_on_gpt2(bf16_runs):
@@ -43,6 +47,14 @@ def test_bf16_losses_agree_within_bf16_resolution_on_gpt2(bf16_runs):
     # weights once; DeepSpeed keeps bf16 weights beside fp32 masters), so their losses may differ by about
     # one bf16 rounding: 2e-3. Measured here over 5 steps: at most 2.7e-4 (ZeRO vs DDP).
     assert_losses_match(bf16_runs, rel=2e-3)
+    # model.init=meta: the seed's weights on every construction path, on the tied family (the lm_head is the
+    # embedding). transformers' init (std 0.02) gives near-uniform logits over 256 byte tokens: a first loss
+    # near ln 256. Before runtime/initial_weights.py, zero.Init left torch's N(0,1) embedding and ZeRO-3 started
+    # at 34; the model states' test (test_memory_model) caught zero.Init building bf16 weights in fp32 runs.
+    built = {b: s["model_init"] for b, (s, _, _) in bf16_runs.items()}
+    assert built == {**{b: "host" for b in BACKENDS}, "fsdp": "meta", "fsdp_grad_op": "meta",
+                     "ds_zero3": "zero.Init", "ds_zero3_offload": "zero.Init"}
+    assert abs(bf16_runs["ddp"][1][0]["loss/loss"] - math.log(256)) < 0.3
 
 
 def test_run_outputs_have_the_promised_fields(fp32_runs):

@@ -199,5 +199,23 @@ class RunConfig:
     force: bool = False  # true: run it again anyway
 
 
+MAX_DIRNAME = 200  # a file name may hold 255 bytes; room for Hydra's and the lock's suffixes
+
+
+def run_dirname(overrides: str) -> str:
+    """A sweep run's dir name: its overrides (Hydra's override_dirname), or, when they would not fit in a file
+    name, their first part and a hash of the whole, so that the same overrides always find the same dir."""
+    if len(overrides.encode()) <= MAX_DIRNAME:
+        return overrides
+    import hashlib
+
+    return overrides.encode()[:MAX_DIRNAME - 13].decode(errors="ignore") + "~" + \
+        hashlib.sha1(overrides.encode()).hexdigest()[:12]
+
+
 def register() -> None:
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    # conf/config.yaml names each sweep run's dir with it (hydra.sweep.subdir)
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("run_dirname", run_dirname, replace=True)

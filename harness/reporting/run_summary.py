@@ -117,6 +117,9 @@ def memory(cfg, ranks: List[RankReport]) -> Dict[str, float]:
     out.update(over_ranks([r.after_setup["host_rss"] for r in ranks], "memory/after_setup_host_rss_bytes"))
     if all("host_peak" in r.after_setup for r in ranks):  # the load-time cost: host peak and time to first step
         out.update(over_ranks([r.after_setup["host_peak"] for r in ranks], "memory/load_host_peak_bytes"))
+        # what building, wrapping and loading added to the host's high-water mark, above the rank's runtime
+        out.update(over_ranks([r.after_setup["host_peak"] - r.after_setup.get("host_before_build", 0)
+                               for r in ranks], "memory/load_host_added_bytes"))
         out.update(over_ranks([r.after_setup["seconds"] for r in ranks], "time/rank_start_to_first_step_s"))
     if "memory/peak_reserved_bytes_max" in out:  # what the caching allocator holds and no tensor uses
         out["memory/fragmentation_bytes"] = max(r.device["memory/peak_reserved_bytes"] - r.device["memory/peak_allocated_bytes"]
@@ -220,6 +223,8 @@ def errors(measured: dict, predicted: dict) -> Dict[str, float]:
 
 def figures(cfg, ranks: List[RankReport], flop_counts: dict) -> dict:
     out = throughput(cfg, ranks)
+    # the parameters the optimizer steps: all of them, or LoRA's adapters (the frozen base is the rest)
+    out["model/trainable_params"] = ranks[0].params.get("trainable", ranks[0].params["total"])
     out.update(flops(ranks, flop_counts, out["throughput/tokens_per_s_per_device"]))
     out.update(memory(cfg, ranks))
     out.update(time_breakdown(ranks))

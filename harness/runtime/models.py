@@ -92,6 +92,20 @@ def adapt(model: nn.Module, workload) -> nn.Module:
         return get_peft_model(model, lora_config(workload))
 
 
+def describe_workload(cfg, counts: dict) -> dict:
+    """What trains, as it ran: the workload, the checkpoint it started from, and peft's resolved LoRA config."""
+    out = {"name": cfg.workload.name, "pretrained_path": cfg.model.pretrained_path,
+           "trainable_params": counts.get("trainable", counts["total"]), "params": counts["total"]}
+    if cfg.workload.name == "lora":
+        lora = lora_config(cfg.workload)
+        from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULT_TARGETS
+
+        targets = lora.target_modules or DEFAULT_TARGETS[cfg.model.family]  # what get_peft_model resolves
+        out.update(r=lora.r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
+                   target_modules=sorted(targets))
+    return out
+
+
 def base_name(name: str) -> str:
     """A parameter's name in the base model, whatever peft wrapped around it (the checkpoint's key)."""
     return name.removeprefix("base_model.model.").replace(".base_layer.", ".")

@@ -170,14 +170,15 @@ class StateProbe:
 
 
 # -- FLOPs and peak -------------------------------------------------------------------------------------
-def count_flops_per_token(model_cfg, seq_len: int) -> int:
+def count_flops_per_token(model_cfg, seq_len: int, workload=None) -> int:
     """Training FLOPs per token (forward + backward) counted by torch's FlopCounterMode on a meta-device
-    copy of the model: exact for the model as implemented, at no memory cost, on any device."""
+    copy of the model: exact for the model as implemented, at no memory cost, on any device. With LoRA the
+    copy has its adapters and frozen base, so backward counts only the gradients autograd really computes."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from . import models
 
-    model = models.build(model_cfg, device="meta")
+    model = models.build(model_cfg, device="meta", workload=workload)
     ids = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
     # An explicit 4-D causal mask skips transformers' data-dependent mask checks (.item() fails on meta);
     # FlopCounterMode counts attention the same with or without it.
@@ -188,9 +189,13 @@ def count_flops_per_token(model_cfg, seq_len: int) -> int:
     return int(counter.get_total_flops() // seq_len)
 
 
-def formula_flops_per_token(n_params: int, n_embedding: int, layers: int, hidden: int, seq_len: int) -> int:
-    """6·(N − N_embedding) + 12·L·h·s (PaLM appendix B, as torchtitan uses it)."""
-    return 6 * (n_params - n_embedding) + 12 * layers * hidden * seq_len
+def formula_flops_per_token(n_params: int, n_embedding: int, layers: int, hidden: int, seq_len: int,
+                            trainable: int | None = None) -> int:
+    """6·(N − N_embedding) + 12·L·h·s (PaLM appendix B, as torchtitan uses it). With T < N trainable (LoRA)
+    the weight gradients (2 of the 6) are computed for T only: 4·(N − N_embedding) + 2·T + 12·L·h·s."""
+    dense = n_params - n_embedding
+    weights = 6 * dense if trainable is None or trainable >= n_params else 4 * dense + 2 * trainable
+    return weights + 12 * layers * hidden * seq_len
 
 
 def datasheet_peak(device_name: str, precision: str) -> float | None:

@@ -55,9 +55,9 @@ def use_meta_init(cfg, n_params: int) -> bool:
 
 def flop_counts(cfg, counts: dict) -> dict:
     m, seq = cfg.model, cfg.parallelism.seq_len
-    return {"counted": probes.count_flops_per_token(m, seq),
+    return {"counted": probes.count_flops_per_token(m, seq, cfg.workload),
             "formula": probes.formula_flops_per_token(counts["total"], counts["embedding"], m.num_layers,
-                                                      m.hidden_size, seq)}
+                                                      m.hidden_size, seq, counts.get("trainable"))}
 
 
 def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> None:
@@ -65,21 +65,27 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
     counts = models.param_count(cfg.model, cfg.workload)
     strategy = make_strategy(cfg, device, world, counts["total"])
     use_meta = use_meta_init(cfg, counts["total"])
+    # the host before the model exists (imports and the process group done): what building, wrapping and
+    # loading a checkpoint add on top of it is the load-time cost a strategy puts on the host
+    host_before_build = probes.host_rss_bytes()
+    probes.reset_host_peak()
     with strategy.init_context(use_meta):
         model = models.build(cfg.model, workload=cfg.workload)
     if cfg.train.activation_checkpointing:
         models.enable_activation_checkpointing(model)
     model.train()
     model = strategy.setup(model, cfg.optim)
-    settings = strategy.effective_settings()
+    settings = {**strategy.effective_settings(), "workload": models.describe_workload(cfg, counts)}
     if rank == 0:  # written now, so that a run that fails later still says what it ran with
         write_json(run_dir.settings, settings)
     batches = data.Batches(cfg.data, cfg.parallelism, cfg.model.vocab_size, cfg.train.seed, rank, world, device)
     sink = open_sink(cfg if rank == 0 else None, run_dir)  # only rank 0 writes metrics and W&B
-    # the load-time cost: the host high-water mark since this rank started (imports, build, wrap, optimizer;
-    # the timed window resets it later) and the seconds from the rank's start to its first step
+    # the load-time cost: the host high-water mark while the model was built, wrapped, initialised or loaded
+    # and given its optimizer (the timed window resets it later), and the seconds from the rank's start to its
+    # first step
     after_setup = {"host_rss": probes.host_rss_bytes(), "device_allocated": probes.device_allocated(device),
-                   "host_peak": probes.host_peak_bytes(), "seconds": probes.seconds_since_process_start()}
+                   "host_peak": probes.host_peak_bytes(), "host_before_build": host_before_build,
+                   "seconds": probes.seconds_since_process_start()}
     try:
         trace = None
         if cfg.train.profile:

@@ -135,7 +135,7 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     counts = models.param_count(base.model, base.workload)
     budget = budget_bytes or default_budget(base)
     rates = rates_for(base, world)
-    flops_per_token = count_flops_per_token(base.model, par.seq_len)
+    flops_per_token = count_flops_per_token(base.model, par.seq_len, base.workload)
     out = Plan(overrides, budget, margin, batch, world, base.model.name, base.train.precision, par.device, base.profile,
                rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps,
                       "collectives_measured": float(bool(rates.comm.by_op)), "flops_per_token": flops_per_token})

@@ -210,8 +210,8 @@ def deepspeed_estimate(backend, s: Shape) -> Optional[Dict[str, float]]:
     4·largest_layer + 18Ψ/N, or 4·largest_layer with everything offloaded. `gathered` is the
     4·largest_layer working set, which is transient, not a model state.
     """
-    if backend.family != "deepspeed" or backend.zero_stage not in (2, 3):
-        return None
+    if backend.family != "deepspeed" or backend.zero_stage not in (2, 3) or s.t != s.params:
+        return None  # (its formulas train every parameter: none for LoRA)
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
