@@ -14,7 +14,9 @@ from .collect import varying_keys
 # (header, how to get it from a summary, format)
 COLUMNS = [
     ("backend", lambda s: s.get("backend", "?"), "{}"),
-    ("model", lambda s: s.get("model", "?"), "{}"),
+    # a LoRA run is named as such: the same model, a different workload (and different model states)
+    ("model", lambda s: s.get("model", "?") + ("+lora" if s.get("config", {}).get("workload.name") == "lora"
+                                               else ""), "{}"),
     ("precision", lambda s: s.get("precision", "?"), "{}"),
     ("status", lambda s: s.get("status", "?"), "{}"),
     ("tokens/s", lambda s: s["figures"].get("throughput/tokens_per_s"), "{:,.0f}"),
