@@ -82,21 +82,22 @@ def test_lora_model_states_match_the_frozen_base_layout(lora_runs, name):
     assert 0 < grads < 0.1 * params
 
 
-def _tiny_gpt2(tmp_path):
-    """A tied model (lm_head is the embedding) saved by save_pretrained in 3 shards, and its state."""
+def _tiny_gpt2(tmp_path, shard_bytes=200_000):
+    """A tied model (lm_head is the embedding) saved by save_pretrained (in 3 shards by default), and its state."""
     cfg = compose(["model=tiny_gpt2"])
     torch.manual_seed(1)
     source = models.build(cfg.model)
     with torch.no_grad():
         for p in source.parameters():
             p.normal_()  # nothing like a seeded init: a load that fell back to it would show
-    source.save_pretrained(tmp_path, max_shard_size=200_000)
+    source.save_pretrained(tmp_path, max_shard_size=shard_bytes)
     return cfg, {k: v.clone() for k, v in source.state_dict().items()}
 
 
-def test_a_sharded_tied_checkpoint_loads_exactly_with_and_without_adapters(tmp_path):
-    cfg, state = _tiny_gpt2(tmp_path)
-    assert (tmp_path / "model.safetensors.index.json").is_file()
+@pytest.mark.parametrize("shard_bytes, index", [(200_000, True), (10**9, False)])
+def test_a_tied_checkpoint_loads_exactly_sharded_or_not_with_and_without_adapters(tmp_path, shard_bytes, index):
+    cfg, state = _tiny_gpt2(tmp_path, shard_bytes)
+    assert (tmp_path / "model.safetensors.index.json").is_file() == index
     plain = models.build(cfg.model)
     initial_weights.apply(plain, seed=0, checkpoint=Checkpoint(tmp_path))
     assert plain.lm_head.weight is plain.transformer.wte.weight
@@ -114,6 +115,29 @@ def test_a_sharded_tied_checkpoint_loads_exactly_with_and_without_adapters(tmp_p
     assert adapters and all(".lora_" in k for k in adapters)
     assert all(not v.any() for k, v in adapters.items() if ".lora_B." in k)  # the adapted model is its base
     assert all(v.abs().sum() > 0 for k, v in adapters.items() if ".lora_A." in k)
+
+
+def test_estimate_counts_the_frozen_base_apart_from_the_adapters():
+    from harness.studies.estimate import rows
+
+    cfg = compose(["model=tiny_llama", "workload=lora"])
+    counts = models.param_count(cfg.model, cfg.workload)
+    psi, t = counts["total"], counts["trainable"]
+    by_backend = {r["backend"]: r for r in rows(["model=tiny_llama", "workload=lora"])}
+    # DDP: fp32 parameters for all of it (adapters included), fp32 gradients and Adam's m and v for the adapters
+    assert by_backend["ddp"]["device_bytes"] == 4 * psi + 12 * t
+    assert by_backend["fsdp"]["device_bytes"] == pytest.approx((4 * psi + 12 * t) / 2)
+    assert by_backend["ds_zero2"]["deepspeed_gpu_bytes"] is None  # its estimator trains every parameter
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["workload=lora", "workload.lora_targets=[q_proj,nope]"], "nope is not a linear layer of a llama model"),
+    (["workload=lora", "workload.lora_rank=0"], "workload.lora_rank=0"),
+    (["workload.lora_rank=16"], "only workload=lora has adapters"),
+])
+def test_a_lora_the_model_cannot_take_is_refused_in_one_line(overrides, says):
+    found = rules.problems(compose(["model=tiny_llama", *overrides]), lambda: 0)
+    assert len(found) == 1 and says in found[0], found
 
 
 def test_a_checkpoint_of_another_shape_is_refused_before_any_rank_starts(tmp_path):

@@ -13,7 +13,7 @@ from typing import Callable, List
 from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import ConfigError
-from . import checkpoint_check, deepspeed_check, derive, schema
+from . import deepspeed_check, derive, finetune_check, schema
 from .deepspeed_json import conflicts
 from .schema import CHOICES
 
@@ -190,7 +190,7 @@ def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[s
     reported alone: the rules after them assume a config of the schema's shape with values of the right kind."""
     return unknown_key_rules(cfg) or value_rules(cfg) or [
         *shape_rules(cfg), *device_rules(cfg, cuda_devices), *batch_rules(cfg), *run_rules(cfg), *backend_rules(cfg),
-        *checkpoint_check.problems(cfg.model)]
+        *finetune_check.problems(cfg)]
 
 
 def check(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> None:

@@ -284,5 +284,8 @@ def ok(cfg, ranks: List[RankReport], flop_counts: dict, env: dict, warnings: Lis
         profile=cfg.profile, settings=settings,
         per_rank=[{"rank": r.rank, "model_states": r.model_states, "unclassified": r.unclassified,
                    "host_peak_bytes": r.host_peak_bytes, "host_peak_reset": r.host_peak_reset,
-                   "timed_step_s": r.timed_step_s, "time_breakdown": r.time_breakdown, **r.device}
+                   "timed_step_s": r.timed_step_s, "time_breakdown": r.time_breakdown, **r.device,
+                   # what building, wrapping and loading the model added to this rank's host high-water mark
+                   "load_host_added_bytes": (r.after_setup.get("host_peak", 0)
+                                             - r.after_setup.get("host_before_build", 0))}
                   for r in ranks])

@@ -1,8 +1,11 @@
-"""Before any rank starts: does model.pretrained_path hold a checkpoint of the model preset the run builds?
+"""Fine-tuning's rules, checked before any rank starts.
 
-The runs build the model from its preset (conf/model/) and read the checkpoint's tensors into it, so a
-checkpoint of another shape would fail on every rank, in the middle of loading. Its config.json says what it
-is; this compares the fields that decide the tensors' shapes, and names the first that differs.
+Does model.pretrained_path hold a checkpoint of the model preset the run builds? The runs build the model
+from its preset (conf/model/) and read the checkpoint's tensors into it, so a checkpoint of another shape
+would fail on every rank, in the middle of loading. Its config.json says what it is; this compares the
+fields that decide the tensors' shapes, and names the first that differs.
+
+Can LoRA adapt what workload=lora names? peft would raise inside every rank for a module the model lacks.
 """
 from __future__ import annotations
 
@@ -27,7 +30,34 @@ def ours(m, field: str):
     return value
 
 
-def problems(m) -> List[str]:
+# the linear layers of each family that LoRA can adapt (transformers' module names)
+LORA_TARGETS = {
+    "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"),
+    "gpt2": ("c_attn", "c_proj", "c_fc", "lm_head"),
+}
+
+
+def problems(cfg) -> List[str]:
+    return checkpoint_problems(cfg.model) + workload_problems(cfg)
+
+
+def workload_problems(cfg) -> List[str]:
+    w, family = cfg.workload, cfg.model.family
+    if w.name != "lora":
+        set_fields = [k for k in ("lora_rank", "lora_alpha", "lora_targets") if w[k] is not None]
+        return [f"workload.{set_fields[0]}: only workload=lora has adapters; add workload=lora"] if set_fields else []
+    out = []
+    for key in ("lora_rank", "lora_alpha"):
+        if w[key] is not None and w[key] < 1:
+            out.append(f"workload.{key}={w[key]}: must be at least 1")
+    unknown = [t for t in (w.lora_targets or ()) if t not in LORA_TARGETS[family]]
+    if unknown:
+        out.append(f"workload.lora_targets: {unknown[0]} is not a linear layer of a {family} model; choose from "
+                   f"{', '.join(LORA_TARGETS[family])}")
+    return out
+
+
+def checkpoint_problems(m) -> List[str]:
     if not m.pretrained_path:
         return []
     path = Path(m.pretrained_path)
