@@ -164,6 +164,9 @@ class LoggerConfig:
 @dataclass
 class DistConfig:
     timeout_s: int = 300  # collective timeout: a hung peer turns into a `timeout` result after this long
+    # multi-node: how long the nodes wait for each other (torchrun's c10d join timeout, and a follower's wait
+    # for node 0 to start the run); a node that never joins ends the run as `timeout` after this long
+    rendezvous_timeout_s: int = 300
     master_port: int = 0  # 0 = pick a free port
 
 

@@ -49,6 +49,7 @@ class RankOutcome:
     params: Optional[int] = None  # counted by the rank, so a failed row still says how large the model was
     elapsed_s: Optional[float] = None
     reached: Dict[str, Any] = field(default_factory=dict)  # memory high-water marks when it failed
+    node: Optional[int] = None  # the node it ran on (torchrun's GROUP_RANK)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RankOutcome":
@@ -56,14 +57,14 @@ class RankOutcome:
         return cls(**{k: v for k, v in d.items() if k in names})
 
     @classmethod
-    def killed(cls, rank: int, exit_code: Optional[int]) -> "RankOutcome":
+    def killed(cls, rank: int, exit_code: Optional[int], node: Optional[int] = None) -> "RankOutcome":
         if exit_code is None:
             how = "killed by a signal?"
         elif exit_code < 0:
             how = f"signal {signal.Signals(-exit_code).name}"
         else:
             how = f"exit code {exit_code}"
-        return cls(rank=rank, status=Status.KILLED, reason=f"exited without a report ({how})")
+        return cls(rank=rank, status=Status.KILLED, reason=f"exited without a report ({how})", node=node)
 
     def sort_key(self) -> tuple:
         return Status.SEVERITY.get(self.status, 2), self.peer

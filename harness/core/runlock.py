@@ -45,8 +45,11 @@ def _read(fd: int) -> dict:
 class RunLock:
     """`with RunLock(run_dir):` holds the run dir, or raises RunDirBusy without touching anything in it."""
 
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / LOCK_NAME
+    def __init__(self, run_dir: Path, name: str = LOCK_NAME, info: Optional[dict] = None):
+        """`name`: another lock file in the dir (a multi-node run's followers each hold their node's); `info`:
+        more to say about the holder (the run's rendezvous id and node, launcher/nodes.py)."""
+        self.path = Path(run_dir) / name
+        self.info = info or {}
         self.fd: Optional[int] = None
 
     def acquire(self) -> "RunLock":
@@ -58,7 +61,8 @@ class RunLock:
             holder = _read(fd)
             os.close(fd)
             raise RunDirBusy(self.path.parent, holder) from None
-        me = {"pid": os.getpid(), "host": platform.node(), "started": time.time(), "argv": sys.argv[1:]}
+        me = {"pid": os.getpid(), "host": platform.node(), "started": time.time(), "argv": sys.argv[1:],
+              **self.info}
         os.ftruncate(fd, 0)
         try:
             os.pwrite(fd, json.dumps(me).encode(), 0)
@@ -81,9 +85,9 @@ class RunLock:
         self.release()
 
 
-def holder(run_dir: Path) -> Optional[dict]:
-    """Who holds the run dir now (a live launch in another process), or None."""
-    path = Path(run_dir) / LOCK_NAME
+def holder(run_dir: Path, name: str = LOCK_NAME) -> Optional[dict]:
+    """Who holds the run dir (or its lock `name`) now: a live launch in another process, or None."""
+    path = Path(run_dir) / name
     if not path.exists():
         return None
     fd = os.open(path, os.O_RDONLY)

@@ -11,6 +11,7 @@ from typing import Dict, List
 
 from ..core.records import Identity, RankOutcome, RunSummary, Status
 from ..core.rundir import RunDir, read_json
+from ..core.runlock import holder
 
 
 def exit_codes(log_text: str) -> Dict[int, int]:
@@ -19,14 +20,40 @@ def exit_codes(log_text: str) -> Dict[int, int]:
             for m in re.finditer(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", log_text)}
 
 
-def rank_outcomes(run_dir: RunDir, world: int) -> List[RankOutcome]:
+def rank_outcomes(run_dir: RunDir, world: int, per_node: int | None = None) -> List[RankOutcome]:
+    """Every rank's outcome, on every node (their files share the run dir); a rank without one was killed."""
     log = run_dir.launcher_log.read_text(errors="replace") if run_dir.launcher_log.exists() else ""
     codes = exit_codes(log)
     outcomes = []
     for rank in range(world):
         found = read_json(run_dir.rank_outcome(rank))
-        outcomes.append(RankOutcome.from_dict(found) if found else RankOutcome.killed(rank, codes.get(rank)))
+        node = rank // per_node if per_node else None
+        outcomes.append(RankOutcome.from_dict(found) if found else RankOutcome.killed(rank, codes.get(rank), node))
     return outcomes
+
+
+def where(o: RankOutcome, nnodes: int) -> str:
+    """`rank R`, or `rank R (node K)` in a multi-node run."""
+    return f"rank {o.rank}" + (f" (node {o.node})" if nnodes > 1 and o.node is not None else "")
+
+
+def missing_nodes(run_dir, nnodes: int) -> List[int]:
+    """Nodes whose launcher holds no node lock now (launcher/nodes.py): they never started, or they are gone.
+    flock reaches other hosts only where the shared filesystem honours it (core/runlock.py)."""
+    return [k for k in range(1, nnodes) if holder(run_dir, f".lock.node{k}") is None]
+
+
+def rendezvous_timeout(run_dir: RunDir, outcomes: List[RankOutcome], nnodes: int, timeout_s: int) -> str | None:
+    """A multi-node run whose nodes never all met: torchrun's rendezvous gave up and no rank started."""
+    log = run_dir.launcher_log.read_text(errors="replace") if run_dir.launcher_log.exists() else ""
+    if nnodes == 1 or any(run_dir.rank_outcome(o.rank).exists() for o in outcomes):
+        return None
+    if "RendezvousTimeoutError" not in log and "RendezvousClosedError" not in log:
+        return None
+    missing = missing_nodes(run_dir.root, nnodes)
+    named = f"node {', '.join(map(str, missing))}" if missing else f"a node of {nnodes}"
+    return (f"{named} never joined the rendezvous within dist.rendezvous_timeout_s={timeout_s} s; start every "
+            "node's launcher (SHARDBENCH_NODE_RANK=k) or raise the timeout")
 
 
 def figures_reached(run_dir: RunDir, worst: RankOutcome) -> dict:
@@ -39,14 +66,19 @@ def figures_reached(run_dir: RunDir, worst: RankOutcome) -> dict:
     return out
 
 
-def failure_summary(identity: Identity, run_dir: RunDir, world: int, returncode: int) -> RunSummary:
-    outcomes = rank_outcomes(run_dir, world)
+def failure_summary(identity: Identity, run_dir: RunDir, world: int, returncode: int, per_node: int | None = None,
+                    nnodes: int = 1, rendezvous_timeout_s: int = 0) -> RunSummary:
+    outcomes = rank_outcomes(run_dir, world, per_node)
     worst = min(outcomes, key=RankOutcome.sort_key)
+    missing = rendezvous_timeout(run_dir, outcomes, nnodes, rendezvous_timeout_s)
+    if missing:
+        return RunSummary.of_status(Status.TIMEOUT, identity, missing, figures={"train/steps_completed": 0},
+                                    ranks=[o.to_dict() for o in outcomes])
     if worst.status == Status.OK:
         reason = f"launcher exited with code {returncode} after every rank reported ok"
     else:
-        reason = f"rank {worst.rank} {worst.status}: {worst.error} {worst.reason}"
-        others = [f"rank {o.rank} {o.status}" for o in outcomes if o is not worst]
+        reason = f"{where(worst, nnodes)} {worst.status}: {worst.error} {worst.reason}"
+        others = [f"{where(o, nnodes)} {o.status}" for o in outcomes if o is not worst]
         reason += f" ({', '.join(others)})" if others else ""
     traceback = run_dir.rank_traceback(worst.rank)
     return RunSummary.of_status(

@@ -17,8 +17,9 @@ from ..config import derive, rules
 from ..core.errors import ConfigError
 from ..core.records import RunSummary, Status, one_line
 from ..core.rundir import RunDir, write_json, write_text
-from ..core.runlock import RunDirBusy, RunLock, describe
+from ..core.runlock import RunDirBusy, describe
 from .environment import environment
+from .nodes import follow, node_rank, owner_lock
 from .sweep_callback import JOBS_FILE
 from .torchrun import launch
 
@@ -81,8 +82,16 @@ def run_one(cfg: DictConfig) -> dict:
     in_sweep = hc.mode == RunMode.MULTIRUN
     notes = derive.fit_to_model(cfg, hc.overrides.task)
     invalid = validated(cfg, run_dir, in_sweep)
+    node = node_rank(cfg)
+    if node != 0:  # another node of a multi-node run: it follows node 0, which owns the run dir
+        if invalid is not None:
+            return invalid.to_dict()
+        code = follow(cfg, run_dir, node)
+        if not in_sweep and code:
+            sys.exit(code)
+        return {"status": Status.OK if code == 0 else Status.FAILED, "node": node, **vars(derive.identity(cfg))}
     try:
-        lock = RunLock(run_dir.root).acquire()  # held for the run's life; nothing in the dir changes before
+        lock = owner_lock(run_dir.root).acquire()  # held for the run's life; nothing in the dir changes before
     except RunDirBusy as err:
         return busy(cfg, run_dir, err, in_sweep)
     try:

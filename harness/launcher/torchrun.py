@@ -56,6 +56,19 @@ def rendezvous_host() -> str:
     return "127.0.0.1"
 
 
+def node_rank(cfg) -> int:
+    """This launcher's node (launcher/nodes.py): SHARDBENCH_NODE_RANK, else SLURM's; 0 on a single node."""
+    if cfg.parallelism.nnodes == 1:
+        return 0
+    return int(os.environ.get("SHARDBENCH_NODE_RANK", os.environ.get("SLURM_NODEID", "0")))
+
+
+def rdzv_id(run_dir: Path) -> str:
+    """One run's rendezvous id, the same on every node: SHARDBENCH_RDZV_ID, else SLURM's job id, else the run
+    dir's name. The run-dir lock admits the nodes of this id and refuses any other launch."""
+    return os.environ.get("SHARDBENCH_RDZV_ID") or os.environ.get("SLURM_JOB_ID") or Path(run_dir).name
+
+
 def torchrun_cmd(cfg, run_dir: Path, module: tuple[str, ...] = ()) -> list[str]:
     """torchrun for this config; it runs `python -m harness.runtime.worker <run_dir>`, or `module` (module and
     args)."""
@@ -66,11 +79,11 @@ def torchrun_cmd(cfg, run_dir: Path, module: tuple[str, ...] = ()) -> list[str]:
         cmd.append("--standalone")
     else:
         # multi-node: every node runs this with its own node rank; the first node hosts the rendezvous
-        node_rank = os.environ.get("SHARDBENCH_NODE_RANK", os.environ.get("SLURM_NODEID", "0"))
         master = rendezvous_host()
         port = cfg.dist.master_port or 29500
-        cmd += [f"--nnodes={par.nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={master}:{port}", f"--rdzv-id={run_dir.name}"]
+        cmd += [f"--nnodes={par.nnodes}", f"--node-rank={node_rank(cfg)}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={master}:{port}", f"--rdzv-id={rdzv_id(run_dir)}",
+                f"--rdzv-conf=join_timeout={cfg.dist.rendezvous_timeout_s}"]
     return cmd + ["-m", *(module or (WORKER, str(run_dir)))]
 
 
@@ -186,7 +199,26 @@ def _launch_and_summarise(cfg, run_dir: RunDir, identity: Identity, reserve: Pat
         return summary
     full = disk_full_reason(run_dir, cfg.paths.min_free_mib)
     reserve.unlink(missing_ok=True)  # the room for this failure's summary
-    summary = failure_summary(identity, run_dir, world_size(cfg), returncode).to_dict()
+    summary = failure_summary(identity, run_dir, world_size(cfg), returncode,
+                              cfg.parallelism.nproc_per_node, cfg.parallelism.nnodes,
+                              cfg.dist.rendezvous_timeout_s).to_dict()
     summary["reason"] = full + summary["reason"]
     write_json(run_dir.summary, summary)
     return summary
+
+
+def launch_follower(cfg, run_dir: RunDir, node: int) -> int:
+    """A multi-node follower's torchrun (launcher/nodes.py): its output in launcher.node<k>.log, nothing else
+    written by this process; no rank outlives it. Returns torchrun's exit code."""
+    with open(run_dir.root / f"launcher.node{node}.log", "w") as log:
+        proc = subprocess.Popen(torchrun_cmd(cfg, run_dir.root), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=rank_env(cfg), start_new_session=True,
+                                preexec_fn=die_with_parent(os.getpid()))
+        try:
+            return proc.wait()
+        except BaseException:
+            _stop_group(proc, grace_s=3.0)
+            proc.wait()
+            raise
+        finally:
+            _stop_group(proc, grace_s=2.0)

@@ -175,18 +175,20 @@ def main() -> int:
     run_dir = RunDir(Path(sys.argv[1]))
     cfg = load_config(run_dir)
     rank = int(os.environ["RANK"])
+    node = int(os.environ.get("GROUP_RANK", 0))  # torchrun's node rank: a multi-node failure names its node
     started = time.time()
 
     def on_term(signum, frame):
         # torchrun stops the surviving ranks with SIGTERM when one fails; say so before exiting
         write_json(run_dir.rank_outcome(rank), RankOutcome(rank, Status.TERMINATED, reason="stopped by launcher",
-                                                           peer=True, elapsed_s=time.time() - started).to_dict())
+                                                           peer=True, elapsed_s=time.time() - started,
+                                                           node=node).to_dict())
         os._exit(143)
 
     def on_parent_lost(parent: int):
         write_json(run_dir.rank_outcome(rank), RankOutcome(
             rank, Status.FAILED, error="LauncherLost", reason=f"launcher lost: torchrun (pid {parent}) is gone",
-            elapsed_s=time.time() - started).to_dict())
+            elapsed_s=time.time() - started, node=node).to_dict())
         os._exit(1)
 
     signal.signal(signal.SIGTERM, on_term)
@@ -196,14 +198,14 @@ def main() -> int:
         params = models.param_count(cfg.model, cfg.workload)["total"]
         rank, world, device = start(cfg)
         run(cfg, run_dir, rank, world, device)
-        outcome, code = RankOutcome(rank, Status.OK, params=params, elapsed_s=time.time() - started), 0
+        outcome, code = RankOutcome(rank, Status.OK, params=params, elapsed_s=time.time() - started, node=node), 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded outcome
         tb = traceback.format_exc()
         best_effort(write_text, run_dir.rank_traceback(rank), tb)
         status, peer = classify(exc)
         outcome = RankOutcome(rank, status, error=type(exc).__name__, peer=peer, params=params,
                               reason=str(exc).strip().splitlines()[0][:500] if str(exc) else "",
-                              elapsed_s=time.time() - started, reached=reached(exc, device))
+                              elapsed_s=time.time() - started, reached=reached(exc, device), node=node)
         print(tb, file=sys.stderr)
         code = 1
     best_effort(write_json, run_dir.rank_outcome(rank), outcome.to_dict())

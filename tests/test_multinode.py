@@ -1,0 +1,105 @@
+"""Multi-node runs emulated on this machine: one launcher per "node", each with its SHARDBENCH_NODE_RANK, all
+rendezvousing at 127.0.0.1 over gloo, sharing one run dir as nodes share a filesystem (launcher/nodes.py)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO, cli, cli_command, extensions_dir
+
+pytestmark = pytest.mark.slow
+FAST = ["logger=none", "train.steps=5", "train.warmup_steps=2", "profile=parity", "train.measure_flops=false",
+        "train.breakdown_steps=0", "train.profile_memory=false"]
+
+
+def start_node(node: int, run_dir: Path, port: int, *overrides: str) -> subprocess.Popen:
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": extensions_dir(), "SHARDBENCH_NODE_RANK": str(node),
+           "SHARDBENCH_MASTER_ADDR": "127.0.0.1"}
+    return subprocess.Popen([*cli_command(), "parallelism.nnodes=2", f"dist.master_port={port}",
+                             f"paths.root={run_dir.parent}", f"hydra.run.dir={run_dir}", *overrides],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def losses(run_dir: Path) -> list:
+    return [json.loads(line)["loss/loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_nodes_of_two_ranks_train_as_one_node_of_four_and_node_0_owns_the_run_dir(tmp_path):
+    # ZeRO-3 partitions every parameter over the 4 ranks of both nodes; node 1 is started first, so it waits
+    # for node 0 to own the run dir before its torchrun joins
+    args = ("backend=ds_zero3", "parallelism.nproc_per_node=2", *FAST)
+    follower = start_node(1, tmp_path / "two", 29641, *args)
+    time.sleep(1)
+    owner = start_node(0, tmp_path / "two", 29641, *args)
+    out0, err0 = owner.communicate(timeout=300)
+    out1, err1 = follower.communicate(timeout=60)
+    assert owner.returncode == 0 and follower.returncode == 0, err0[-2000:] + err1[-2000:]
+    reference = cli("backend=ds_zero3", "parallelism.nproc_per_node=4", *FAST, f"paths.root={tmp_path}",
+                    f"hydra.run.dir={tmp_path}/one")
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-4)
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["world_size"] == 4 and len(summary["per_rank"]) == 4
+    # node 0 printed the run's line; node 1 only its own node's, and wrote only node-scoped files
+    assert "[ok] ds_zero3" in out0 and "[ok]" not in out1 and "[node 1] ranks 2-3 ok" in out1
+    assert (tmp_path / "two" / "launcher.node1.log").stat().st_size > 0
+    assert not (tmp_path / "two" / "attempts").exists()  # nothing of node 0's was taken for an earlier attempt
+    assert sorted(p.name for p in (tmp_path / "two" / "ranks").glob("rank*.json")) == [f"rank{r}.json" for r in range(4)]
+
+
+def test_another_launch_is_refused_while_a_node_of_the_run_holds_the_dir(tmp_path):
+    from harness.core.runlock import RunLock
+
+    run_dir = tmp_path / "held"
+    with RunLock(run_dir, info={"rdzv_id": "another-run", "node": 0}):
+        env = {**os.environ, "SHARDBENCH_NODE_RANK": "1", "SHARDBENCH_RDZV_ID": "this-run"}
+        proc = subprocess.run([*cli_command(), "parallelism.nnodes=2", *FAST, f"paths.root={tmp_path}",
+                               f"hydra.run.dir={run_dir}", "dist.rendezvous_timeout_s=30"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "rendezvous id another-run, not this-run" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", ".lock.node1"]  # nothing written
+
+
+@pytest.mark.drill
+def test_a_killed_node_fails_the_run_naming_it_and_a_missing_node_times_out(tmp_path):
+    args = ("parallelism.nproc_per_node=1", "train.steps=400", "logger=none", "train.warmup_steps=2",
+            "train.measure_flops=false")
+    owner, follower = (start_node(n, tmp_path / "kill", 29642, *args) for n in (0, 1))
+    try:
+        killed_node_fails_the_run(tmp_path, owner, follower)
+    finally:  # a failed assertion must not leave two launchers training for 400 steps
+        for launcher in (owner, follower):
+            launcher.kill()
+    # node 1 never starts: node 0 gives up after the rendezvous timeout, naming it
+    started = time.time()
+    alone = start_node(0, tmp_path / "alone", 29643, *args, "dist.rendezvous_timeout_s=10")
+    alone.communicate(timeout=120)
+    summary = json.loads((tmp_path / "alone" / "summary.json").read_text())
+    assert summary["status"] == "timeout" and summary["reason"].startswith("node 1 never joined the rendezvous")
+    assert alone.returncode == 1 and time.time() - started < 60
+
+
+def killed_node_fails_the_run(tmp_path, owner, follower) -> None:
+    metrics = tmp_path / "kill" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size):
+        time.sleep(0.2)
+    # every process of the run (both torchrun agents, their ranks and whatever the ranks started); node 1's rank
+    # is the one its agent started (a rank's own helpers inherit GROUP_RANK too)
+    everything = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "kill") in " ".join(p.info["cmdline"] or [])]
+    node1 = [p for p in everything if p.environ().get("GROUP_RANK") == "1"
+             and "torch.distributed.run" in " ".join(p.parent().cmdline())]
+    assert len(node1) == 1, [(p.pid, p.environ().get("GROUP_RANK"), p.environ().get("RANK")) for p in everything]
+    node1[0].kill()
+    out0, _ = owner.communicate(timeout=120)
+    out1, _ = follower.communicate(timeout=60)
+    summary = json.loads((tmp_path / "kill" / "summary.json").read_text())
+    assert summary["status"] != "ok" and summary["reason"].startswith("rank 1 (node 1) killed"), summary["reason"]
+    assert owner.returncode == 1 and follower.returncode == 1 and "[node 1] ranks 1-1: rank 1 killed" in out1
+    assert not [p for p in everything if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # nothing left
