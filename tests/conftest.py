@@ -75,10 +75,13 @@ def lora_runs(tmp_path_factory, llama_checkpoint):
     built on the host: with the fp32 sweep, each backend has loaded the checkpoint on both paths. 2 ranks x 3
     micro-batches step on the same 12 sequences as the fp32 sweep's 3 x 2, and cost less (2 cores); only the
     losses and the model states are tested here, so the profiled steps and FLOP count are off."""
-    return sweep(tmp_path_factory.mktemp("lora"), "lora", *FINETUNE, "parallelism.nproc_per_node=2",
-                 "parallelism.grad_accum=3", "model.init=host", "workload=lora",
-                 f"model.pretrained_path={llama_checkpoint}", "train.measure_flops=false",
-                 "train.breakdown_steps=0", "train.profile_memory=false")
+    return sweep(tmp_path_factory.mktemp("lora"), "lora", *LORA, "parallelism.nproc_per_node=2",
+                 f"model.pretrained_path={llama_checkpoint}")
+
+
+# the LoRA sweep's overrides but its world (2 ranks: test_multinode runs them as 2 nodes x 1 rank)
+LORA = (*FINETUNE, "parallelism.grad_accum=3", "model.init=host", "workload=lora", "train.measure_flops=false",
+        "train.breakdown_steps=0", "train.profile_memory=false")
 
 
 @pytest.fixture(scope="session")
