@@ -79,7 +79,7 @@ def lora_runs(tmp_path_factory, llama_checkpoint):
                  f"model.pretrained_path={llama_checkpoint}")
 
 
-# the LoRA sweep's overrides but its world (2 ranks: test_multinode runs them as 2 nodes x 1 rank)
+# the LoRA sweep's overrides but its world
 LORA = (*FINETUNE, "parallelism.grad_accum=3", "model.init=host", "workload=lora", "train.measure_flops=false",
         "train.breakdown_steps=0", "train.profile_memory=false")
 
