@@ -143,8 +143,8 @@ class RunSummary:
         return cls(status=Status.INVALID, reason=reason, **dataclasses.asdict(identity))
 
     @classmethod
-    def interrupted(cls, identity: Identity) -> "RunSummary":
-        return cls.failed(identity, "interrupted (SIGINT/SIGTERM) before the run ended")
+    def interrupted(cls, identity: Identity, why: str = "") -> "RunSummary":
+        return cls.failed(identity, f"interrupted (SIGINT/SIGTERM{why}) before the run ended")
 
     @classmethod
     def launcher_lost(cls, identity: Identity) -> "RunSummary":

@@ -6,6 +6,7 @@ the sweep goes on. Nothing here imports torch: bad input fails in about a second
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -130,6 +131,10 @@ def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list
     try:
         summary = launch(cfg, run_dir, derive.identity(cfg))
     except KeyboardInterrupt:
+        if in_sweep and os.environ.get("SLURM_JOB_ID"):
+            # one SLURM job of a sweep, stopped by SLURM (scancel, its time limit): its failed row is written;
+            # returning it lets the sweep go on and its table include the row
+            return run_dir.read_summary() or RunSummary.interrupted(derive.identity(cfg)).to_dict()
         if in_sweep:  # Hydra's end-of-sweep callback will not run, so the sweep's table is not up to date
             print(f"shardbench: `make report SWEEP={hc.sweep.dir}` rebuilds the sweep's table and report from "
                   "what finished", file=sys.stderr)

@@ -42,6 +42,12 @@ def rank_env(cfg) -> dict:
     return env
 
 
+def slurm_cancel() -> str:
+    """Inside a SLURM job a SIGTERM is SLURM's: scancel, the time limit, or preemption."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return f" from SLURM: job {job} cancelled, out of time or preempted" if job else ""
+
+
 def rendezvous_host() -> str:
     """SHARDBENCH_MASTER_ADDR, else under SLURM (submitit) the job's first host, else this machine."""
     if os.environ.get("SHARDBENCH_MASTER_ADDR"):
@@ -190,7 +196,7 @@ def _launch_and_summarise(cfg, run_dir: RunDir, identity: Identity, reserve: Pat
             _stop_group(proc, grace_s=3.0)  # a user who pressed Ctrl-C is waiting; results are atomic
             proc.wait()
             reserve.unlink(missing_ok=True)
-            write_json(run_dir.summary, RunSummary.interrupted(identity).to_dict())
+            write_json(run_dir.summary, RunSummary.interrupted(identity, slurm_cancel()).to_dict())
             raise
         finally:
             _stop_group(proc, grace_s=2.0)
