@@ -37,6 +37,7 @@ def fill(path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.drill  # an environment fault drill (19 s): make test-drills and CI, to keep make test under 10 min
 @pytest.mark.parametrize("case, env, says", [
     # port 9 (discard) on localhost refuses the connection: W&B's server is down or unreachable
     ("unreachable", {"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_API_KEY": SECRET}, "CommError"),
@@ -94,6 +95,7 @@ def test_a_nan_loss_with_on_nonfinite_continue_trains_on_and_counts_the_steps(tm
 
 
 @pytest.mark.slow
+@pytest.mark.drill  # an environment fault drill (22 s): make test-drills and CI, to keep make test under 10 min
 def test_a_disk_that_fills_during_a_sweep_fails_that_run_and_damages_nothing_earlier(tmp_path):
     with tmpfs(tmp_path / "disk", "8m") as disk:
         sweep_dir = disk / "sweeps" / "fill"

@@ -30,34 +30,39 @@ def losses(run_dir: Path) -> list:
     return [json.loads(line)["loss/loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_two_nodes_of_two_ranks_train_as_one_node_of_four_and_node_0_owns_the_run_dir(tmp_path):
-    # ZeRO-3 partitions every parameter over the 4 ranks of both nodes; node 1 is started first, so it waits
-    # for node 0 to own the run dir before its torchrun joins
-    args = ("backend=ds_zero3", "parallelism.nproc_per_node=2", *FAST)
-    follower = start_node(1, tmp_path / "two", 29641, *args)
+# ZeRO-3 in make test (it partitions every parameter over the 4 ranks of both nodes); DDP and FSDP2 in the drills
+DRILL = pytest.mark.drill  # make test-drills and CI: make test's 10 minutes cannot hold every cell
+
+
+@pytest.mark.parametrize("backend", ["ds_zero3", pytest.param("ddp", marks=DRILL), pytest.param("fsdp", marks=DRILL)])
+def test_two_nodes_of_two_ranks_train_as_one_node_of_four_and_node_0_owns_the_run_dir(tmp_path, backend):
+    # node 1 is started first, so it waits for node 0 to own the run dir before its torchrun joins
+    args = (f"backend={backend}", "parallelism.nproc_per_node=2", *FAST)
+    port = 29641 + ["ds_zero3", "ddp", "fsdp"].index(backend)
+    follower = start_node(1, tmp_path / "two", port, *args)
     time.sleep(1)
-    owner = start_node(0, tmp_path / "two", 29641, *args)
+    owner = start_node(0, tmp_path / "two", port, *args)
     out0, err0 = owner.communicate(timeout=300)
     out1, err1 = follower.communicate(timeout=60)
     assert owner.returncode == 0 and follower.returncode == 0, err0[-2000:] + err1[-2000:]
-    reference = cli("backend=ds_zero3", "parallelism.nproc_per_node=4", *FAST, f"paths.root={tmp_path}",
+    reference = cli(f"backend={backend}", "parallelism.nproc_per_node=4", *FAST, f"paths.root={tmp_path}",
                     f"hydra.run.dir={tmp_path}/one")
     assert reference.returncode == 0, reference.stderr[-2000:]
     assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-4)
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["world_size"] == 4 and len(summary["per_rank"]) == 4
     # node 0 printed the run's line; node 1 only its own node's, and wrote only node-scoped files
-    assert "[ok] ds_zero3" in out0 and "[ok]" not in out1 and "[node 1] ranks 2-3 ok" in out1
+    assert f"[ok] {backend}" in out0 and "[ok]" not in out1 and "[node 1] ranks 2-3 ok" in out1
     assert (tmp_path / "two" / "launcher.node1.log").stat().st_size > 0
     assert not (tmp_path / "two" / "attempts").exists()  # nothing of node 0's was taken for an earlier attempt
     assert sorted(p.name for p in (tmp_path / "two" / "ranks").glob("rank*.json")) == [f"rank{r}.json" for r in range(4)]
 
 
-@pytest.mark.drill  # ~45 s that make test's 10 minutes cannot spare: CI runs it with the drills
-@pytest.mark.parametrize("backend", ["ddp", "fsdp"])
+@DRILL
+@pytest.mark.parametrize("backend", ["ddp", "fsdp", "ds_zero3"])
 def test_two_nodes_of_one_rank_train_as_one_node_of_two(tmp_path, backend):
     args = (f"backend={backend}", "parallelism.nproc_per_node=1", *FAST)
-    port = 29651 + ["ddp", "fsdp"].index(backend)
+    port = 29651 + ["ddp", "fsdp", "ds_zero3"].index(backend)
     launchers = [start_node(n, tmp_path / "two", port, *args) for n in (0, 1)]
     errors = [launcher.communicate(timeout=300)[1] for launcher in launchers]
     assert [launcher.returncode for launcher in launchers] == [0, 0], errors[0][-2000:] + errors[1][-2000:]

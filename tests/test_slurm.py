@@ -16,8 +16,7 @@ import pytest
 
 from conftest import REPO, cli_command, extensions_dir
 
-# a launcher drill with its own daemons: `make test-drills` (and CI) runs it
-pytestmark = [pytest.mark.slow, pytest.mark.drill]
+pytestmark = pytest.mark.slow  # ~30 s with the cluster up; installing slurm-wlm on a fresh machine adds ~15 s
 CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
 # the CPU cluster has no GPUs and a core a node: one core a task, no GPU request
 FAST = ["logger=none", "train.warmup_steps=2", "profile=parity", "train.measure_flops=false",
