@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare sweep report run estimate bench advise capacity collectives finetune faults browser test test-drills test-all clean lock
+.PHONY: help install warm demo compare sweep report run estimate bench advise memory-check capacity collectives finetune faults browser test test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ bench: install warm ## harness overhead: step time vs a hand-written loop (DDP, 
 
 advise: install warm ## which strategy? theory prunes, real runs decide: make advise ARGS="model=small_llama --device-gib 0.0625" -> results/advise/
 	$(PY) -m harness.advise $(ARGS)
+
+memory-check: install warm ## the memory model against measured peaks: every backend x model x precision x checkpointing, one launch -> results/memory_check/
+	$(PY) -m harness.memory_check $(ARGS)
 
 capacity: install warm ## largest model per backend under a budget: make capacity ARGS="--budget-mib 256 logger=none" -> results/capacity/
 	$(PY) -m harness.capacity $(ARGS)

@@ -63,7 +63,9 @@ def ds_config(cfg, world_size: int, params: int) -> Dict[str, Any]:
 
 # DeepSpeed's own defaults (deepspeed/runtime/zero/config.py, 0.19) for the keys the memory model needs,
 # where a config leaves them unset (the native profile does)
-ZERO_DEFAULTS = {"reduce_bucket_size": 500_000_000, "stage3_param_persistence_threshold": 100_000}
+ZERO_DEFAULTS = {"reduce_bucket_size": 500_000_000, "stage3_param_persistence_threshold": 100_000,
+                 "stage3_prefetch_bucket_size": 50_000_000, "stage3_max_live_parameters": 1_000_000_000,
+                 "stage3_max_reuse_distance": 1_000_000_000}
 
 
 def effective_zero(cfg, world_size: int, params: int) -> tuple[Dict[str, Any], bool]:

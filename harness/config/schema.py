@@ -113,6 +113,13 @@ class TrainConfig:
     # peak tensor memory by kind, from torch's memory profiler on one extra step after the timed window
     # (runtime/memory_profile.py); that step is neither timed nor logged
     profile_memory: bool = True
+    # split that peak by kind with torch's data-flow analysis (~1-2 s a run); false: the peak and the closure
+    # check only, from the step's allocations and frees (a strategy holding buffers Python cannot reach, DDP's
+    # separate gradient buckets, still gets the analysis, which sees them)
+    peak_by_kind: bool = True
+    # profiled memory steps: the peak reported is the lowest of them, the highest beside it. On CPU gloo's
+    # threads can keep a collective's buffer alive into the next phase in one step and not the next
+    memory_steps: int = 1
     # where the step time goes (runtime/time_profile.py): this many extra steps after the timed window run under
     # torch's profiler, neither timed nor logged; 0 = no breakdown
     breakdown_steps: int = 2

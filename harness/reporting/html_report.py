@@ -64,9 +64,10 @@ METHODS = """\
   torch cannot tie to a tensor (gloo's, DeepSpeed's native buffers) are `unattributed`. Where torch's
   analysis fails on a graph, the step's allocations are replayed without kinds. "unaccounted" is live bytes
   right after backward minus the exact model states and buffers. "predicted" is model states + buffers +
-  the larger of two phases (`harness/theory/memory.py`, `peak_phases`): the start of backward (activations
-  and the backend's backward transients) and the optimizer step (AdamW's temporaries, DeepSpeed's flat fp32
-  gradient). On GPU the table
+  the largest of four moments (`harness/theory/peak.py`): the end of forward, the start of backward, inside
+  the block whose backward holds the most, and the optimizer step, each with the activations kept then
+  (`harness/theory/activations.py`, counted from the modules as transformers implements them) and the
+  backend's transients (gathered parameters, gradient buckets, gradients made so far, AdamW's temporaries). On GPU the table
   uses the caching allocator's peak allocated bytes over the timed window (`reset_peak_memory_stats` when it
   opens). Host RSS (the kernel's `VmHWM`, reset when the timed window opens) is shown apart: on CPU it is
   ~400 MiB of runtime per rank and says little about the model.

@@ -65,6 +65,7 @@ def memory_predicted_vs_measured(ok: Labelled, out_dir: Path) -> Path:
 
 
 MEASURED_KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")
+PEAK_PHASES = ("forward_end", "backward_start", "block_backward", "gradient_reduce", "step", "param_gather")  # theory/peak.PHASES
 
 
 def peak_by_kind(ok: Labelled, out_dir: Path) -> Optional[Path]:
@@ -73,7 +74,7 @@ def peak_by_kind(ok: Labelled, out_dir: Path) -> Optional[Path]:
     ok = [(r, lab) for r, lab in ok if "memory/tensor_peak_bytes_max" in r["figures"]]
     if not ok:
         return None
-    predicted_terms = ("model states", "buffers", "activations (theory)", "transients (peak phase)")
+    predicted_terms = ("model states", "buffers", "activations (theory)", "transients (the peak's phase)")
     fig, ax = pyplot().subplots(figsize=(11, 0.9 * len(ok) + 2.2))
     colours = pyplot().get_cmap("tab10")
     for i, (r, lab) in enumerate(ok):
@@ -81,9 +82,9 @@ def peak_by_kind(ok: Labelled, out_dir: Path) -> Optional[Path]:
         measured = [f.get(f"memory/tensor_peak_{k}_bytes", 0) for k in MEASURED_KINDS]
         # the phase the theory puts the peak in, and its terms beyond states and buffers; a negative term
         # (gradients that do not exist yet) is taken off the states, so that every segment is a size
-        phase = max(("backward", "step"), key=lambda ph: f.get(f"memory/peak_at_{ph}_predicted_bytes", 0))
+        phase = max(PEAK_PHASES, key=lambda ph: f.get(f"memory/peak_at_{ph}_predicted_bytes", 0))
         terms = {k: v for k, v in f.items() if k.startswith(f"memory/{phase}_") and k.endswith("_predicted_bytes")}
-        activations = f.get("memory/activations_predicted_bytes", 0) if phase == "backward" else 0
+        activations = terms.pop(f"memory/{phase}_activations_predicted_bytes", 0)
         predicted = [f.get("memory/model_states_predicted_bytes", 0) + sum(min(v, 0) for v in terms.values()),
                      f.get("memory/buffers_predicted_bytes", 0), activations, sum(max(v, 0) for v in terms.values())]
         for row, values, names, offset in ((2 * i, measured, MEASURED_KINDS, 0), (2 * i + 1, predicted, predicted_terms, 6)):

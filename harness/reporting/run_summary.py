@@ -17,6 +17,7 @@ from typing import Dict, List
 from ..config import derive
 from ..core.records import RankReport, RunSummary
 from ..theory.memory import device_share
+from ..theory.peak import after_backward_buffers, explain_unaccounted
 from ..theory.shape import shape_of
 from ..theory.time import PARTS, CommTable, Rates, predict_parts
 from ..theory.predict import predict
@@ -138,6 +139,8 @@ def tensor_peak(ranks: List[RankReport]) -> Dict[str, float]:
     if not all(profiled):
         return {}
     out = over_ranks([p["peak"] for p in profiled], "memory/tensor_peak_bytes")
+    if any(p.get("steps", 1) > 1 for p in profiled):  # several profiled steps: the highest of them beside
+        out["memory/tensor_peak_highest_bytes_max"] = max(p.get("peak_highest", p["peak"]) for p in profiled)
     top = max(profiled, key=lambda p: p["peak"])
     out.update({f"memory/tensor_peak_{kind}_bytes": b for kind, b in top["by_kind"].items()})
     if all(p["unaccounted"] is not None for p in profiled):
@@ -235,7 +238,18 @@ def figures(cfg, ranks: List[RankReport], flop_counts: dict) -> dict:
     return out
 
 
-def memory_notes(figures: dict, ranks: List[RankReport]) -> List[str]:
+def unaccounted_explanation(cfg, figures: dict, ranks: List[RankReport]) -> dict:
+    """Which of the theory's after-backward candidates (theory/peak.after_backward_buffers) add up to the
+    unaccounted bytes, within 2% of the live bytes there: {"names": [...], "bytes": their sum}, or {}."""
+    pct, unaccounted = figures.get("memory/unaccounted_pct"), figures.get("memory/unaccounted_bytes")
+    if not pct or unaccounted is None:
+        return {}
+    candidates = after_backward_buffers(cfg.backend, shape_of(cfg, len(ranks), ranks[0].params))
+    names = explain_unaccounted(candidates, unaccounted, 0.02 * abs(unaccounted * 100 / pct))
+    return {"names": names, "bytes": sum(candidates[n] for n in names)} if names else {}
+
+
+def memory_notes(figures: dict, ranks: List[RankReport], explained: dict) -> List[str]:
     """What the peak-memory figures cannot say by themselves: how the peak was taken when torch's analysis
     failed, and what the unaccounted bytes after backward are when they are over 5% of the live bytes."""
     out = []
@@ -252,12 +266,11 @@ def memory_notes(figures: dict, ranks: List[RankReport]) -> List[str]:
             break
     pct = figures.get("memory/unaccounted_pct")
     if pct is not None and abs(pct) > 5:
-        transients = ", ".join(f"{k.split('backward_')[1].removesuffix('_predicted_bytes')} {v:,.0f} B"
-                               for k, v in figures.items() if k.startswith("memory/backward_") and v)
+        found = explained.get("names") or []
+        what = (f"they match {' + '.join(found)} ({explained['bytes']:,.0f} B by theory/peak.after_backward_buffers)"
+                if found else "no mechanism the theory names adds up to them")
         out.append(f"memory: {figures['memory/unaccounted_bytes']:,.0f} B ({pct:.0f}%) live right after backward are "
-                   "unaccounted: not model states or buffers the strategy's classifier knows (the backend's own "
-                   "communication buffers, the last micro-batch's loss); the theory's backward transients here: "
-                   + (transients or "none"))
+                   f"not model states or buffers the strategy's classifier knows: {what}")
     return out
 
 
@@ -276,7 +289,10 @@ def ok(cfg, ranks: List[RankReport], flop_counts: dict, env: dict, warnings: Lis
     warnings = warnings + unclassified_warnings(ranks)
     figs = figures(cfg, ranks, flop_counts)
     errors = mfu_errors(figs)
-    notes = (env.get("notes") or []) + memory_notes(figs, ranks) + time_notes(figs)
+    explained = unaccounted_explanation(cfg, figs, ranks)
+    if explained:
+        figs["memory/unaccounted_explained_bytes"] = explained["bytes"]
+    notes = (env.get("notes") or []) + memory_notes(figs, ranks, explained) + time_notes(figs)
     return RunSummary.ok(
         derive.identity(cfg), figs, errors=errors or None,
         params=r0.params["total"], optimizer=r0.optimizer, model_init=r0.init, device=env.get("device", ""),

@@ -110,13 +110,15 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
         result.time_breakdown = breakdown.measure(timed_like_step, result.timed_step_s)
         next_step += breakdown.used
     if cfg.train.profile_memory:
-        profiler = memory_profile.StepMemory(strategy, device, dataset=(batches.corpus,))
+        profiler = memory_profile.StepMemory(strategy, device, dataset=(batches.corpus,),
+                                             by_kind=cfg.train.peak_by_kind)
 
-        def profiled_step() -> None:  # the next step's data, neither timed nor logged
-            forward_backward(next_step, lambda _: profiler.marker())
+        def profiled_step(i: int) -> None:  # the next steps' data, neither timed nor logged
+            forward_backward(next_step + i, lambda _: profiler.marker())
             strategy.step()
 
-        result.memory_profile = profiler.measure(profiled_step)
+        profiles = [profiler.measure(lambda: profiled_step(i)) for i in range(max(cfg.train.memory_steps, 1))]
+        result.memory_profile = memory_profile.lowest(profiles)
         states.check_peak(result.memory_profile, next_step)
     result.model_states, result.unclassified = states.states, states.unclassified
     result.host_peak_reset = timer.host_peak_reset

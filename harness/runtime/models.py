@@ -151,4 +151,29 @@ def _param_count(model_yaml: str, workload_yaml: str) -> dict:
     block_trainable = sum(p.numel() for p in blocks(model)[0].parameters() if p.requires_grad)
     return {"total": total, "embedding": emb, "per_block": per_block, "largest_param": largest, "sizes": sizes,
             "trainable": sum(trainable), "per_block_trainable": block_trainable,
-            "largest_trainable": max(trainable, default=0)}
+            "largest_trainable": max(trainable, default=0), **_backward_order(model)}
+
+
+def _matmuls(module: nn.Module) -> list[nn.Module]:
+    """The modules that multiply by a weight (Linear, GPT-2's Conv1D), in the order the forward uses them,
+    not peft's adapter pieces."""
+    return [m for name, m in module.named_modules() if type(m).__name__ in ("Linear", "Conv1D")
+            and "lora_" not in name]
+
+
+def _backward_order(model: nn.Module) -> dict:
+    """The counts the memory model needs about what a backward touches first (theory/memory.py): the head (the
+    modules after the last block: final norm and output layer, tied or not), which produces the first
+    gradients; the block's last matmul, its first weight gradient; and what autocast copies (every matmul's
+    weight, the output layer's included)."""
+    block_list = blocks(model)
+    inside = {id(p) for b in block_list for p in b.parameters()}
+    order = list(model.modules())
+    after = order[order.index(block_list[-1]) + 1:]
+    head = [p for m in after for p in m.parameters(recurse=False) if id(p) not in inside]
+    out = _matmuls(block_list[0])[-1]
+    return {"head": sum(p.numel() for p in head),
+            "head_trainable": sum(p.numel() for p in head if p.requires_grad),
+            "block_out_trainable": sum(p.numel() for p in out.parameters() if p.requires_grad),
+            "matmul_weights": sum(m.weight.numel() for m in _matmuls(model)),
+            "head_matmul_weights": model.get_output_embeddings().weight.numel()}

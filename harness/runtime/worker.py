@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -60,25 +61,43 @@ def flop_counts(cfg, counts: dict) -> dict:
                                                       m.hidden_size, seq, counts.get("trainable"))}
 
 
-def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> None:
+@dataclass
+class Prepared:
+    """A rank's model wrapped by its strategy, with its optimizer, ready for the train loop."""
+    counts: dict
+    strategy: object
+    model: torch.nn.Module
+    settings: dict
+    batches: data.Batches
+
+
+def prepare(cfg, rank: int, world: int, device: torch.device) -> Prepared:
+    """Build the model where the strategy wants it, initialise or load its weights, wrap it and build the
+    optimizer (shared by a run and runtime/cells.py's many short runs)."""
     torch.manual_seed(cfg.train.seed)
     counts = models.param_count(cfg.model, cfg.workload)
     strategy = make_strategy(cfg, device, world, counts["total"])
-    use_meta = use_meta_init(cfg, counts["total"])
-    # the host before the model exists (imports and the process group done): what building, wrapping and
-    # loading a checkpoint add on top of it is the load-time cost a strategy puts on the host
-    host_before_build = probes.host_rss_bytes()
-    probes.reset_host_peak()
-    with strategy.init_context(use_meta):
+    with strategy.init_context(use_meta_init(cfg, counts["total"])):
         model = models.build(cfg.model, workload=cfg.workload)
     if cfg.train.activation_checkpointing:
         models.enable_activation_checkpointing(model)
     model.train()
     model = strategy.setup(model, cfg.optim)
     settings = {**strategy.effective_settings(), "workload": models.describe_workload(cfg, counts)}
+    batches = data.Batches(cfg.data, cfg.parallelism, cfg.model.vocab_size, cfg.train.seed, rank, world, device)
+    return Prepared(counts, strategy, model, settings, batches)
+
+
+def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> None:
+    # the host before the model exists (imports and the process group done): what building, wrapping and
+    # loading a checkpoint add on top of it is the load-time cost a strategy puts on the host
+    host_before_build = probes.host_rss_bytes()
+    probes.reset_host_peak()
+    ready = prepare(cfg, rank, world, device)
+    counts, strategy, model, settings, batches = (ready.counts, ready.strategy, ready.model, ready.settings,
+                                                  ready.batches)
     if rank == 0:  # written now, so that a run that fails later still says what it ran with
         write_json(run_dir.settings, settings)
-    batches = data.Batches(cfg.data, cfg.parallelism, cfg.model.vocab_size, cfg.train.seed, rank, world, device)
     sink = open_sink(cfg if rank == 0 else None, run_dir)  # only rank 0 writes metrics and W&B
     # the load-time cost: the host high-water mark while the model was built, wrapped, initialised or loaded
     # and given its optimizer (the timed window resets it later), and the seconds from the rank's start to its

@@ -9,7 +9,7 @@ with the global batch held fixed (`--global-batch`, else the config's micro_batc
 that every candidate does the same optimizer work per step; grad_accum follows from the micro-batch.
 
 Stage 1, theory (nothing runs): each candidate's device peak (theory/predict.py: states, buffers, and the
-larger of the backward and optimizer phases' activations and transients) must fit the device with
+largest of the step's four moments' activations and transients, theory/peak.py) must fit the device with
 `--margin` to spare (default 10%, the memory model's tolerance), and its step time comes from the time model
 (theory/time.py: FLOPs / this device's measured matmul peak, collectives over `make collectives`' table or
 the stated default link, the backend's overlap rule). `--dry-run` prints that table and stops.

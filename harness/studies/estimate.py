@@ -8,9 +8,9 @@ Arguments other than the flags are Hydra overrides of the usual config (model, p
 Figures are per rank, in GB (1e9 bytes, as the ZeRO paper). "paper" is the paper's formula; "device" and
 "host" are the backend's real layout (harness/memory.py); "DeepSpeed" is DeepSpeed's own estimator
 where it models the same backend. Activations are for one micro-batch, without and with checkpointing.
-"peak" is the predicted peak of live tensors on a device: model states on it + buffers + the larger of the
-start of backward (activations, as train.activation_checkpointing says, and the backend's transients) and
-the optimizer step (theory/memory.peak_phases); with
+"peak" is the predicted peak of live tensors on a device: model states on it + buffers + the largest of the
+terms at the end of forward, the start of backward, inside a block's backward and the optimizer step
+(activations as train.activation_checkpointing says, and the backend's transients: theory/peak.py); with
 --device-gib it says whether that fits (no margin: the CUDA context and fragmentation come on top).
 With --params, terms sized by the largest tensor (offload staging, DeepSpeed's gathered layer) are left out.
 """
@@ -24,7 +24,7 @@ from ..config.compose import backends, compose
 from ..config.derive import world_size
 from ..core.components import totals
 from ..runtime import models
-from ..theory import memory
+from ..theory import activations, memory
 from ..theory.communication import comm_per_step
 from ..theory.predict import predict
 from ..theory.shape import shape_of
@@ -52,13 +52,20 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
             "paper_bytes": memory.paper_bytes(memory.paper_stage(cfg.backend), shape),
             "device_bytes": total["device"], "host_bytes": total["host"], "buffers_bytes": comps.get("buffers", 0),
             "deepspeed_gpu_bytes": ds["gpu"] if ds else None,
-            "activations_bytes": memory.activation_bytes(cfg.model, par, shape.precision, False),
-            "activations_ckpt_bytes": memory.activation_bytes(cfg.model, par, shape.precision, True),
+            "activations_bytes": saved_activations(cfg, par, shape, False),
+            "activations_ckpt_bytes": saved_activations(cfg, par, shape, True),
             "comm_bytes_per_step": comm_per_step(cfg.backend, shape)["bytes"],
             "peak_bytes": predict(cfg, n, counts)["memory/tensor_peak_predicted_bytes"],
             "components": comps,
         })
     return out
+
+
+def saved_activations(cfg, par, shape, checkpointing: bool) -> float:
+    """What one micro-batch's forward keeps for backward under this backend's precision regime."""
+    reg = activations.regime(cfg.backend.family, shape.precision)
+    return activations.saved(activations.parts(cfg.model, par, reg, checkpointing, shape.matmul_weights,
+                                               shape.head_matmul_weights))
 
 
 def render(table: List[dict], title: str, device_gib: float | None = None) -> None:

@@ -1,4 +1,5 @@
-"""Theory of memory: model-state bytes per rank, by component, and activation bytes.
+"""Theory of memory: model-state bytes per rank, by component (activations: theory/activations.py; the peak:
+theory/peak.py).
 
 Two predictions of model-state memory sit side by side:
 
@@ -104,103 +105,6 @@ def layout(backend, s: Shape) -> Dict[str, float]:
         buffers += p * t / n + 2 * p * s.largest_t  # 16-bit partition staging + two grad temps
     out["buffers"] = buffers
     return out
-
-
-def activation_elements_per_token(model) -> float:
-    """Elements one layer keeps for backward, per token, in the training dtype (i: the MLP width).
-
-    Both counted from the modules as transformers implements them, with dropout off (as the harness builds
-    them) and SDPA, which keeps no a·s² scores. GPT-2: the two LayerNorms' inputs and outputs (4h), q, k and v
-    (3h), the attention output and its merged-heads copy (2h), and the MLP's input to GELU and GELU's output,
-    plus the three tensors transformers' unfused tanh GELU ("gelu_new") keeps (tanh, 1 + tanh, x/2): 9h + 5i.
-    Korthikanti et al. (arXiv 2205.05198, eq. 2) count 17h for i = 4h, for a fused GELU and with dropout
-    masks; this implementation keeps 29h. Llama (SwiGLU, GQA, RMSNorm): the two norms' inputs and outputs
-    (4h), q and its rotated copy (2h), k and v and the rotated k (3·h_kv), the attention output (h), and the
-    MLP's gate, up, silu(gate) and their product (4i): 7h + 3·h_kv + 4i."""
-    h = model.hidden_size
-    i = model.intermediate_size or 4 * h
-    if model.family == "llama":
-        h_kv = h * (model.num_kv_heads or model.num_heads) // model.num_heads
-        return 7 * h + 3 * h_kv + 4 * i
-    return 9 * h + 5 * i
-
-
-def activation_bytes(model, par, precision: str, checkpointing: bool) -> float:
-    """Activation bytes of one micro-batch on one rank, at the end of the forward pass.
-
-    Per layer: s·b·(elements per token)·p (activation_elements_per_token). With full activation
-    checkpointing only each layer's input (s·b·h·p) is kept, plus one layer recomputed at a time. The
-    logits add s·b·V·(p + 8): the model-dtype logits, their fp32 upcast for the loss, and its gradient.
-    """
-    s, b, h, layers = par.seq_len, par.micro_batch, model.hidden_size, model.num_layers
-    p = 4 if precision == "fp32" else 2
-    per_layer = s * b * activation_elements_per_token(model) * p
-    logits = s * b * model.vocab_size * (p + 8)
-    if checkpointing:
-        return layers * s * b * h * p + per_layer + logits
-    return layers * per_layer + logits
-
-
-def backward_transients(backend, s: Shape) -> Dict[str, float]:
-    """Memory a backend holds at the start of backward beyond model states and persistent buffers, when the
-    activations are all alive (one term each, named as the summary names them):
-
-    - DDP with gradient_as_bucket_view off (native): its buckets, a second copy of every fp32 gradient,
-      allocated at construction. .grad itself does not exist yet (zero_grad sets it to None), so with one
-      micro-batch the gradient state is subtracted (not under gradient_as_bucket_view: the bucket is .grad).
-    - DeepSpeed ZeRO-1/2: the contiguous-gradient bucket that backward fills before each reduce, allocated
-      at reduce_bucket_size elements whatever the model (5e8 by DeepSpeed's default: 2 GB in fp32).
-      BF16_Optimizer (ZeRO-1 under parity in bf16) keeps full gradients instead, counted as states.
-    - FSDP2: one block's parameters gathered and the next one prefetched, plus one block's unsharded
-      gradients before their reduce-scatter, in the parameter dtype (gradients set to None as for DDP).
-    - ZeRO-3: one block gathered and its gradients before the reduce (its bucket is a persistent buffer).
-    """
-    p = s.p
-    if backend.family in ("ddp", "fsdp"):
-        # .grad is set to None after each step; with gradient_as_bucket_view (parity DDP) it is a view of
-        # a bucket that stays allocated, so nothing is missing then
-        missing = s.grad_accum == 1 and not (backend.family == "ddp" and not s.ddp_grad_copy)
-        out = {"grads_not_yet_allocated": -layout(backend, s)["grads"] if missing else 0.0}
-        if backend.family == "ddp":
-            return {"ddp_buckets": 4 * s.t if s.ddp_grad_copy else 0.0, **out}
-        return {"gathered_blocks": 2 * p * s.block_params, "unsharded_grads": p * s.block_t, **out}
-    if backend.zero_stage == 3:
-        return {"gathered_block": p * s.block_params, "block_grads": p * s.block_t}
-    if backend.zero_stage == 1 and s.precision == "bf16" and s.fp32_grads and not backend.offload_optimizer:
-        return {"reduce_bucket": 0.0}
-    return {"reduce_bucket": (4 if s.fp32_grads else p) * s.bucket_elements}
-
-
-def step_transients(backend, s: Shape) -> Dict[str, float]:
-    """Memory held during the optimizer step beyond model states and persistent buffers (activations are
-    gone, gradients are complete):
-
-    - torch's AdamW makes temporaries for its denominator: the single-tensor path (torch's default on CPU)
-      two per tensor, one tensor at a time (sqrt(v), then its quotient); the foreach path (its default on
-      CUDA) one for every tensor at once. DeepSpeed steps one flat fp32 partition per group (4Ψ/N), DDP and
-      FSDP2 each parameter (its shard).
-    - DeepSpeed without offload also flattens the fp32 gradient of the partition for the optimizer (4Ψ/N).
-    - Offloaded: DeepSpeedCPUAdam steps in place, in C++.
-    - DDP's separate buckets (native) are still allocated.
-    """
-    t, n = s.t, s.world  # only the parameters that train are stepped
-    if backend.family == "deepspeed":
-        if backend.offload_optimizer:
-            return {"optimizer_temporaries": 0.0}
-        flat = 4 * t / n
-        return {"optimizer_temporaries": flat if s.foreach else 2 * flat, "flat_fp32_grad": flat}
-    local, largest = (t, s.largest_t) if backend.family == "ddp" else (t / n, -(-s.largest_t // n))
-    out = {"optimizer_temporaries": 4 * local if s.foreach else 2 * 4 * largest}
-    if backend.family == "ddp":
-        out["ddp_buckets"] = 4 * t if s.ddp_grad_copy else 0.0
-    return out
-
-
-def peak_phases(backend, s: Shape, activations: float) -> Dict[str, Dict[str, float]]:
-    """The terms on top of model states and buffers at the two moments a step peaks: the start of backward
-    (activations and the backward transients) and the optimizer step. The predicted peak is the larger."""
-    return {"backward": {"activations": activations, **backward_transients(backend, s)},
-            "step": step_transients(backend, s)}
 
 
 def deepspeed_estimate(backend, s: Shape) -> Optional[Dict[str, float]]:

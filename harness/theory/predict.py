@@ -5,7 +5,9 @@ from typing import Dict
 
 from ..core.components import totals
 from .communication import comm_per_step
-from .memory import activation_bytes, layout, paper_bytes, paper_stage, peak_phases
+from . import activations
+from .memory import layout, paper_bytes, paper_stage
+from .peak import phase_terms
 from .shape import shape_of
 
 
@@ -21,16 +23,18 @@ def predict(cfg, world: int, counts: Dict[str, int]) -> Dict[str, float]:
         "memory/model_states_host_predicted_bytes": total["host"],
         "memory/model_states_paper_bytes": paper_bytes(paper_stage(cfg.backend), s),
         "memory/buffers_predicted_bytes": components.get("buffers", 0.0),
-        "memory/activations_predicted_bytes": activation_bytes(
-            cfg.model, cfg.parallelism, cfg.train.precision, cfg.train.activation_checkpointing),
     })
-    phases = peak_phases(cfg.backend, s, out["memory/activations_predicted_bytes"])
+    act = activations.parts(cfg.model, cfg.parallelism, activations.regime(cfg.backend.family, cfg.train.precision),
+                            cfg.train.activation_checkpointing, s.matmul_weights, s.head_matmul_weights)
+    # what one micro-batch's forward keeps for backward (theory/activations.py)
+    out["memory/activations_predicted_bytes"] = activations.saved(act)
+    phases, out["memory/peak_block_predicted"] = phase_terms(cfg.backend, s, act)
     # the peak of live tensors on the training device (on CPU every state is on it, offloaded or not): states
-    # and buffers, plus the larger of the two phases' terms
+    # and buffers, plus the largest phase's terms (theory/peak.py)
     states = total["total"] if cfg.parallelism.device == "cpu" else total["device"]
     base = states + out["memory/buffers_predicted_bytes"]
     for phase, terms in phases.items():
-        out.update({f"memory/{phase}_{k}_predicted_bytes": v for k, v in terms.items() if k != "activations"})
+        out.update({f"memory/{phase}_{k}_predicted_bytes": v for k, v in terms.items()})
         out[f"memory/peak_at_{phase}_predicted_bytes"] = base + sum(terms.values())
     out["memory/tensor_peak_predicted_bytes"] = max(out[f"memory/peak_at_{p}_predicted_bytes"] for p in phases)
     # what a budget bounds: on CUDA the same peak; on CPU all of it but the offloaded (host) states

@@ -33,6 +33,24 @@ class Shape:
     trainable_params: int | None = None
     block_trainable: int | None = None
     largest_trainable: int | None = None
+    # what the backward touches first and what autocast copies (runtime.models._backward_order): the head (final
+    # norm and output layer), the trainable part of it and of the block's last matmul, and every matmul weight
+    head_params: int = 0
+    head_trainable: int = 0
+    block_out_trainable: int = 0
+    matmul_weights: int = 0
+    head_matmul_weights: int = 0
+    # ZeRO-3's parameter fetching (DeepSpeed's defaults where the JSON is silent)
+    prefetch_bucket: int = 0
+    max_live_params: int = 0
+    max_reuse_distance: int = 0
+    blocks_reshard: bool = True  # FSDP2 reshards each block after forward (full shard), else keeps it (grad-op)
+    device: str = "cpu"  # cpu (gloo) | cuda (NCCL): a few communication buffers exist on one and not the other
+
+    @property
+    def root_params(self) -> int:
+        """Parameters outside the blocks (embeddings, final norm, an untied output layer): FSDP2's root unit."""
+        return max(self.params - self.blocks * self.block_params, 0)
 
     @property
     def t(self) -> int:
@@ -64,6 +82,7 @@ def shape_of(cfg, world: int, counts: Dict[str, int]) -> Shape:
     with its own defaults where the JSON is silent (the native profile)."""
     params, fp32_grads, persistent = counts["total"], cfg.train.precision == "fp32", 0
     bucket, overlap, threshold = bucket_elements(cfg, params), False, 0
+    fetch = {}
     if cfg.backend.family == "deepspeed":
         zero, fp32_grads = deepspeed_json.effective_zero(cfg, world, params)
         bucket = int(zero["reduce_bucket_size"])
@@ -71,6 +90,9 @@ def shape_of(cfg, world: int, counts: Dict[str, int]) -> Shape:
         if cfg.backend.zero_stage == 3:
             threshold = int(zero["stage3_param_persistence_threshold"])
             persistent = persistent_elements(counts.get("sizes", ()), threshold)
+            fetch = {"prefetch_bucket": int(zero["stage3_prefetch_bucket_size"]),
+                     "max_live_params": int(zero["stage3_max_live_parameters"]),
+                     "max_reuse_distance": int(zero["stage3_max_reuse_distance"])}
     return Shape(params=params, world=world, precision=cfg.train.precision,
                  largest_param=counts["largest_param"], bucket_elements=bucket,
                  grad_accum=cfg.parallelism.grad_accum, fp32_grads=fp32_grads, persistent_params=persistent,
@@ -80,7 +102,12 @@ def shape_of(cfg, world: int, counts: Dict[str, int]) -> Shape:
                  root_reshards=bool(profiles.fsdp_root_reshard(cfg)), overlap_comm=overlap,
                  tensor_sizes=tuple(counts.get("sizes", ())), persistence_threshold=threshold,
                  trainable_params=counts.get("trainable"), block_trainable=counts.get("per_block_trainable"),
-                 largest_trainable=counts.get("largest_trainable"))
+                 largest_trainable=counts.get("largest_trainable"), head_params=counts.get("head", 0),
+                 head_trainable=counts.get("head_trainable", counts.get("head", 0)),
+                 block_out_trainable=counts.get("block_out_trainable", 0),
+                 matmul_weights=counts.get("matmul_weights", 0),
+                 head_matmul_weights=counts.get("head_matmul_weights", 0),
+                 blocks_reshard=bool(cfg.backend.reshard_after_forward), device=cfg.parallelism.device, **fetch)
 
 
 def persistent_elements(sizes, threshold: int) -> int:

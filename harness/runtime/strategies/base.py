@@ -132,6 +132,11 @@ class Strategy(ABC):
         Offloaded components are keyed with a `host_` prefix (e.g. `host_optimizer`).
         """
 
+    def hidden_buffers(self) -> bool:
+        """Whether the framework holds tensors Python cannot reach (memory_profile's allocation replay cannot
+        see them; torch's data-flow analysis can, through the ops that use them)."""
+        return False
+
     def unclassified_tensors(self) -> Dict[str, Iterable[torch.Tensor]]:
         """Tensors the strategy holds but cannot attribute to a component, by where it found them."""
         return {}

@@ -41,6 +41,11 @@ class DDPStrategy(NativeStrategy):
         return out
 
     @override
+    def hidden_buffers(self):
+        # DDP's gradient buckets live in its C++ reducer; they are .grad itself only under gradient_as_bucket_view
+        return not self.model.gradient_as_bucket_view
+
+    @override
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.precision != "fp32")
 

@@ -1,0 +1,10 @@
+"""`python -m harness.memory_check`: the memory model against measured peaks over a matrix of runs.
+
+The code is in harness/studies/memory_check.py; this file is only the command.
+"""
+import sys
+
+from harness.studies.memory_check import main
+
+if __name__ == "__main__":
+    sys.exit(main())

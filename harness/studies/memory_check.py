@@ -1,0 +1,167 @@
+"""`make memory-check`: the memory model against measured peaks, over a matrix of runs, in one launch.
+
+    python -m harness.memory_check [--models tiny_llama,tiny_gpt2] [--precisions fp32,bf16]
+        [--checkpointing off,on] [--backends ddp,fsdp,...] [--repeats 3] [--tolerance 10] [--out DIR] [overrides]
+
+Every backend x model x precision x activation checkpointing is a cell: a short run (two steps, then
+`--repeats` profiled memory steps) whose peak of live tensors per rank is set beside theory/predict.py's
+predicted peak. The cells run one after another inside one process group (memory_check_worker.py), through
+the same construction and train loop as a run, so that 64 cells cost about one run's imports rather than
+64. The peak of a cell is the lowest of its profiled steps on each rank, then the highest rank: on CPU gloo's
+threads can release a collective's buffer a phase late in one step and not in the next, which the highest
+peak (shown beside it) keeps. The peak is taken from the step's allocations (train.peak_by_kind=false); a
+run splits it by kind.
+
+Overrides apply to every cell; the default is profile=parity, where buckets are sized to the model and the
+states show (under native, DeepSpeed's 5e8-element bucket is most of every DeepSpeed peak). Writes
+memory_check.{md,json} under --out and exits 1 if a cell misses by more than --tolerance percent.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+from ..config import rules
+from ..config.compose import backends as all_backends
+from ..config.compose import compose
+from ..config.derive import world_size
+from ..core.paths import REPO
+from ..core.rundir import write_json, write_text
+from ..launcher.torchrun import die_with_parent, rank_env, torchrun_cmd
+from ..runtime import models
+from ..theory.peak import PHASES, after_backward_buffers, explain_unaccounted
+from ..theory.shape import shape_of
+from ..theory.predict import predict
+
+# the short run each cell is: no time breakdown, FLOPs or W&B; the peak from the step's allocations
+CELL = ["logger=none", "train.steps=2", "train.warmup_steps=1", "train.breakdown_steps=0",
+        "train.measure_flops=false", "train.peak_by_kind=false"]
+
+
+def matrix(backends: List[str], models_: List[str], precisions: List[str], checkpointing: List[bool]) -> List[list]:
+    return [[f"backend={b}", f"model={m}", f"train.precision={p}", f"train.activation_checkpointing={str(c).lower()}"]
+            for m in models_ for p in precisions for c in checkpointing for b in backends]
+
+
+def run_cells(cells: List[list], common: List[str], repeats: int, out: Path) -> List[dict]:
+    """Run every cell (its overrides, then `common`) in one launch; return one row per cell, with the measured
+    and predicted peaks. A config the rules refuse is a row with its reason, not a launch."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cells.jsonl").unlink(missing_ok=True)
+    rows, runnable = [], []
+    for overrides in cells:
+        cfg = compose([*common, *overrides, *CELL, f"train.memory_steps={repeats}"])
+        name = " ".join(overrides)
+        found = rules.problems(cfg)
+        rows.append({"name": name, "overrides": overrides, "cfg": cfg, "refused": found[0] if found else None})
+        if not found:
+            runnable.append({"name": name, "config": _plain(cfg)})
+    if runnable:
+        first = next(r["cfg"] for r in rows if not r["refused"])
+        write_json(out / "cells.json", runnable)
+        with open(out / "launcher.log", "w") as log:
+            proc = subprocess.run(torchrun_cmd(first, out, module=("harness.studies.memory_check_worker", str(out))),
+                                  cwd=REPO, env=rank_env(first), stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True, preexec_fn=die_with_parent(__import__("os").getpid()))
+        if proc.returncode != 0:
+            tail = (out / "launcher.log").read_text().strip().splitlines()[-5:]
+            raise RuntimeError(f"memory check: the ranks failed (exit {proc.returncode}): " + " | ".join(tail))
+    measured = {}
+    if (out / "cells.jsonl").exists():
+        for line in (out / "cells.jsonl").read_text().splitlines():
+            cell = json.loads(line)
+            measured[cell["name"]] = cell["ranks"]
+    return [_row(r, measured.get(r["name"])) for r in rows]
+
+
+def _plain(cfg) -> dict:
+    from omegaconf import OmegaConf
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def _row(r: dict, ranks) -> dict:
+    cfg = r["cfg"]
+    row = {"name": r["name"], "backend": cfg.backend.name, "model": cfg.model.name, "precision": cfg.train.precision,
+           "checkpointing": bool(cfg.train.activation_checkpointing), "refused": r["refused"]}
+    if r["refused"] or not ranks:
+        return row
+    counts = models.param_count(cfg.model, cfg.workload)
+    pred = predict(cfg, world_size(cfg), counts)
+    peak = max(k["peak"] for k in ranks)
+    phase = max(PHASES, key=lambda ph: pred.get(f"memory/peak_at_{ph}_predicted_bytes", 0))
+    predicted = pred["memory/tensor_peak_predicted_bytes"]
+    candidates = after_backward_buffers(cfg.backend, shape_of(cfg, world_size(cfg), counts))
+    held = max(candidates.values(), default=0.0)  # one communication buffer gloo may hold a phase late
+    worst = max(ranks, key=lambda k: abs(k["unaccounted"] or 0))
+    unaccounted_pct = 100 * (worst["unaccounted"] or 0) / max(worst["at_marker"] or 1, 1)
+    named = explain_unaccounted(candidates, worst["unaccounted"] or 0, 0.02 * (worst["at_marker"] or 0))
+    return {**row, "measured_bytes": peak, "highest_bytes": max(k["peak_highest"] for k in ranks),
+            "unaccounted_pct": unaccounted_pct, "unaccounted_named": named if abs(unaccounted_pct) > 5 else [],
+            "predicted_bytes": predicted, "error_pct": 100 * (peak - predicted) / predicted, "phase": phase,
+            "error_less_held_pct": 100 * (peak - held - predicted) / predicted,
+            "block": pred.get("memory/peak_block_predicted") if phase == "block_backward" else None,
+            "terms": {k.removeprefix(f"memory/{phase}_").removesuffix("_predicted_bytes"): v for k, v in pred.items()
+                      if k.startswith(f"memory/{phase}_") and v},
+            "states_bytes": max(k["model_states"].get("total", 0) for k in ranks),
+            "states_predicted_bytes": pred["memory/model_states_predicted_bytes"], "method": ranks[0]["method"]}
+
+
+def render(rows: List[dict], tolerance: float, command: str) -> str:
+    mib = lambda b: f"{b / 2**20:,.3f}"  # noqa: E731
+    done = [r for r in rows if "error_pct" in r]
+    within = [r for r in done if abs(r["error_pct"]) <= tolerance]
+    lines = [f"# Memory model against measured peaks: {len(within)} of {len(done)} cells within {tolerance:g}%", "",
+             f"Command: `{command}`. Peak of live tensors per rank (MiB): the lowest of the profiled steps on each "
+             "rank, then the highest rank; \"highest\" is the highest profiled step. Predicted: "
+             "`harness/theory/peak.py` (states + buffers + the largest moment's terms; the moment is named).", "",
+             "\"unaccounted\": live bytes right after backward that are not model states or named buffers, as a "
+             "share of the live bytes there; above 5% the mechanism whose size they match is named "
+             "(`theory/peak.after_backward_buffers`).", "",
+             "| backend | model | precision | ckpt | measured | highest | predicted | error | moment | unaccounted |",
+             "|---|---|---|---|---:|---:|---:|---:|---|---|"]
+    for r in rows:
+        if "error_pct" not in r:
+            lines.append(f"| {r['backend']} | {r['model']} | {r['precision']} | {'on' if r['checkpointing'] else 'off'} "
+                         f"| - | - | - | - | refused: {r['refused'] or 'no result'} | |")
+            continue
+        moment = r["phase"] + (f" (block {r['block']})" if r["block"] is not None else "")
+        unaccounted = f"{r['unaccounted_pct']:+.0f}%" + (f": {' + '.join(r['unaccounted_named'])}"
+                                                          if r["unaccounted_named"] else "")
+        lines.append(f"| {r['backend']} | {r['model']} | {r['precision']} | {'on' if r['checkpointing'] else 'off'} "
+                     f"| {mib(r['measured_bytes'])} | {mib(r['highest_bytes'])} | {mib(r['predicted_bytes'])} "
+                     f"| {r['error_pct']:+.1f}% | {moment} | {unaccounted} |")
+    if done:
+        worst = max(done, key=lambda r: abs(r["error_pct"]))
+        lines += ["", f"Largest miss: {worst['name']}, {worst['error_pct']:+.1f}% ({mib(worst['measured_bytes'])} "
+                      f"measured against {mib(worst['predicted_bytes'])} MiB predicted)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: List[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default=",".join(all_backends()))
+    parser.add_argument("--models", default="tiny_llama,tiny_gpt2")
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--checkpointing", default="off,on")
+    parser.add_argument("--repeats", type=int, default=3, help="profiled memory steps per cell")
+    parser.add_argument("--tolerance", type=float, default=10.0, help="percent")
+    parser.add_argument("--out", default="results/memory_check")
+    args, overrides = parser.parse_known_args(argv)
+    if not any(o.startswith("profile=") for o in overrides):
+        overrides = ["profile=parity", *overrides]
+    split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
+    cells = matrix(split(args.backends), split(args.models), split(args.precisions),
+                   [c == "on" for c in split(args.checkpointing)])
+    out = (REPO / args.out).resolve()
+    rows = run_cells(cells, overrides, args.repeats, out)
+    command = "python -m harness.memory_check " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = render(rows, args.tolerance, command)
+    write_text(out / "memory_check.md", text)
+    write_json(out / "memory_check.json", [{k: v for k, v in r.items() if k != "cfg"} for r in rows])
+    print(text)
+    misses = [r for r in rows if "error_pct" in r and abs(r["error_pct"]) > args.tolerance]
+    return 1 if misses or any(r["refused"] for r in rows) else 0

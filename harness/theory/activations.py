@@ -1,0 +1,170 @@
+"""Theory of activation memory: what one micro-batch's forward keeps for backward, and the working set of the
+backward at the moments a step peaks, counted from the modules as transformers implements them.
+
+Every count below was read off the autograd graph of the models as built here (dropout off, SDPA attention,
+which keeps no a·s² scores), storage by storage, in the three precision regimes a backend can run:
+
+- `fp32`: parameters and activations in fp32 (p = 4).
+- `16-bit`: the parameters themselves are 16-bit (FSDP2's MixedPrecisionPolicy, DeepSpeed's bf16/fp16): the
+  activations are p = 2 bytes, but Llama's RMSNorm upcasts its input to fp32 and keeps it, and the attention's
+  log-sum-exp is fp32.
+- `autocast`: torch.autocast over fp32 parameters (DDP): the embedding and the residual stream stay fp32, each
+  norm runs in fp32, and every matmul casts its input to 16 bits and keeps that copy (q, k and v each keep
+  their own) and keeps a 16-bit copy of its weight (autocast's weight cache) until backward passes it.
+
+Korthikanti et al. (arXiv 2205.05198) count 34·s·b·h bytes per GPT layer in 16 bits, with a fused GELU and
+dropout masks; the counts here are for these implementations instead, and Korthikanti's form does not fit
+SwiGLU at all (three projections, a gated product).
+
+Per token, with h the width, h_kv the key/value width (GQA), i the MLP width, a the heads, V the vocabulary:
+
+- Llama block, fp32 or 16-bit (p): each RMSNorm keeps its fp32 input, the fp32 reciprocal RMS and the
+  normalised tensor in p (4h + 4 + p·h, twice), and its output is kept once by the projections that read it
+  (p·h, twice); attention keeps the rotated q and k, v and its output (p·(2h + 2h_kv)) and an fp32
+  log-sum-exp per head (4a); SwiGLU keeps gate, silu(gate), up and their product (4p·i).
+  Under autocast the norms keep fp32 input, RMS and normalised output (8h + 4, twice), the five
+  projections reading a norm each keep a 16-bit copy of it (5·2h), and attention and the MLP are 16-bit.
+- GPT-2 block: each LayerNorm keeps its input, mean and reciprocal deviation (p·h + 2p, twice) and its output
+  is kept by the next matmul (p·h, twice); attention keeps the fused q|k|v output, its output (4p·h) and the
+  log-sum-exp (4a); the MLP keeps the tanh GELU's four tensors (x, tanh, x/2, 1 + tanh: transformers'
+  "gelu_new" is unfused) and its output (5p·i). Under autocast the norms are fp32.
+- Outside the blocks: the final norm, the output layer's input (p·h), the int64 input ids (8; GPT-2 also its
+  position ids), and the fp32 log-softmax of the logits (4V) that the loss keeps; Llama's rotary cos and sin
+  once per sequence position. The logits themselves are not kept: the loss upcasts them and keeps only its
+  output.
+
+With activation checkpointing (non-reentrant, one block at a time) a block keeps only its input: the residual
+stream, in p (fp32 under autocast).
+
+The moments the peak model uses (theory/peak.py):
+- end of forward, before the output layer: everything kept but the log-softmax;
+- start of backward: everything kept, plus the two fp32 V-sized gradients the loss's backward makes while the
+  log-softmax is alive (8V per token);
+- inside block k's backward: the head's tensors are freed, blocks above k are done, block k (recomputed,
+  under checkpointing) is whole, the residual gradient arrives, and the MLP's product backward makes two
+  i-sized gradients while its inputs are still kept (2p·i): both MLPs end in a product of two kept tensors.
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+REGIMES = ("fp32", "16-bit", "autocast")
+
+
+def regime(family: str, precision: str) -> str:
+    if precision == "fp32":
+        return "fp32"
+    return "autocast" if family == "ddp" else "16-bit"
+
+
+def _widths(model):
+    h = model.hidden_size
+    i = model.intermediate_size or 4 * h
+    h_kv = h * (model.num_kv_heads or model.num_heads) // model.num_heads
+    return h, h_kv, i, model.num_heads, model.vocab_size
+
+
+def block_bytes_per_token(model, reg: str) -> float:
+    """Bytes one block keeps for backward, per token (the module docstring says what each term is)."""
+    h, h_kv, i, a, _ = _widths(model)
+    if model.family == "llama":
+        if reg == "autocast":
+            return 2 * (8 * h + 4) + 5 * 2 * h + 2 * (2 * h + 2 * h_kv) + 4 * a + 4 * 2 * i
+        p = 4 if reg == "fp32" else 2
+        return 2 * (4 * h + 4 + p * h) + 2 * p * h + p * (2 * h + 2 * h_kv) + 4 * a + 4 * p * i
+    if reg == "autocast":
+        return 2 * (4 * h + 8) + 2 * 2 * h + 2 * 4 * h + 4 * a + 5 * 2 * i
+    p = 4 if reg == "fp32" else 2
+    return 2 * (p * h + 2 * p) + 2 * p * h + 4 * p * h + 4 * a + 5 * p * i
+
+
+def outside_bytes_per_token(model, reg: str) -> float:
+    """Bytes kept outside the blocks per token: final norm, output layer input, input ids, log-softmax."""
+    h, _, _, _, vocab = _widths(model)
+    p = 4 if reg == "fp32" else 2
+    if model.family == "llama":
+        norm = 8 * h + 4 if reg == "autocast" else 4 * h + 4 + p * h
+    else:
+        norm = 4 * h + 8 if reg == "autocast" else p * h + 2 * p
+    return norm + p * h + 8 + 4 * vocab
+
+
+def per_sequence_bytes(model, par, reg: str) -> float:
+    """Kept once per micro-batch, not per token: Llama's rotary cos and sin (fp32 under autocast), GPT-2's
+    int64 position ids."""
+    s = par.seq_len
+    if model.family == "llama":
+        return 2 * s * (model.hidden_size // model.num_heads) * (2 if reg == "16-bit" else 4)
+    return 8 * s
+
+
+def residual_bytes(reg: str) -> int:
+    """Bytes per element of the residual stream (a checkpointed block's input, the gradient between blocks)."""
+    return 2 if reg == "16-bit" else 4
+
+
+def parts(model, par, reg: str, checkpointing: bool, matmul_weights: int = 0,
+          head_matmul_weights: int = 0) -> Dict[str, float]:
+    """The pieces of one micro-batch's activation memory on one rank, in bytes (module docstring):
+
+    - `block`: what one block keeps (recomputed whole inside its backward under checkpointing);
+    - `block_input`: a checkpointed block's input, which is also the size of the residual gradient;
+    - `outside`: what the head keeps (and the per-sequence tensors);
+    - `logits_grads`: the loss backward's two fp32 V-sized gradients;
+    - `log_softmax`: the loss's kept output;
+    - `per_sequence`: rotary cos/sin or position ids;
+    - `mlp_grads`: the two i-sized gradients of the MLP product's backward;
+    - `copies`, `head_copy`, `block_copies`: autocast's 16-bit weight copies, all, the output layer's, one
+      block's (`matmul_weights`: every Linear/Conv1D weight, the output layer's included, tied or not).
+    """
+    tokens = par.seq_len * par.micro_batch
+    h, _, i, _, vocab = _widths(model)
+    a = 4 if reg == "fp32" else 2
+    autocast = reg == "autocast"
+    return {
+        "layers": model.num_layers, "checkpointing": checkpointing,
+        "block": tokens * block_bytes_per_token(model, reg),
+        "block_input": tokens * residual_bytes(reg) * h,
+        "outside": tokens * outside_bytes_per_token(model, reg) + per_sequence_bytes(model, par, reg),
+        "per_sequence": per_sequence_bytes(model, par, reg),
+        "log_softmax": tokens * 4 * vocab,
+        "logits_grads": tokens * 8 * vocab,
+        "mlp_grads": tokens * 2 * a * i,
+        "copies": 2 * matmul_weights if autocast else 0,
+        "head_copy": 2 * head_matmul_weights if autocast else 0,
+        "block_copies": 2 * (matmul_weights - head_matmul_weights) / model.num_layers if autocast else 0,
+    }
+
+
+def kept_by_blocks(a: Dict[str, float]) -> float:
+    """What the blocks keep through forward: every block's tensors, or under checkpointing their inputs."""
+    return a["layers"] * (a["block_input"] if a["checkpointing"] else a["block"])
+
+
+def saved(a: Dict[str, float]) -> float:
+    """Everything one micro-batch keeps for backward at the end of forward (autocast's weight copies under
+    checkpointing only the output layer's: the blocks' are made again when they are recomputed)."""
+    copies = a["head_copy"] if a["checkpointing"] else a["copies"]
+    return kept_by_blocks(a) + a["outside"] + copies
+
+
+def forward_end(a: Dict[str, float]) -> float:
+    """Before the output layer runs: all but the log-softmax and the output layer's weight copy."""
+    return saved(a) - a["log_softmax"] - a["head_copy"]
+
+
+def backward_start(a: Dict[str, float]) -> float:
+    """The loss's backward: everything kept, plus the logits' two fp32 gradients."""
+    return saved(a) + a["logits_grads"]
+
+
+def in_block(a: Dict[str, float], k: int) -> float:
+    """Inside block k's backward (k = L - 1 first), at its MLP product's backward: the head's tensors are
+    freed, blocks 0..k keep theirs (under checkpointing blocks 0..k-1 keep their inputs and block k is
+    recomputed whole, its input shared with its first norm's), and the residual gradient and the two
+    MLP gradients are alive; under autocast the blocks' weight copies not yet freed by their backward."""
+    if a["checkpointing"]:
+        blocks, copies = k * a["block_input"] + a["block"], a["block_copies"]
+    else:
+        blocks, copies = (k + 1) * a["block"], (k + 1) * a["block_copies"]
+    return blocks + a["per_sequence"] + a["block_input"] + a["mlp_grads"] + copies

@@ -1,0 +1,79 @@
+"""The memory model against measured peaks (harness/studies/memory_check.py): every backend x tiny_llama,
+tiny_gpt2 x fp32, bf16 x activation checkpointing off, on (64 cells, 2 gloo ranks, profile=parity) in one
+launch, and a states-dominated shape on 4 ranks where the backends' peaks rank as theory ranks them."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import BACKENDS
+from harness.studies import memory_check
+
+pytestmark = pytest.mark.slow
+REPEATS = 3  # profiled steps per cell: the lowest per rank (gloo can hold a buffer a phase late)
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    cells = memory_check.matrix(BACKENDS, ["tiny_llama", "tiny_gpt2"], ["fp32", "bf16"], [False, True])
+    rows = memory_check.run_cells(cells, ["profile=parity"], REPEATS, tmp_path_factory.mktemp("memory_check"))
+    print(memory_check.render(rows, 10, "tests/test_memory_check.py"))
+    return rows
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_measured_peak_is_within_10_percent_of_the_predicted_peak(matrix, backend):
+    mine = [r for r in matrix if r["backend"] == backend]
+    assert len(mine) == 8 and all("error_pct" in r for r in mine), [r.get("refused") for r in mine]
+    # On gloo a collective's buffer can outlive the collective into a later phase (its worker thread lets go of
+    # it when it moves on), in some launches and not others; memory_profile.collective_frees counts most such
+    # buffers at their last use, and the lowest of the profiled steps drops most of the rest. Where one is left
+    # (seen: ZeRO-2, bf16 with checkpointing, +10.2% in about one launch in three), the peak less that one
+    # buffer, as theory/peak.after_backward_buffers sizes it, must be within the 10%
+    misses = [(r["name"], round(r["error_pct"], 1)) for r in mine
+              if abs(r["error_pct"]) > 10 and not abs(r["error_less_held_pct"]) <= 10]
+    assert not misses, misses
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unaccounted_bytes_after_backward_are_under_5_percent_or_named(matrix, backend):
+    # the closure check: what is live right after backward beyond the model states and named buffers is
+    # small, or it is a mechanism theory/peak.after_backward_buffers names with its size
+    for r in (r for r in matrix if r["backend"] == backend):
+        assert abs(r["unaccounted_pct"]) <= 5 or r["unaccounted_named"], (r["name"], r["unaccounted_pct"])
+
+
+# a states-dominated shape: small_llama (3.0M parameters) on 4 ranks, one 16-token sequence a rank, bf16;
+# buckets an eighth of the model, and ZeRO-3 releasing what it gathers (a model larger than its reuse distance)
+STATES = ["model=small_llama", "train.precision=bf16", "parallelism.nproc_per_node=4", "parallelism.micro_batch=1",
+          "parallelism.seq_len=16", "backend.bucket_elements=400000"]
+RELEASE = ["+backend.deepspeed.zero_optimization.stage3_max_reuse_distance=0",
+           "+backend.deepspeed.zero_optimization.stage3_max_live_parameters=400000"]
+
+
+@pytest.fixture(scope="module")
+def states_dominated(tmp_path_factory):
+    cells = [[f"backend={b}", *(RELEASE if b == "ds_zero3" else [])]
+             for b in ("ddp", "ds_zero1", "ds_zero2", "ds_zero3", "fsdp")]
+    rows = memory_check.run_cells(cells, ["profile=parity", *STATES], 3, tmp_path_factory.mktemp("ranking"))
+    print(memory_check.render(rows, 10, "tests/test_memory_check.py (states-dominated)"))
+    return {r["backend"]: r for r in rows}
+
+
+def test_on_a_states_dominated_shape_the_peaks_rank_as_theory_ranks_them(states_dominated):
+    peak = {b: r["measured_bytes"] for b, r in states_dominated.items()}
+    predicted = {b: r["predicted_bytes"] for b, r in states_dominated.items()}
+    # the ZeRO paper's order, measured: sharding more of the states lowers the peak
+    assert peak["fsdp"] < peak["ds_zero2"] < peak["ds_zero1"] < peak["ddp"], peak
+    # and every pair the theory separates by more than 10% comes out in the theory's order
+    for a in peak:
+        for b in peak:
+            if predicted[a] < 0.9 * predicted[b]:
+                assert peak[a] < peak[b], (a, b, peak, predicted)
+    # ZeRO-3 shards its parameters too, but at the step it copies its persistent fp32 gradient partition flat
+    # and torch's single-tensor AdamW makes two temporaries of it: on 4 ranks that is about what sharding the
+    # parameters saved, and the theory puts ZeRO-3 within 5% of ZeRO-2 (measured: within a few percent, in
+    # either order); its model states, the paper's quantity, measured, are the lowest of the DeepSpeed stages
+    assert abs(predicted["ds_zero3"] - predicted["ds_zero2"]) < 0.05 * predicted["ds_zero2"]
+    assert predicted["ds_zero3"] < predicted["ds_zero1"] and peak["ds_zero3"] < peak["ds_zero1"]
+    states = {b: r["states_bytes"] for b, r in states_dominated.items()}
+    assert states["fsdp"] < states["ds_zero3"] < states["ds_zero2"] < states["ds_zero1"] < states["ddp"], states
