@@ -156,17 +156,16 @@ def _peak_by_kind(runs, name, within_pct):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", BACKENDS)
 def test_peak_tensor_memory_by_kind_fp32(fp32_runs, name):
-    # Known miss, reported rather than tuned: with grad_accum 2 on 3 ranks (parity) every backend measures
-    # +11% to +38% above the predicted peak across runs (the second micro-batch's activations beside the
-    # first one's gradients, and gloo's and ZeRO-3's other threads freeing at different moments: the same
-    # run's peak moved from +25% to +38% between two suites). The band only catches gross errors here.
-    _peak_by_kind(fp32_runs, name, (-15, 45))
+    # grad_accum 2 on 3 ranks (parity), the peak replayed from the step's allocations (train.peak_by_kind=false).
+    # Measured against theory/peak.py: DDP, ZeRO-2 and both offloads within 1.2%, ZeRO-1 +3%, FSDP2 -4% to +9%,
+    # ZeRO-3 +13% (its gathers and gloo's worker thread free a phase late in some launches). Reported, not tuned:
+    # the band holds every backend to that spread; make memory-check holds the 10% on the plain grid
+    _peak_by_kind(fp32_runs, name, (-10, 25))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", BACKENDS)
 def test_peak_tensor_memory_by_kind_bf16(bf16_runs, name):
-    # The native profile, as a user runs it. DeepSpeed (bucket-dominated) and FSDP2 are within 3%; DDP
-    # measures about 11% above: under autocast its LayerNorms and residual stream stay fp32, which the 16-bit
-    # activation count does not model yet. Known miss.
-    _peak_by_kind(bf16_runs, name, (-10, 20))
+    # The native profile, as a user runs it: every backend measured within 0.1% of theory/peak.py (DeepSpeed's
+    # native 5e8-element reduce bucket is most of its peak); the band leaves room for gloo's late frees
+    _peak_by_kind(bf16_runs, name, (-5, 10))

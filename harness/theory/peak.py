@@ -263,12 +263,15 @@ def after_backward_buffers(backend, s: Shape) -> Dict[str, float]:
     size. FSDP2 keeps a reduce-scatter's fp32 input until the next reduce-scatter is issued, so the last ones
     (the first block's, the root's) outlive backward, and in 16 bits the root's gathered parameters may too.
     gloo's worker thread drops a collective's tensors after the training thread has moved on, so DeepSpeed's
-    flattened gradients of its last reduce can still be alive."""
+    flattened gradients of its last reduce can still be alive. DDP's separate buckets (native) live in its C++
+    reducer, out of Python's reach."""
     if backend.family == "fsdp":  # gloo's reduce_scatter also clones its input: up to two blocks' worth
         return {"a block's reduce-scatter input (FSDP2 keeps it until the next)": 4.0 * s.block_t,
                 "its gloo clone": 4.0 * s.block_t if s.device == "cpu" else 0.0,
                 "the root's reduce-scatter input": 4.0 * max(s.t - s.blocks * s.block_t, 0),
                 "the root's gathered parameters": s.p * s.root_params}
+    if backend.family == "ddp" and s.ddp_grad_copy:
+        return {"DDP's gradient buckets (a copy of every gradient, in its C++ reducer)": 4.0 * s.t}
     if backend.family == "deepspeed":
         return {"the last reduce's flattened gradients, released by gloo's worker after the collective":
                 s.p * min(s.bucket_elements or s.t, s.t)}
