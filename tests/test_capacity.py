@@ -41,6 +41,7 @@ def test_search_finds_the_boundary_from_any_guess(n):
 
 
 @pytest.mark.slow
+@pytest.mark.drill  # five real probes (68 s): make test-drills and CI, to keep make test under 10 minutes
 def test_real_search_orders_backends_as_theory(tmp_path):
     # 30 MiB per rank of device peak (states, activations, transients): DDP is predicted to fit 0.99M parameters
     # (20 MiB; 1.69M needs 34), FSDP on 2 ranks 1.69M (24 MiB; 2.55M needs 31). Measured: DDP 20.8 and 34.2,

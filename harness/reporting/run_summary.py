@@ -42,7 +42,10 @@ def throughput(cfg, ranks: List[RankReport]) -> Dict[str, float]:
     step_s = [max(r.timed_step_s[i] for r in ranks) for i in range(len(ranks[0].timed_step_s))]
     window_s = sum(step_s)
     records = ranks[0].records
-    return {
+    compile_s = {}
+    if cfg.train.compile and records:  # compiling happens in the first (warm-up) step: its excess over a timed one
+        compile_s = {"time/compile_s": records[0]["throughput/step_time_s"] - percentile(step_s, 0.5)}
+    return {**compile_s,
         "throughput/tokens_per_s": tokens * len(step_s) / window_s,
         "throughput/tokens_per_s_per_device": tokens * len(step_s) / window_s / world,
         "throughput/samples_per_s": samples * len(step_s) / window_s,
@@ -255,6 +258,10 @@ def memory_notes(figures: dict, ranks: List[RankReport], explained: dict) -> Lis
     out = []
     for r in ranks:
         method = (r.tensor_peak or {}).get("method", "categorised")
+        if method == "allocations" and "why" not in r.tensor_peak:  # asked for (train.peak_by_kind=false)
+            out.append("memory: the peak is the exact states plus the step's allocations and frees "
+                       "(train.peak_by_kind=false): activations and temporaries are one kind, unattributed")
+            break
         if method == "allocations":
             out.append(f"memory: torch's memory profiler could not categorise this step ({r.tensor_peak['why']}); the "
                        "peak is the exact states plus the step's allocations, with activations and temporaries "
@@ -270,7 +277,7 @@ def memory_notes(figures: dict, ranks: List[RankReport], explained: dict) -> Lis
         what = (f"they match {' + '.join(found)} ({explained['bytes']:,.0f} B by theory/peak.after_backward_buffers)"
                 if found else "no mechanism the theory names adds up to them")
         out.append(f"memory: {figures['memory/unaccounted_bytes']:,.0f} B ({pct:.0f}%) live right after backward are "
-                   f"not model states or buffers the strategy's classifier knows: {what}")
+                   f"unaccounted (not model states or buffers the strategy's classifier knows): {what}")
     return out
 
 
