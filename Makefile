@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare sweep report run estimate bench advise memory-check capacity collectives finetune faults browser test test-drills test-all clean lock
+.PHONY: help install warm demo compare sweep report run estimate bench advise memory-check gpu-check capacity collectives finetune faults browser test test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -66,6 +66,12 @@ finetune: install warm ## full fine-tuning vs LoRA, every backend, from a checkp
 	test -f results/finetune/checkpoint/model.safetensors.index.json || \
 	  $(PY) -m harness.checkpoint --out results/finetune/checkpoint model=small_llama
 	$(PY) -m harness.train experiment=finetune $(ARGS)
+
+# no install step: a GPU machine keeps its own CUDA torch (and, with no network, the wheels of the README's
+# "On a GPU machine"); GPU_PYTHON is the interpreter that has them
+GPU_PYTHON ?= python3
+gpu-check: ## on a GPU machine: every backend on gpt2_124m and llama_1b (bf16), a real CUDA OOM, checks -> results/gpu/<device>/
+	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(GPU_PYTHON) -m harness.gpu_check $(ARGS)
 
 faults: install warm ## fault drill: OOM, exception, NaN, kill, hang, then re-run + Ctrl-C: status and time to detect -> results/faults/
 	$(PY) -m harness.fault_drill $(ARGS)

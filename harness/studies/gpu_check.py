@@ -1,0 +1,184 @@
+"""`make gpu-check`: the first thing to run on a GPU machine; validates the whole CUDA path in about 8 minutes.
+
+    python -m harness.gpu_check [--out results/gpu] [--budget-s 470] [overrides...]
+
+1. prints the versions and the device; refuses in one line where there is no CUDA device;
+2. builds DeepSpeed's CPU Adam (the offload backends' optimizer; g++ only, no nvcc);
+3. runs every backend on gpt2_124m in bf16 (offload first, so that a time limit cannot cut them), then
+   ddp, fsdp, ds_zero2 and ds_zero3 on llama_1b, each a short real run through `python -m harness.train`;
+4. injects one real CUDA OOM (`fault.kind=oom`: a rank asks the allocator for twice the card);
+5. checks (`check`): every run ok but the OOM, which reads `oom`; first losses agree across backends per model
+   (bf16: DDP's autocast against 16-bit parameters); MFU in (0, 100]; the allocator's peak within the memory
+   model's tolerance of the predicted peak;
+6. writes results/gpu/<device>/: summary.csv and summary.md of every run, each sweep's report.html and
+   plots, env.json (versions, device) and check.md.
+
+It needs deepspeed, hydra-core, omegaconf, pydantic and friends beside the image's torch and transformers:
+without a network, the wheels `../shared/tools/device-wheels.sh` builds (README, "On a GPU machine"). One
+GPU means world size 1: nothing is sharded, so the table measures wrapper overhead, precision layout and
+offload, and says so.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+from ..core.paths import REPO
+from ..core.rundir import write_json, write_text
+
+# offload first: a time limit cuts the end of a sweep, never them
+GPT2_BACKENDS = ["ds_zero2_offload", "ds_zero3_offload", "ddp", "fsdp", "fsdp_grad_op", "ds_zero1", "ds_zero2",
+                 "ds_zero3"]
+LLAMA_BACKENDS = ["ddp", "fsdp", "ds_zero2", "ds_zero3"]
+COMMON = ["parallelism=gpu1", "train.precision=bf16", "logger=none", "train.steps=10", "train.warmup_steps=3",
+          "train.breakdown_steps=1"]
+SWEEPS = {"gpu_gpt2": ["model=gpt2_124m", "parallelism.micro_batch=8"],  # gpu1's seq_len is capped to 1024
+          "gpu_llama": ["model=llama_1b", "parallelism.micro_batch=2", "parallelism.seq_len=2048"]}
+OOM = ["backend=ddp", "model=gpt2_124m", "fault.kind=oom", "fault.step=4", "train.profile_memory=false"]
+FIRST_LOSS_RTOL = 0.02  # bf16: autocast over fp32 weights (DDP) against 16-bit weights (FSDP2, DeepSpeed)
+PEAK_TOLERANCE_PCT = 10  # the memory model's tolerance (make memory-check)
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def check(rows: List[dict], oom: dict | None) -> List[dict]:
+    """Every check on the rows (summaries, as reporting.collect reads them) and the OOM run's summary:
+    [{"check", "ok", "detail"}]. Pure: it reads figures, it runs nothing."""
+    out = []
+
+    def add(name: str, ok: bool, detail: str) -> None:
+        out.append({"check": name, "ok": bool(ok), "detail": detail})
+
+    failed = [f"{r.get('model')}/{r.get('backend')}: {r.get('status')} ({(r.get('reason') or '')[:100]})"
+              for r in rows if r.get("status") != "ok"]
+    add("every run ok", not failed and bool(rows), "; ".join(failed) or f"{len(rows)} runs ok")
+    add("the injected OOM reads oom", bool(oom) and oom.get("status") == "oom",
+        (oom or {}).get("reason", "no OOM run")[:160] if oom else "no OOM run")
+    for model in sorted({r.get("model") for r in rows}):
+        firsts = {r["backend"]: r["figures"]["loss/first_loss"] for r in rows
+                  if r.get("model") == model and r.get("status") == "ok" and "loss/first_loss" in r["figures"]}
+        if firsts:
+            ref = firsts.get("ddp", next(iter(firsts.values())))
+            off = {b: v for b, v in firsts.items() if abs(v - ref) > FIRST_LOSS_RTOL * abs(ref)}
+            add(f"{model}: first losses agree within {FIRST_LOSS_RTOL:.0%}", not off,
+                ", ".join(f"{b} {v:.4f}" for b, v in sorted(firsts.items())))
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        f, who = r["figures"], f"{r['model']}/{r['backend']}"
+        mfu = f.get("flops/mfu_pct")
+        add(f"{who}: MFU in (0, 100]", mfu is not None and 0 < mfu <= 100, f"{mfu if mfu is None else round(mfu, 1)}%")
+        peak, predicted = f.get("memory/peak_allocated_bytes_max"), f.get("memory/tensor_peak_predicted_bytes")
+        if peak and predicted:
+            err = 100 * (peak - predicted) / predicted
+            add(f"{who}: allocator peak within {PEAK_TOLERANCE_PCT}% of predicted", abs(err) <= PEAK_TOLERANCE_PCT,
+                f"{peak / 2**30:.2f} GiB allocated peak, {predicted / 2**30:.2f} GiB predicted ({err:+.1f}%); "
+                f"categorised {f.get('memory/tensor_peak_bytes_max', 0) / 2**30:.2f} GiB, reserved "
+                f"{f.get('memory/peak_reserved_bytes_max', 0) / 2**30:.2f} GiB")
+        else:
+            add(f"{who}: allocator peak within {PEAK_TOLERANCE_PCT}% of predicted", False, "no allocator peak")
+    return out
+
+
+def render(results: List[dict], rows: List[dict], device: str, env: dict) -> str:
+    lines = [f"# GPU check: {device}", "", f"torch {env.get('torch')}, transformers {env.get('transformers')}, "
+             f"deepspeed {env.get('deepspeed')}, CUDA {env.get('cuda')}. One GPU: world size 1, nothing is "
+             "sharded (wrapper overhead, precision layout and offload are what differ).", "",
+             "| model | backend | status | tokens/s | MFU % | allocated peak GiB | predicted GiB | reserved GiB | "
+             "first loss |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    gib = lambda b: f"{b / 2**30:.2f}" if b else "-"  # noqa: E731
+    for r in rows:
+        f = r.get("figures", {})
+        lines.append(f"| {r.get('model')} | {r.get('backend')} | {r.get('status')} | "
+                     f"{f.get('throughput/tokens_per_s', 0):,.0f} | {f.get('flops/mfu_pct', 0):.1f} | "
+                     f"{gib(f.get('memory/peak_allocated_bytes_max'))} | {gib(f.get('memory/tensor_peak_predicted_bytes'))}"
+                     f" | {gib(f.get('memory/peak_reserved_bytes_max'))} | {f.get('loss/first_loss', float('nan')):.4f} |")
+    lines += ["", "| check | ok | detail |", "|---|---|---|"]
+    lines += [f"| {c['check']} | {'yes' if c['ok'] else '**no**'} | {c['detail']} |" for c in results]
+    return "\n".join(lines) + "\n"
+
+
+def environment() -> dict:
+    import importlib.metadata as md
+    import platform
+
+    import torch
+
+    def version(pkg):
+        try:
+            return md.version(pkg)
+        except md.PackageNotFoundError:
+            return None
+    return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            **{p: version(p) for p in ("transformers", "deepspeed", "hydra-core", "omegaconf", "pydantic", "peft")},
+            "device": torch.cuda.get_device_name(0), "devices": torch.cuda.device_count()}
+
+
+def main(argv: List[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="results/gpu")
+    parser.add_argument("--budget-s", type=float, default=470, help="stop starting runs after this long")
+    args, overrides = parser.parse_known_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu-check: no CUDA device (torch.cuda.is_available() is False); run it on a GPU machine",
+              file=sys.stderr)
+        return 2
+    started = time.time()
+    env = environment()
+    print(json.dumps(env, indent=1), flush=True)
+    t = time.time()
+    from deepspeed.ops.op_builder import CPUAdamBuilder
+
+    CPUAdamBuilder().load(verbose=False)
+    env["cpu_adam_build_s"] = round(time.time() - t, 1)
+    print(f"gpu-check: DeepSpeed CPU Adam ready in {env['cpu_adam_build_s']} s", flush=True)
+    root = (REPO / "results" / "runs" / "gpu_check").resolve()
+    shutil.rmtree(root, ignore_errors=True)
+    for name, model in SWEEPS.items():
+        backends = GPT2_BACKENDS if name == "gpu_gpt2" else LLAMA_BACKENDS
+        for backend in backends:  # one run at a time: a time limit stops cleanly between runs
+            left = args.budget_s - (time.time() - started)
+            if left < 30:
+                print(f"gpu-check: {left:.0f} s left, {name}/{backend} not run", flush=True)
+                continue
+            subprocess.run([sys.executable, "-m", "harness.train", f"backend={backend}", *model, *COMMON, *overrides,
+                            f"paths.root={root}", f"hydra.run.dir={root}/{name}/{backend}"], cwd=REPO,
+                           timeout=max(left, 30))
+    subprocess.run([sys.executable, "-m", "harness.train", *OOM, *COMMON, *overrides, f"paths.root={root}",
+                    f"hydra.run.dir={root}/oom"], cwd=REPO, timeout=120)
+    from ..reporting import html_report
+    from ..reporting.collect import collect
+    from ..reporting.tables import write_tables
+
+    rows = [r for name in SWEEPS if (root / name).is_dir() for r in collect(root / name)]
+    oom_path = root / "oom" / "summary.json"
+    oom = json.loads(oom_path.read_text()) if oom_path.exists() else None
+    results = check(rows, oom)
+    out = (REPO / args.out / slug(env["device"])).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for name in SWEEPS:
+        if (root / name).is_dir():
+            sweep_rows = collect(root / name)
+            write_tables(root / name, sweep_rows)
+            html_report.build(root / name, sweep_rows)
+            for f in ("summary.csv", "summary.md", "report.md", "report.html"):
+                shutil.copy(root / name / f, out / f"{name}_{f}")
+    write_json(out / "env.json", env)
+    write_json(out / "check.json", {"checks": results, "oom": oom})
+    text = render(results, rows, env["device"], env)
+    write_text(out / "check.md", text)
+    print(text)
+    print(f"gpu-check: {sum(c['ok'] for c in results)} of {len(results)} checks passed in "
+          f"{time.time() - started:.0f} s; results in {out}")
+    return 0 if all(c["ok"] for c in results) else 1

@@ -1,0 +1,84 @@
+"""`make gpu-check`'s parts that need no GPU: the refusal on a machine without one, and the checks and table over
+run dirs as the harness writes them (no GPU has been lent yet, so these run dirs are written here in the shape of
+a CUDA run's summary.json: the allocator figures, MFU against the datasheet)."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import REPO, cli_command
+from harness.reporting.collect import collect
+from harness.studies import gpu_check
+
+GIB = 2**30
+
+
+def summary(backend: str, model: str, first_loss: float = 10.9, mfu: float = 41.0, peak_gib: float = 20.0,
+            predicted_gib: float = 19.5, status: str = "ok", reason: str = "") -> dict:
+    figures = {"loss/first_loss": first_loss, "loss/final_loss": first_loss - 1, "flops/mfu_pct": mfu,
+               "throughput/tokens_per_s": 50_000.0, "memory/peak_allocated_bytes_max": peak_gib * GIB,
+               "memory/peak_reserved_bytes_max": (peak_gib + 1) * GIB, "memory/tensor_peak_bytes_max": peak_gib * GIB,
+               "memory/tensor_peak_predicted_bytes": predicted_gib * GIB} if status == "ok" else {}
+    return {"status": status, "reason": reason, "backend": backend, "model": model, "world_size": 1,
+            "precision": "bf16", "figures": figures}
+
+
+def write_runs(root, runs: dict) -> list:
+    """Run dirs (summary.json each) under root/<sweep>/<backend>, then the rows reporting.collect reads."""
+    for (sweep, backend), s in runs.items():
+        (root / sweep / backend).mkdir(parents=True, exist_ok=True)
+        (root / sweep / backend / "summary.json").write_text(json.dumps(s))
+    return [r for sweep in sorted({k[0] for k in runs}) for r in collect(root / sweep)]
+
+
+def good(root):
+    runs = {("gpu_gpt2", b): summary(b, "gpt2_124m", first_loss=10.95 + 0.01 * i)
+            for i, b in enumerate(gpu_check.GPT2_BACKENDS)}
+    runs.update({("gpu_llama", b): summary(b, "llama_1b", first_loss=11.9) for b in gpu_check.LLAMA_BACKENDS})
+    return runs
+
+
+OOM = {"status": "oom", "reason": "rank 0 oom: OutOfMemoryError CUDA out of memory (injected)"}
+
+
+def test_every_check_passes_on_a_good_run_set(tmp_path):
+    results = gpu_check.check(write_runs(tmp_path, good(tmp_path)), OOM)
+    assert results and all(r["ok"] for r in results), [r for r in results if not r["ok"]]
+    assert {"every run ok", "the injected OOM reads oom", "llama_1b: first losses agree within 2%"} <= \
+        {r["check"] for r in results}
+    text = gpu_check.render(results, write_runs(tmp_path, good(tmp_path)), "NVIDIA H100 80GB HBM3", {"torch": "2.11"})
+    assert "| gpt2_124m | ds_zero2_offload | ok |" in text and "**no**" not in text
+
+
+@pytest.mark.parametrize("spoil, failing", [
+    (lambda runs: runs.update({("gpu_llama", "fsdp"): summary("fsdp", "llama_1b", status="failed",
+                                                               reason="rank 0 failed: RuntimeError boom")}),
+     "every run ok"),
+    (lambda runs: runs.update({("gpu_llama", "ds_zero3"): summary("ds_zero3", "llama_1b", first_loss=200.0)}),
+     "llama_1b: first losses agree within 2%"),
+    (lambda runs: runs.update({("gpu_gpt2", "ddp"): summary("ddp", "gpt2_124m", mfu=130.0)}),
+     "gpt2_124m/ddp: MFU in (0, 100]"),
+    (lambda runs: runs.update({("gpu_gpt2", "fsdp"): summary("fsdp", "gpt2_124m", peak_gib=30.0)}),
+     "gpt2_124m/fsdp: allocator peak within 10% of predicted"),
+])
+def test_each_check_catches_what_it_is_for(tmp_path, spoil, failing):
+    runs = good(tmp_path)
+    spoil(runs)
+    results = {r["check"]: r for r in gpu_check.check(write_runs(tmp_path, runs), OOM)}
+    assert not results[failing]["ok"], results[failing]
+    assert sum(not r["ok"] for r in results.values()) == 1
+
+
+def test_an_oom_that_did_not_happen_fails_its_check(tmp_path):
+    rows = write_runs(tmp_path, good(tmp_path))
+    for oom in (None, {"status": "ok"}, {"status": "failed", "reason": "rank 0 failed: boom"}):
+        results = {r["check"]: r["ok"] for r in gpu_check.check(rows, oom)}
+        assert results["the injected OOM reads oom"] is False
+
+
+def test_on_a_machine_without_cuda_it_refuses_in_one_line():
+    proc = subprocess.run([*cli_command("harness.gpu_check")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "gpu-check: no CUDA device (torch.cuda.is_available() is False); run it on a GPU machine")
