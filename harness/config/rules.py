@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import shutil
 from typing import Callable, List
 
 from omegaconf import DictConfig, OmegaConf
@@ -106,6 +107,12 @@ def device_rules(cfg, cuda_devices: Callable[[], int]) -> List[str]:
     elif par.nproc_per_node > max_cpu_ranks():
         out.append(f"parallelism.nproc_per_node={par.nproc_per_node}: more than two CPU ranks per core (the "
                    f"{os.cpu_count()} cores here); use parallelism.nproc_per_node<={max_cpu_ranks()}")
+    if t.compile and par.device == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
+        out.append("train.compile=true: inductor compiles C++ on CPU and no C++ compiler is on PATH; install g++ "
+                   "or set train.compile=false")
+    if t.compile and t.warmup_steps < 1:
+        out.append("train.compile=true: compiling happens in the first step, which must be a warm-up step; "
+                   "set train.warmup_steps>=1")
     if par.device == "cpu" and t.memory_budget_bytes and not t.profile_memory:
         out.append(f"train.memory_budget_bytes={t.memory_budget_bytes}: on CPU the budget bounds the profiled "
                    "peak of live tensors, which train.profile_memory=false turns off; set train.profile_memory=true")

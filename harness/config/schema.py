@@ -125,6 +125,9 @@ class TrainConfig:
     breakdown_steps: int = 2
     # true: those steps are also written as a Chrome/Perfetto trace per rank, traces/rank<r>.json.gz in the run dir
     profile: bool = False
+    # torch.compile: DDP and FSDP2 compile each Transformer block (as torchtitan does), DeepSpeed through its
+    # engine's own compile(). Compiling happens in the warm-up steps; `time/compile_s` reports it
+    compile: bool = False
     # 0 = none. Else a rank whose model states on the device (params, grads, master, optimizer; offloaded
     # and buffers excluded) exceed this many bytes fails as `oom`: a smaller card, emulated on any device.
     # On CUDA it also caps the caching allocator (set_per_process_memory_fraction), so activations count.

@@ -35,8 +35,9 @@ def rank_env(cfg) -> dict:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.parallelism.nproc_per_node))
     # Nothing in an eager run compiles. Left enabled, dynamo costs each DeepSpeed rank 1.8 s at setup all
     # the same: DeepSpeed's optimizer check imports its Muon module, whose torch.compile decorators load
-    # inductor. A user who sets the variable keeps their value.
-    env.setdefault("TORCHDYNAMO_DISABLE", "1")
+    # inductor. A user who sets the variable keeps their value; train.compile=true needs dynamo.
+    if not cfg.train.compile:
+        env.setdefault("TORCHDYNAMO_DISABLE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("WANDB_SILENT", "true")
     return env

@@ -10,6 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from ...config import profiles
+from .. import models
 from .base import NativeStrategy
 
 
@@ -24,6 +25,8 @@ class DDPStrategy(NativeStrategy):
     def setup(self, model, optim_cfg):
         model.to(self.device)
         self.initialise(model)
+        if self.cfg.train.compile:
+            self.settings["compile"] = {"compiled_blocks": models.compile_blocks(model), **self._ddp_optimizer()}
         self.model = DistributedDataParallel(
             model,
             device_ids=[self.device] if self.device.type == "cuda" else None,
@@ -31,6 +34,20 @@ class DDPStrategy(NativeStrategy):
         )
         self._build_optimizer(optim_cfg)
         return self.model
+
+    def _ddp_optimizer(self) -> dict:
+        """Dynamo's DDPOptimizer splits each compiled graph at DDP's bucket boundaries, so that all-reduces
+        overlap the compiled backward (torchtitan keeps it on). It asserts that the bucket cap is at least DDP's
+        first bucket (1 MiB; torch 2.11 and 2.13 alike); the parity profile's model-sized bucket is smaller
+        than that on the tiny models, so there it is turned off: each block's graph is whole and DDP's hooks
+        fire after it, the block boundaries still giving the all-reduces their overlap. Named in settings."""
+        cap = self.settings["ddp"].get("bucket_cap_mb", 25) * 2**20
+        first = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20)
+        if cap >= first:
+            return {"ddp_optimizer": True}
+        torch._dynamo.config.optimize_ddp = False
+        return {"ddp_optimizer": False, "why": f"bucket cap {cap / 2**20:.3g} MiB below DDP's first bucket "
+                f"({first / 2**20:.3g} MiB), which dynamo's DDPOptimizer requires"}
 
     @override
     def effective_settings(self):

@@ -68,6 +68,11 @@ class DeepSpeedStrategy(Strategy):
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.config, dist_init_required=False
         )
+        if self.cfg.train.compile:
+            # DeepSpeed's own compile support: the engine compiles its wrapped module (DeepSpeedEngine.compile)
+            self.engine.compile()
+            self.settings = {**self.settings, "compile": {"engine_compile": True,
+                                                          "compiled": bool(self.engine.is_compiled)}}
         self.model = self.engine
         return self.engine
 

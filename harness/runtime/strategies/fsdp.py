@@ -34,6 +34,7 @@ class FSDPStrategy(NativeStrategy):
             param_dtype=None if self.precision == "fp32" else self.dtype, reduce_dtype=torch.float32
         )
         reshard, root = self.backend.reshard_after_forward, profiles.fsdp_root_reshard(self.cfg)
+        compiled = models.compile_blocks(model) if self.cfg.train.compile else 0  # before sharding: torchtitan's order
         for block in models.blocks(model):
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
         # native leaves the root to FSDP2 (None: kept unsharded after forward, its gather not exposed)
@@ -41,6 +42,8 @@ class FSDPStrategy(NativeStrategy):
         self.settings = {"fsdp": {"blocks_reshard_after_forward": reshard, "root_reshard_after_forward": root,
                                   "mp_param_dtype": str(mp.param_dtype), "mp_reduce_dtype": str(mp.reduce_dtype),
                                   "blocks": len(models.blocks(model))}}
+        if compiled:
+            self.settings["compile"] = {"compiled_blocks": compiled}
         if self.construction == "meta":
             model.to_empty(device=self.device)  # allocate only this rank's shards (and the buffers)
         else:
