@@ -77,7 +77,7 @@ def test_a_sweep_runs_as_slurm_jobs_and_a_cancelled_job_is_a_failed_row(tmp_path
     # SLURM's own record of both (sacct reads the job-completion log of this accounting-less cluster)
     sacct = subprocess.run(["sacct", "--completion", "-j", ",".join(jobs), "-o", "JobID,State,ExitCode"],
                            env=slurm_env, capture_output=True, text=True, timeout=30)
-    print(sacct.stdout)
+    print(f"SLURM jobs {jobs}\n{sacct.stdout}")
     states = {line.split()[0]: line.split()[1] for line in sacct.stdout.splitlines()[2:] if len(line.split()) > 1}
     assert states.get(jobs[0]) == "COMPLETED" and states.get(cancelled) == "CANCELLED", sacct.stdout
 
