@@ -62,6 +62,7 @@ BAD_INPUT = [
     (["dist.timeout_s=0"], "dist.timeout_s=0"),
     (["backend.bucket_elements=-1"], "backend.bucket_elements=-1"),
     (["train.memory_budget_bytes=-5"], "train.memory_budget_bytes=-5"),
+    (["train.memory_snapshot=true"], "train.memory_snapshot=true: the snapshot records CUDA's caching allocator"),
     (["fault.kind=raise", "fault.rank=2"], "fault.rank=2"),
     (["logger.init_timeout_s=0"], "logger.init_timeout_s=0"),
     (["logger.mode=offline", "dist.timeout_s=30"], "logger.init_timeout_s=60: not below dist.timeout_s=30"),

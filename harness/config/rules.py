@@ -110,6 +110,9 @@ def device_rules(cfg, cuda_devices: Callable[[], int]) -> List[str]:
     if t.compile and par.device == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
         out.append("train.compile=true: inductor compiles C++ on CPU and no C++ compiler is on PATH; install g++ "
                    "or set train.compile=false")
+    if t.memory_snapshot and par.device != "cuda":
+        out.append("train.memory_snapshot=true: the snapshot records CUDA's caching allocator, and this run is on "
+                   f"{par.device}; on CPU the peak by kind (train.profile_memory) is the measurement")
     if t.compile and t.warmup_steps < 1:
         out.append("train.compile=true: compiling happens in the first step, which must be a warm-up step; "
                    "set train.warmup_steps>=1")

@@ -120,6 +120,10 @@ class TrainConfig:
     # profiled memory steps: the peak reported is the lowest of them, the highest beside it. On CPU gloo's
     # threads can keep a collective's buffer alive into the next phase in one step and not the next
     memory_steps: int = 1
+    # CUDA only: one more extra step recorded by the caching allocator's history
+    # (torch.cuda.memory._record_memory_history), dumped to memory/rank<r>_snapshot.pickle in the run dir: open it
+    # at https://pytorch.org/memory_viz. Neither timed nor logged
+    memory_snapshot: bool = False
     # where the step time goes (runtime/time_profile.py): this many extra steps after the timed window run under
     # torch's profiler, neither timed nor logged; 0 = no breakdown
     breakdown_steps: int = 2

@@ -147,6 +147,11 @@ class RunDir:
         """Chrome/Perfetto trace of the breakdown steps (train.profile=true): open it in ui.perfetto.dev."""
         return self.root / "traces" / f"rank{rank}.json.gz"
 
+    def memory_snapshot(self, rank: int) -> Path:
+        """The CUDA allocator's history over one extra step (train.memory_snapshot=true): open it in
+        https://pytorch.org/memory_viz."""
+        return self.root / "memory" / f"rank{rank}_snapshot.pickle"
+
     def rank_outcome(self, rank: int) -> Path:
         return self.ranks / f"rank{rank}.json"
 

@@ -44,11 +44,12 @@ def global_mean_loss(loss_sum: torch.Tensor, count: int, step: int, on_nonfinite
 
 
 def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fault,
-          trace_path: Optional[str] = None) -> LoopResult:
+          trace_path: Optional[str] = None, snapshot_path: Optional[str] = None) -> LoopResult:
     """Run `train.steps` optimizer steps. `sink.log(record)` receives one dict per step (rank 0 writes it).
     The timed steps are clocked by phase (runtime/time_profile.py). After them, untimed and unlogged:
     `train.breakdown_steps` steps under torch's profiler for the rest of the time breakdown (and the Chrome
-    trace at `trace_path`, if given), then one under the memory profiler."""
+    trace at `trace_path`, if given), then one under the memory profiler, then (CUDA, `snapshot_path`) one
+    under the allocator's history."""
     steps, warmup, ga = cfg.train.steps, cfg.train.warmup_steps, cfg.parallelism.grad_accum
     tokens_per_step = derive.tokens_per_step(cfg, strategy.world_size)
     timer = probes.StepTimer(device, warmup)
@@ -120,6 +121,11 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
         profiles = [profiler.measure(lambda: profiled_step(i)) for i in range(max(cfg.train.memory_steps, 1))]
         result.memory_profile = memory_profile.lowest(profiles)
         states.check_peak(result.memory_profile, next_step)
+        next_step += len(profiles)
+    if snapshot_path:
+        with probes.cuda_memory_history(snapshot_path):
+            forward_backward(next_step, lambda _: None)
+            strategy.step()
     result.model_states, result.unclassified = states.states, states.unclassified
     result.host_peak_reset = timer.host_peak_reset
     return result

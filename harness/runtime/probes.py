@@ -6,6 +6,7 @@ Metric keys use one scheme everywhere (metrics.jsonl, summary.json, W&B): `group
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from typing import Dict, Iterator
 
@@ -38,6 +39,21 @@ def device_sync(device: torch.device) -> None:
     """Wait for queued device work. CPU kernels run synchronously, so the host clock is already in step."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def cuda_memory_history(path: str) -> Iterator[None]:
+    """Record CUDA's caching allocator (every allocation and free, with its stack) while the body runs, then
+    dump it to `path` for https://pytorch.org/memory_viz. torch.cuda.memory._record_memory_history is private
+    but is the API that PyTorch's memory-viz docs use; torch 2.11 and 2.13 both take `max_entries` and
+    `enabled=None` to stop."""
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    try:
+        yield
+    finally:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.cuda.memory._dump_snapshot(path)
+        torch.cuda.memory._record_memory_history(enabled=None)
 
 
 # -- time -----------------------------------------------------------------------------------------------

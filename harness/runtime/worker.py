@@ -110,8 +110,9 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
         if cfg.train.profile:
             trace = run_dir.trace(rank)
             trace.parent.mkdir(parents=True, exist_ok=True)
+        snapshot = str(run_dir.memory_snapshot(rank)) if cfg.train.memory_snapshot else None
         result = loop.train(model, strategy, batches, cfg, device, sink, faults.injector(cfg, rank, run_dir),
-                            trace_path=trace and str(trace))
+                            trace_path=trace and str(trace), snapshot_path=snapshot)
         # the peak only serves MFU, which needs the counted FLOPs: no calibration when they are off (a bf16
         # matmul calibration on a CPU without bf16 instructions takes ~15 s)
         peak_tflops, peak_source, measured_peak = (
