@@ -63,7 +63,8 @@ collectives: install ## all-reduce, reduce-scatter, all-gather, broadcast: time 
 	$(PY) -m harness.collectives $(ARGS)
 
 finetune: install warm ## full fine-tuning vs LoRA, every backend, from a checkpoint written here first -> results/sweeps/finetune/
-	test -f results/finetune/checkpoint/model.safetensors.index.json || \
+	# the weights are not committed (only their index, config and pretrain.json are): write them when absent
+	compgen -G 'results/finetune/checkpoint/*.safetensors' >/dev/null || \
 	  $(PY) -m harness.checkpoint --out results/finetune/checkpoint model=small_llama
 	$(PY) -m harness.train experiment=finetune $(ARGS)
 
