@@ -69,6 +69,7 @@ REAL_RUNS = int(os.environ.get("SHARDBENCH_PROPERTY_RUNS", "2"))
 
 
 @pytest.mark.slow
+@pytest.mark.drill  # real runs (26 s): make test-drills and CI, to keep make test under 10 minutes
 @settings(max_examples=REAL_RUNS, deadline=None, phases=[Phase.generate],  # real runs: no shrinking
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(backend=st.sampled_from(BACKENDS), model=st.sampled_from(["tiny_llama", "tiny_gpt2"]),

@@ -25,6 +25,7 @@ def summaries(sweep_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.drill  # submitit's start-up and two runs (28 s): make test-drills and CI, for make test's 10 minutes
 def test_submitit_sweep_records_an_oom_row_and_leaks_no_secret(tmp_path):
     sweep_dir = tmp_path / "sweeps" / "sub"
     proc = cli(*ARGS, "hydra/launcher=submitit_local", f"paths.root={tmp_path}", "sweep.name=sub",
