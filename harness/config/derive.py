@@ -54,6 +54,16 @@ def bucket_elements(cfg, params: int) -> int:
     return int(min(25_000_000, params))
 
 
+def jit_ops(cfg) -> list[str]:
+    """DeepSpeed's JIT ops the run's ranks load (names of harness.warm_ops's BUILDERS): CPU Adam under optimizer
+    offload, and on CPU the shared-memory collectives DeepSpeed's comm layer starts with. The parent builds any
+    that are missing before a rank starts (launcher/ops.py)."""
+    if cfg.backend.family != "deepspeed":
+        return []
+    ops = ["cpu_adam"] if cfg.backend.offload_optimizer else []
+    return ops + (["deepspeed_shm_comm"] if cfg.parallelism.device == "cpu" else [])
+
+
 def identity(cfg) -> Identity:
     return Identity(backend=cfg.backend.name, model=cfg.model.name, world_size=world_size(cfg),
                     precision=cfg.train.precision)

@@ -23,7 +23,8 @@ __all__ = ["ConfigError", "check", "problems", "output_problems"]
 POSITIVE = ("train.steps", "parallelism.micro_batch", "parallelism.grad_accum", "parallelism.seq_len",
             "parallelism.nproc_per_node", "parallelism.nnodes", "dist.timeout_s", "model.vocab_size",
             "model.hidden_size", "model.num_layers", "model.num_heads", "model.max_positions",
-            "logger.init_timeout_s", "dist.rendezvous_timeout_s")
+            "logger.init_timeout_s", "dist.rendezvous_timeout_s", "ops.build_timeout_s",
+            "sweep.allocation_timeout_s")
 NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_batch": "0 = off",
                 "paths.min_free_mib": "0 = off", "train.memory_budget_bytes": "0 = no budget"}
 

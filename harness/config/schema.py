@@ -185,6 +185,15 @@ class DistConfig:
 
 
 @dataclass
+class OpsConfig:
+    """DeepSpeed's JIT ops (core/op_builds.py): the parent builds those a run needs before any rank starts."""
+
+    # how long to wait for another process's build of an op (a second clone's `make warm`, a parallel sweep)
+    # before the run ends as `timeout`, naming the op; a build that died is not waited for
+    build_timeout_s: int = 900
+
+
+@dataclass
 class PathsConfig:
     root: str = "results"  # every run and sweep dir lives under here
     min_free_mib: int = 50  # a run refuses to start with less free space under root (results are small)
@@ -193,6 +202,9 @@ class PathsConfig:
 @dataclass
 class SweepConfig:
     name: str = "adhoc"  # sweep dir name under <root>/sweeps/, and the W&B group
+    # hydra/launcher=slurm: how long a run's SLURM job may stay pending, from the sweep's submission, before it
+    # is cancelled and recorded as a `timeout` row (harness/launcher/slurm.py); a day by default
+    allocation_timeout_s: int = 86_400
 
 
 @dataclass
@@ -209,6 +221,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    ops: OpsConfig = field(default_factory=OpsConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)

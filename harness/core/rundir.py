@@ -1,8 +1,8 @@
 """A run dir's files, by name, in one place; written atomically (temp file in the same dir, then rename), so a
 crash never leaves a half-written summary; read with one rule for a torn last line.
 
-    <run_dir>/config.yaml  env.json  settings.json  summary.json  metrics.jsonl  launcher.log  wandb/
-    <run_dir>/ranks/rank<R>.json  rank<R>.traceback.txt  fault.json  report.json
+    <run_dir>/config.yaml  env.json  settings.json  summary.json  metrics.jsonl  launcher.log  ops.log  wandb/
+    <run_dir>/ranks/rank<R>.json  rank<R>.traceback.txt  rank<R>.wait.json  fault.json  report.json
     <run_dir>/attempts/<n>/   an earlier attempt's files, moved aside before the run starts again
 """
 from __future__ import annotations
@@ -158,6 +158,10 @@ class RunDir:
     def rank_traceback(self, rank: int) -> Path:
         return self.ranks / f"rank{rank}.traceback.txt"
 
+    def rank_wait(self, rank: int) -> Path:
+        """What the rank waits for right now, while it waits (core/waiting.py): the parent announces it."""
+        return self.ranks / f"rank{rank}.wait.json"
+
     def abandoned(self) -> bool:
         """An attempt started here (ranks or metrics exist) but no summary was written. Only meaningful while
         nobody holds the run dir's lock (core/runlock.py): then its launcher is gone."""
@@ -171,7 +175,7 @@ class RunDir:
 
     # what an attempt leaves; moved aside as a whole before the run starts again
     ATTEMPT_FILES = ("summary.json", "metrics.jsonl", "launcher.log", "ranks", "config.yaml", "env.json",
-                     "settings.json", "wandb")
+                     "settings.json", "wandb", "ops.log")
 
     def archive_attempt(self) -> Path | None:
         """Move an earlier attempt's outputs into <run_dir>/attempts/<n>/ before the run starts again.

@@ -26,7 +26,9 @@ from typing import List
 from ..core.records import RankOutcome, Status
 from ..core.rundir import RunDir, read_json
 from ..core.runlock import RunDirBusy, RunLock, describe, holder
-from .torchrun import launch_follower, node_rank, rdzv_id
+from ..core.waiting import Announcer, stderr_line
+from .ops import ensure_ops
+from .torchrun import launch_follower, node_rank, rank_env, rdzv_id
 
 __all__ = ["node_rank", "follow", "owner_lock"]
 
@@ -44,6 +46,7 @@ def owner_lock(run_dir: Path) -> RunLock:
 def wait_for_owner(run_dir: Path, timeout_s: float) -> str | None:
     """None once node 0 holds the run dir for our rendezvous id; else why we cannot join (one line)."""
     ours, deadline = rdzv_id(run_dir), time.time() + timeout_s
+    announce = Announcer()
     while True:
         held = holder(run_dir)
         if held is not None and held.get("rdzv_id") == ours and held.get("node") == OWNER:
@@ -54,6 +57,9 @@ def wait_for_owner(run_dir: Path, timeout_s: float) -> str | None:
         if time.time() > deadline:
             return (f"node 0 never started run {ours} in {run_dir} within dist.rendezvous_timeout_s="
                     f"{timeout_s:g}")
+        if announce.due():
+            stderr_line(announce.line(f"node 0 to start run {ours} in {run_dir}",
+                                      f"dist.rendezvous_timeout_s={timeout_s:g} s"))
         time.sleep(0.2)
 
 
@@ -78,6 +84,10 @@ def follow(cfg, run_dir: RunDir, node: int) -> int:
         refused = wait_for_owner(run_dir.root, cfg.dist.rendezvous_timeout_s)
         if refused:
             print(f"shardbench: node {node}: {refused}", file=sys.stderr)
+            return 1
+        blocked = ensure_ops(cfg, run_dir, rank_env(cfg), log_name=f"ops.node{node}.log")  # this node's own ops
+        if blocked is not None:
+            print(f"shardbench: node {node}: {blocked.reason}", file=sys.stderr)
             return 1
         returncode = launch_follower(cfg, run_dir, node)
     finally:

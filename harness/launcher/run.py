@@ -21,8 +21,9 @@ from ..core.rundir import RunDir, write_json, write_text
 from ..core.runlock import RunDirBusy, describe
 from .environment import environment
 from .nodes import follow, node_rank, owner_lock
+from .ops import ensure_ops
 from .sweep_callback import JOBS_FILE
-from .torchrun import launch
+from .torchrun import launch, rank_env
 
 
 def _comparable(cfg) -> dict:
@@ -108,6 +109,16 @@ def run_one(cfg: DictConfig) -> dict:
         lock.release()
 
 
+def start_ranks(cfg: DictConfig, run_dir: RunDir) -> dict:
+    """The ranks' run, once the DeepSpeed ops it needs are built; a build that failed or timed out is the
+    run's result, and no rank starts."""
+    blocked = ensure_ops(cfg, run_dir, rank_env(cfg))
+    if blocked is not None:
+        write_json(run_dir.summary, blocked.to_dict())
+        return blocked.to_dict()
+    return launch(cfg, run_dir, derive.identity(cfg))
+
+
 def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list[str]) -> dict:
     derive.apply_global_batch(cfg)  # grad_accum from a pinned global batch, before the config is written
     if run_dir.abandoned():  # we hold the lock, so the launcher of that attempt is gone
@@ -129,8 +140,10 @@ def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list
     for note in notes:
         print(f"shardbench: note: {note}", file=sys.stderr, flush=True)
     try:
-        summary = launch(cfg, run_dir, derive.identity(cfg))
+        summary = start_ranks(cfg, run_dir)
     except KeyboardInterrupt:
+        if not run_dir.summary.exists():  # stopped before the ranks started (building DeepSpeed's ops)
+            write_json(run_dir.summary, RunSummary.interrupted(derive.identity(cfg)).to_dict())
         if in_sweep and os.environ.get("SLURM_JOB_ID"):
             # one SLURM job of a sweep, stopped by SLURM (scancel, its time limit): its failed row is written;
             # returning it lets the sweep go on and its table include the row

@@ -20,7 +20,7 @@ from ..core.paths import REPO, extensions_dir
 from ..core.records import Identity, RunSummary, Status
 from ..core.rundir import RunDir, write_json
 from .outcome import failure_summary
-from .progress import wait_with_progress
+from .progress import wait_announcing, wait_with_progress
 
 WORKER = "harness.runtime.worker"
 
@@ -222,7 +222,7 @@ def launch_follower(cfg, run_dir: RunDir, node: int) -> int:
                                 stdin=subprocess.DEVNULL, env=rank_env(cfg), start_new_session=True,
                                 preexec_fn=die_with_parent(os.getpid()))
         try:
-            return proc.wait()
+            return wait_announcing(proc, cfg, run_dir)
         except BaseException:
             _stop_group(proc, grace_s=3.0)
             proc.wait()

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from ..config.derive import run_name, wandb_mode, world_size
 from ..core.rundir import RunDir, json_safe
+from ..core.waiting import announced
 
 
 class NullSink:
@@ -40,21 +41,27 @@ class Sink(NullSink):
         try:
             import wandb
 
-            self.wandb = wandb.init(
-                project=cfg.logger.project,
-                entity=cfg.logger.entity,
-                group=cfg.logger.group or cfg.sweep.name,
-                name=run_name(cfg),
-                tags=[cfg.backend.name, cfg.model.name, cfg.train.precision,
-                      f"world{world_size(cfg)}", *cfg.logger.tags],
-                config=OmegaConf.to_container(cfg, resolve=True),
-                dir=str(run_dir.root),
-                mode=mode,
-                settings=wandb.Settings(silent=True, console="off", init_timeout=cfg.logger.init_timeout_s),
-            )
+            with announced(run_dir.rank_wait(0), f"W&B to start its {mode} run",
+                           f"logger.init_timeout_s={cfg.logger.init_timeout_s} s"):
+                self.wandb = self._init(wandb, cfg, run_dir, mode)
         except Exception as exc:  # noqa: BLE001 - an unreachable W&B must not fail the run
             self.warn(f"W&B unavailable ({mode}), local results only: {type(exc).__name__}: {exception_line(exc)}")
             self.wandb = None
+
+    @staticmethod
+    def _init(wandb, cfg, run_dir: RunDir, mode: str):
+        return wandb.init(
+            project=cfg.logger.project,
+            entity=cfg.logger.entity,
+            group=cfg.logger.group or cfg.sweep.name,
+            name=run_name(cfg),
+            tags=[cfg.backend.name, cfg.model.name, cfg.train.precision,
+                  f"world{world_size(cfg)}", *cfg.logger.tags],
+            config=OmegaConf.to_container(cfg, resolve=True),
+            dir=str(run_dir.root),
+            mode=mode,
+            settings=wandb.Settings(silent=True, console="off", init_timeout=cfg.logger.init_timeout_s),
+        )
 
     def warn(self, message: str) -> None:
         self.warnings.append(message)

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from ..config import schema
 from ..core.records import RankOutcome, RankReport, Status
 from ..core.rundir import RunDir, read_json, write_json, write_text
+from ..core.waiting import announced
 from ..reporting import run_summary
 from . import data, faults, loop, models, probes
 from .sink import open_sink
@@ -151,9 +152,9 @@ def reached(exc: BaseException, device: torch.device) -> dict:
         return {}
 
 
-def start(cfg) -> tuple[int, int, torch.device]:
+def start(cfg, run_dir: RunDir) -> tuple[int, int, torch.device]:
     """Rank, world size and device from torchrun's environment; the device selected (and on CUDA capped to
-    train.memory_budget_bytes); the process group started."""
+    train.memory_budget_bytes); the process group started (a wait for the other ranks the parent announces)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device("cpu")
     if cfg.parallelism.device == "cuda":
@@ -163,9 +164,11 @@ def start(cfg) -> tuple[int, int, torch.device]:
             # a smaller card, emulated: the caching allocator refuses to go past the budget (a real CUDA OOM)
             total = torch.cuda.get_device_properties(device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.train.memory_budget_bytes / total), device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            timeout=timedelta(seconds=cfg.dist.timeout_s),
-                            device_id=device if device.type == "cuda" else None)
+    with announced(run_dir.rank_wait(rank), f"the {world} ranks to join the process group",
+                   f"dist.timeout_s={cfg.dist.timeout_s} s"):
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(seconds=cfg.dist.timeout_s),
+                                device_id=device if device.type == "cuda" else None)
     return rank, world, device
 
 
@@ -216,7 +219,7 @@ def main() -> int:
     params, device = None, torch.device("cpu")  # params in every outcome: a failed row still says the size
     try:
         params = models.param_count(cfg.model, cfg.workload)["total"]
-        rank, world, device = start(cfg)
+        rank, world, device = start(cfg, run_dir)
         run(cfg, run_dir, rank, world, device)
         outcome, code = RankOutcome(rank, Status.OK, params=params, elapsed_s=time.time() - started, node=node), 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded outcome

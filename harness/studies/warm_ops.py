@@ -1,28 +1,114 @@
-"""Build DeepSpeed's JIT ops once (shm comm for CPU collectives, CPU Adam for offload) into
-TORCH_EXTENSIONS_DIR, so that no timed run and no test pays the ~2 minutes each takes to compile.
-Later imports load them from that cache. `make warm` runs this; it is a no-op when they are built."""
+"""Build DeepSpeed's JIT ops (CPU Adam for offload, shm comm for CPU collectives) once into TORCH_EXTENSIONS_DIR,
+so that no timed run and no test pays the minute or two each takes to compile.
+
+`make warm` runs it for every op; a run's parent runs it (`--only`) for the ops its backend needs when they are
+not built yet. An op already built costs a file check, not an import. Each build waits its turn visibly
+(core/op_builds.py: another live build is waited for, a dead build's stale lock removed), and is marked
+finished only once the op has loaded. SIGINT, SIGTERM and SIGHUP stop the compilers it started and remove its
+partial build, so an interrupted set-up leaves nothing for a later run to wait on.
+
+Exit codes: 0 every op ready; 3 a wait ran out of `--timeout-s`; 128+N stopped by signal N; 1 a build failed.
+"""
 from __future__ import annotations
 
+import argparse
 import os
+import signal
+import sys
 import time
 
+from ..core import op_builds
 from ..core.paths import extensions_dir
+from ..core.waiting import WaitTimedOut
+
+# op name (torch's extension name, the dir under TORCH_EXTENSIONS_DIR) -> DeepSpeed's op builder class
+BUILDERS = {"cpu_adam": "CPUAdamBuilder", "deepspeed_shm_comm": "ShareMemCommBuilder"}
+TIMED_OUT = 3
 
 
-def main() -> None:
-    cache = os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
-    started = time.time()
-    from deepspeed.ops.op_builder import CPUAdamBuilder
+class Interrupted(BaseException):
+    """A signal stopped the build; BaseException, so that no `except Exception` on the way swallows it."""
 
-    CPUAdamBuilder().load(verbose=False)
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def on_signal(signum, frame):
+    """Stop the compilers first (torch's ninja runs them as our children), then unwind: torch's own `finally`
+    removes its lock as the exception passes, and main() removes the partial build."""
+    import psutil
+
+    op_builds.stop(psutil.Process().children(recursive=True))
+    raise Interrupted(signum)
+
+
+def load(op: str) -> bool:
+    """Build (or find built) and load the op; False when this accelerator has no such op."""
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder(BUILDERS[op])
+    if builder is None or not builder.is_compatible(verbose=False):
+        return False
+    builder.load(verbose=False)
+    return True
+
+
+def build(op: str, timeout_s: float) -> None:
+    lease = op_builds.take_turn(op, timeout_s)
     try:
-        from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+        if op_builds.is_built(op):  # another process finished it while we waited
+            print(f"shardbench: DeepSpeed's {op} op was built by another process; using it", flush=True)
+            return
+        print(f"shardbench: building DeepSpeed's {op} op into {op_builds.op_dir(op)} (a minute or two, once per "
+              "clone; interrupting it is safe)", flush=True)
+        started = time.time()
+        try:
+            loaded = load(op)
+        except BaseException:
+            op_builds.remove_build(op)  # never left for a later build to take as finished
+            raise
+        op_builds.write_marker(op, loaded, time.time() - started)
+        what = f"built in {time.time() - started:.0f} s" if loaded else "not used by this accelerator"
+        print(f"shardbench: DeepSpeed's {op} op {what}", flush=True)
+    finally:
+        lease.release()
 
-        ShareMemCommBuilder().load(verbose=False)
-    except ImportError:  # not a CPU-accelerator build (GPU machines use NCCL)
-        pass
-    print(f"DeepSpeed ops ready in {cache} ({time.time() - started:.0f} s)")
 
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.warm_ops", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default=",".join(BUILDERS), help="comma-separated ops (default: all of them)")
+    parser.add_argument("--timeout-s", type=float, default=900.0,
+                        help="how long to wait for another process's build of an op (ops.build_timeout_s)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
+    ops = [op for op in args.only.split(",") if op]
+    unknown = sorted(set(ops) - set(BUILDERS))
+    if unknown:
+        parser.error(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(BUILDERS)}")
+    todo = [op for op in ops if not op_builds.is_built(op)]
+    if not todo:
+        print(f"DeepSpeed ops ready in {os.environ['TORCH_EXTENSIONS_DIR']}", flush=True)
+        return 0
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    current = None
+    try:
+        for current in todo:
+            build(current, args.timeout_s)
+    except Interrupted as stopped:
+        print(f"shardbench: {stopped} while building DeepSpeed's {current} op: its compilers are stopped and no "
+              f"partial build is left in {op_builds.op_dir(current)}", file=sys.stderr, flush=True)
+        return 128 + stopped.signum
+    except WaitTimedOut as err:
+        print(f"shardbench: {err}", file=sys.stderr, flush=True)
+        return TIMED_OUT
+    except Exception as err:  # noqa: BLE001 - one line for the parent's reason; the traceback above it
+        import traceback
 
-if __name__ == "__main__":
-    main()
+        traceback.print_exc()
+        print(f"shardbench: building DeepSpeed's {current} op failed: {type(err).__name__}: "
+              f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}", file=sys.stderr, flush=True)
+        return 1
+    print(f"DeepSpeed ops ready in {os.environ['TORCH_EXTENSIONS_DIR']}", flush=True)
+    return 0

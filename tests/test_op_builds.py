@@ -1,0 +1,256 @@
+"""DeepSpeed's JIT op builds never hang a later run (core/op_builds.py, harness.warm_ops, launcher/ops.py).
+
+In-process (make test): a lock nobody holds is stale and removed with one line; a lock a live process holds is
+waited for visibly, then the wait ends when it goes, or at its bound with the op and the setting named; an op
+counts as built only with shardbench's marker for these versions. Drills (make test-drills, CI): a real build
+of cpu_adam killed with SIGTERM, then with SIGKILL, then a ds_zero2_offload run trains; and a run started while
+another process builds the op waits visibly and uses that build."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from harness.config.compose import compose
+from harness.config.derive import jit_ops
+from harness.core import op_builds
+from harness.core.paths import extensions_dir
+from harness.core.rundir import RunDir
+from harness.core.waiting import WaitTimedOut, announced, wait_for
+from harness.launcher.progress import Waits
+
+# A process that holds a file open (as torch's FileBaton holds its lock while it builds) until the file goes.
+HOLDER = ("import os, sys, time\nfd = os.open(sys.argv[1], os.O_CREAT | os.O_RDONLY)\nprint('held', flush=True)\n"
+          "while os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n")
+
+
+@pytest.fixture
+def ext(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    return tmp_path
+
+
+def holding(path: Path) -> subprocess.Popen:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_lock_nobody_holds_is_stale_and_removed_with_its_partial_build(ext):
+    op = op_builds.op_dir("cpu_adam")
+    op.mkdir()
+    (op / "lock").touch()
+    (op / "cpu_adam.o").write_bytes(b"half")  # what a killed compile leaves
+    said = []
+    assert op_builds.clear_stale("cpu_adam", said.append)
+    assert not op.exists()
+    assert len(said) == 1 and "removed a stale build lock of DeepSpeed's cpu_adam" in said[0], said
+    assert not op_builds.clear_stale("cpu_adam", said.append) and len(said) == 1  # nothing left to clear
+
+
+def test_a_lock_a_live_process_holds_is_waited_for_visibly_then_the_turn_is_ours(ext):
+    lock = op_builds.op_dir("cpu_adam") / "lock"
+    proc = holding(lock)
+    said = []
+    try:
+        assert op_builds.lock_holders(lock) == [proc.pid]
+        assert not op_builds.clear_stale("cpu_adam", said.append)  # live: never removed
+
+        def release_soon(line):
+            said.append(line)
+            lock.unlink()  # the build ends: torch's FileBaton removes its lock
+
+        lease = op_builds.take_turn("cpu_adam", bound_s=30, say=release_soon)
+    finally:
+        proc.wait(timeout=10)
+    try:
+        assert len(said) == 1 and f"waiting for another process (pid {proc.pid}) building cpu_adam since" in said[0]
+        assert "ops.build_timeout_s=30 s" in said[0]
+        # the lease is ours: another shardbench build of the op waits for it, naming this process
+        with pytest.raises(WaitTimedOut, match=rf"another process \(pid {os.getpid()}\) building cpu_adam"):
+            op_builds.take_turn("cpu_adam", bound_s=0.3, say=said.append)
+    finally:
+        lease.release()
+
+
+def test_a_live_build_that_never_ends_times_out_naming_the_op_and_the_setting(ext):
+    lock = op_builds.op_dir("deepspeed_shm_comm") / "lock"
+    proc = holding(lock)
+    try:
+        with pytest.raises(WaitTimedOut) as err:
+            op_builds.take_turn("deepspeed_shm_comm", bound_s=1.0, say=lambda line: None)
+    finally:
+        lock.unlink()
+        proc.wait(timeout=10)
+    assert "building deepspeed_shm_comm" in str(err.value) and "ops.build_timeout_s=1 s" in str(err.value)
+
+
+def test_built_means_marked_for_these_versions_with_no_lock(ext):
+    op = op_builds.op_dir("cpu_adam")
+    op.mkdir()
+    (op / "cpu_adam.so").write_bytes(b"")
+    assert not op_builds.is_built("cpu_adam")  # an unmarked .so may be a half-linked one
+    op_builds.write_marker("cpu_adam", loaded=True, seconds=1.0)
+    assert op_builds.is_built("cpu_adam")
+    (op / "lock").touch()
+    assert not op_builds.is_built("cpu_adam")
+    (op / "lock").unlink()
+    marker = json.loads((op / op_builds.MARKER).read_text())
+    (op / op_builds.MARKER).write_text(json.dumps({**marker, "deepspeed": "0.0.1"}))
+    assert not op_builds.is_built("cpu_adam")  # built against another DeepSpeed
+
+
+def test_the_ops_a_run_needs_follow_its_backend():
+    assert jit_ops(compose(["backend=ddp"])) == []
+    assert jit_ops(compose(["backend=ds_zero2"])) == ["deepspeed_shm_comm"]
+    assert jit_ops(compose(["backend=ds_zero3_offload"])) == ["cpu_adam", "deepspeed_shm_comm"]
+
+
+def test_a_wait_is_announced_with_its_start_and_bound_then_ends_at_the_bound():
+    said, calls = [], []
+    found = wait_for(lambda: (calls.append(1), "ready" if len(calls) > 3 else None)[1], "the thing", 30, "x.bound_s",
+                     say=said.append, poll_s=0.01, after_s=0.0)
+    assert found == "ready" and len(said) == 1 and said[0].startswith("shardbench: waiting for the thing since ")
+    assert said[0].endswith("(waited 0 s; gives up after x.bound_s=30 s)")
+    with pytest.raises(WaitTimedOut, match=r"gave up waiting for the thing after \d+ s \(x.bound_s=0.2 s\)"):
+        wait_for(lambda: None, "the thing", 0.2, "x.bound_s", say=said.append, poll_s=0.01)
+
+
+def test_the_parent_announces_a_rank_wait_that_lasts(tmp_path):
+    run_dir = RunDir(tmp_path)
+    run_dir.ranks.mkdir()
+    said = []
+    waits = Waits(compose([]), run_dir, say=said.append)
+    waits.start.since -= 60  # the ranks have been starting for a minute
+    waits.poll()
+    assert len(said) == 1 and "waiting for the ranks to start" in said[0]
+    with announced(run_dir.rank_wait(0), "W&B to start its offline run", "logger.init_timeout_s=60 s"):
+        waits.poll()
+        assert len(said) == 1  # just begun: not yet worth a line
+        wait = json.loads(run_dir.rank_wait(0).read_text())
+        run_dir.rank_wait(0).write_text(json.dumps({**wait, "since": wait["since"] - 31}))
+        waits.poll()
+        waits.poll()  # announced once, not every poll
+    assert not run_dir.rank_wait(0).exists()
+    assert len(said) == 2 and "W&B to start its offline run (rank 0)" in said[1]
+    assert "gives up after logger.init_timeout_s=60 s" in said[1]
+
+
+def test_a_run_whose_op_is_never_ready_ends_as_timeout_before_any_rank_starts(tmp_path):
+    """Another process holds the shm comm op's build and never finishes: the run waits ops.build_timeout_s,
+    visibly, then ends `timeout` naming the op; no rank started. A real CLI run without torch (about 3 s)."""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    lock = tmp_path / "ext" / "deepspeed_shm_comm" / "lock"
+    holder = holding(lock)
+    run_dir = tmp_path / "runs" / "zero2"
+    try:
+        proc = subprocess.run([sys.executable, "-m", "harness.train", "backend=ds_zero2", "logger=none",
+                               "ops.build_timeout_s=2", f"hydra.run.dir={run_dir}", f"paths.root={tmp_path / 'runs'}"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        lock.unlink()
+        holder.wait(timeout=10)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"waiting for another process (pid {holder.pid}) building deepspeed_shm_comm since" in proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "timeout", summary
+    assert "gave up waiting for another process" in summary["reason"] and "ops.build_timeout_s=2 s" in summary["reason"]
+    assert not (run_dir / "ranks").exists() or not any((run_dir / "ranks").iterdir())  # no rank ever started
+    assert "gave up waiting" in (run_dir / "ops.log").read_text()
+
+
+# ---------------------------------------------------------------- drills: real builds of cpu_adam, real runs
+RUN = ["backend=ds_zero2_offload", "train.steps=3", "train.warmup_steps=1", "logger=none",
+       "train.profile_memory=false", "train.breakdown_steps=0", "train.measure_flops=false"]
+RUN_BOUND_S = 420  # a 3-step run (11 s here) plus a rebuild of cpu_adam (about 75 s here), with room
+
+
+def fresh_extensions(tmp_path: Path) -> dict:
+    """An extensions dir with the shm comm op already built (copied from the clone's cache) and no cpu_adam,
+    so that a drill pays one build; the env that points a process at it."""
+    ext = tmp_path / "torch_extensions"
+    ext.mkdir()
+    shutil.copytree(Path(extensions_dir()) / "deepspeed_shm_comm", ext / "deepspeed_shm_comm", symlinks=True)
+    return {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext), "PYTHONUNBUFFERED": "1"}
+
+
+def start_warm_ops(env: dict, log: Path) -> subprocess.Popen:
+    """Its output to a file: the compilers of a SIGKILLed build outlive it and would hold a pipe open."""
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "harness.warm_ops"], cwd=REPO, env=env, text=True,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def until_compiling(env: dict, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    """Return once torch holds cpu_adam's lock and its compilers run (the build is under way)."""
+    op = Path(env["TORCH_EXTENSIONS_DIR"]) / "cpu_adam"
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and proc.poll() is None:
+        if (op / "lock").exists() and (op / "build.ninja").exists():
+            time.sleep(5)  # well into the compile
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"warm_ops never started compiling cpu_adam (exit {proc.poll()})")
+
+
+def train(env: dict, run_dir: Path) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-m", "harness.train", *RUN, f"hydra.run.dir={run_dir}",
+                           f"paths.root={run_dir.parent}"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=RUN_BOUND_S + 60)
+    return proc, time.time() - started
+
+
+@pytest.mark.drill
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_killed_first_build_never_hangs_the_next_run(tmp_path, sig):
+    env = fresh_extensions(tmp_path)
+    op = Path(env["TORCH_EXTENSIONS_DIR"]) / "cpu_adam"
+    warm = start_warm_ops(env, tmp_path / "warm.log")
+    until_compiling(env, warm)
+    warm.send_signal(sig)
+    warm.wait(timeout=60)
+    out = (tmp_path / "warm.log").read_text()
+    if sig == signal.SIGTERM:  # it cleans up after itself: no lock, no partial build, no compiler left
+        assert warm.returncode == 128 + sig, out
+        assert "SIGTERM while building DeepSpeed's cpu_adam op" in out and not op.exists(), out
+        assert not op_builds.leftovers(op.parent)
+    else:  # nothing ran on its way out: the lock and the partial build stay for the next run to find stale
+        assert (op / "lock").exists() and not (op / op_builds.MARKER).exists()
+    proc, seconds = train(env, tmp_path / "runs" / "offload")
+    print(f"{sig.name}: the next ds_zero2_offload run took {seconds:.0f} s, rebuild included")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (op / op_builds.MARKER).exists()  # marked finished only by the build that loaded it
+    # its usual time (11 s here on a warm cache) plus the rebuild, which the marker records
+    rebuild_s = json.loads((op / op_builds.MARKER).read_text())["build_s"]
+    assert seconds < rebuild_s + 60, (seconds, rebuild_s)
+    if sig == signal.SIGKILL:
+        assert "removed a stale build lock of DeepSpeed's cpu_adam" in proc.stderr, proc.stderr[-3000:]
+    assert "building DeepSpeed's cpu_adam op" in proc.stderr
+    summary = json.loads((tmp_path / "runs" / "offload" / "summary.json").read_text())
+    assert summary["status"] == "ok"
+
+
+@pytest.mark.drill
+def test_a_run_started_during_another_build_waits_visibly_and_uses_it(tmp_path):
+    env = fresh_extensions(tmp_path)
+    warm = start_warm_ops(env, tmp_path / "warm.log")
+    until_compiling(env, warm)
+    proc, seconds = train(env, tmp_path / "runs" / "offload")
+    warm.wait(timeout=300)
+    warm_out = (tmp_path / "warm.log").read_text()
+    assert warm.returncode == 0, warm_out
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"waiting for another process (pid {warm.pid}) building cpu_adam since" in proc.stderr, proc.stderr
+    assert "cpu_adam op was built by another process; using it" in proc.stderr, proc.stderr
+    assert "building DeepSpeed's cpu_adam op" not in proc.stderr  # it compiled nothing itself
+    print(f"a run started while another process built cpu_adam waited visibly and took {seconds:.0f} s")
