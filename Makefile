@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m pip install -q -c $(LOCK) -e '.[dev]'
 	touch $@
 
-warm: install ## build DeepSpeed's JIT ops once into .cache/torch_extensions (~2 min for both the first time, then seconds)
+warm: install ## build DeepSpeed's JIT ops once into .cache/torch_extensions (~2 min the first time, safe to interrupt; then a 0.2 s check)
 	$(PY) -m harness.warm_ops
 
 demo: install warm ## the main job: every backend on the default CPU setting, then its report -> results/demo/
@@ -84,7 +84,7 @@ browser: ## install headless Chromium (Debian's `chromium`), which the report te
 test: install warm browser ## the test suite (<10 min): unit tests and real runs of every backend (gloo, CPU)
 	$(PY) -m pytest -m "not drill" $(ARGS)
 
-test-drills: install warm ## the launcher drills (~4 min): injected faults, Ctrl-C, racing launches, a killed launcher
+test-drills: install warm ## the launcher drills (~15 min): faults, Ctrl-C, racing launches, killed launcher and op builds
 	$(PY) -m pytest -m drill $(ARGS)
 
 test-all: test test-drills ## both, as CI runs them
