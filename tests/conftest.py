@@ -29,16 +29,21 @@ def cli(*overrides: str, timeout: int = 600, env_extra: dict | None = None) -> s
 
 
 def sweep(root: Path, name: str, *overrides: str) -> dict:
-    """Run every backend as one Hydra multirun; return {backend: (summary, per-step records)}."""
-    proc = cli("-m", f"backend={','.join(BACKENDS)}", f"paths.root={root}", f"sweep.name={name}", *FAST,
-               *overrides, timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    """Every backend on one shape, as the cells of one launch (harness/launcher/cells.py: each a whole run in its
+    own run dir, written by a run's own code, and the sweep's report; the ranks start once, not once a backend);
+    return {backend: (summary, per-step records, run dir)}."""
+    from harness.launcher.cells import run_cells
+
+    sweep_dir = root / "sweeps" / name
+    os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
+    summaries = run_cells(sweep_dir, [(f"backend={b}", [f"backend={b}"]) for b in BACKENDS],
+                          [f"paths.root={root}", f"sweep.name={name}", *FAST, *overrides])
     out = {}
-    for summary_path in (root / "sweeps" / name).glob("*/summary.json"):
-        summary = json.loads(summary_path.read_text())
-        metrics_path = summary_path.parent / "metrics.jsonl"
+    for cell, summary in summaries.items():
+        run_dir = sweep_dir / cell
+        metrics_path = run_dir / "metrics.jsonl"
         records = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
-        out[summary["backend"]] = (summary, records, summary_path.parent)
+        out[summary["backend"]] = (summary, records, run_dir)
     return out
 
 

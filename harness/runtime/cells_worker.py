@@ -1,0 +1,65 @@
+"""One rank of many runs in one launch (launcher/cells.py): `python -m harness.runtime.cells_worker <cells.json>`.
+
+Each cell is a run dir the parent prepared; this rank trains them one after another through worker.run, the
+code of a single run, in one process group, leaving each cell's rank outcome as a run's rank does. Between
+cells, what a framework changed globally is put back: DeepSpeed's ZeRO-3 engine replaces
+torch.nn.functional.linear for every module built after it ("This will persist unless manually reset", its own
+log line), which would change what a later cell keeps under autocast. A failed cell ends the launch: its peers
+would otherwise wait for it in a collective.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..core.records import RankOutcome, Status
+from ..core.rundir import RunDir, write_json, write_text
+from . import models
+from .worker import best_effort, classify, load_config, reached, run, start
+
+
+def train_cell(run_dir: RunDir, rank: int, world: int, device: torch.device) -> int:
+    started = time.time()
+    cfg = load_config(run_dir)
+    params = models.param_count(cfg.model, cfg.workload)["total"]  # a failed row still says the size
+    try:
+        run(cfg, run_dir, rank, world, device)
+    except BaseException as exc:  # noqa: BLE001 - recorded as a run's rank records it, then the launch ends
+        best_effort(write_text, run_dir.rank_traceback(rank), traceback.format_exc())
+        status, peer = classify(exc)
+        best_effort(write_json, run_dir.rank_outcome(rank), RankOutcome(
+            rank, status, error=type(exc).__name__, peer=peer, params=params, reason=str(exc).strip().splitlines()[0][:500]
+            if str(exc).strip() else "", elapsed_s=time.time() - started, reached=reached(exc, device)).to_dict())
+        traceback.print_exc()
+        return 1
+    best_effort(write_json, run_dir.rank_outcome(rank),
+                RankOutcome(rank, Status.OK, params=params, elapsed_s=time.time() - started).to_dict())
+    return 0
+
+
+def main(cells_file: Path) -> int:
+    run_dirs = [RunDir(Path(p)) for p in json.loads(cells_file.read_text())]
+    rank, world, device = start(load_config(run_dirs[0]), run_dirs[0])
+    linear = torch.nn.functional.linear
+    for run_dir in run_dirs:
+        torch.nn.functional.linear = linear
+        if train_cell(run_dir, rank, world, device):
+            return 1
+        gc.collect()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(Path(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # DeepSpeed's native threads can abort in interpreter teardown (runtime/worker.py)
