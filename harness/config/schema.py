@@ -22,6 +22,15 @@ STRATEGIES = {
     "fsdp": ("fsdp", "FSDPStrategy"),
     "deepspeed": ("deepspeed", "DeepSpeedStrategy"),
 }
+
+
+def defers_gradient_sync(backend) -> bool:
+    """Whether a backend skips gradient reduction on non-final micro-batches: DDP (no_sync), FSDP2
+    (set_requires_gradient_sync) and ZeRO-1 (DeepSpeed's accumulation boundary). ZeRO-2/3 partition the
+    gradients, so DeepSpeed reduce-scatters every micro-batch by design (its no_sync() raises for them)."""
+    return backend.family != "deepspeed" or backend.zero_stage < 2
+
+
 # fault.kind: what runtime/faults.py can inject; `none` first, `hang` last (the drill interrupts it)
 FAULT_KINDS = ("none", "oom", "raise", "nan", "kill", "hang")
 
