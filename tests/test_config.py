@@ -1,9 +1,12 @@
 """Configs compose, the typed schema rejects what Hydra can type-check, and the rules reject the rest."""
 from __future__ import annotations
 
+import copy
+import functools
 import os
 
 import pytest
+from omegaconf import OmegaConf
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import OmegaConfBaseException
@@ -125,3 +128,40 @@ def test_a_sweep_run_dir_name_fits_in_a_file_name_and_stays_stable():
     named = schema.run_dirname(long)
     assert len(named.encode()) <= schema.MAX_DIRNAME and named == schema.run_dirname(long)
     assert named != schema.run_dirname(long + ",x=1") and named.startswith("train.option_0=value_0")
+
+
+def numeric_fields(cls=None, prefix=""):
+    """Every int or float field of the run schema, dotted."""
+    import dataclasses
+    import typing
+
+    from harness.config import schema
+
+    cls = cls or schema.RunConfig
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            yield from numeric_fields(kind, f"{prefix}{f.name}.")
+        elif kind in (int, float, typing.Optional[int], typing.Optional[float]):
+            yield f"{prefix}{f.name}"
+
+
+@pytest.mark.parametrize("key", list(numeric_fields()))
+def test_every_numeric_field_is_range_checked_before_any_rank_starts(key):
+    """-1 is out of range for every numeric field (and 1.5 for Adam's betas): the rules refuse it, naming the
+    key, in the parent. Before, optim.lr=-1 and optim.beta1=1.5 failed only inside the ranks, after 10 s."""
+    from harness.config import rules
+
+    assert key in {*rules.POSITIVE, *rules.NON_NEGATIVE, *rules.BELOW_ONE, *rules.POSITIVE_WHEN_SET,
+                   *rules.RANGED_ELSEWHERE}, f"{key}: no range rule"
+    for bad in (-1, 1.5) if key in rules.BELOW_ONE else (-1,):
+        cfg = copy.deepcopy(default_config())
+        OmegaConf.update(cfg, key, bad)
+        found = rules.problems(cfg)
+        assert any(key in problem for problem in found), (key, bad, found)
+
+
+@functools.lru_cache(maxsize=1)
+def default_config():
+    return compose_run([])

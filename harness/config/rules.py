@@ -20,13 +20,25 @@ from .schema import CHOICES
 
 __all__ = ["ConfigError", "check", "problems", "output_problems"]
 
+# Every numeric field of the schema has its range here, or in the rule named beside it in RANGED_ELSEWHERE
+# (tests/test_config.py holds this): out-of-range values are refused before any rank starts.
 POSITIVE = ("train.steps", "parallelism.micro_batch", "parallelism.grad_accum", "parallelism.seq_len",
             "parallelism.nproc_per_node", "parallelism.nnodes", "dist.timeout_s", "model.vocab_size",
             "model.hidden_size", "model.num_layers", "model.num_heads", "model.max_positions",
             "logger.init_timeout_s", "dist.rendezvous_timeout_s", "ops.build_timeout_s",
-            "sweep.allocation_timeout_s")
+            "sweep.allocation_timeout_s", "model.rope_theta", "data.max_corpus_bytes", "train.memory_steps",
+            "optim.lr", "optim.eps")
 NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_batch": "0 = off",
-                "paths.min_free_mib": "0 = off", "train.memory_budget_bytes": "0 = no budget"}
+                "paths.min_free_mib": "0 = off", "train.memory_budget_bytes": "0 = no budget",
+                "model.meta_above_params": "0 = on the meta device whenever the backend can build there",
+                "train.breakdown_steps": "0 = no time breakdown", "train.seed": "it seeds the weights and the data",
+                "optim.weight_decay": "0 = none", "optim.grad_clip": "0 = no clipping",
+                "fault.rank": "a rank", "fault.step": "a step"}
+BELOW_ONE = ("optim.beta1", "optim.beta2")  # Adam's decay rates: in [0, 1)
+POSITIVE_WHEN_SET = ("model.num_kv_heads", "model.intermediate_size")  # None = the family's default
+RANGED_ELSEWHERE = {"backend.zero_stage": "backend_rules", "workload.lora_rank": "finetune_check",
+                    "workload.lora_alpha": "finetune_check", "train.warmup_steps": "shape_rules",
+                    "dist.master_port": "value_rules"}
 
 
 def _get(cfg, dotted: str):
@@ -74,6 +86,12 @@ def value_rules(cfg) -> List[str]:
             if _get(cfg, key) <= 0]
     out += [f"{key}={_get(cfg, key)}: must be >= 0 ({meaning})" for key, meaning in NON_NEGATIVE.items()
             if _get(cfg, key) < 0]
+    out += [f"{key}={_get(cfg, key)}: must be in [0, 1); Adam's default is {0.9 if key.endswith('1') else 0.999}"
+            for key in BELOW_ONE if not 0 <= _get(cfg, key) < 1]
+    out += [f"{key}={_get(cfg, key)}: must be positive, or unset for the model family's default"
+            for key in POSITIVE_WHEN_SET if _get(cfg, key) is not None and _get(cfg, key) <= 0]
+    if not 0 <= cfg.dist.master_port <= 65535:
+        out.append(f"dist.master_port={cfg.dist.master_port}: not a TCP port; use 1-65535, or 0 to pick a free one")
     return out
 
 
