@@ -1,5 +1,5 @@
 """Faults become recorded outcomes and the sweep goes on. One real 2-rank sweep mixes a good run with an
-injected OOM, exception, NaN loss, SIGKILLed rank and hung rank (harness/faults.py). Then the same command
+injected OOM, exception, NaN loss, SIGKILLed rank and hung rank (harness/runtime/faults.py). Then the same command
 runs again: it skips the good run, re-runs every failed one, and is stopped with Ctrl-C while the hung run
 waits, as a user would. No rank outlives its run, and completed steps and results stay on disk."""
 from __future__ import annotations

@@ -4,6 +4,7 @@ made inside functions. The parent refuses bad input without loading torch."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -135,3 +136,25 @@ def test_the_strategy_registry_and_the_fault_kinds_are_complete():
     assert CHOICES["backend.family"] == tuple(STRATEGIES)
     assert all(issubclass(strategy_class(family), Strategy) for family in STRATEGIES)
     assert set(faults.ACTIONS) | {"none"} == set(FAULT_KINDS) == set(CHOICES["fault.kind"])
+
+
+# a repo path in prose: dirs, then a file name with one of the repo's own source extensions
+DOC_PATH = re.compile(r"(?<![\w./<>{-])((?:[\w.-]+/)+[\w.-]+\.(?:py|yaml|md|sh))\b")
+
+
+def test_every_path_a_docstring_names_exists():
+    """A docstring that points a reader to a file (`runtime/worker.py`, `tests/test_parity.py`) points to one that
+    is there: relative to the repo, to harness/ or to tests/. Paths inside run dirs are not repo paths and do not
+    match (their first part is not a folder of the repo or of harness/)."""
+    roots = (REPO, PACKAGE, REPO / "tests")
+    tops = {p.name for p in REPO.iterdir()} | {p.name for p in PACKAGE.iterdir()}
+    missing = []
+    for path in sorted([*PACKAGE.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "hydra_plugins").rglob("*.py")]):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for named in DOC_PATH.findall(ast.get_docstring(node) or ""):
+                if named.split("/")[0] in tops and not any((root / named).exists() for root in roots):
+                    missing.append(f"{path.relative_to(REPO)}: {named}")
+    assert not missing, missing

@@ -149,7 +149,7 @@ class TrainConfig:
 
 @dataclass
 class FaultConfig:
-    """Fault injection for testing failure paths (harness/faults.py). Off by default."""
+    """Fault injection for testing failure paths (harness/runtime/faults.py). Off by default."""
 
     kind: str = "none"  # one of FAULT_KINDS
     rank: int = 0

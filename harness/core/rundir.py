@@ -87,6 +87,11 @@ def read_jsonl(path: Path) -> List[dict]:
         return []
 
 
+# <sweep_dir>/.jobs: how many runs a sweep launches, written by the sweep's Hydra callback when it starts and
+# read by each run's `[sweep i/n]` line
+SWEEP_JOBS_FILE = ".jobs"
+
+
 @dataclass(frozen=True)
 class RunDir:
     """Every path of one run dir. Nothing else in the harness spells these names."""

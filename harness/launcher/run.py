@@ -17,12 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import derive, rules
 from ..core.errors import ConfigError
 from ..core.records import RunSummary, Status, one_line
-from ..core.rundir import RunDir, write_json, write_text
+from ..core.rundir import SWEEP_JOBS_FILE, RunDir, write_json, write_text
 from ..core.runlock import RunDirBusy, describe
 from .environment import environment
 from .nodes import follow, node_rank, owner_lock
 from .ops import ensure_ops
-from .sweep_callback import JOBS_FILE
 from .torchrun import launch, rank_env
 
 
@@ -48,7 +47,7 @@ def already_done(run_dir: RunDir, cfg) -> dict | None:
 
 def sweep_position(hc) -> str:
     """`i/n` for the progress line: n is the job count the sweep callback recorded at sweep start."""
-    jobs = Path(hc.sweep.dir) / JOBS_FILE
+    jobs = Path(hc.sweep.dir) / SWEEP_JOBS_FILE
     return f"{hc.job.num + 1}/{jobs.read_text().strip() if jobs.exists() else '?'}"
 
 

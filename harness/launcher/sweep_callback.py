@@ -9,10 +9,9 @@ from hydra.experimental.callback import Callback
 
 from ..config.compose import options
 from ..config.rules import output_problems
-from ..core.rundir import write_text
+from ..core.rundir import SWEEP_JOBS_FILE, write_text
 from ..reporting import sweep_report
 
-JOBS_FILE = ".jobs"  # <sweep_dir>/.jobs: the job count, read by launcher/run.py for `[sweep i/n]`
 
 
 def job_count(config) -> int:
@@ -49,7 +48,7 @@ class SweepTable(Callback):
     def on_multirun_start(self, config, **kwargs) -> None:
         refuse_bad_output(config.paths, config.hydra.sweep.dir)
         try:
-            write_text(Path(config.hydra.sweep.dir) / JOBS_FILE, str(job_count(config)))
+            write_text(Path(config.hydra.sweep.dir) / SWEEP_JOBS_FILE, str(job_count(config)))
         except Exception as exc:  # noqa: BLE001 - a progress count must never stop a sweep
             print(f"warning: could not count the sweep's runs: {exc}", file=sys.stderr)
 

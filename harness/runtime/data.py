@@ -6,7 +6,6 @@ same global batch, split the same way over ranks, whatever the backend.
 """
 from __future__ import annotations
 
-import hashlib
 import sysconfig
 from functools import lru_cache
 from pathlib import Path
@@ -37,14 +36,6 @@ def stdlib_corpus(max_bytes: int) -> torch.Tensor:
             break
     blob = b"".join(chunks)[:max_bytes]
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-
-
-def fingerprint(data_cfg) -> str:
-    """A short hash that says which corpus a run saw (it differs between Python versions)."""
-    if data_cfg.name == "synthetic":
-        return "synthetic"
-    corpus = stdlib_corpus(data_cfg.max_corpus_bytes)
-    return f"stdlib:{len(corpus)}B:" + hashlib.sha1(corpus.numpy().tobytes()).hexdigest()[:12]
 
 
 class Batches:

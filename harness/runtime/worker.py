@@ -74,7 +74,7 @@ class Prepared:
 
 def prepare(cfg, rank: int, world: int, device: torch.device) -> Prepared:
     """Build the model where the strategy wants it, initialise or load its weights, wrap it and build the
-    optimizer (shared by a run and runtime/cells.py's many short runs)."""
+    optimizer (shared by a run, runtime/cells_worker.py and studies/memory_check_worker.py)."""
     torch.manual_seed(cfg.train.seed)
     counts = models.param_count(cfg.model, cfg.workload)
     strategy = make_strategy(cfg, device, world, counts["total"])

@@ -6,7 +6,7 @@
 
 Arguments other than the flags are Hydra overrides of the usual config (model, parallelism, train...).
 Figures are per rank, in GB (1e9 bytes, as the ZeRO paper). "paper" is the paper's formula; "device" and
-"host" are the backend's real layout (harness/memory.py); "DeepSpeed" is DeepSpeed's own estimator
+"host" are the backend's real layout (harness/theory/memory.py); "DeepSpeed" is DeepSpeed's own estimator
 where it models the same backend. Activations are for one micro-batch, without and with checkpointing.
 "peak" is the predicted peak of live tensors on a device: model states on it + buffers + the largest of the
 terms at the end of forward, the start of backward, inside a block's backward and the optimizer step

@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import List
 
 from ..core.paths import REPO

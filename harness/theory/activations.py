@@ -48,9 +48,6 @@ from __future__ import annotations
 
 from typing import Dict
 
-REGIMES = ("fp32", "16-bit", "autocast")
-
-
 def regime(family: str, precision: str) -> str:
     if precision == "fp32":
         return "fp32"

@@ -1,8 +1,8 @@
 """Which attribute of a DeepSpeed ZeRO optimizer holds which model state, as an explicit table per class.
 
 Written against DeepSpeed 0.19.8 (the version pyproject pins) by listing every attribute of each class that
-holds a tensor after a training step (tests/test_deepspeed_states.py lists them again, so an upgrade that
-adds, renames or drops one fails a test instead of shifting a figure). Storages are counted once
+holds a tensor after a training step (tests/test_memory_model.py holds every backend's unclassified bytes at
+0, so an upgrade that adds, renames or drops one fails a test instead of shifting a figure). Storages are counted once
 (base.storage_bytes), so the many views of one flat buffer under several names add nothing.
 
 An attribute that holds tensors but is in neither the table nor IGNORED is *unclassified*: its bytes are
