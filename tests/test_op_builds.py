@@ -94,6 +94,28 @@ def test_a_live_build_that_never_ends_times_out_naming_the_op_and_the_setting(ex
     assert "building deepspeed_shm_comm" in str(err.value) and "ops.build_timeout_s=1 s" in str(err.value)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_warm_ops_stopped_by_a_signal_says_so_and_leaves_nothing_behind(ext, sig):
+    """warm_ops waiting its turn (this test holds the op's build lease) is stopped by each signal a closed
+    terminal, Ctrl-C or a scheduler sends: it exits 128+N with one line, and neither its lease nor a partial
+    build is left (a real build interrupted mid-compile is the drills' case)."""
+    from harness.core.runlock import RunLock, holder
+
+    lease = RunLock(ext, name=op_builds.lease_name("cpu_adam")).acquire()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "harness.warm_ops", "--only", "cpu_adam"], cwd=REPO,
+                                env={**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert "waiting for another process" in proc.stdout.readline()
+        proc.send_signal(sig)
+        out = proc.communicate(timeout=30)[0]
+    finally:
+        lease.release()
+    assert proc.returncode == 128 + sig, out
+    assert f"{sig.name} while building DeepSpeed's cpu_adam op" in out, out
+    assert holder(ext, op_builds.lease_name("cpu_adam")) is None and not op_builds.op_dir("cpu_adam").exists()
+
+
 def test_built_means_marked_for_these_versions_with_no_lock(ext):
     op = op_builds.op_dir("cpu_adam")
     op.mkdir()
