@@ -83,3 +83,13 @@ def test_report_survives_runs_that_died_at_any_point(fp32_runs, tmp_path):
     statuses = sorted(r["status"] for r in rows)
     assert statuses.count("ok") == len(BACKENDS) - 2 and "oom" in statuses and "failed" in statuses
     assert "rank 1 oom at step 3" in html and "summary.json unreadable" in html
+
+
+def test_report_on_a_dir_that_is_not_a_sweep_says_so_in_one_line(tmp_path, capsys):
+    assert sweep.main([str(tmp_path / "no_such_sweep")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("shardbench: no sweep dir") and "no_such_sweep" in err[0]
+    assert sweep.main([str(tmp_path)]) == 2  # a dir, but no run in it
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds no run" in err[0]
+    assert not list(tmp_path.iterdir())  # and nothing was written there

@@ -65,8 +65,17 @@ def log_summary_run(config, where: Path, name: str, job_type: str, table_key: st
 
 def main(argv: List[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not Path(args[0]).is_dir():
+    if len(args) != 1:
         print("usage: python -m harness.report <sweep_dir>", file=sys.stderr)
         return 2
-    build(Path(args[0]))
+    sweep_dir = Path(args[0])
+    if not sweep_dir.is_dir():
+        print(f"shardbench: no sweep dir {sweep_dir} (nothing there to report; sweeps are under results/sweeps/)",
+              file=sys.stderr)
+        return 2
+    if not any(sweep_dir.glob("*/summary.json")):
+        print(f"shardbench: {sweep_dir} holds no run (no */summary.json); give a sweep's dir, e.g. "
+              "results/sweeps/compare_all", file=sys.stderr)
+        return 2
+    build(sweep_dir)
     return 0
