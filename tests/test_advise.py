@@ -64,6 +64,8 @@ def test_dry_run_prunes_and_a_pruned_candidate_really_runs_out_of_memory(tmp_pat
     (["model=nope", "--dry-run"], "model/nope"),
     (["parallelism=nope", "--dry-run"], "parallelism/nope"),
     (["model=tiny_llama", "train.precision=fp16", "--dry-run"], "train.precision=fp16"),
+    # a dry run for GPUs this machine lacks: it asks for the card's memory rather than guessing from the host
+    (["model=llama_7b", "parallelism=gpu8", "train.precision=bf16", "--dry-run"], "give it with --device-gib"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, args, says):
     # in this process: the command's own main (harness/advise.py is `sys.exit(main())`), refusing before
@@ -110,3 +112,17 @@ def test_recommends_a_sharded_backend_where_ddp_cannot_fit_and_it_trains_under_t
     again = advise(*ADVISE, "--max-probes=2", f"--out={tmp_path}", "--name=adv", timeout=300)
     assert again.returncode == 0 and json.loads((out / "advice.json").read_text())["winner"] == advice["winner"]
     assert {p: p.stat().st_mtime_ns for p in (out / "probes").glob("*/summary.json")} == written
+
+
+def test_a_dry_run_plans_for_gpus_this_machine_does_not_have(tmp_path, capsys):
+    """The README's theory-only example on a machine without CUDA: the device-count rule is for runs, not for
+    a plan (it used to refuse with "use parallelism.nproc_per_node<=0"); no probe runs."""
+    from harness.studies.advice import main
+
+    code = main(["model=llama_7b", "parallelism=gpu8", "train.precision=bf16", "--dry-run", "--device-gib=80",
+                 f"--out={tmp_path}", "--name=gpu8"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-2000:]
+    plan = json.loads((tmp_path / "gpu8" / "plan.json").read_text())
+    assert plan["world"] == 8 and any(c["fits"] for c in plan["candidates"])
+    assert not list((tmp_path / "gpu8").glob("probes/*"))

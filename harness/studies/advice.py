@@ -233,7 +233,9 @@ def main(argv=None) -> int:
     args, overrides = parser.parse_known_args(argv)
     budget = int(args.device_gib * GIB) if args.device_gib else None
     try:  # bad input is refused as harness.train refuses it, before anything is measured or run
-        rules.check(compose([*overrides, f"train.memory_budget_bytes={budget or 0}"]))
+        cfg = compose([*overrides, f"train.memory_budget_bytes={budget or 0}"])
+        # a dry run plans for hardware you may not have: only the machine-independent rules apply
+        rules.check(cfg, **({"cuda_devices": lambda: cfg.parallelism.nproc_per_node} if args.dry_run else {}))
         p = plan(overrides, budget, args.global_batch, args.backends.split(","), args.margin)
     except (HydraException, OmegaConfBaseException, ConfigError, ValueError) as err:
         print(f"advise: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)

@@ -2,7 +2,7 @@
 measure the best ones, and the answer names the winner and why every other backend lost.
 
     python -m harness.advise model=small_llama --device-gib 0.0625 [--global-batch 16] [--max-probes 12]
-    python -m harness.advise model=llama_7b parallelism=gpu8 train.precision=bf16 --dry-run
+    python -m harness.advise model=llama_7b parallelism=gpu8 train.precision=bf16 --dry-run --device-gib 80
 
 The candidates are every backend x micro-batch x activation checkpointing on/off, at the user's precision,
 with the global batch held fixed (`--global-batch`, else the config's micro_batch x grad_accum x ranks), so
@@ -23,6 +23,7 @@ candidate nearest the budget is probed once, to check the prediction.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -140,12 +141,17 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps,
                       "collectives_measured": float(bool(rates.comm.by_op)), "flops_per_token": flops_per_token})
     for backend in backends:
+        # one composition per backend (a config group); the candidates' batch and checkpointing are set on a
+        # copy, as their overrides would set them (a composition costs about 0.5 s, and there are 6 a backend)
+        composed = compose([*overrides, f"backend={backend}", f"parallelism.global_batch={batch}"])
         for mb in micro_batches(batch, world):
             for ckpt in (False, True):
                 ga = batch // (mb * world)
                 extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
                          f"parallelism.global_batch={batch}", f"train.activation_checkpointing={str(ckpt).lower()}"]
-                cfg = compose([*overrides, *extra])
+                cfg = copy.deepcopy(composed)
+                cfg.parallelism.micro_batch, cfg.parallelism.grad_accum = mb, ga
+                cfg.train.activation_checkpointing = ckpt
                 theory = predict(cfg, world, counts)
                 peak = theory["memory/device_peak_predicted_bytes"]
                 step = predict_parts(cfg.backend, shape_of(cfg, world, counts),
@@ -159,12 +165,15 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
 
 
 def default_budget(cfg) -> int:
-    """The device's memory: the GPU's, or on CPU this host's available memory shared by its ranks."""
+    """The device's memory: the GPU's, or on CPU this host's available memory shared by its ranks. A CUDA
+    config on a machine without a GPU (a dry run for hardware you do not have) must say the card's memory."""
     if cfg.parallelism.device == "cuda":
         import torch
 
         if torch.cuda.is_available():
             return torch.cuda.get_device_properties(0).total_memory
+        raise ValueError("parallelism.device=cuda and no GPU here to read the card's memory from: give it with "
+                         "--device-gib (80 for an H100 80GB)")
     import psutil
 
     return psutil.virtual_memory().available // cfg.parallelism.nproc_per_node
