@@ -111,6 +111,8 @@ def test_bad_input_fails_before_any_rank_starts(tmp_path, overrides, says):
     assert "Traceback" not in proc.stderr + proc.stdout
     # no rank started: torchrun never ran, so no launcher log or rank outcome exists anywhere
     assert not list(tmp_path.rglob("launcher.log")) and not list(tmp_path.rglob("rank*.json"))
+    if "-m" not in overrides:  # and a refused single run leaves no run dir (a sweep records an invalid row)
+        assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), list(tmp_path.rglob("*"))
 
 
 def refusal(overrides) -> str:

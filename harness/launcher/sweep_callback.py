@@ -39,11 +39,35 @@ def refuse_bad_output(paths, out_dir: str) -> None:
         sys.exit(2)
 
 
+def refuse_invalid(config) -> None:
+    """A single run's config, checked before Hydra creates its run dir, so that a refused run leaves no empty
+    dir behind: the same preparation and rules as launcher/run.py applies (which checks again, for launchers
+    that skip callbacks). A sweep checks each run in its own job and records an invalid one as a row."""
+    import copy
+
+    from omegaconf import open_dict
+
+    from ..config import derive, rules
+    from ..core.errors import ConfigError
+
+    cfg = copy.deepcopy(config)
+    with open_dict(cfg):
+        overrides = list(cfg.hydra.overrides.task)
+        del cfg["hydra"]
+    derive.fit_to_model(cfg, overrides)
+    try:
+        rules.check(cfg)
+    except ConfigError as err:
+        print(f"shardbench: invalid config: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
 class SweepTable(Callback):
     """The harness's Hydra callback: checks the output dir before Hydra creates it; tables and report at the end."""
 
     def on_run_start(self, config, **kwargs) -> None:
         refuse_bad_output(config.paths, config.hydra.run.dir)
+        refuse_invalid(config)
 
     def on_multirun_start(self, config, **kwargs) -> None:
         refuse_bad_output(config.paths, config.hydra.sweep.dir)
