@@ -1,6 +1,7 @@
 """`python -m harness.train [overrides]` (add `-m` for a Hydra multirun): one run, or a sweep of runs.
 
-Hydra composes the config; harness/launcher/run.py validates it, prepares the run dir and starts the ranks.
+harness/config/overrides.py checks the command line's keys, options and types; Hydra composes the config;
+harness/launcher/run.py validates it, prepares the run dir and starts the ranks.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from harness.config import schema
+from harness.config import overrides, schema
 from harness.launcher.run import run_one
 
 schema.register()
@@ -21,6 +22,10 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
+    mistake = overrides.problem(sys.argv[1:])  # before Hydra, whose own errors run to 7-15 lines
+    if mistake:
+        print(f"shardbench: invalid config: {mistake}", file=sys.stderr)
+        sys.exit(2)
     try:
         main()
     except KeyboardInterrupt:

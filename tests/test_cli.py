@@ -14,7 +14,7 @@ from conftest import REPO, cli
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
-from harness.config import derive, rules, schema
+from harness.config import derive, overrides, rules, schema
 
 
 BAD_INPUT = [
@@ -154,3 +154,26 @@ def test_escaping_names_create_nothing_outside_the_root(tmp_path):
     cli("-m", "sweep.name=../../escape", f"paths.root={root}", "logger=none", timeout=60)
     cli("hydra.run.dir=" + str(tmp_path / "outside"), f"paths.root={root}", "logger=none", timeout=60)
     assert sorted(p.name for p in tmp_path.iterdir()) in ([], ["root"])
+
+
+# what Hydra itself refused in 7-15 lines: unknown group options, keys the schema lacks, values of the wrong type
+HYDRAS_OWN = [(o, says) for o, says in BAD_INPUT if not o[0].startswith("+")  # (added keys: the rules')
+              and (says.startswith(tuple(f"{g}/" for g in overrides.GROUPS)) or says in {"train.stepz", "optim.learning_rate", "backend.zero_stag", "parallelism.microbatch",
+                          "train.steps", "optim.lr", "train.activation_checkpointing", "parallelism.nproc_per_node"})]
+
+
+@pytest.mark.parametrize("args, says", HYDRAS_OWN, ids=[" ".join(o) for o, _ in HYDRAS_OWN])
+def test_mistakes_hydra_would_report_at_length_are_one_line_with_the_nearest_name(args, says):
+    found = overrides.problem(args)
+    assert found and says in found and "\n" not in found, found
+    if args == ["train.stepz=5"]:
+        assert "did you mean train.steps?" in found
+    if args == ["backend=nope"]:
+        assert "options: ddp, ds_zero1" in found
+
+
+def test_valid_overrides_and_what_hydra_owns_pass_the_precheck():
+    assert overrides.problem(["-m", "backend=ddp,fsdp", "model=tiny_gpt2", "train.steps=5", "optim.lr=1e-3",
+                              "model.num_kv_heads=null", "+backend.deepspeed.zero_optimization.stage=2",
+                              "hydra.run.dir=/tmp/x", "hydra/launcher=slurm", "backend=glob(*)", "logger.tags=[a,b]",
+                              "train.seed=range(3)", "experiment=compare_all", "--info", "defaults-tree"]) is None
