@@ -93,3 +93,17 @@ def test_report_on_a_dir_that_is_not_a_sweep_says_so_in_one_line(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds no run" in err[0]
     assert not list(tmp_path.iterdir())  # and nothing was written there
+
+
+def test_the_end_of_a_run_or_sweep_says_where_its_offline_wandb_runs_are_and_how_to_upload_them(tmp_path):
+    from harness.core.rundir import wandb_sync_hint
+
+    assert wandb_sync_hint(tmp_path) is None  # nothing to upload: nothing said
+    (tmp_path / "backend=ddp" / "wandb" / "offline-run-1").mkdir(parents=True)
+    (tmp_path / "backend=fsdp" / "wandb" / "offline-run-2").mkdir(parents=True)
+    (tmp_path / "wandb" / "offline-run-3").mkdir(parents=True)  # the sweep's summary run
+    hint = wandb_sync_hint(tmp_path)
+    assert hint.startswith(f"W&B: 3 offline runs under {tmp_path}, not uploaded; upload with: wandb sync ")
+    assert f"{tmp_path}/wandb/offline-run-* {tmp_path}/*/wandb/offline-run-*" in hint
+    single = wandb_sync_hint(tmp_path / "backend=ddp")
+    assert single.endswith(f"wandb sync {tmp_path}/backend=ddp/wandb/offline-run-*") and "1 offline run " in single

@@ -13,7 +13,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List
+from typing import Any, List, Optional
 
 
 def json_safe(obj: Any) -> Any:
@@ -85,6 +85,19 @@ def read_jsonl(path: Path) -> List[dict]:
         return parse_jsonl(Path(path).read_text(errors="replace"))
     except OSError:
         return []
+
+
+def wandb_sync_hint(root: Path) -> Optional[str]:
+    """Where a run's or a sweep's offline W&B runs are (`<run_dir>/wandb/offline-run-*`, and a sweep's summary
+    run in `<sweep_dir>/wandb/`), and the one command that uploads them; None when there are none."""
+    root = Path(root)
+    patterns = [root / "wandb" / "offline-run-*", root / "*" / "wandb" / "offline-run-*"]
+    found = [p for pattern in patterns for p in root.glob(str(pattern.relative_to(root)))]
+    if not found:
+        return None
+    shown = " ".join(str(pattern) for pattern in patterns if list(root.glob(str(pattern.relative_to(root)))))
+    return (f"W&B: {len(found)} offline run{'s' if len(found) > 1 else ''} under {root}, not uploaded; "
+            f"upload with: wandb sync {shown}")
 
 
 # <sweep_dir>/.jobs: how many runs a sweep launches, written by the sweep's Hydra callback when it starts and

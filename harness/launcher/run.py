@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import derive, rules
 from ..core.errors import ConfigError
 from ..core.records import RunSummary, Status, one_line
-from ..core.rundir import SWEEP_JOBS_FILE, RunDir, write_json, write_text
+from ..core.rundir import SWEEP_JOBS_FILE, RunDir, wandb_sync_hint, write_json, write_text
 from ..core.runlock import RunDirBusy, describe
 from .environment import environment
 from .nodes import follow, node_rank, owner_lock
@@ -152,6 +152,9 @@ def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list
                   "what finished", file=sys.stderr)
         raise
     print(one_line(summary, run_dir.root), flush=True)
+    hint = None if in_sweep else wandb_sync_hint(run_dir.root)  # a sweep says it once, at its end
+    if hint:
+        print(f"shardbench: {hint}", flush=True)
     for warning in summary.get("warnings") or []:
         print(f"shardbench: warning: {warning}", file=sys.stderr, flush=True)
     for error in summary.get("errors") or []:

@@ -9,7 +9,7 @@ from hydra.experimental.callback import Callback
 
 from ..config.compose import options
 from ..config.rules import output_problems
-from ..core.rundir import SWEEP_JOBS_FILE, write_text
+from ..core.rundir import SWEEP_JOBS_FILE, wandb_sync_hint, write_text
 from ..reporting import sweep_report
 
 
@@ -85,3 +85,6 @@ class SweepTable(Callback):
                   f"`make report SWEEP={sweep_dir}` rebuilds them", file=sys.stderr)
             return
         sweep_report.log_to_wandb(config, sweep_dir, rows)
+        hint = wandb_sync_hint(sweep_dir)
+        if hint:
+            print(f"shardbench: {hint}", flush=True)
