@@ -3,6 +3,7 @@ built from a real 8-backend sweep, and built all the same when runs died at any 
 from __future__ import annotations
 
 import csv
+import os
 import re
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 from conftest import BACKENDS, REPO
 from harness.reporting import html_report as report
 from harness.reporting import sweep_report as sweep
+from harness.reporting import tables
 
 pytestmark = pytest.mark.slow
 ARTIFACTS = REPO / "tests" / "artifacts"
@@ -107,3 +109,38 @@ def test_the_end_of_a_run_or_sweep_says_where_its_offline_wandb_runs_are_and_how
     assert f"{tmp_path}/wandb/offline-run-* {tmp_path}/*/wandb/offline-run-*" in hint
     single = wandb_sync_hint(tmp_path / "backend=ddp")
     assert single.endswith(f"wandb sync {tmp_path}/backend=ddp/wandb/offline-run-*") and "1 offline run " in single
+
+
+def demo_rows() -> list:
+    """The committed demo's eight rows (results/demo/summary.csv), as the sweep's collect gives them."""
+    rows = []
+    for r in csv.DictReader(open(REPO / "results" / "demo" / "summary.csv")):
+        figures = {}
+        for key, value in r.items():
+            if "/" in key and value:
+                try:
+                    figures[key] = float(value)
+                except ValueError:
+                    pass
+        rows.append({"backend": r["backend"], "model": r["model"], "precision": r["precision"],
+                     "status": r["status"], "figures": figures, "config": {}})
+    return rows
+
+
+@pytest.mark.parametrize("width", [100, 200])
+def test_the_terminal_table_fits_its_width_without_cutting_a_name_or_a_figure(width):
+    from rich.console import Console
+
+    rows = demo_rows()
+    console = Console(width=width, record=True, file=open(os.devnull, "w"))
+    console.print(tables.console_table(rows, width))
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= width, text
+    assert all(f" {r['backend']} " in text for r in rows)  # every backend named whole: offload rows stand apart
+    title = text.strip().splitlines()[0]
+    assert "tiny_llama, fp32, all 8 ok" in title  # the columns that never change, said once
+    assert "peak" in text and "predicted" in text and "tokens/s" in text
+    if width == 200:  # every column
+        assert "left out" not in text and "error %" in text and "host RSS" in text
+    else:
+        assert "left out at 100 columns: host RSS MiB" in " ".join(text.split())

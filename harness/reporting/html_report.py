@@ -38,7 +38,7 @@ TABLE = [
     ("host RSS MiB", lambda f: _scale(f.get("memory/host_peak_bytes_max"), 1 / MiB), "{:,.0f}", None),
     ("states MiB/rank", lambda f: _scale(f.get("memory/model_states_total_bytes_max"), 1 / MiB), "{:.3f}", "min"),
     ("states predicted", lambda f: _scale(f.get("memory/model_states_predicted_bytes"), 1 / MiB), "{:.3f}", None),
-    ("error %", lambda f: f.get("memory/model_states_error_pct"), "{:+.2f}", None),
+    ("states error %", lambda f: f.get("memory/model_states_error_pct"), "{:+.2f}", None),
     ("paper MiB", lambda f: _scale(f.get("memory/model_states_paper_bytes"), 1 / MiB), "{:.3f}", None),
     ("comm MiB/step", lambda f: _scale(f.get("comm/predicted_bytes_per_step"), 1 / MiB), "{:.2f}", "min"),
     ("final loss", lambda f: f.get("loss/final_loss"), "{:.5f}", None),

@@ -25,10 +25,10 @@ COLUMNS = [
     ("exposed comm %", lambda s: s["figures"].get("time/comm_exposed_pct"), "{:.0f}"),
     # peak live tensor bytes per rank (the allocator's on CUDA, the profiled step's on CPU), max over ranks
     ("peak MiB/rank", lambda s: _mib(s["figures"].get("memory/peak_mem_bytes")), "{:,.2f}"),
-    ("predicted", lambda s: _mib(s["figures"].get("memory/tensor_peak_predicted_bytes")), "{:,.2f}"),
+    ("peak predicted", lambda s: _mib(s["figures"].get("memory/tensor_peak_predicted_bytes")), "{:,.2f}"),
     ("states MiB/rank", lambda s: _mib(s["figures"].get("memory/model_states_total_bytes_max")), "{:.3f}"),
-    ("predicted ", lambda s: _mib(s["figures"].get("memory/model_states_predicted_bytes")), "{:.3f}"),
-    ("error %", lambda s: s["figures"].get("memory/model_states_error_pct"), "{:+.2f}"),
+    ("states predicted", lambda s: _mib(s["figures"].get("memory/model_states_predicted_bytes")), "{:.3f}"),
+    ("states error %", lambda s: s["figures"].get("memory/model_states_error_pct"), "{:+.2f}"),
     ("host RSS MiB", lambda s: _mib(s["figures"].get("memory/host_peak_bytes_max")), "{:,.0f}"),
     ("final loss", lambda s: s["figures"].get("loss/final_loss"), "{:.5f}"),
 ]
@@ -74,14 +74,56 @@ def write_tables(sweep_dir: Path, rows: List[dict]) -> str:
     return md
 
 
-def print_table(rows: List[dict]) -> None:
+TEXT_COLUMNS = ("backend", "model", "precision", "status")
+# headers on two lines, each word short, so that the table fits 100 columns without cutting a value
+CONSOLE_HEADERS = {"step p50 ms": "step p50\nms", "exposed comm %": "exposed\ncomm %", "peak MiB/rank": "peak\nMiB/rank",
+                   "peak predicted": "peak\npredicted", "states MiB/rank": "states\nMiB/rank",
+                   "states predicted": "states\npredicted", "states error %": "states\nerror %",
+                   "host RSS MiB": "host RSS\nMiB", "final loss": "final\nloss"}
+PIPE_WIDTH = 200  # where stdout is no terminal (a log, CI): wide enough for every column on one line
+
+
+# what a narrow terminal leaves out first: the columns that explain the others before the ones that compare runs
+DROP_ORDER = ("host RSS MiB", "states error %", "states predicted", "states MiB/rank", "exposed comm %",
+              "step p50 ms", "peak predicted")
+
+
+def console_table(rows: List[dict], width: int):
+    """The console table for `width` columns: constant columns in the title; when the rest is wider, the
+    columns of DROP_ORDER left out, first to last, until it fits, and named in the caption."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="shardbench: side by side (timed window, warm-up excluded)")
-    text_columns = ("backend", "model", "precision", "status", "optimizer")
-    for header, _, _ in COLUMNS:
-        table.add_column(header, justify="left" if header in text_columns else "right")
-    for r in rows:
-        table.add_row(*cells(r))
-    Console(file=sys.stdout, width=160).print(table)
+    values = [cells(r) for r in rows]
+    constant = [i for i, (header, _, _) in enumerate(COLUMNS)
+                if header in TEXT_COLUMNS[1:] and rows and len({v[i] for v in values}) == 1]
+    said = [values[0][i] if COLUMNS[i][0] != "status" else f"all {len(rows)} {values[0][i]}" for i in constant]
+    title = "shardbench: " + ", ".join([*said, "timed window, warm-up excluded"])
+    shown = [i for i in range(len(COLUMNS)) if i not in constant]
+    dropped: List[str] = []
+    while True:
+        caption = (f"left out at {width} columns: {', '.join(dropped)} (summary.md has every column)"
+                   if dropped else None)
+        table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        for i in shown:
+            header = COLUMNS[i][0]
+            table.add_column(CONSOLE_HEADERS.get(header, header), no_wrap=True,
+                             justify="left" if header in TEXT_COLUMNS else "right")
+        for v in values:
+            table.add_row(*(v[i] for i in shown))
+        fits = Console(width=10_000).measure(table).maximum <= width  # its natural width, unbounded
+        left = [h for h in DROP_ORDER if h in (COLUMNS[i][0] for i in shown)]
+        if fits or not left:
+            return table
+        shown = [i for i in shown if COLUMNS[i][0] != left[0]]
+        dropped.append(left[0])
+
+
+def print_table(rows: List[dict], width: int | None = None) -> None:
+    """The console table at the terminal's width (rich's own), `width` if given, or PIPE_WIDTH into a pipe;
+    backend names and figures are never cut."""
+    from rich.console import Console
+
+    console = Console(file=sys.stdout, width=width or (None if sys.stdout.isatty() else PIPE_WIDTH))
+    console.print(console_table(rows, console.width))
