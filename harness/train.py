@@ -5,13 +5,11 @@ harness/launcher/run.py validates it, prepares the run dir and starts the ranks.
 """
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
-from harness.config import overrides, schema
-from harness.launcher.run import run_one
+from harness.config import schema
+from harness.launcher.run import command, run_one
 
 schema.register()
 
@@ -22,14 +20,4 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
-    mistake = overrides.problem(sys.argv[1:])  # before Hydra, whose own errors run to 7-15 lines
-    if mistake:
-        print(f"shardbench: invalid config: {mistake}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        main()
-    except KeyboardInterrupt:
-        # the launcher has already stopped the ranks and marked the running run as interrupted
-        print("shardbench: interrupted; finished runs are kept, and re-running the same command resumes the "
-              "sweep (runs that finished ok are skipped)", file=sys.stderr)
-        sys.exit(130)
+    command(main)

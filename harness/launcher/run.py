@@ -164,3 +164,21 @@ def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list
     return summary
 
 
+
+
+def command(hydra_main) -> None:
+    """`python -m harness.train`: the command line's overrides checked before Hydra (whose own errors run to
+    7-15 lines), then Hydra's main; Ctrl-C ends with the line that says how to resume."""
+    from ..config import overrides
+
+    mistake = overrides.problem(sys.argv[1:])
+    if mistake:
+        print(f"shardbench: invalid config: {mistake}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        hydra_main()
+    except KeyboardInterrupt:
+        # the launcher has already stopped the ranks and marked the running run as interrupted
+        print("shardbench: interrupted; finished runs are kept, and re-running the same command resumes the "
+              "sweep (runs that finished ok are skipped)", file=sys.stderr)
+        sys.exit(130)
