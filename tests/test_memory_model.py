@@ -128,6 +128,15 @@ def test_estimate_cli_prints_every_backend_and_the_paper_figures(capsys):
         assert figure in out
 
 
+def test_estimate_says_its_budget_in_both_units_and_fits_with_the_advisors_margin(capsys):
+    from harness.studies.estimate import GIB, fits, main
+
+    assert fits(72 * GIB, 80) and not fits(73 * GIB, 80)  # 10% headroom: a peak of 73 GiB does not fit 80 GiB
+    assert main(["model=llama_7b", "parallelism=gpu8", "train.precision=bf16", "--device-gib", "80"]) == 0
+    out = capsys.readouterr().out
+    assert "peak GiB" in out and "the budget of 80 GiB (85.9 GB) per rank" in out and "10% headroom" in out
+
+
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")
 
 

@@ -29,7 +29,8 @@ from ..theory.communication import comm_per_step
 from ..theory.predict import predict
 from ..theory.shape import shape_of
 
-GB = 1e9
+GB = 1e9  # the ZeRO paper counts in GB
+GIB = 2**30  # --device-gib and the advisor count in GiB
 
 
 def rows(overrides: List[str], params: float | None = None, world: int | None = None) -> List[dict]:
@@ -68,23 +69,35 @@ def saved_activations(cfg, par, shape, checkpointing: bool) -> float:
                                                shape.head_matmul_weights))
 
 
+MARGIN = 0.10  # headroom a peak must leave to "fit", as harness.advise requires of its candidates
+
+
+def fits(peak_bytes: float, device_gib: float, margin: float = MARGIN) -> bool:
+    return peak_bytes * (1 + margin) <= device_gib * GIB
+
+
 def render(table: List[dict], title: str, device_gib: float | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
     t = Table(title=title)
     for col in ("backend", "paper", "device", "host", "buffers", "DeepSpeed est.", "activations",
-                "act. (ckpt)", "comm/step", "peak") + (("fits",) if device_gib else ()):
+                "act. (ckpt)", "comm/step", "peak", "peak GiB") + (("fits",) if device_gib else ()):
         t.add_column(col, justify="left" if col == "backend" else "right")
     fmt = lambda v: "-" if v is None else f"{v / GB:,.3f}"  # noqa: E731
     for r in table:
         t.add_row(r["backend"], fmt(r["paper_bytes"]), fmt(r["device_bytes"]), fmt(r["host_bytes"] or None),
                   fmt(r["buffers_bytes"] or None), fmt(r["deepspeed_gpu_bytes"]), fmt(r["activations_bytes"]),
                   fmt(r["activations_ckpt_bytes"]), fmt(r["comm_bytes_per_step"]), fmt(r["peak_bytes"]),
-                  *((("yes" if r["peak_bytes"] <= device_gib * 2**30 else "no"),) if device_gib else ()))
-    Console(width=max(Console().width, 140)).print(t)
-    print("GB per rank (1e9 bytes). device+host = model states; buffers = comm/offload staging; "
-          "activations per micro-batch; comm = bytes sent per rank per step.")
+                  f"{r['peak_bytes'] / GIB:,.3f}",
+                  *((("yes" if fits(r["peak_bytes"], device_gib) else "no"),) if device_gib else ()))
+    Console(width=max(Console().width, 150)).print(t)
+    print("GB per rank (1e9 bytes, as the ZeRO paper counts), and the peak also in GiB (2^30 bytes, as --device-gib "
+          "and the advisor count). device+host = model states; buffers = comm/offload staging; activations per "
+          "micro-batch; comm = bytes sent per rank per step.")
+    if device_gib:
+        print(f"fits: peak x {1 + MARGIN:.2f} <= the budget of {device_gib:g} GiB ({device_gib * GIB / GB:,.1f} GB) "
+              f"per rank: the {MARGIN:.0%} headroom harness.advise also leaves.")
     for key, note in memory.LAYOUT_NOTES.items():
         print(f"  {key}: {note}")
 
