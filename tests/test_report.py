@@ -144,3 +144,15 @@ def test_the_terminal_table_fits_its_width_without_cutting_a_name_or_a_figure(wi
         assert "left out" not in text and "error %" in text and "host RSS" in text
     else:
         assert "left out at 100 columns: host RSS MiB" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("method", ["categorised, lenient", "allocations"])
+def test_memory_notes_speak_to_the_user_and_leave_torchs_assertion_to_the_log(method):
+    from types import SimpleNamespace
+
+    from harness.reporting.run_summary import memory_notes
+
+    rank = SimpleNamespace(tensor_peak={"method": method, "why": "AssertionError: version mismatch at node 42"})
+    (note,) = memory_notes({}, [rank], {})
+    assert "AssertionError" not in note and "version mismatch" not in note, note
+    assert "the peak is exact" in note and "launcher.log" in note

@@ -262,14 +262,16 @@ def memory_notes(figures: dict, ranks: List[RankReport], explained: dict) -> Lis
             out.append("memory: the peak is the exact states plus the step's allocations and frees "
                        "(train.peak_by_kind=false): activations and temporaries are one kind, unattributed")
             break
+        # torch's own error text is in launcher.log and per_rank's tensor_peak.why, not in a note to the user
         if method == "allocations":
-            out.append(f"memory: torch's memory profiler could not categorise this step ({r.tensor_peak['why']}); the "
-                       "peak is the exact states plus the step's allocations, with activations and temporaries "
-                       "as unattributed")
+            out.append("memory: torch's memory profiler could not split this step's peak by kind; the peak is exact "
+                       "(the model states plus the step's allocations), with activations and temporaries counted "
+                       "together as unattributed (torch's reason: launcher.log)")
             break
         if method != "categorised":
-            out.append(f"memory: torch's memory profiler categorised this step with its self-checks off "
-                       f"({r.tensor_peak['why'][:60]}…): the kinds of tensors touched on other threads may be off")
+            out.append("memory: the peak is exact; its split by kind is approximate for the tensors other threads "
+                       "touch (gloo's collectives, DeepSpeed's hooks), which torch's memory profiler cannot follow "
+                       "(torch's reason: launcher.log)")
             break
     pct = figures.get("memory/unaccounted_pct")
     if pct is not None and abs(pct) > 5:

@@ -18,6 +18,7 @@ and the summary says the figure is unavailable.
 """
 from __future__ import annotations
 
+import sys
 from typing import Callable, Dict, Optional
 
 import torch
@@ -198,6 +199,9 @@ class StepMemory:
             return {"method": "categorised", **self._replay(prof._memory_profile(), moved)}
         except Exception as err:  # noqa: BLE001 - torch's data-flow analysis asserts on some graphs
             why = f"{type(err).__name__}: {str(err)[:120]}"
+            # torch's own words go to the log (launcher.log) and the summary's per_rank figures, not the notes
+            print(f"memory profile: torch's data-flow analysis refused this step ({why}); retrying without its "
+                  "self-checks", file=sys.stderr)
         try:
             return {"method": "categorised, lenient", "why": why,
                     **self._replay(lenient_memory_profile(prof), moved)}
