@@ -156,3 +156,18 @@ def test_memory_notes_speak_to_the_user_and_leave_torchs_assertion_to_the_log(me
     (note,) = memory_notes({}, [rank], {})
     assert "AssertionError" not in note and "version mismatch" not in note, note
     assert "the peak is exact" in note and "launcher.log" in note
+
+
+def test_a_prediction_that_misses_by_more_than_30_percent_is_marked_not_headlined():
+    """The CPU time model predicted ds_zero3's step at 4.7 ms beside 25.9 measured: that cell is greyed with a
+    dagger and a legend, never highlighted as a figure; a prediction within 30% is an ordinary cell."""
+    rows = [{"backend": b, "model": "tiny_llama", "precision": "fp32", "status": "ok", "config": {},
+             "figures": {"time/step_predicted_s": 0.0047, "time/step_error_pct": err, "loss/final_loss": 3.0}}
+            for b, err in (("ds_zero3", 451.1), ("ddp", 12.0))]
+    table = report.Table(rows, ["backend.name"])
+    column = table.headers.index("step predicted ms")
+    assert [cells[column] for cells in table.body] == [("4.7", "miss"), ("4.7", "")]
+    md = report.markdown("t", "", table, {})
+    assert "| 4.7 † |" in md and report.MISS_LEGEND in md
+    page = report.page("t", "", table, {})
+    assert 'class="miss" title="off by more than 30% from the measurement">4.7 †' in page

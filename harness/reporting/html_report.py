@@ -124,10 +124,21 @@ def _inline(text: str) -> str:
     return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
 
 
-def _cell(value, fmt, best) -> tuple[str, bool]:
+MISS_PCT = 30  # a prediction further than this from its measurement is shown as a miss, not as a figure
+# a prediction's column -> the figure that says how far it is from the measurement, in percent
+MISSED_BY = {"step predicted ms": "time/step_error_pct", "peak predicted": "memory/tensor_peak_error_pct",
+             "states predicted": "memory/model_states_error_pct"}
+MISS_LEGEND = (f"† a prediction more than {MISS_PCT}% from its measurement: shown, not to be trusted (the notes and "
+               "the time story say where it misses)")
+
+
+def _cell(value, fmt, best, missed_by=None) -> tuple[str, str]:
+    """A cell's text and its mark: "best" in its column, "miss" for a prediction off by more than MISS_PCT."""
     if value is None:
-        return "", False
-    return fmt.format(value), best is not None and value == best
+        return "", ""
+    if missed_by is not None and abs(missed_by) > MISS_PCT:
+        return fmt.format(value), "miss"
+    return fmt.format(value), "best" if best is not None and value == best else ""
 
 
 class Table:
@@ -139,9 +150,12 @@ class Table:
         self.headers = ["run", "status"] + [h for h, *_ in TABLE]
         self.body = []
         for r, lab in zip(rows, self.labels):
-            cells = [(lab, False), (r.get("status", "?"), False)]
-            cells += [_cell(get(r["figures"]), fmt, best[_group(r, varying)][h]) for h, get, fmt, _ in TABLE]
+            f = r["figures"]
+            cells = [(lab, ""), (r.get("status", "?"), "")]
+            cells += [_cell(get(f), fmt, best[_group(r, varying)][h], f.get(MISSED_BY.get(h, ""))) for h, get, fmt, _
+                      in TABLE]
             self.body.append(cells)
+        self.missed = any(mark == "miss" for cells in self.body for _, mark in cells)
         self.failed = [(lab, r) for r, lab in zip(rows, self.labels) if r.get("status") != "ok"]
         self.settings = settings_table.rows(rows, self.labels)
         self.errors = [(lab, e) for r, lab in zip(rows, self.labels) for e in r.get("errors") or []]
@@ -161,7 +175,9 @@ def markdown(name: str, context: str, table: Table, plots: Dict[str, Path]) -> s
     md = [f"# Sweep report: {name}", "", context, "",
           "Best in each column in **bold**, among runs that differ only in backend.", "",
           "| " + " | ".join(table.headers) + " |", "|" + "---|" * len(table.headers)]
-    md += ["| " + " | ".join(f"**{c}**" if b else c for c, b in cells) + " |" for cells in table.body]
+    md += ["| " + " | ".join({"best": f"**{c}**", "miss": f"{c} †"}.get(mark, c) for c, mark in cells) + " |"
+           for cells in table.body]
+    md += ["", MISS_LEGEND] if table.missed else []
     if table.time_story:
         md += ["", "## Where the step time goes", ""] + [f"- {line}" for line in table.time_story]
     if table.failed:
@@ -179,7 +195,7 @@ def markdown(name: str, context: str, table: Table, plots: Dict[str, Path]) -> s
 
 STYLE = """body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:13px}
 td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}td:first-child,td:nth-child(2){text-align:left}
-td.best{font-weight:bold;background:#d9f2d9}figure{display:inline-block;margin:1em}img{max-width:680px}"""
+td.best{font-weight:bold;background:#d9f2d9}td.miss{color:#999;font-style:italic}figure{display:inline-block;margin:1em}img{max-width:680px}"""
 # mark each plot the browser really decoded: the report test reads these marks
 MARK_RENDERED = """window.addEventListener("load", () => document.querySelectorAll("img").forEach(i =>
   i.setAttribute(i.complete && i.naturalWidth > 0 ? "data-rendered" : "data-broken", "yes")));"""
@@ -195,7 +211,9 @@ def page(name: str, context: str, table: Table, plots: Dict[str, Path]) -> str:
     """A self-contained report.html: the plots are inlined, so the file can be mailed or attached."""
     esc = html.escape
     head = "".join(f"<th>{esc(h)}</th>" for h in table.headers)
-    rows = "".join("<tr>" + "".join(f'<td class="{"best" if b else ""}">{esc(c)}</td>' for c, b in cells)
+    miss_title = f' title="off by more than {MISS_PCT}% from the measurement"'
+    rows = "".join("<tr>" + "".join(f'<td class="{mark}"{miss_title if mark == "miss" else ""}>'
+                                    f'{esc(c)}{" †" if mark == "miss" else ""}</td>' for c, mark in cells)
                    + "</tr>" for cells in table.body)
     methods = "".join(f"<li>{_inline(line.lstrip('- ').strip())}</li>"
                       for line in METHODS.replace("\n  ", " ").splitlines() if line.strip())
@@ -213,7 +231,8 @@ def page(name: str, context: str, table: Table, plots: Dict[str, Path]) -> str:
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>shardbench: {esc(name)}</title>'
             f"<style>{STYLE}</style></head><body><h1>Sweep report: {esc(name)}</h1><p>{esc(context)}</p>"
             "<p>Best in each column highlighted, among runs that differ only in backend.</p>"
-            f'<table id="summary"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{failed}{settings}'
+            f'<table id="summary"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+            f'{f"<p>{esc(MISS_LEGEND)}</p>" if table.missed else ""}{failed}{settings}'
             f'<div id="plots">{"".join(_figure(p) for p in plots.values())}</div>'
             f"<h2>How each figure was measured</h2><ul>{methods}</ul><script>{MARK_RENDERED}</script></body></html>")
 
