@@ -171,3 +171,29 @@ def test_a_prediction_that_misses_by_more_than_30_percent_is_marked_not_headline
     assert "| 4.7 † |" in md and report.MISS_LEGEND in md
     page = report.page("t", "", table, {})
     assert 'class="miss" title="off by more than 30% from the measurement">4.7 †' in page
+
+
+def test_where_the_memory_goes_names_what_fills_the_peak():
+    """The demo's ZeRO-2 under DeepSpeed's own defaults: a 1,910 MiB peak of which 1,907 MiB is the reduce bucket
+    (5e8 fp32 elements): its sentence and its run line say so; DDP's peak is its own states and activations,
+    about which the run line says nothing more."""
+    from harness.reporting import memory_story
+
+    bucket, states, acts = 5e8 * 4, 1.5 * 2**20, 1.2 * 2**20
+    zero2 = {"memory/peak_mem_bytes": bucket + states + acts, "memory/tensor_peak_predicted_bytes": bucket + states + acts,
+             "memory/peak_at_block_backward_predicted_bytes": bucket + states + acts,
+             "memory/peak_at_step_predicted_bytes": states * 2, "memory/model_states_device_predicted_bytes": states,
+             "memory/block_backward_reduce_bucket_predicted_bytes": bucket,
+             "memory/block_backward_activations_predicted_bytes": acts}
+    line = memory_story.sentence("ds_zero2", zero2)
+    assert line.startswith("ds_zero2: 1,910.0 MiB at its peak (inside the backward), of which 1,907.3 MiB DeepSpeed's "
+                           "reduce bucket"), line
+    assert "then 1.5 MiB model states, then 1.2 MiB activations saved for backward" in line
+    assert memory_story.dominant_overhead(zero2).startswith("1,907.3 MiB of it DeepSpeed's reduce bucket")
+    ddp = {**zero2, "memory/peak_mem_bytes": states + acts, "memory/tensor_peak_predicted_bytes": states + acts,
+           "memory/peak_at_block_backward_predicted_bytes": states + acts,
+           "memory/block_backward_reduce_bucket_predicted_bytes": 0}
+    assert memory_story.dominant_overhead(ddp) is None
+    table = report.Table([{"backend": "ds_zero2", "status": "ok", "figures": zero2, "config": {}}], ["backend.name"])
+    assert "## Where the memory goes" in report.markdown("t", "", table, {})
+    assert 'id="memory-story"' in report.page("t", "", table, {})

@@ -163,15 +163,17 @@ class RunSummary:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
-def one_line(summary: dict, run_dir: Path) -> str:
-    """The line the parent prints when a run ends."""
+def one_line(summary: dict, run_dir: Path, peak_note: Optional[str] = None) -> str:
+    """The line the parent prints when a run ends; `peak_note` says what fills the peak when a framework's
+    buffer is most of it (reporting/memory_story.dominant_overhead)."""
     f = summary.get("figures", {})
     if summary["status"] != Status.OK:
         return f"[{summary['status']}] {summary.get('backend')}: {summary.get('reason')} ({run_dir})"
     loss = f["loss/final_loss"]  # null after a NaN under train.on_nonfinite=continue
     loss_text = f"{loss:.4f}" if loss is not None else f"non-finite ({f.get('loss/nonfinite_steps')} steps)"
     peak = f.get("memory/peak_mem_bytes")  # absent on CPU under train.profile_memory=false
-    peak_text = "not measured" if peak is None else f"{peak / 2**20:.2f} MiB"
+    peak_text = "not measured" if peak is None else f"{peak / 2**20:,.2f} MiB"
+    peak_text += f" ({peak_note})" if peak_note else ""
     return (f"[ok] {summary['backend']} {summary['model']} x{summary['world_size']} {summary['precision']}: "
             f"{f['throughput/tokens_per_s']:.0f} tok/s, p50 step {f['throughput/step_time_p50_s'] * 1e3:.1f} ms, "
             f"peak {peak_text}, final loss {loss_text} ({run_dir})")

@@ -19,6 +19,7 @@ from ..core.errors import ConfigError
 from ..core.records import RunSummary, Status, one_line
 from ..core.rundir import SWEEP_JOBS_FILE, RunDir, wandb_sync_hint, write_json, write_text
 from ..core.runlock import RunDirBusy, describe
+from ..reporting.memory_story import dominant_overhead
 from .environment import environment
 from .nodes import follow, node_rank, owner_lock
 from .ops import ensure_ops
@@ -151,7 +152,7 @@ def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list
             print(f"shardbench: `make report SWEEP={hc.sweep.dir}` rebuilds the sweep's table and report from "
                   "what finished", file=sys.stderr)
         raise
-    print(one_line(summary, run_dir.root), flush=True)
+    print(one_line(summary, run_dir.root, dominant_overhead(summary.get("figures") or {})), flush=True)
     hint = None if in_sweep else wandb_sync_hint(run_dir.root)  # a sweep says it once, at its end
     if hint:
         print(f"shardbench: {hint}", flush=True)

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 
 from ..core.rundir import write_text
 from .collect import collect, varying_keys
-from . import settings_table
+from . import memory_story, settings_table
 from .plots import all_plots
 from .time_story import sentences
 
@@ -160,6 +160,7 @@ class Table:
         self.settings = settings_table.rows(rows, self.labels)
         self.errors = [(lab, e) for r, lab in zip(rows, self.labels) for e in r.get("errors") or []]
         self.time_story = sentences(rows, self.labels, lambda r: _group(r, varying))
+        self.memory_story = memory_story.sentences(rows, self.labels)
 
 
 def context_line(rows: List[dict], varying: List[str]) -> str:
@@ -180,6 +181,8 @@ def markdown(name: str, context: str, table: Table, plots: Dict[str, Path]) -> s
     md += ["", MISS_LEGEND] if table.missed else []
     if table.time_story:
         md += ["", "## Where the step time goes", ""] + [f"- {line}" for line in table.time_story]
+    if table.memory_story:
+        md += ["", "## Where the memory goes", ""] + [f"- {line}" for line in table.memory_story]
     if table.failed:
         md += ["", "## Runs that did not finish", ""] + [f"- {lab}: `{r.get('status')}`: {r.get('reason', '')}"
                                                            for lab, r in table.failed]
@@ -223,7 +226,9 @@ def page(name: str, context: str, table: Table, plots: Dict[str, Path]) -> str:
     withheld = "".join(f"<li>{esc(lab)}: {esc(e)}</li>" for lab, e in table.errors)
     failed += f"<h2>Figures withheld</h2><ul>{withheld}</ul>" if withheld else ""
     story = "".join(f"<li>{esc(line)}</li>" for line in table.time_story)
-    failed = (f'<h2>Where the step time goes</h2><ul id="time-story">{story}</ul>' if story else "") + failed
+    memory = "".join(f"<li>{esc(line)}</li>" for line in table.memory_story)
+    failed = (f'<h2>Where the step time goes</h2><ul id="time-story">{story}</ul>' if story else "") + \
+        (f'<h2>Where the memory goes</h2><ul id="memory-story">{memory}</ul>' if memory else "") + failed
     settings = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in table.settings)
     settings = (f'<h2>Settings that ran</h2><table id="settings"><thead><tr>'
                 f'{"".join(f"<th>{esc(h)}</th>" for h in settings_table.HEADERS)}</tr></thead>'
