@@ -126,3 +126,31 @@ def test_a_dry_run_plans_for_gpus_this_machine_does_not_have(tmp_path, capsys):
     plan = json.loads((tmp_path / "gpu8" / "plan.json").read_text())
     assert plan["world"] == 8 and any(c["fits"] for c in plan["candidates"])
     assert not list((tmp_path / "gpu8").glob("probes/*"))
+
+
+def test_a_probe_is_reused_only_for_the_same_config_code_and_device(tmp_path):
+    """A finished probe answers again only when nothing differs; an unfinished one, another config, another
+    commit or another device is run again (a killed advise run used to leave a probe that was ranked silently)."""
+    from omegaconf import OmegaConf
+
+    from harness.config.compose import compose
+    from harness.core.rundir import RunDir, write_json, write_text
+    from harness.launcher.environment import device_name, git_commit
+    from harness.studies.capacity import PROBE, stale
+
+    overrides = ["model=tiny_llama", "backend=fsdp", "train.memory_budget_bytes=3000000"]
+    run_dir = RunDir(tmp_path / "probes" / "fsdp-mb1-ckptoff")
+    assert stale(overrides, run_dir.root) == "no finished result"
+    cfg = compose([*PROBE, *overrides, f"paths.root={run_dir.root.parent}"])
+    run_dir.root.mkdir(parents=True)
+    write_text(run_dir.config, OmegaConf.to_yaml(cfg, resolve=True))
+    write_json(run_dir.summary, {"status": "ok"})
+    write_json(run_dir.env, {"git_commit": git_commit(), "device": device_name(cfg)})
+    assert stale(overrides, run_dir.root) is None  # the same: reused
+    assert stale([*overrides[:-1], "train.memory_budget_bytes=4000000"], run_dir.root) == "another config"
+    write_json(run_dir.env, {"git_commit": "0123456789abcdef", "device": device_name(cfg)})
+    assert stale(overrides, run_dir.root).startswith("another code version (01234567")
+    write_json(run_dir.env, {"git_commit": git_commit(), "device": "cpu: another machine (64 cores)"})
+    assert stale(overrides, run_dir.root) == "another device (cpu: another machine (64 cores))"
+    write_json(run_dir.summary, {"status": "failed"})
+    assert stale(overrides, run_dir.root) == "no finished result"

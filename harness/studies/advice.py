@@ -112,7 +112,8 @@ def table(p: Plan) -> List[str]:
     for i, c in enumerate(rows, 1):
         headroom = f"{100 * (1 - c.peak_bytes / p.budget_bytes):.0f}%" if c.peak_bytes and c.status == "ok" else "-"
         tps = f"{c.tokens_per_s:,.0f}" if c.tokens_per_s and c.status == "ok" else "-"
-        lines.append(f"| {i if c.status == 'ok' else ''} | {c.name} | {c.role} | {c.status} | {tps} | "
+        status = c.status + (" (reused)" if c.reused else "")  # an earlier probe: same config, code and device
+        lines.append(f"| {i if c.status == 'ok' else ''} | {c.name} | {c.role} | {status} | {tps} | "
                      f"{c.predicted_tokens_per_s:,.0f} | {size(c.peak_bytes)} | {size(c.predicted_peak_bytes)} | {headroom} |")
     return lines
 

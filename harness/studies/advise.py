@@ -54,6 +54,7 @@ class Candidate:
     peak_bytes: Optional[float] = None
     reason: str = ""
     run_dir: str = ""
+    reused: bool = False  # an earlier probe with the same config, code and device (capacity.stale)
 
     @property
     def name(self) -> str:
@@ -225,7 +226,8 @@ def probe(c: Candidate, role: str, p: Plan, out: Path, force: bool) -> None:
     c.role, c.status, c.reason, c.run_dir = role, summary.get("status", "failed"), summary.get("reason", ""), str(run_dir)
     c.tokens_per_s = figures.get("throughput/tokens_per_s")
     c.peak_bytes = device_bytes(summary)  # for an OOM, what it reached
-    print(f"  probe {c.name} ({role}): {c.status}"
+    c.reused = bool(summary.get("reused"))
+    print(f"  probe {c.name} ({role}): {c.status}" + (" (reused: same config, code and device)" if c.reused else "")
           + (f", {c.tokens_per_s:,.0f} tokens/s" if c.tokens_per_s else "")
           + (f", peak {size(c.peak_bytes)} (predicted {size(c.predicted_peak_bytes)})" if c.peak_bytes else "")
           + (f": {c.reason}" if c.status not in ("ok", "oom") else ""), flush=True)

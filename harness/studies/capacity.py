@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional
 from ..config.compose import compose
 from ..config.derive import world_size
 from ..core.paths import REPO
-from ..core.rundir import RunDir, write_json, write_text
+from ..core.rundir import RunDir, read_json, write_json, write_text
 from ..runtime import models
 from ..theory.predict import predict
 from ..reporting.plots import pyplot
@@ -88,10 +88,40 @@ def predicted(overrides: List[str]) -> tuple[int, float]:
     return counts["total"], predict(cfg, world_size(cfg), counts)["memory/device_peak_predicted_bytes"]
 
 
+def stale(overrides: List[str], run_dir: Path) -> Optional[str]:
+    """Why an earlier probe in `run_dir` is no answer for these overrides now (None when it is): it must have
+    finished (ok or oom), with the same resolved config, on the same code (git commit) and device. A killed
+    advise run, another config or a moved checkout otherwise leave a probe that would be ranked silently."""
+    from omegaconf import OmegaConf
+
+    from ..launcher.environment import device_name, git_commit
+
+    found = RunDir(run_dir)
+    done, env = found.read_summary(), read_json(found.env) or {}
+    if not done or done.get("status") not in ("ok", "oom"):
+        return "no finished result"
+    try:
+        earlier = OmegaConf.to_container(OmegaConf.load(found.config), resolve=True)
+    except Exception:  # noqa: BLE001 - an unreadable config: run again
+        return "its config is unreadable"
+    cfg = compose([*PROBE, *overrides, f"paths.root={Path(run_dir).parent}"])
+    now = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("force",):
+        earlier.pop(key, None), now.pop(key, None)
+    if earlier != now:
+        return "another config"
+    if env.get("git_commit") != git_commit():
+        return f"another code version ({str(env.get('git_commit'))[:8]}, now {str(git_commit())[:8]})"
+    if env.get("device") != device_name(cfg):
+        return f"another device ({env.get('device')})"
+    return None
+
+
 def run_probe(overrides: List[str], run_dir: Path, reuse: bool = True) -> dict:
-    done = RunDir(run_dir).read_summary()
-    if reuse and done and done.get("status") in ("ok", "oom"):  # a finished probe is a result: reuse it
-        return done
+    """A short real run of `overrides` in `run_dir`; an earlier one is reused (and marked `reused`) only when
+    `stale` finds nothing against it."""
+    if reuse and not stale(overrides, run_dir):
+        return {**RunDir(run_dir).read_summary(), "reused": True}
     subprocess.run(train_command(*PROBE, *overrides, run_dir=run_dir), cwd=REPO, capture_output=True, text=True)
     return RunDir(run_dir).read_summary() or {"status": "failed", "reason": "no summary"}
 
