@@ -197,3 +197,11 @@ def test_where_the_memory_goes_names_what_fills_the_peak():
     table = report.Table([{"backend": "ds_zero2", "status": "ok", "figures": zero2, "config": {}}], ["backend.name"])
     assert "## Where the memory goes" in report.markdown("t", "", table, {})
     assert 'id="memory-story"' in report.page("t", "", table, {})
+
+
+def test_every_plot_has_a_caption_that_says_what_it_shows():
+    from harness.reporting.plots import CAPTIONS, caption
+
+    made = {"tradeoff", "bars", "memory_predicted_vs_measured", "peak_by_kind", "time_breakdown", "loss_curves"}
+    assert set(CAPTIONS) == made
+    assert all(len(caption(stem).split()) >= 6 for stem in made)  # a sentence, not a file name

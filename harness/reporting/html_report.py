@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 from ..core.rundir import write_text
 from .collect import collect, varying_keys
 from . import memory_story, settings_table
-from .plots import all_plots
+from .plots import all_plots, caption
 from .time_story import sentences
 
 MiB = 2**20
@@ -191,7 +191,7 @@ def markdown(name: str, context: str, table: Table, plots: Dict[str, Path]) -> s
     if table.settings:
         md += ["", "## Settings that ran", "", "| " + " | ".join(settings_table.HEADERS) + " |",
                "|" + "---|" * len(settings_table.HEADERS)] + ["| " + " | ".join(r) + " |" for r in table.settings]
-    md += [""] + [f"![{stem}](plots/{path.name})" for stem, path in plots.items()]
+    md += [""] + [f"![{stem}](plots/{path.name})\n\n*{caption(stem)}*\n" for stem, path in plots.items()]
     md += ["", "## How each figure was measured", "", METHODS]
     return "\n".join(md) + "\n"
 
@@ -206,8 +206,8 @@ MARK_RENDERED = """window.addEventListener("load", () => document.querySelectorA
 
 def _figure(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
-    return f'<figure><img alt="{path.stem}" src="data:image/png;base64,{data}"><figcaption>{path.stem}' \
-           f'</figcaption></figure>'
+    return f'<figure><img alt="{path.stem}" src="data:image/png;base64,{data}"><figcaption>' \
+           f'{html.escape(caption(path.stem))}</figcaption></figure>'
 
 
 def page(name: str, context: str, table: Table, plots: Dict[str, Path]) -> str:

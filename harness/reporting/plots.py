@@ -147,6 +147,23 @@ def loss_curves(rows: Labelled, sweep_dir: Path, out_dir: Path) -> Optional[Path
     return _save(fig, out_dir / "loss_curves.png")
 
 
+# what each plot shows, as the report captions it (a caption was the file's name: "tradeoff", "bars")
+CAPTIONS = {
+    "tradeoff": "Throughput against peak tensor memory per rank: up and to the left is better.",
+    "bars": "Throughput (tokens/s over all ranks) and peak tensor memory per rank, per backend.",
+    "memory_predicted_vs_measured": "Model states per rank: the ZeRO paper's formula, the memory model's layout "
+                                    "and the measured bytes (the largest rank).",
+    "peak_by_kind": "The peak of live tensors per rank split by kind, measured beside predicted.",
+    "time_breakdown": "Where the step time goes: forward, backward compute, the optimizer, exposed communication "
+                      "and the rest, measured beside the time model's prediction.",
+    "loss_curves": "Loss per step for every run of the sweep.",
+}
+
+
+def caption(stem: str) -> str:
+    return CAPTIONS.get(stem, stem.replace("_", " "))
+
+
 def all_plots(rows: List[dict], labels: List[str], sweep_dir: Path, out_dir: Path) -> Dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     labelled = list(zip(rows, labels))
