@@ -1,4 +1,4 @@
-"""DeepSpeed's JIT op builds never hang a later run (core/op_builds.py, harness.warm_ops, launcher/ops.py).
+"""DeepSpeed's JIT op builds never hang a later run (launcher/op_builds.py, harness.warm_ops, launcher/ops.py).
 
 In-process (make test): a lock nobody holds is stale and removed with one line; a lock a live process holds is
 waited for visibly, then the wait ends when it goes, or at its bound with the op and the setting named; an op
@@ -21,7 +21,7 @@ import pytest
 from conftest import REPO
 from harness.config.compose import compose
 from harness.config.derive import jit_ops
-from harness.core import op_builds
+from harness.launcher import op_builds
 from harness.core.paths import extensions_dir
 from harness.core.rundir import RunDir
 from harness.core.waiting import WaitTimedOut, announced, wait_for

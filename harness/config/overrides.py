@@ -14,9 +14,11 @@ import typing
 from typing import Any, List, Optional
 
 from . import schema
+from ..core.paths import CONF
 from .compose import options
 
-GROUPS = ("backend", "model", "workload", "parallelism", "data", "logger", "experiment")
+# the config groups: the folders of conf/ (hydra/ holds Hydra's own, left to it)
+GROUPS = tuple(sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra"))
 OPEN = ("backend.deepspeed",)  # DeepSpeed's own keys, passed through and checked by DeepSpeed
 
 

@@ -195,7 +195,7 @@ class DistConfig:
 
 @dataclass
 class OpsConfig:
-    """DeepSpeed's JIT ops (core/op_builds.py): the parent builds those a run needs before any rank starts."""
+    """DeepSpeed's JIT ops (launcher/op_builds.py): the parent builds those a run needs before any rank starts."""
 
     # how long to wait for another process's build of an op (a second clone's `make warm`, a parallel sweep)
     # before the run ends as `timeout`, naming the op; a build that died is not waited for

@@ -91,11 +91,12 @@ def wandb_sync_hint(root: Path) -> Optional[str]:
     """Where a run's or a sweep's offline W&B runs are (`<run_dir>/wandb/offline-run-*`, and a sweep's summary
     run in `<sweep_dir>/wandb/`), and the one command that uploads them; None when there are none."""
     root = Path(root)
-    patterns = [root / "wandb" / "offline-run-*", root / "*" / "wandb" / "offline-run-*"]
-    found = [p for pattern in patterns for p in root.glob(str(pattern.relative_to(root)))]
+    runs = {f"{root}/{pattern}": list(root.glob(pattern)) for pattern in ("wandb/offline-run-*",
+                                                                          "*/wandb/offline-run-*")}
+    found = [run for matched in runs.values() for run in matched]
     if not found:
         return None
-    shown = " ".join(str(pattern) for pattern in patterns if list(root.glob(str(pattern.relative_to(root)))))
+    shown = " ".join(pattern for pattern, matched in runs.items() if matched)
     return (f"W&B: {len(found)} offline run{'s' if len(found) > 1 else ''} under {root}, not uploaded; "
             f"upload with: wandb sync {shown}")
 

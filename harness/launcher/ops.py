@@ -1,7 +1,7 @@
 """Before any rank starts: DeepSpeed's JIT ops that the run needs are built, and no rank waits on a build.
 
 A rank that finds an op unbuilt compiles it inside its setup, silently, and waits forever behind a lock that a
-killed build left (core/op_builds.py). So the parent builds the missing ops first, in `python -m
+killed build left (launcher/op_builds.py). So the parent builds the missing ops first, in `python -m
 harness.warm_ops --only ...` (a child process: the parent imports no torch), whose lines (building, waiting for
 another build, a stale lock removed) reach the terminal and `ops.log` in the run dir. A build that fails or
 waits past `ops.build_timeout_s` ends the run with that reason; no rank has started.
@@ -15,9 +15,10 @@ import threading
 from typing import Optional
 
 from ..config import derive
-from ..core import op_builds
 from ..core.records import RunSummary
 from ..core.rundir import RunDir
+from . import op_builds
+from .torchrun import sigterm_as_interrupt
 
 TIMED_OUT = 3  # harness.warm_ops's exit code for a wait that ran out
 
@@ -38,17 +39,8 @@ def ensure_ops(cfg, run_dir: RunDir, env: dict, log_name: str = "ops.log") -> Op
     missing = [op for op in derive.jit_ops(cfg) if not op_builds.is_built(op)]
     if not missing:
         return None
-    if threading.current_thread() is not threading.main_thread():
+    with sigterm_as_interrupt():
         return _build(cfg, run_dir, env, missing, log_name)
-
-    def on_sigterm(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        return _build(cfg, run_dir, env, missing, log_name)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _build(cfg, run_dir: RunDir, env: dict, missing: list, log_name: str) -> Optional[RunSummary]:

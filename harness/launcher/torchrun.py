@@ -6,6 +6,7 @@ output goes to `<run_dir>/launcher.log`, each rank's outcome to `<run_dir>/ranks
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -141,20 +142,29 @@ def _stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             time.sleep(0.1)
 
 
-def launch(cfg, run_dir: RunDir, identity: Identity) -> dict:
-    """Run the ranks to completion and return the run's summary (also written to summary.json)."""
-    run_dir.ranks.mkdir(parents=True, exist_ok=True)
-    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
-        return _launch(cfg, run_dir, identity)
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While the block runs, a SIGTERM of the parent goes the Ctrl-C way (KeyboardInterrupt), so that what it
+    started is stopped and recorded. Signal handlers live in the main thread: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
     def on_sigterm(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")  # a kill of the parent goes the Ctrl-C way: stop the ranks
+        raise KeyboardInterrupt(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        return _launch(cfg, run_dir, identity)
+        yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def launch(cfg, run_dir: RunDir, identity: Identity) -> dict:
+    """Run the ranks to completion and return the run's summary (also written to summary.json)."""
+    run_dir.ranks.mkdir(parents=True, exist_ok=True)
+    with sigterm_as_interrupt():  # a kill of the parent stops the ranks
+        return _launch(cfg, run_dir, identity)
 
 
 RESERVE_BYTES = 256 * 1024  # room kept back for the summary of a run that fills the disk

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import sys
 import time
 import traceback
@@ -23,7 +22,7 @@ import torch.distributed as dist
 from ..core.records import RankOutcome, Status
 from ..core.rundir import RunDir, write_json, write_text
 from . import models
-from .worker import best_effort, classify, load_config, reached, run, start
+from .worker import best_effort, classify, exit_without_teardown, load_config, reached, run, start
 
 
 def train_cell(run_dir: RunDir, rank: int, world: int, device: torch.device) -> int:
@@ -59,7 +58,4 @@ def main(cells_file: Path) -> int:
 
 
 if __name__ == "__main__":
-    code = main(Path(sys.argv[1]))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # DeepSpeed's native threads can abort in interpreter teardown (runtime/worker.py)
+    exit_without_teardown(main(Path(sys.argv[1])))

@@ -240,11 +240,14 @@ def main() -> int:
     return code
 
 
-if __name__ == "__main__":
-    code = main()
-    # Every result is on disk (atomic writes) and W&B is finished. Skip interpreter teardown: DeepSpeed's
-    # native threads (CPU Adam, shm comm) can abort there ("terminate called without an active exception"),
-    # which would turn a finished run into a failed one.
+def exit_without_teardown(code: int) -> None:
+    """End a rank once every result is on disk (atomic writes) and W&B is finished, skipping interpreter
+    teardown: DeepSpeed's native threads (CPU Adam, shm comm) can abort there ("terminate called without an
+    active exception"), which would turn a finished run into a failed one."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    exit_without_teardown(main())

@@ -13,6 +13,7 @@ from ..config.compose import backends as all_backends
 from ..config.compose import compose
 from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
+from ..theory.predict import FIT_MARGIN
 from ..reporting.plots import pyplot
 from ..reporting.sweep_report import log_summary_run
 from . import advise
@@ -225,7 +226,8 @@ def main(argv=None) -> int:
                                                          "the host's available memory over its ranks)")
     parser.add_argument("--global-batch", type=int, help="sequences per optimizer step, held fixed")
     parser.add_argument("--max-probes", type=int, default=12, help="real runs in all (default 12)")
-    parser.add_argument("--margin", type=float, default=0.10, help="headroom theory must leave (default 0.10)")
+    parser.add_argument("--margin", type=float, default=FIT_MARGIN,
+                        help=f"headroom theory must leave (default {FIT_MARGIN})")
     parser.add_argument("--backends", default=",".join(all_backends()), help="comma-separated (default: all)")
     parser.add_argument("--dry-run", action="store_true", help="theory only: print the table and stop")
     parser.add_argument("--force", action="store_true", help="re-run probes that already have a result")

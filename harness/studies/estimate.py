@@ -26,7 +26,7 @@ from ..core.components import totals
 from ..runtime import models
 from ..theory import activations, memory
 from ..theory.communication import comm_per_step
-from ..theory.predict import predict
+from ..theory.predict import FIT_MARGIN, predict
 from ..theory.shape import shape_of
 
 GB = 1e9  # the ZeRO paper counts in GB
@@ -69,10 +69,7 @@ def saved_activations(cfg, par, shape, checkpointing: bool) -> float:
                                                shape.head_matmul_weights))
 
 
-MARGIN = 0.10  # headroom a peak must leave to "fit", as harness.advise requires of its candidates
-
-
-def fits(peak_bytes: float, device_gib: float, margin: float = MARGIN) -> bool:
+def fits(peak_bytes: float, device_gib: float, margin: float = FIT_MARGIN) -> bool:
     return peak_bytes * (1 + margin) <= device_gib * GIB
 
 
@@ -96,8 +93,8 @@ def render(table: List[dict], title: str, device_gib: float | None = None) -> No
           "and the advisor count). device+host = model states; buffers = comm/offload staging; activations per "
           "micro-batch; comm = bytes sent per rank per step.")
     if device_gib:
-        print(f"fits: peak x {1 + MARGIN:.2f} <= the budget of {device_gib:g} GiB ({device_gib * GIB / GB:,.1f} GB) "
-              f"per rank: the {MARGIN:.0%} headroom harness.advise also leaves.")
+        print(f"fits: peak x {1 + FIT_MARGIN:.2f} <= the budget of {device_gib:g} GiB ({device_gib * GIB / GB:,.1f} GB) "
+              f"per rank: the {FIT_MARGIN:.0%} headroom harness.advise also leaves.")
     for key, note in memory.LAYOUT_NOTES.items():
         print(f"  {key}: {note}")
 

@@ -59,6 +59,6 @@ def main(out: Path) -> int:
 
 
 if __name__ == "__main__":
-    code = main(Path(sys.argv[1]))
-    sys.stdout.flush()
-    os._exit(code)  # DeepSpeed's native threads can abort in interpreter teardown (runtime/worker.py)
+    from ..runtime.worker import exit_without_teardown  # as main() does: torch is imported only to run
+
+    exit_without_teardown(main(Path(sys.argv[1])))

@@ -3,7 +3,7 @@ so that no timed run and no test pays the minute or two each takes to compile.
 
 `make warm` runs it for every op; a run's parent runs it (`--only`) for the ops its backend needs when they are
 not built yet. An op already built costs a file check, not an import. Each build waits its turn visibly
-(core/op_builds.py: another live build is waited for, a dead build's stale lock removed), and is marked
+(launcher/op_builds.py: another live build is waited for, a dead build's stale lock removed), and is marked
 finished only once the op has loaded. SIGINT, SIGTERM and SIGHUP stop the compilers it started and remove its
 partial build, so an interrupted set-up leaves nothing for a later run to wait on.
 
@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 
-from ..core import op_builds
+from ..launcher import op_builds
 from ..core.paths import extensions_dir
 from ..core.waiting import WaitTimedOut
 

@@ -10,6 +10,9 @@ from .memory import layout, paper_bytes, paper_stage
 from .peak import phase_terms
 from .shape import shape_of
 
+# the headroom a predicted peak must leave under a budget to count as fitting (harness.advise, harness.estimate)
+FIT_MARGIN = 0.10
+
 
 def predict(cfg, world: int, counts: Dict[str, int]) -> Dict[str, float]:
     """Every prediction for one run, under the metric keys the summary uses."""

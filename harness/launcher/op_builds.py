@@ -12,7 +12,8 @@ A finished build is marked by shardbench itself: `shardbench-built.json` in the 
 without it counts as not built, whatever files are there, so a partial build is never taken for a finished one.
 
 shardbench's own builds of an op queue on a flock (`<extensions>/.<op>.build.lock`, core/runlock.py) that names
-the builder and its start, which a waiting process prints. Nothing here imports torch.
+the builder and its start, which a waiting process prints. Nothing here imports torch; psutil finds the
+processes that hold a lock or still work in an op's dir.
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from .paths import extensions_dir
-from .runlock import RunDirBusy, RunLock, holder
-from .waiting import clock, stderr_line, wait_for
+from ..core.paths import extensions_dir
+from ..core.runlock import RunDirBusy, RunLock, holder
+from ..core.waiting import clock, stderr_line, wait_for
 
 MARKER = "shardbench-built.json"
 TORCH_LOCK = "lock"
@@ -172,11 +173,11 @@ def take_turn(op: str, bound_s: float, say: Callable[[str], None] = stderr_line)
     def other_shardbench() -> str:
         return f"another process (pid {(holder(ext, lease_name(op)) or {}).get('pid', '?')}) building {op}"
 
-    def its_start():
+    def lease_start():
         return (holder(ext, lease_name(op)) or {}).get("started")
 
     started = time.time()
-    ours = wait_for(lease, other_shardbench, bound_s, BOUND_NAME, say, since_of=its_start, after_s=0.0)
+    ours = wait_for(lease, other_shardbench, bound_s, BOUND_NAME, say, since_of=lease_start, after_s=0.0)
     try:
         lock = op_dir(op) / TORCH_LOCK
 
@@ -188,13 +189,13 @@ def take_turn(op: str, bound_s: float, say: Callable[[str], None] = stderr_line)
         def other_build() -> str:
             return f"another process (pid {', '.join(map(str, lock_holders(lock))) or '?'}) building {op}"
 
-        def its_start():
+        def lock_start():
             try:
                 return lock.stat().st_mtime
             except OSError:
                 return None
 
-        wait_for(torch_lock_gone, other_build, bound_s, BOUND_NAME, say, since_of=its_start, after_s=0.0,
+        wait_for(torch_lock_gone, other_build, bound_s, BOUND_NAME, say, since_of=lock_start, after_s=0.0,
                  started=started)
     except BaseException:
         ours.release()
