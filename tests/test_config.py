@@ -75,7 +75,7 @@ def test_deepspeed_pass_through_keys_that_agree_or_are_new_are_accepted():
     cfg = make("backend=ds_zero2", "+backend.deepspeed.train_batch_size=4",
                "+backend.deepspeed.zero_optimization.round_robin_gradients=true")
     assert validate.problems(cfg, no_cuda) == []
-    from harness.config.deepspeed_json import ds_config
+    from harness.backends.deepspeed.json_config import ds_config
 
     merged = ds_config(cfg, world_size=2, params=125_248)
     assert merged["zero_optimization"]["round_robin_gradients"] is True
@@ -165,3 +165,34 @@ def test_every_numeric_field_is_range_checked_before_any_rank_starts(key):
 @functools.lru_cache(maxsize=1)
 def default_config():
     return compose_run([])
+
+
+def test_a_family_without_theory_or_an_unknown_one_is_refused_in_one_line(monkeypatch):
+    """A strategy family is registered by name (config/families.py). One whose package implements no theory is
+    refused before any rank starts, naming what it lacks: it never falls back to another family's predictions."""
+    import sys
+    import types
+
+    from harness.config import families
+
+    class Untheorised(families.Family):
+        name = "untheorised"
+        strategy_class_name = "Nothing"
+
+        def layout(self, backend, s):  # one theory method of eight: not enough
+            return {}
+
+    module = types.ModuleType("untheorised_family.family")
+    module.FAMILY = Untheorised()
+    monkeypatch.setitem(sys.modules, "untheorised_family.family", module)
+    monkeypatch.setitem(families.FAMILIES, "untheorised", "untheorised_family")
+    with pytest.raises(families.ConfigError) as err:
+        families.get("untheorised")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("backend.family=untheorised: has no theory")
+    assert "paper_stage" in message and "collectives" in message and "layout," not in message
+    cfg = compose_run(["backend=ddp"])
+    cfg.backend.family = "untheorised"
+    assert validate.backend_rules(cfg) == [message]  # the parent's rules say it, in the same line
+    with pytest.raises(families.ConfigError, match="backend.family=nosuch: unknown strategy family"):
+        families.get("nosuch")

@@ -64,17 +64,17 @@ def test_deepspeed_estimators_agree_where_they_model_the_same_thing(model_name):
     # ZeRO-2: DeepSpeed counts 2Ψ + 18Ψ/N, i.e. a 16-bit gradient partition (2Ψ/N) besides the fp32 one.
     # With grad_accum_dtype=fp32 (which the harness sets under bf16) gradients are reduced straight into
     # the fp32 partition and no 16-bit partition is kept, as measured: ours is DeepSpeed's less 2Ψ/N.
-    ds = mm.deepspeed_estimate(merged("ds_zero2"), s)
+    ds = mm.framework_estimate(merged("ds_zero2"), s)
     assert ours("ds_zero2")["device"] == pytest.approx(ds["gpu"] - 2 * total / n, rel=1e-6)
     # ZeRO-2 offload: both put only the 16-bit parameters on the device
-    ds = mm.deepspeed_estimate(merged("ds_zero2_offload"), s)
+    ds = mm.framework_estimate(merged("ds_zero2_offload"), s)
     assert ours("ds_zero2_offload")["device"] == pytest.approx(ds["gpu"], rel=1e-6)
     # ZeRO-3: DeepSpeed adds 4 x largest layer, the gathered working set, which is transient rather than
     # a model state; what is left is the same 18Ψ/N (16-bit shard, fp32 grad, master, m, v).
-    ds = mm.deepspeed_estimate(merged("ds_zero3"), s)
+    ds = mm.framework_estimate(merged("ds_zero3"), s)
     assert ds["gathered"] == 4 * largest
     assert ours("ds_zero3")["device"] == pytest.approx(ds["gpu"] - ds["gathered"], rel=1e-6)
-    ds = mm.deepspeed_estimate(merged("ds_zero3_offload"), s)
+    ds = mm.framework_estimate(merged("ds_zero3_offload"), s)
     assert ours("ds_zero3_offload")["device"] == 0 and ds["gpu"] == ds["gathered"]
     # DeepSpeed's host figures are per node with a 1.5x buffer factor: a sizing rule, not a layout, so the
     # host side is not compared.

@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 from harness.config import profiles
 from harness.config.compose import compose
-from harness.config.deepspeed_json import ds_config
+from harness.backends.deepspeed.json_config import ds_config
 
 TUNING_KEYS = {"overlap_comm", "reduce_bucket_size", "allgather_bucket_size", "stage3_param_persistence_threshold",
                "stage3_prefetch_bucket_size", "contiguous_gradients"}
@@ -19,7 +19,7 @@ TUNING_KEYS = {"overlap_comm", "reduce_bucket_size", "allgather_bucket_size", "s
 
 def test_the_readme_table_lists_every_difference():
     readme = (REPO / "README.md").read_text()
-    for d in profiles.DIFFERENCES:
+    for d in profiles.differences():
         row = f"| {d.family} | {d.setting} | {d.native} | {d.parity} | {d.source} |"
         assert row in readme, f"README lacks: {row}"
 

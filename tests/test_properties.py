@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from conftest import BACKENDS, REPO, cli
 from harness.config import derive, schema
 from harness.config import rules as validate
-from harness.config.deepspeed_json import ds_config
+from harness.backends.deepspeed.json_config import ds_config
 from harness.runtime import models
 from harness.theory.predict import predict
 

@@ -1,3 +1,3 @@
 """The run config: its typed schema (schema.py), the values derived from it (derive.py), the rules it must
-satisfy before any rank starts (rules.py), the DeepSpeed JSON it becomes (deepspeed_json.py), and composing
-it outside a Hydra entry point (compose.py). No torch: the parent refuses bad input in about a second."""
+satisfy before any rank starts (rules.py), the registry of strategy families (families.py), and composing it
+outside a Hydra entry point (compose.py). No torch: the parent refuses bad input in about a second."""

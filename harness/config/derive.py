@@ -55,13 +55,11 @@ def bucket_elements(cfg, params: int) -> int:
 
 
 def jit_ops(cfg) -> list[str]:
-    """DeepSpeed's JIT ops the run's ranks load (names of harness.warm_ops's BUILDERS): CPU Adam under optimizer
-    offload, and on CPU the shared-memory collectives DeepSpeed's comm layer starts with. The parent builds any
-    that are missing before a rank starts (launcher/ops.py)."""
-    if cfg.backend.family != "deepspeed":
-        return []
-    ops = ["cpu_adam"] if cfg.backend.offload_optimizer else []
-    return ops + (["deepspeed_shm_comm"] if cfg.parallelism.device == "cpu" else [])
+    """Native ops the run's ranks load (names of harness.warm_ops's BUILDERS), as the backend's family says: the
+    parent builds any that are missing before a rank starts (launcher/ops.py)."""
+    from . import families
+
+    return families.of(cfg.backend).jit_ops(cfg)
 
 
 def identity(cfg) -> Identity:

@@ -3,7 +3,7 @@ the schema does not have, or a value of the wrong type is one line from the proj
 name. Hydra's own errors for these run to 7-15 lines, and for a misspelt key suggest adding it with `+`.
 
 What this does not know it leaves to Hydra and to config/rules.py: added (`+`) or deleted (`~`) keys, Hydra's
-own settings (`hydra.*`, `hydra/launcher=...`), DeepSpeed's pass-through section, and sweeps other than a
+own settings (`hydra.*`, `hydra/launcher=...`), a framework's pass-through section, and sweeps other than a
 comma-separated list.
 """
 from __future__ import annotations
@@ -13,13 +13,12 @@ import difflib
 import typing
 from typing import Any, List, Optional
 
-from . import schema
+from . import families, schema
 from ..core.paths import CONF
 from .compose import options
 
 # the config groups: the folders of conf/ (hydra/ holds Hydra's own, left to it)
 GROUPS = tuple(sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra"))
-OPEN = ("backend.deepspeed",)  # DeepSpeed's own keys, passed through and checked by DeepSpeed
 
 
 def nearest(word: str, known: List[str]) -> str:
@@ -81,7 +80,7 @@ def problem(args: List[str]) -> Optional[str]:
     for override in parsed:
         key = override.key_or_group
         if override.is_add() or override.is_delete() or override.is_force_add() or override.package \
-                or key.startswith("hydra") or any(key == o or key.startswith(o + ".") for o in OPEN):
+                or key.startswith("hydra") or any(key == o or key.startswith(o + ".") for o in families.pass_through_keys()):
             continue
         values = values_of(override)
         if key in GROUPS:

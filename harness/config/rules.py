@@ -14,8 +14,7 @@ from typing import Callable, List
 from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import ConfigError
-from . import deepspeed_check, derive, finetune_check, schema
-from .deepspeed_json import conflicts
+from . import derive, families, finetune_check, schema
 from .schema import CHOICES
 
 __all__ = ["ConfigError", "check", "problems", "output_problems"]
@@ -54,7 +53,6 @@ def cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-PASS_THROUGH = ("backend.deepspeed",)  # DeepSpeed's own keys, checked by DeepSpeed (deepspeed_rules)
 
 
 def unknown_key_rules(cfg) -> List[str]:
@@ -70,7 +68,7 @@ def unknown_key_rules(cfg) -> List[str]:
                 near = difflib.get_close_matches(str(key), known, n=1)
                 hint = f"did you mean {prefix}{near[0]}?" if near else f"known keys: {', '.join(known)}"
                 out.append(f"{dotted}: not a key of the config schema (added with +?); {hint}")
-            elif dotted not in PASS_THROUGH and isinstance(node[key], DictConfig) \
+            elif dotted not in families.pass_through_keys() and isinstance(node[key], DictConfig) \
                     and isinstance(template[key], DictConfig):
                 walk(node[key], template[key], dotted + ".")
 
@@ -189,29 +187,25 @@ def run_rules(cfg) -> List[str]:
 
 
 def backend_rules(cfg) -> List[str]:
-    """Options that only some backends have, and DeepSpeed pass-through keys that contradict the harness."""
+    """Options of other families set on this backend (one sweep may set a family's option across backends only
+    where every family reads it), then the family's own rules (harness/backends/<family>/family.py)."""
     b, out = cfg.backend, []
-    if b.family != "deepspeed":
-        for key in ("offload_optimizer", "offload_params"):
-            if b[key]:
-                out.append(f"backend.{key}=true: offload is a DeepSpeed option, not {b.name}'s; "
-                           "use backend=ds_zero2_offload or ds_zero3_offload")
-        if b.zero_stage:
-            out.append(f"backend.zero_stage={b.zero_stage}: only DeepSpeed backends have ZeRO stages")
-        if b.deepspeed:
-            out.append(f"backend.deepspeed: pass-through keys need a DeepSpeed backend, not {b.name}")
-        return out
-    if b.zero_stage not in (0, 1, 2, 3):
-        out.append(f"backend.zero_stage={b.zero_stage}: DeepSpeed has stages 0-3")
-    if b.offload_params and b.zero_stage != 3:
-        out.append(f"backend.offload_params=true: parameter offload needs ZeRO stage 3, not "
-                   f"{b.zero_stage}; use backend=ds_zero3_offload")
-    if b.offload_optimizer and b.zero_stage == 0:
-        out.append("backend.offload_optimizer=true: optimizer offload needs ZeRO stage 1-3")
-    for c in conflicts(cfg, derive.world_size(cfg)):
-        out.append(f"backend.deepspeed.{c}: contradicts the harness config; remove the key and set the "
-                   "harness's own option instead (parallelism.*, optim.grad_clip, train.precision)")
-    return out or deepspeed_check.problems(cfg, derive.world_size(cfg))
+    try:
+        family = families.of(b)
+    except ConfigError as err:
+        return [str(err)]
+    defaults = OmegaConf.structured(schema.BackendConfig)
+    for key in defaults.keys():
+        owners = [f.name for f in families.every() if key in f.fields]  # none: a field every family shares
+        if not owners or key in family.fields or b[key] == defaults[key]:
+            continue
+        out.append(f"backend.{key}={_show(b[key])}: not an option of {b.name} (family {b.family}); it belongs "
+                   f"to {', '.join(owners)}: pick one of its backends")
+    return out or family.rules(cfg)
+
+
+def _show(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[str]:

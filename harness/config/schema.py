@@ -10,33 +10,19 @@ The allowed values of each string choice are kept once, in `CHOICES` below; conf
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-# backend.family -> the Strategy class that implements it: (module under harness/runtime/strategies/, class).
-# Names, not imports, so that validation reads this registry without importing torch.
-STRATEGIES = {
-    "ddp": ("ddp", "DDPStrategy"),
-    "fsdp": ("fsdp", "FSDPStrategy"),
-    "deepspeed": ("deepspeed", "DeepSpeedStrategy"),
-}
-
-
-def defers_gradient_sync(backend) -> bool:
-    """Whether a backend skips gradient reduction on non-final micro-batches: DDP (no_sync), FSDP2
-    (set_requires_gradient_sync) and ZeRO-1 (DeepSpeed's accumulation boundary). ZeRO-2/3 partition the
-    gradients, so DeepSpeed reduce-scatters every micro-batch by design (its no_sync() raises for them)."""
-    return backend.family != "deepspeed" or backend.zero_stage < 2
-
+from .families import FAMILIES
 
 # fault.kind: what runtime/faults.py can inject; `none` first, `hang` last (the drill interrupts it)
 FAULT_KINDS = ("none", "oom", "raise", "nan", "kill", "hang")
 
 CHOICES = {
     "profile": ("native", "parity"),  # config/profiles.py
-    "backend.family": tuple(STRATEGIES),
+    "backend.family": tuple(FAMILIES),  # config/families.py
     "model.family": ("llama", "gpt2"),
     "model.init": ("auto", "host", "meta"),
     "parallelism.device": ("cpu", "cuda"),
@@ -50,16 +36,40 @@ CHOICES = {
 
 
 @dataclass
-class BackendConfig:
+class SharedBackendFields:
     name: str = MISSING
-    family: str = MISSING  # picks the strategy class: a key of STRATEGIES
-    zero_stage: int = 0  # deepspeed only
-    # FSDP2: True = FULL_SHARD (free gathered params after forward); False = SHARD_GRAD_OP (ZeRO-2 analogue)
-    reshard_after_forward: bool = True
-    offload_optimizer: bool = False  # deepspeed: optimizer state and step on the CPU
-    offload_params: bool = False  # deepspeed stage 3: parameters on the CPU
-    bucket_elements: int = 0  # gradient bucket (DDP bucket_cap, DeepSpeed reduce/allgather); 0 = min(25M, params)
-    deepspeed: Dict[str, Any] = field(default_factory=dict)  # extra DeepSpeed JSON keys, merged last
+    family: str = MISSING  # the strategy family: a key of config/families.py's FAMILIES
+    # the gradient bucket, for the families that bucket (their parity profile passes it); 0 = min(25M, params)
+    bucket_elements: int = 0
+
+
+def backend_fields() -> Dict[str, list]:
+    """Every family's own backend fields ({family: [dataclasses.Field]}), from its package's fields.py."""
+    import dataclasses
+    import importlib
+
+    return {name: list(dataclasses.fields(importlib.import_module(f"{package}.fields").Fields))
+            for name, package in FAMILIES.items()}
+
+
+def _backend_config() -> type:
+    """BackendConfig: the shared fields, then each family's (a field two families declare must agree)."""
+    import dataclasses
+
+    merged: Dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(SharedBackendFields)}
+    for family, fields in backend_fields().items():
+        for f in fields:
+            if f.name in merged and merged[f.name].default != f.default:
+                raise TypeError(f"backend.{f.name}: family {family} declares it with another default")
+            merged.setdefault(f.name, f)
+    spec = [(f.name, f.type, dataclasses.field(default=f.default, default_factory=f.default_factory))
+            for f in merged.values()]
+    cls = dataclasses.make_dataclass("BackendConfig", spec)
+    cls.__module__ = __name__  # found by name where a config is pickled (Hydra's launchers)
+    return cls
+
+
+BackendConfig = _backend_config()
 
 
 @dataclass

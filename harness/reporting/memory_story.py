@@ -6,23 +6,24 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+from ..config import families
+
 MiB = 2**20
 # the theory's moments (theory/peak.PHASES), as a reader knows them
 MOMENTS = {"forward_end": "the end of forward", "backward_start": "the start of backward",
            "block_backward": "inside the backward", "gradient_reduce": "the gradient reduction",
            "step": "the optimizer step", "param_gather": "the parameter gather"}
-# the theory's terms (theory/peak.py), named for a user
+# the theory's terms (theory/peak.py), named for a user: those several families share, then each family's own
 TERMS = {"activations": "activations saved for backward",
-         "reduce_bucket": "DeepSpeed's reduce bucket, allocated whole at reduce_bucket_size elements",
          "flattened_bucket": "the bucket's flattened copy at the reduce",
-         "ddp_buckets": "DDP's gradient buckets", "accumulated_grads": "gradients accumulated between micro-batches",
-         "gathered_params": "parameters gathered whole", "prefetch_buffer": "ZeRO-3's prefetch buffer",
+         "accumulated_grads": "gradients accumulated between micro-batches",
+         "gathered_params": "parameters gathered whole",
          "unsharded_grads": "full gradients waiting for their reduce-scatter",
-         "sharded_grads_so_far": "the gradient shards reduced so far",
-         "reduce_scatter_input": "FSDP2's reduce-scatter input", "gloo_clone": "gloo's copy of that input",
+         "sharded_grads_so_far": "the gradient shards reduced so far", "gloo_clone": "gloo's copy of that input",
          "gloo_allgather_buffer": "gloo's all-gather buffer", "optimizer_temporaries": "AdamW's step temporaries",
-         "flat_fp32_grad": "the step's flat fp32 gradient", "fp32_slice": "an fp32 gradient slice",
-         "grads_not_yet_allocated": "gradients made so far", "grads_so_far": "gradients made so far"}
+         "fp32_slice": "an fp32 gradient slice",
+         "grads_not_yet_allocated": "gradients made so far", "grads_so_far": "gradients made so far",
+         **{term: name for family in families.every() for term, name in family.term_names.items()}}
 # parts that are the model and its data; the others are what a framework adds, worth a word on the run's line
 OWN = ("model states", TERMS["activations"])
 

@@ -47,7 +47,7 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
         comps = memory.layout(cfg.backend, shape)
         total = totals(comps)
         par = cfg.parallelism
-        ds = memory.deepspeed_estimate(cfg.backend, shape)
+        ds = memory.framework_estimate(cfg.backend, shape)
         out.append({
             "backend": name, "params": shape.params, "world": n, "precision": shape.precision,
             "paper_bytes": memory.paper_bytes(memory.paper_stage(cfg.backend), shape),
@@ -64,7 +64,7 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
 
 def saved_activations(cfg, par, shape, checkpointing: bool) -> float:
     """What one micro-batch's forward keeps for backward under this backend's precision regime."""
-    reg = activations.regime(cfg.backend.family, shape.precision)
+    reg = activations.regime(cfg.backend, shape.precision)
     return activations.saved(activations.parts(cfg.model, par, reg, checkpointing, shape.matmul_weights,
                                                shape.head_matmul_weights))
 
@@ -95,7 +95,7 @@ def render(table: List[dict], title: str, device_gib: float | None = None) -> No
     if device_gib:
         print(f"fits: peak x {1 + FIT_MARGIN:.2f} <= the budget of {device_gib:g} GiB ({device_gib * GIB / GB:,.1f} GB) "
               f"per rank: the {FIT_MARGIN:.0%} headroom harness.advise also leaves.")
-    for key, note in memory.LAYOUT_NOTES.items():
+    for key, note in memory.layout_notes().items():
         print(f"  {key}: {note}")
 
 

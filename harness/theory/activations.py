@@ -48,10 +48,11 @@ from __future__ import annotations
 
 from typing import Dict
 
-def regime(family: str, precision: str) -> str:
-    if precision == "fp32":
-        return "fp32"
-    return "autocast" if family == "ddp" else "16-bit"
+def regime(backend, precision: str) -> str:
+    """`fp32`, `16-bit` or `autocast` (module docstring): the backend's family says how it runs 16 bits."""
+    from ..config import families
+
+    return families.of(backend).activation_regime(precision)
 
 
 def _widths(model):

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from typing import Dict, List, NamedTuple, Optional
 
+from ..config import families
 from .shape import Shape
-
-DDP_NATIVE_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's bucket_cap_mb default
 
 
 class Collective(NamedTuple):
@@ -24,39 +23,12 @@ def bucketed(op: str, elements: int, bucket: int, nbytes: int, repeats: int, hid
 
 
 def collectives(backend, s: Shape) -> List[Collective]:
-    """Every collective a step issues, per rank, in the backend's native or parity settings (`s`)."""
+    """Every collective a step issues, per rank, in the backend's native or parity settings (`s`): its family's
+    list (harness/backends/<family>/), none on one rank. Gradients exist, and are reduced, only for the T
+    parameters that train (LoRA: the adapters); parameters are gathered whole, frozen or not."""
     if s.world == 1:
         return []
-    # gradients exist, and are reduced, only for the T parameters that train (LoRA: the adapters); parameters
-    # are gathered whole, frozen or not
-    psi, t, ga, p = s.params, s.t, s.grad_accum, s.p
-    g = 4 if s.fp32_grads else p
-    loss = [Collective("all_reduce", 4, 1, None)]  # the loop's mean loss, every backend
-    if backend.family == "ddp":  # fp32 gradients (autocast keeps weights fp32), once per step (no_sync before)
-        bucket = DDP_NATIVE_BUCKET_BYTES // 4 if s.ddp_grad_copy else s.bucket_elements
-        return bucketed("all_reduce", t, bucket, 4, 1, "backward") + loss
-    norm = [Collective("all_reduce", 4, 1, None)]  # the global grad norm of sharded gradients
-    units = [s.block_params] * s.blocks + [max(psi - s.blocks * s.block_params, 0)]  # blocks, then the root
-    trained = [s.block_t] * s.blocks + [max(t - s.blocks * s.block_t, 0)]
-    if backend.family == "fsdp":  # each block and the root gathered in forward, again in backward if resharded
-        block, root = s.block_params, units[-1]
-        regather = ([Collective("all_gather", block * p, ga * s.blocks, "forward+backward")]
-                    if backend.reshard_after_forward and block else [])
-        regather += [Collective("all_gather", root * p, ga, "forward+backward")] if s.root_reshards and root else []
-        gathers = [Collective("all_gather", u * p, ga, "forward+backward") for u in units if u]
-        reduce = [Collective("reduce_scatter", u * 4, 1, "forward+backward") for u in trained if u]  # fp32, last micro
-        return gathers + regather + reduce + norm + loss
-    bucket = s.bucket_elements
-    hidden = "backward" if s.overlap_comm else None
-    if backend.zero_stage in (1, 2):  # DeepSpeed's reduce to each partition's owner, timed as a reduce-scatter
-        reduces = ga if backend.zero_stage == 2 else 1
-        return (bucketed("reduce_scatter", t, bucket, g, reduces, hidden)
-                + bucketed("all_gather", t, bucket, p, 1, None) + norm + loss)
-    # ZeRO-3: every parameter above the persistence threshold gathered in forward and again in backward
-    gathered = [n for n in s.tensor_sizes if n > s.persistence_threshold] or [psi]
-    hidden = "forward+backward" if s.overlap_comm else None
-    return ([Collective("all_gather", n * p, 2 * ga, hidden) for n in gathered]
-            + bucketed("reduce_scatter", t, bucket, g, ga, hidden) + norm + loss)
+    return families.of(backend).collectives(backend, s)
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -73,8 +45,5 @@ def comm_per_step(backend, s: Shape) -> Dict[str, float]:
     them), each weighted as nccl-tests does: all-reduce moves 2(N-1)/N of its buffer per rank, reduce-scatter
     and all-gather (N-1)/N.
     """
-    psi, t = s.params, s.t
     sent = sum(c.count * c.size_bytes * bus_factor(c.op, s.world) for c in collectives(backend, s))
-    if backend.family == "ddp" or backend.zero_stage in (1, 2):
-        return {"paper_elements": 2 * t, "bytes": sent}
-    return {"paper_elements": 2 * psi + t, "bytes": sent}
+    return {"paper_elements": families.of(backend).paper_comm_elements(backend, s), "bytes": sent}

@@ -27,7 +27,7 @@ def predict(cfg, world: int, counts: Dict[str, int]) -> Dict[str, float]:
         "memory/model_states_paper_bytes": paper_bytes(paper_stage(cfg.backend), s),
         "memory/buffers_predicted_bytes": components.get("buffers", 0.0),
     })
-    act = activations.parts(cfg.model, cfg.parallelism, activations.regime(cfg.backend.family, cfg.train.precision),
+    act = activations.parts(cfg.model, cfg.parallelism, activations.regime(cfg.backend, cfg.train.precision),
                             cfg.train.activation_checkpointing, s.matmul_weights, s.head_matmul_weights)
     # what one micro-batch's forward keeps for backward (theory/activations.py)
     out["memory/activations_predicted_bytes"] = activations.saved(act)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict
 
-from ..config import deepspeed_json, profiles
+from ..config import families
 from ..config.derive import bucket_elements
 
 
@@ -78,39 +78,18 @@ class Shape:
 
 def shape_of(cfg, world: int, counts: Dict[str, int]) -> Shape:
     """`counts` are the model's parameter counts (runtime.models.param_count, or a rank's report of them):
-    passed in, so that the theory never builds a model. DeepSpeed's figures come from the JSON it will get,
-    with its own defaults where the JSON is silent (the native profile)."""
-    params, fp32_grads, persistent = counts["total"], cfg.train.precision == "fp32", 0
-    bucket, overlap, threshold = bucket_elements(cfg, params), False, 0
-    fetch = {}
-    if cfg.backend.family == "deepspeed":
-        zero, fp32_grads = deepspeed_json.effective_zero(cfg, world, params)
-        bucket = int(zero["reduce_bucket_size"])
-        overlap = bool(zero.get("overlap_comm", cfg.backend.zero_stage == 3))  # DeepSpeed's default by stage
-        if cfg.backend.zero_stage == 3:
-            threshold = int(zero["stage3_param_persistence_threshold"])
-            persistent = persistent_elements(counts.get("sizes", ()), threshold)
-            fetch = {"prefetch_bucket": int(zero["stage3_prefetch_bucket_size"]),
-                     "max_live_params": int(zero["stage3_max_live_parameters"]),
-                     "max_reuse_distance": int(zero["stage3_max_reuse_distance"])}
-    return Shape(params=params, world=world, precision=cfg.train.precision,
-                 largest_param=counts["largest_param"], bucket_elements=bucket,
-                 grad_accum=cfg.parallelism.grad_accum, fp32_grads=fp32_grads, persistent_params=persistent,
-                 block_params=counts.get("per_block", 0),
-                 ddp_grad_copy=not profiles.ddp_options(cfg, params).get("gradient_as_bucket_view", False),
-                 foreach=cfg.parallelism.device == "cuda", blocks=cfg.model.num_layers,
-                 root_reshards=bool(profiles.fsdp_root_reshard(cfg)), overlap_comm=overlap,
-                 tensor_sizes=tuple(counts.get("sizes", ())), persistence_threshold=threshold,
-                 trainable_params=counts.get("trainable"), block_trainable=counts.get("per_block_trainable"),
-                 largest_trainable=counts.get("largest_trainable"), head_params=counts.get("head", 0),
-                 head_trainable=counts.get("head_trainable", counts.get("head", 0)),
-                 block_out_trainable=counts.get("block_out_trainable", 0),
-                 matmul_weights=counts.get("matmul_weights", 0),
-                 head_matmul_weights=counts.get("head_matmul_weights", 0),
-                 blocks_reshard=bool(cfg.backend.reshard_after_forward), device=cfg.parallelism.device, **fetch)
-
-
-def persistent_elements(sizes, threshold: int) -> int:
-    """ZeRO-3 keeps every parameter of at most `threshold` elements whole on every rank
-    (DeepSpeedZeRoOffload.mark_persistent_parameters; its model-wide cap defaults to unlimited)."""
-    return sum(n for n in sizes if n <= threshold)
+    passed in, so that the theory never builds a model. The backend's family fills in what it decides (its
+    buckets as they will run, with the framework's own defaults where the config is silent)."""
+    params = counts["total"]
+    fields = dict(params=params, world=world, precision=cfg.train.precision,
+                  largest_param=counts["largest_param"], bucket_elements=bucket_elements(cfg, params),
+                  grad_accum=cfg.parallelism.grad_accum, fp32_grads=cfg.train.precision == "fp32",
+                  block_params=counts.get("per_block", 0), foreach=cfg.parallelism.device == "cuda",
+                  blocks=cfg.model.num_layers, tensor_sizes=tuple(counts.get("sizes", ())),
+                  trainable_params=counts.get("trainable"), block_trainable=counts.get("per_block_trainable"),
+                  largest_trainable=counts.get("largest_trainable"), head_params=counts.get("head", 0),
+                  head_trainable=counts.get("head_trainable", counts.get("head", 0)),
+                  block_out_trainable=counts.get("block_out_trainable", 0),
+                  matmul_weights=counts.get("matmul_weights", 0),
+                  head_matmul_weights=counts.get("head_matmul_weights", 0), device=cfg.parallelism.device)
+    return Shape(**{**fields, **families.of(cfg.backend).shape_fields(cfg, world, counts)})

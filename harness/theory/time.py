@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from ..config import families
 from .communication import collectives
 from .shape import Shape
 
@@ -75,13 +76,9 @@ class Rates:
 
 
 def optimizer_bytes(backend, s: Shape) -> Dict[str, float]:
-    """Bytes the optimizer step moves per rank: through memory (`local`), and over the host link under offload."""
-    local = s.params if backend.family == "ddp" else s.params / s.world
-    per_element = 28 + 12 + (6 if s.p == 2 and backend.family == "deepspeed" else 0)
-    out = {"memory": per_element * local}
-    if getattr(backend, "offload_optimizer", False):
-        out["host_link"] = (4 + s.p) * local  # gradients down in fp32, updated parameters back up
-    return out
+    """Bytes the optimizer step moves per rank: through memory, and over the host link under offload (the
+    family's count: how much of the model a rank steps, and what its optimizer copies)."""
+    return families.of(backend).optimizer_bytes(backend, s)
 
 
 def predict_parts(backend, s: Shape, flops_per_step: float, rates: Rates, checkpointing: bool) -> Dict[str, float]:

@@ -1,21 +1,16 @@
-"""One module per strategy family behind the small interface in base.py. Which class implements a
-`backend.family` is the registry `config.schema.STRATEGIES`, which validation reads too."""
+"""The runtime side of the strategy families: the small interface in base.py, which the train loop sees, and
+the factory below. Each family's implementation is its package's strategy.py (harness/backends/<family>/),
+found through the registry in config/families.py."""
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
-from ...config.schema import STRATEGIES
+from ...config import families
 
 if TYPE_CHECKING:
     from .base import Strategy
 
 
-def strategy_class(family: str) -> type:
-    module, name = STRATEGIES[family]
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-
-
 def make_strategy(cfg, device, world_size: int, params: int) -> "Strategy":
     """The strategy of `backend.family`; `params` is the model's parameter count (sizes default buckets)."""
-    return strategy_class(cfg.backend.family)(cfg, device, world_size, params)
+    return families.of(cfg.backend).strategy_class()(cfg, device, world_size, params)

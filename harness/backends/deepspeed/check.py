@@ -1,5 +1,5 @@
 """DeepSpeed's own validation of the pass-through keys (`+backend.deepspeed.<key>=...`), in the parent, before
-any rank starts. The one place the config layer loads DeepSpeed (and so torch, about 3 s): only when there
+any rank starts. The one place the parent loads DeepSpeed (and so torch, about 3 s): only when there
 are pass-through keys, so that an ordinary run still fails bad input in about a second.
 
 Two checks, each a one-line problem:
@@ -16,7 +16,7 @@ import pkgutil
 from functools import lru_cache
 from typing import List
 
-from .deepspeed_json import ds_config, pass_through
+from .json_config import ds_config, pass_through
 
 
 @lru_cache(maxsize=1)
@@ -41,7 +41,7 @@ def deepspeed_key_names() -> frozenset:
 
 def problems(cfg, world: int) -> List[str]:
     extra = pass_through(cfg)
-    if cfg.backend.family != "deepspeed" or not extra:
+    if not extra:
         return []
     try:
         from deepspeed.runtime.config import DeepSpeedConfig

@@ -14,9 +14,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from typing_extensions import override
 
-from ...config import profiles
-from .. import models
-from .base import NativeStrategy
+from .family import root_reshard
+from ...runtime import models
+from ...runtime.strategies.base import NativeStrategy, bare_step
 
 
 class FSDPStrategy(NativeStrategy):
@@ -33,7 +33,7 @@ class FSDPStrategy(NativeStrategy):
         mp = MixedPrecisionPolicy(
             param_dtype=None if self.precision == "fp32" else self.dtype, reduce_dtype=torch.float32
         )
-        reshard, root = self.backend.reshard_after_forward, profiles.fsdp_root_reshard(self.cfg)
+        reshard, root = self.backend.reshard_after_forward, root_reshard(self.cfg)
         compiled = models.compile_blocks(model) if self.cfg.train.compile else 0  # before sharding: torchtitan's order
         for block in models.blocks(model):
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
@@ -60,3 +60,13 @@ class FSDPStrategy(NativeStrategy):
         # micro-batch only.
         self.model.set_requires_gradient_sync(last)
         yield
+
+
+def bare_setup(cfg, model, world, params, adam):
+    """fully_shard on each block, then the root, as a hand-written loop does, with the profile's root setting
+    (config/families.py's bare_setup)."""
+    root = root_reshard(cfg)
+    for block in models.blocks(model):
+        fully_shard(block, reshard_after_forward=cfg.backend.reshard_after_forward)
+    fully_shard(model, **({} if root is None else {"reshard_after_forward": root}))
+    return model, bare_step(model, torch.optim.AdamW(model.parameters(), **adam), cfg.optim.grad_clip)

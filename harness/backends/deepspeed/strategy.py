@@ -13,9 +13,9 @@ from typing import Dict, Iterable
 import torch
 from typing_extensions import override
 
-from ...config.deepspeed_json import ds_config
-from .base import Strategy
-from .deepspeed_states import classify, placed
+from .json_config import ds_config
+from ...runtime.strategies.base import Strategy
+from .states import classify, placed
 
 
 class DeepSpeedStrategy(Strategy):
@@ -136,3 +136,17 @@ def zero_value(value):
     if isinstance(value, dict):
         return {k: zero_value(v) for k, v in value.items()}
     return getattr(value, "name", value) if not isinstance(value, (int, float, str, bool, type(None))) else value
+
+
+def bare_setup(cfg, model, world, params, adam):
+    """deepspeed.initialize with the run's JSON and a torch AdamW, as a hand-written loop does; the engine
+    clips, scales and steps (config/families.py's bare_setup)."""
+    import deepspeed
+
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), **adam),
+                                      config=ds_config(cfg, world, params), dist_init_required=False)
+
+    def step(loss):
+        engine.backward(loss)
+        engine.step()
+    return engine, step

@@ -9,9 +9,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from ...config import profiles
-from .. import models
-from .base import NativeStrategy
+from .family import options
+from ...runtime import models
+from ...runtime.strategies.base import NativeStrategy, bare_step
 
 
 class DDPStrategy(NativeStrategy):
@@ -19,7 +19,7 @@ class DDPStrategy(NativeStrategy):
         super().__init__(cfg, device, world_size, params)
         # empty under the native profile (DDP's defaults); parity sizes one bucket to the model and makes
         # gradients views of it
-        self.settings = {"ddp": profiles.ddp_options(cfg, params)}
+        self.settings = {"ddp": options(cfg, params)}
 
     @override
     def setup(self, model, optim_cfg):
@@ -70,3 +70,9 @@ class DDPStrategy(NativeStrategy):
     def sync_context(self, last):
         # DDP's no_sync must cover forward as well as backward: it records the decision in forward.
         return super().sync_context(last) if last else self.model.no_sync()
+
+
+def bare_setup(cfg, model, world, params, adam):
+    """DDP as a hand-written loop sets it up, with the profile's options (config/families.py's bare_setup)."""
+    ddp = DistributedDataParallel(model, **options(cfg, params))
+    return ddp, bare_step(ddp, torch.optim.AdamW(ddp.parameters(), **adam), cfg.optim.grad_clip)

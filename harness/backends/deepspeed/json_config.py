@@ -1,7 +1,7 @@
 """The DeepSpeed JSON for a run: what the harness derives from its own config, merged with the user's
 pass-through keys (`+backend.deepspeed.<key>=...`), and the pass-through keys that contradict it.
 
-Pure config, no torch or deepspeed import: config/rules.py calls `conflicts` in the parent before any rank
+Pure config, no torch or deepspeed import: the family's rules call `conflicts` in the parent before any rank
 starts, and importing torch there would cost every run about 2 seconds.
 """
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any, Dict
 
 from omegaconf import OmegaConf
 
-from . import profiles
+from ...config.derive import bucket_elements
+from ...config.profiles import NATIVE, PARITY
 
 
 def pass_through(cfg) -> Dict[str, Any]:
@@ -43,19 +44,38 @@ def harness_keys(cfg, world_size: int) -> Dict[str, Any]:
     }
 
 
+def profile_zero(cfg, params: int) -> Dict[str, Any]:
+    """The zero_optimization keys beyond the stage and offload: none under native (DeepSpeed's defaults); under
+    parity one bucket sized to the model, no overlap, and every ZeRO-3 parameter sharded."""
+    if cfg.profile == NATIVE:
+        return {}
+    bucket = bucket_elements(cfg, params)
+    zero: Dict[str, Any] = {"reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
+                            "contiguous_gradients": True, "overlap_comm": False}
+    if cfg.backend.zero_stage == 3:
+        zero["stage3_param_persistence_threshold"] = 0
+        zero["stage3_prefetch_bucket_size"] = bucket
+    return zero
+
+
+def fp32_accumulation(cfg) -> bool:
+    """Whether DeepSpeed accumulates and reduces bf16 gradients in fp32 (parity only), as the torch backends do."""
+    return cfg.profile == PARITY and cfg.train.precision == "bf16"
+
+
 def ds_config(cfg, world_size: int, params: int) -> Dict[str, Any]:
     """The whole DeepSpeed JSON, as DeepSpeed receives it: the run's own keys, the profile's tuning keys
-    (config/profiles.py; none under native), then the user's pass-through. `params` (the model's parameter
+    (`profile_zero`; none under native), then the user's pass-through. `params` (the model's parameter
     count) sizes the parity profile's buckets."""
     b = cfg.backend
-    zero: Dict[str, Any] = profiles.deepspeed_zero(cfg, params)
+    zero: Dict[str, Any] = profile_zero(cfg, params)
     if b.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.parallelism.device == "cuda"}
     if b.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": cfg.parallelism.device == "cuda"}
     base = deep_merge({"zero_optimization": zero, "steps_per_print": 2**31 - 1, "wall_clock_breakdown": False,
                        "zero_allow_untested_optimizer": True}, harness_keys(cfg, world_size))
-    if profiles.deepspeed_fp32_accumulation(cfg):
+    if fp32_accumulation(cfg):
         # accumulate and reduce gradients in fp32, as the torch backends do
         base["data_types"] = {"grad_accum_dtype": "fp32"}
     return deep_merge(base, pass_through(cfg))

@@ -15,7 +15,7 @@ from typing import Dict, Iterable, List, Tuple
 
 import torch
 
-from .base import tensors_in
+from ...runtime.strategies.base import tensors_in
 
 # attribute -> component. "master" attributes' own .grad are counted as grads as well.
 _STAGE_1_2 = {

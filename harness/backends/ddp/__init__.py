@@ -1,0 +1,1 @@
+"""PyTorch DistributedDataParallel: every rank holds the whole model, gradients and optimizer state."""

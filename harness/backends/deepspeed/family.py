@@ -1,0 +1,182 @@
+"""DeepSpeed ZeRO stages 1-3 and ZeRO-Offload: config rules, profile rows, and the theory's dispatch (theory.py).
+No torch here, and DeepSpeed is imported only to validate pass-through keys (check.py) or for its own
+estimate. The runtime is strategy.py; the JSON DeepSpeed receives is json_config.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from typing import List
+
+from ...config.derive import world_size
+from ...config.families import Difference, Family
+from .fields import Fields
+from . import check, theory
+from .json_config import conflicts, effective_zero
+
+SOURCE = "DeepSpeed config JSON docs, ZeRO section"
+
+
+def persistent_elements(sizes, threshold: int) -> int:
+    """ZeRO-3 keeps every parameter of at most `threshold` elements whole on every rank
+    (DeepSpeedZeRoOffload.mark_persistent_parameters; its model-wide cap defaults to unlimited)."""
+    return sum(n for n in sizes if n <= threshold)
+
+
+class DeepSpeedFamily(Family):
+    name = "deepspeed"
+    strategy_class_name = "DeepSpeedStrategy"
+    fields = tuple(f.name for f in dataclasses.fields(Fields))
+    pass_through = ("deepspeed",)  # +backend.deepspeed.<key>=...: DeepSpeed's JSON keys, checked by check.py
+    term_names = {"reduce_bucket": "DeepSpeed's reduce bucket, allocated whole at reduce_bucket_size elements",
+                  "prefetch_buffer": "ZeRO-3's prefetch buffer", "flat_fp32_grad": "the step's flat fp32 gradient"}
+    differences = (
+        Difference("deepspeed", "zero_optimization.overlap_comm", "unset: DeepSpeed's default, on for stage 3 and "
+                   "off for stages 1-2", "false", SOURCE),
+        Difference("deepspeed", "zero_optimization.reduce_bucket_size, allgather_bucket_size", "unset: 5e8 each",
+                   "backend.bucket_elements, else min(25M, parameters)", SOURCE),
+        Difference("deepspeed", "zero_optimization.stage3_prefetch_bucket_size", "unset: 5e7",
+                   "as the reduce bucket", SOURCE),
+        Difference("deepspeed", "zero_optimization.stage3_param_persistence_threshold", "unset: 1e5, parameters "
+                   "this small stay whole on every rank", "0: every parameter sharded", SOURCE),
+        Difference("deepspeed", "data_types.grad_accum_dtype (bf16 runs)", "unset: gradients accumulate in bf16",
+                   "fp32, as the torch backends; ZeRO-1 then runs DeepSpeed's BF16_Optimizer",
+                   "DeepSpeed config JSON docs, `data_types`"),
+    )
+    layout_notes = {
+        "ds_zero1": "In bf16 with fp32 gradient accumulation (the parity profile) DeepSpeed runs ZeRO-1 through its "
+                    "BF16_Optimizer, which keeps full fp32 gradients plus the 16-bit ones: ZeRO-1 then holds more "
+                    "than ZeRO-2. Under native it is DeepSpeed's ZeRO optimizer, with 16-bit gradient partitions.",
+        "ds_zero2": "DeepSpeed keeps an fp32 master partition even in fp32 training. Gradient partitions are "
+                    "fp32 under parity (grad_accum_dtype fp32), in the model dtype under native.",
+        "ds_zero3": "Like ZeRO-2, plus one reduce bucket, allocated whole (buffers): the profile's bucket, or "
+                    "DeepSpeed's 5e8 elements under native. Parameters under the persistence threshold (native: "
+                    "1e5 elements) are kept whole on every rank beside their shard.",
+        "offload": "Offloaded gradients are staged twice on the host: the fp32 partition's .grad and a flat "
+                   "buffer in the gradient dtype (ZeRO-3; ZeRO-2 only in 16-bit with fp32 accumulation, i.e. "
+                   "parity). With gradient accumulation, ZeRO-1/2 offload also keeps a host accumulation buffer "
+                   "per parameter of the partition (another pΨ/N).",
+    }
+
+    # --- config ---
+    def rules(self, cfg) -> List[str]:
+        b, out = cfg.backend, []
+        if b.zero_stage not in (0, 1, 2, 3):
+            out.append(f"backend.zero_stage={b.zero_stage}: DeepSpeed has stages 0-3")
+        if b.offload_params and b.zero_stage != 3:
+            out.append(f"backend.offload_params=true: parameter offload needs ZeRO stage 3, not "
+                       f"{b.zero_stage}; use backend=ds_zero3_offload")
+        if b.offload_optimizer and b.zero_stage == 0:
+            out.append("backend.offload_optimizer=true: optimizer offload needs ZeRO stage 1-3")
+        for c in conflicts(cfg, world_size(cfg)):
+            out.append(f"backend.deepspeed.{c}: contradicts the harness config; remove the key and set the "
+                       "harness's own option instead (parallelism.*, optim.grad_clip, train.precision)")
+        return out or check.problems(cfg, world_size(cfg))
+
+    def jit_ops(self, cfg):
+        """CPU Adam under optimizer offload, and on CPU the shared-memory collectives DeepSpeed's comm layer
+        starts with (names of harness.warm_ops's BUILDERS)."""
+        ops = ["cpu_adam"] if cfg.backend.offload_optimizer else []
+        return ops + (["deepspeed_shm_comm"] if cfg.parallelism.device == "cpu" else [])
+
+    def defers_gradient_sync(self, backend):
+        """ZeRO-1 reduces at DeepSpeed's accumulation boundary only; ZeRO-2/3 partition the gradients, so they
+        reduce-scatter every micro-batch by design (DeepSpeed's no_sync() raises for them)."""
+        return backend.zero_stage < 2
+
+    def shape_fields(self, cfg, world, counts):
+        """From the JSON DeepSpeed will get, with its own defaults where the JSON is silent (native)."""
+        zero, fp32_grads = effective_zero(cfg, world, counts["total"])
+        out = {"bucket_elements": int(zero["reduce_bucket_size"]), "fp32_grads": fp32_grads,
+               "overlap_comm": bool(zero.get("overlap_comm", cfg.backend.zero_stage == 3))}  # default by stage
+        if cfg.backend.zero_stage == 3:
+            threshold = int(zero["stage3_param_persistence_threshold"])
+            out.update(persistence_threshold=threshold,
+                       persistent_params=persistent_elements(counts.get("sizes", ()), threshold),
+                       prefetch_bucket=int(zero["stage3_prefetch_bucket_size"]),
+                       max_live_params=int(zero["stage3_max_live_parameters"]),
+                       max_reuse_distance=int(zero["stage3_max_reuse_distance"]))
+        return out
+
+    # --- theory ---
+    def paper_stage(self, backend):
+        return int(backend.zero_stage)
+
+    def layout(self, backend, s):
+        return theory.layout(backend, s)
+
+    def phase_terms(self, backend, s, phase, k):
+        if backend.zero_stage == 3:
+            return theory.zero3_terms(s, phase, k)
+        return theory.zero12_terms(self, backend, s, k)
+
+    def reduce_terms(self, backend, s, act):
+        """ZeRO-1/2's boundary reduce after backward, activations gone: the bucket, a flattened copy of the last
+        bucket's gradients for the all-reduce, the partition it fills, and (16-bit gradients accumulated in fp32)
+        one parameter's fp32 slice at a time."""
+        if backend.zero_stage not in (1, 2) or theory.bf16_optimizer(backend, s):
+            return {}, None
+        out = {"reduce_bucket": s.p * s.bucket_elements, "flattened_bucket": s.p * theory.last_bucket(s),
+               "fp32_slice": 4.0 * s.largest_t if s.p < 4 and s.fp32_grads else 0.0}
+        if backend.zero_stage == 1:
+            out["grads_so_far"] = s.p * s.t
+        return out, None
+
+    def step_transients(self, backend, s):
+        if backend.offload_optimizer:  # DeepSpeedCPUAdam steps in place
+            return {"optimizer_temporaries": 0.0}
+        flat = 4 * s.t / s.world
+        if backend.zero_stage == 3:  # a flat copy of the (persistent) gradient partition
+            extra = flat
+        elif theory.bf16_optimizer(backend, s):  # steps on its fp32 gradients, a state
+            extra = 0.0
+        else:  # the flat fp32 gradient replaces the partition (freed before the step)
+            extra = flat - theory.layout(backend, s)["grads"]
+        return {"optimizer_temporaries": flat if s.foreach else 2 * flat, "flat_fp32_grad": extra}
+
+    def param_gather_terms(self, backend, s):
+        """After the step, ZeRO-1/2 all-gather every rank's updated partition into the full parameters. gloo's
+        all_gather_into_tensor fills a buffer of the whole output and copies it over (on CPU; NCCL writes in
+        place), while the gradient partition is already freed."""
+        if backend.zero_stage not in (1, 2) or s.device != "cpu":
+            return {}
+        persistent = backend.offload_optimizer or theory.bf16_optimizer(backend, s)
+        return {"gloo_allgather_buffer": s.p * s.params,
+                "grads_not_yet_allocated": self.missing_grads(backend, s, persistent)}
+
+    def after_backward_buffers(self, backend, s):
+        # gloo's worker thread drops a collective's tensors after the training thread has moved on
+        return {"the last reduce's flattened gradients, released by gloo's worker after the collective":
+                s.p * min(s.bucket_elements or s.t, s.t)}
+
+    def collectives(self, backend, s):
+        return theory.collectives(backend, s)
+
+    def paper_comm_elements(self, backend, s):
+        return 2 * s.t if backend.zero_stage in (1, 2) else 2 * s.params + s.t
+
+    def optimizer_bytes(self, backend, s):
+        local = s.params / s.world
+        out = {"memory": (40 + (6 if s.p == 2 else 0)) * local}  # a 16-bit copy of the master adds 6 B
+        if backend.offload_optimizer:
+            out["host_link"] = (4 + s.p) * local  # gradients down in fp32, updated parameters back up
+        return out
+
+    def framework_estimate(self, backend, s):
+        return theory.own_estimate(backend, s)
+
+    def describe_settings(self, settings):
+        ds = settings.get("deepspeed")
+        if ds is None:
+            return ""
+        z, dtype = ds["zero_optimization"], ds["json"].get("data_types", {}).get("grad_accum_dtype", "default")
+        out = [f"{ds['optimizer_wrapper']}", f"overlap_comm {z.get('overlap_comm')}",
+               f"reduce_bucket {z.get('reduce_bucket_size'):.3g}", f"allgather_bucket {z.get('allgather_bucket_size'):.3g}",
+               f"grad_accum_dtype {dtype}"]
+        if z.get("stage") == 3:
+            out += [f"prefetch_bucket {z.get('prefetch_bucket_size'):.3g}",
+                    f"persistence_threshold {z.get('param_persistence_threshold'):.3g}"]
+        return "; ".join(out)
+
+
+FAMILY = DeepSpeedFamily()

@@ -1,0 +1,169 @@
+"""DeepSpeed ZeRO's theory: what each stage stores, what it allocates at each moment of a step, what it sends.
+No torch: the parent predicts with it. The family (family.py) dispatches here; every figure is tested against
+the measured run (tests/test_memory_model.py, tests/test_memory_check.py, make memory-check).
+
+Storage (`layout`): an fp32 master partition even in fp32 training; gradient partitions in fp32 under parity's
+grad_accum_dtype fp32 (and in fp32 runs), in the model dtype under native. ZeRO-3 adds one reduce bucket,
+allocated whole, and keeps parameters under its persistence threshold whole on every rank beside their shard.
+
+Transients (`phase_terms`):
+- ZeRO-1/2: the gradient partitions are freed after each step and the reduce bucket is allocated at the first
+  gradient, in the parameter dtype, at reduce_bucket_size elements whatever the model (5e8 by DeepSpeed's
+  default: 1 GB in bf16). ZeRO-2 copies each gradient into the bucket as it is made; ZeRO-1 keeps .grad until
+  the accumulation boundary. Offloaded runs keep their host gradient partition. ZeRO-1 in bf16 with fp32
+  accumulation runs BF16_Optimizer instead, whose full fp32 gradients are states.
+- ZeRO-3: a module's gathered parameters are released after its forward only if the fetch trace does not need
+  them again within stage3_max_reuse_distance parameters (1e9 by default); every block is needed again in
+  backward, 2·(L − 1 − k) blocks and the head later, so below 1e9 parameters the whole model stays gathered
+  from forward to backward (p·Ψ beside the 1/N shards: why ZeRO-3 can hold more than ZeRO-2 on a model this
+  size), and above it the last blocks do. The prefetch gathers up to stage3_prefetch_bucket_size parameters in
+  one coalesced all-gather whose flat buffer lives until its last parameter is used.
+- The step: DeepSpeed steps one flat fp32 partition and first flattens its fp32 gradient (4T/N);
+  DeepSpeedCPUAdam steps in place.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from ...theory.communication import Collective, bucketed
+from ...theory.peak import produced
+
+
+def bf16_optimizer(backend, s) -> bool:
+    """DeepSpeed runs ZeRO-1 in bf16 with fp32 gradient accumulation (parity) through its BF16_Optimizer."""
+    return backend.zero_stage == 1 and s.precision != "fp32" and s.fp32_grads and not backend.offload_optimizer
+
+
+def layout(backend, s) -> Dict[str, float]:
+    psi, t, n, p = s.params, s.t, s.world, s.p
+    g = 4 if s.fp32_grads else p
+    stage, off_opt, off_par = backend.zero_stage, backend.offload_optimizer, backend.offload_params
+    # ZeRO-3 shards every parameter. Those under its persistence threshold are also kept whole on every rank
+    # once gathered, beside their shard: measured 3Ψ bytes a rank for tiny_gpt2 in bf16 on 2 ranks, where every
+    # tensor is under the native threshold (2Ψ/2 of shards + 2Ψ whole).
+    out: Dict[str, float] = {"params": p * (psi / n + s.persistent_params) if stage == 3 else p * psi}
+    if stage == 1 and s.precision == "bf16" and s.fp32_grads and not off_opt:
+        out["grads"] = (p + 4) * t  # BF16_Optimizer: 16-bit .grad on every parameter + full fp32 copy
+    elif off_opt and stage == 3:
+        out["grads"] = (4 + g) * t / n  # fp32 partition .grad + the flat staging buffer (gradient dtype)
+    elif off_opt:
+        # the fp32 partition's .grad (CPU Adam steps in fp32), and in a 16-bit run with fp32 accumulation
+        # (parity) a second fp32 staging buffer
+        out["grads"] = (8 if p < 4 and s.fp32_grads else 4) * t / n
+    else:
+        out["grads"] = g * t / n
+    if off_opt and stage in (1, 2) and s.grad_accum > 1:
+        # Between micro-batches ZeRO-1/2 offload keeps a host buffer per parameter of this rank's partition
+        # (accumulated_grads_in_cpu, in the parameter dtype). Found when the fp32 test sweep moved to
+        # grad_accum 2: measured host grads were 2.07x the single partition.
+        out["grads"] += p * t / n
+    out["master"] = 4 * t / n
+    out["optimizer"] = 8 * t / n
+    if off_opt:
+        for key in ("grads", "master", "optimizer"):
+            out["host_" + key] = out.pop(key)
+    if off_par:
+        out["host_params"] = out.pop("params")
+    buffers = 0.0
+    if stage == 3:
+        buffers += p * s.bucket_elements  # the reduce bucket, allocated at full size
+    elif off_opt:
+        buffers += p * t / n + 2 * p * s.largest_t  # 16-bit partition staging + two grad temps
+    out["buffers"] = buffers
+    return out
+
+
+def zero3_gathered(s) -> float:
+    """Elements ZeRO-3 keeps gathered through forward (module docstring): every sharded parameter when the
+    whole step's trace fits in the reuse distance, else the head and the blocks whose backward comes within
+    it (block k is needed again after 2·(L - 1 - k) blocks and the head, counted twice)."""
+    sharded = s.params - s.persistent_params
+    if 2 * sharded <= s.max_reuse_distance:
+        return float(sharded)
+    blocks = 0
+    while blocks < s.blocks and 2 * (blocks * s.block_params + s.head_params) < s.max_reuse_distance:
+        blocks += 1
+    return float(min(sharded, s.head_params + blocks * s.block_params))
+
+
+def zero12_terms(family, backend, s, k: Optional[int]) -> Dict[str, float]:
+    keeps_grad = backend.zero_stage == 1  # .grad stays until the accumulation boundary
+    one_micro_batch = s.grad_accum == 1
+    if bf16_optimizer(backend, s):  # its fp32 gradients are a state; the 16-bit .grad is set to None
+        missing = -s.p * s.t if one_micro_batch else 0.0
+    elif backend.offload_optimizer:  # the host fp32 .grad persists; in 16 bits with fp32 accumulation the
+        # fp32 partition buffer the reduce fills is made at the first reduce and freed by the step
+        missing = -4.0 * s.t / s.world if one_micro_batch and s.p < 4 and s.fp32_grads else 0.0
+    else:
+        missing = family.missing_grads(backend, s)
+    out = {"grads_not_yet_allocated": missing}
+    if k is None:
+        if keeps_grad and s.grad_accum > 1:
+            out["grads_so_far"] = s.p * s.t
+        return out
+    if not bf16_optimizer(backend, s):
+        out["reduce_bucket"] = s.p * s.bucket_elements
+    if keeps_grad:  # with several micro-batches every .grad exists from the first one
+        out["grads_so_far"] = s.p * (s.t if s.grad_accum > 1 else produced(s, k))
+    elif s.grad_accum == 1 and not backend.offload_optimizer:  # buckets reduced so far, into the partition
+        g = 4 if s.fp32_grads else s.p
+        out["partition_grads_so_far"] = g * (produced(s, k) // s.bucket_elements) * s.bucket_elements / s.world
+    return out
+
+
+def zero3_terms(s, phase: str, k: Optional[int]) -> Dict[str, float]:
+    gathered = zero3_gathered(s)
+    if k is None:
+        out = {"gathered_params": s.p * gathered}
+        if phase == "forward_end":
+            out["prefetch_buffer"] = s.p * min(s.params - s.persistent_params, s.prefetch_bucket, s.max_live_params)
+        return out
+    # a module's parameters are released once its backward is done
+    done = s.head_params + (s.blocks - 1 - k) * s.block_params
+    return {"gathered_params": s.p * max(gathered - done, s.block_params)}
+
+
+def last_bucket(s) -> float:
+    """Elements in the last reduce bucket of a backward: what is left after the full ones."""
+    bucket = s.bucket_elements or s.t
+    return s.t - bucket * ((s.t - 1) // bucket) if s.t else 0.0
+
+
+def collectives(backend, s) -> list:
+    """ZeRO-1/2 reduce to each partition's owner (timed as a reduce-scatter; ZeRO-2 every micro-batch) and
+    all-gather the updated partitions after the step; ZeRO-3 gathers every parameter above the persistence
+    threshold in forward and again in backward. Then the global grad norm's and the loss's all-reduce."""
+    t, ga, p, bucket = s.t, s.grad_accum, s.p, s.bucket_elements
+    g = 4 if s.fp32_grads else p
+    tail = [Collective("all_reduce", 4, 1, None)] * 2
+    if backend.zero_stage in (1, 2):
+        hidden = "backward" if s.overlap_comm else None
+        reduces = ga if backend.zero_stage == 2 else 1
+        return (bucketed("reduce_scatter", t, bucket, g, reduces, hidden)
+                + bucketed("all_gather", t, bucket, p, 1, None) + tail)
+    gathered = [n for n in s.tensor_sizes if n > s.persistence_threshold] or [s.params]
+    hidden = "forward+backward" if s.overlap_comm else None
+    return ([Collective("all_gather", n * p, 2 * ga, hidden) for n in gathered]
+            + bucketed("reduce_scatter", t, bucket, g, ga, hidden) + tail)
+
+
+def own_estimate(backend, s) -> Optional[Dict[str, float]]:
+    """DeepSpeed's own per-GPU model-state estimate for ZeRO-2/3 (16-bit training), or None.
+
+    Its formulas: ZeRO-2 2Ψ + 18Ψ/N (16-bit and fp32 gradients both kept), or 2Ψ offloaded; ZeRO-3
+    4·largest_layer + 18Ψ/N, or 4·largest_layer with everything offloaded. `gathered` is the
+    4·largest_layer working set, which is transient, not a model state.
+    """
+    if backend.zero_stage not in (2, 3) or s.t != s.params:
+        return None  # (its formulas train every parameter: none for LoRA)
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    if backend.zero_stage == 2:
+        cpu, gpu = estimate_zero2_model_states_mem_needs(s.params, num_gpus_per_node=s.world,
+                                                         cpu_offload=backend.offload_optimizer)
+        return {"gpu": gpu, "cpu": cpu, "gathered": 0}
+    cpu, gpu, gathered = estimate_zero3_model_states_mem_needs(
+        s.params, s.largest_param, num_gpus_per_node=s.world, cpu_offload=backend.offload_optimizer,
+        cpu_offload_params=backend.offload_params)
+    return {"gpu": gpu, "cpu": cpu, "gathered": gathered}

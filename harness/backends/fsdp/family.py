@@ -1,0 +1,142 @@
+"""FSDP2's config, profile rows and theory (no torch: the parent reads it). The runtime is strategy.py.
+
+Each block is a unit, the root (embeddings, final norm, output layer) another. MixedPrecisionPolicy keeps fp32
+sharded parameters, gradients and Adam states (16Ψ/N); the 16-bit gathered copies are transient. Full shard
+frees a block's gathered parameters after its forward and gathers them again for its backward; grad-op keeps
+them from forward to backward.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from typing import Dict, Optional
+
+from ...config.families import Difference, Family
+from .fields import Fields
+from ...config.profiles import NATIVE
+from ...theory.communication import Collective
+
+
+def root_reshard(cfg) -> Optional[bool]:
+    """`reshard_after_forward` for the root module (the blocks get backend.reshard_after_forward): FSDP2's own
+    choice (None, the root kept unsharded) under native."""
+    return None if cfg.profile == NATIVE else bool(cfg.backend.reshard_after_forward)
+
+
+class FSDPFamily(Family):
+    name = "fsdp"
+    strategy_class_name = "FSDPStrategy"
+    fields = tuple(f.name for f in dataclasses.fields(Fields))
+    term_names = {"reduce_scatter_input": "FSDP2's reduce-scatter input"}
+    differences = (
+        Difference("fsdp", "root module reshard_after_forward", "None (the default): the root stays unsharded "
+                   "after forward", "backend.reshard_after_forward, as the blocks", "torch `fully_shard` docs"),
+    )
+    layout_notes = {"fsdp": "FSDP2 with MixedPrecisionPolicy keeps fp32 sharded parameters, gradients and Adam "
+                            "states (16Ψ/N); the 16-bit gathered copies are transient."}
+
+    def shape_fields(self, cfg, world, counts):
+        return {"root_reshards": bool(root_reshard(cfg)), "blocks_reshard": bool(cfg.backend.reshard_after_forward)}
+
+    def paper_stage(self, backend):
+        return 3  # parameters sharded at rest in both modes
+
+    def layout(self, backend, s):
+        n = s.world
+        return {"params": 4 * s.params / n, "grads": 4 * s.t / n, "optimizer": 8 * s.t / n}
+
+    def phase_terms(self, backend, s, phase, k):
+        """Sharded gradients do not exist before the first reduce-scatter (set to None). Full shard keeps the root
+        gathered from the start of forward to the end of backward, except that a root resharded after forward
+        (parity) is gathered again only when the output layer's backward needs it; a block is gathered for its
+        forward and again for its backward, when the previous block's all-gather is already in flight (backward
+        prefetch): two blocks beside the root. Grad-op keeps every parameter gathered, p·Ψ. The head's and the
+        block's last matmul's unsharded gradients (in the parameter dtype) wait for their reduce-scatter."""
+        p, root, block = s.p, s.root_params, s.block_params
+        out = {"grads_not_yet_allocated": self.missing_grads(backend, s)}
+        if k is None:
+            if s.grad_accum > 1:
+                out["unsharded_grads"] = 4.0 * s.t
+            if not s.blocks_reshard:
+                out["gathered_params"] = p * s.params
+            elif phase == "forward_end":
+                out["gathered_params"] = p * (root + block)
+            else:
+                out["gathered_params"] = 0.0 if s.root_reshards else p * root
+            return out
+        if s.blocks_reshard:  # the root, block k, and block k-1's all-gather already in flight
+            out["gathered_params"] = p * (root + block * (2 if k >= 1 else 1))
+        else:  # every block not yet through its backward (resharded after it), and the root until the end
+            out["gathered_params"] = p * (s.params - (s.blocks - 1 - k) * block)
+        # without gradient sync (earlier micro-batches) FSDP2 accumulates every unsharded gradient in fp32
+        out["unsharded_grads"] = (4.0 * s.t if s.grad_accum > 1 else p * (s.head_trainable + s.block_out_trainable))
+        if s.grad_accum == 1:
+            out["sharded_grads_so_far"] = 4.0 * (s.blocks - 1 - k) * s.block_t / s.world
+            # the last reduce-scatter's fp32 input, kept until the next one is issued
+            out["reduce_scatter_input"] = 4.0 * s.block_t if k < s.blocks - 1 else 0.0
+        return out
+
+    def reduce_terms(self, backend, s, act):
+        """Block j's reduce-scatter, issued by its post-backward while blocks 0..j-1 still keep their activations:
+        its fp32 input, which gloo's reduce_scatter clones (CPU), block j-1's all-gather in flight beside the
+        root, and the sharded gradients of blocks j..L-1 (the worst j). Without sync only the last micro-batch
+        reduces, inside the other moments."""
+        if s.grad_accum > 1:
+            return {}, None
+        clone = 4.0 * s.block_t if s.device == "cpu" else 0.0
+
+        def at(j: int) -> Dict[str, float]:
+            below = j * (act["block_input"] if act["checkpointing"] else act["block"])
+            return {"activations": below + act["per_sequence"] + act["block_input"],
+                    "gathered_params": s.p * (s.root_params + (s.block_params if j >= 1 else 0)),
+                    "reduce_scatter_input": 4.0 * s.block_t, "gloo_clone": clone,
+                    "unsharded_grads": s.p * s.head_trainable,
+                    "sharded_grads_so_far": 4.0 * (s.blocks - j) * s.block_t / s.world,
+                    "grads_not_yet_allocated": self.missing_grads(backend, s)}
+        worst = max(range(s.blocks), key=lambda j: sum(at(j).values()))
+        return at(worst), worst
+
+    def step_transients(self, backend, s):
+        # torch's AdamW on the local shards: foreach one temporary per tensor, single-tensor two of the largest
+        local, largest = s.t / s.world, -(-s.largest_t // s.world)
+        return {"optimizer_temporaries": 4 * local if s.foreach else 2 * 4 * largest}
+
+    def after_backward_buffers(self, backend, s):
+        """FSDP2 keeps a reduce-scatter's fp32 input until the next reduce-scatter is issued, so the last ones (the
+        first block's, the root's) outlive backward, and in 16 bits the root's gathered parameters may too; gloo's
+        reduce_scatter also clones its input."""
+        return {"a block's reduce-scatter input (FSDP2 keeps it until the next)": 4.0 * s.block_t,
+                "its gloo clone": 4.0 * s.block_t if s.device == "cpu" else 0.0,
+                "the root's reduce-scatter input": 4.0 * max(s.t - s.blocks * s.block_t, 0),
+                "the root's gathered parameters": s.p * s.root_params}
+
+    def collectives(self, backend, s):
+        """Each block and the root gathered in forward, again in backward if resharded; fp32 reduce-scatters on
+        the last micro-batch; the global grad norm's and the loss's all-reduce."""
+        p, ga, block = s.p, s.grad_accum, s.block_params
+        root, trained_root = s.root_params, max(s.t - s.blocks * s.block_t, 0)
+        units, trained = [block] * s.blocks + [root], [s.block_t] * s.blocks + [trained_root]
+        regather = ([Collective("all_gather", block * p, ga * s.blocks, "forward+backward")]
+                    if backend.reshard_after_forward and block else [])
+        regather += [Collective("all_gather", root * p, ga, "forward+backward")] if s.root_reshards and root else []
+        gathers = [Collective("all_gather", u * p, ga, "forward+backward") for u in units if u]
+        reduce = [Collective("reduce_scatter", u * 4, 1, "forward+backward") for u in trained if u]
+        return gathers + regather + reduce + [Collective("all_reduce", 4, 1, None)] * 2
+
+    def paper_comm_elements(self, backend, s):
+        return 2 * s.params + s.t
+
+    def optimizer_bytes(self, backend, s):
+        return {"memory": 40 * s.params / s.world}
+
+    def describe_settings(self, settings):
+        f = settings.get("fsdp")
+        if f is None:
+            return ""
+        root = f["root_reshard_after_forward"]
+        return (f"blocks reshard_after_forward {f['blocks_reshard_after_forward']}; root "
+                f"{'FSDP2 default (unsharded)' if root is None else root}; "
+                f"param_dtype {f['mp_param_dtype']}; reduce_dtype {f['mp_reduce_dtype']}")
+
+
+FAMILY = FSDPFamily()

@@ -1,0 +1,171 @@
+"""The registry of strategy families, and the interface each family's package implements.
+
+A family (DDP, FSDP2, DeepSpeed ZeRO) lives whole in its own package under harness/backends/: its config fields
+and rules, its profile rows, its theory (model states, the transients at each moment of the step, its
+collectives) and its runtime strategy. `FAMILIES` below is the only place that names them. Everything else
+asks the registry, with `of(backend)` or `get(name)`, and never branches on a family's name.
+
+Packages are loaded by name, on first use (importlib), for two reasons: the parent validates a config without
+importing torch (a family's runtime strategy is a separate module, loaded only inside a rank), and the lower
+layers (config, theory) reach the families, which sit above them, only through this registry.
+
+A family that does not implement every theory method is refused in one line, before any rank starts: an
+unknown family never falls back to another's predictions.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+from ..core.errors import ConfigError
+
+# backend.family -> the package that implements it: FAMILY in its family.py, its backend fields in fields.py
+FAMILIES = {
+    "ddp": "harness.backends.ddp",
+    "fsdp": "harness.backends.fsdp",
+    "deepspeed": "harness.backends.deepspeed",
+}
+
+
+class Difference(NamedTuple):
+    """One setting that differs between the native and parity profiles (config/profiles.py)."""
+
+    family: str
+    setting: str
+    native: str
+    parity: str
+    source: str
+
+
+class Family:
+    """What a strategy family tells the rest of the harness. Methods named in THEORY must be implemented; the
+    others have defaults that suit a family without the feature."""
+
+    name = ""
+    strategy_class_name = ""  # the runtime Strategy subclass in the package's strategy.py (torch; rank only)
+    differences: Tuple[Difference, ...] = ()  # the native/parity rows (config/profiles.py, the README's table)
+    layout_notes: Dict[str, str] = {}  # why the real storage differs from the ZeRO paper (harness.estimate)
+    fields: Tuple[str, ...] = ()  # the backend fields it owns (its fields.py): another family's are refused
+    pass_through: Tuple[str, ...] = ()  # fields holding the framework's own keys, checked by its rules, not ours
+    term_names: Dict[str, str] = {}  # its theory's peak terms, named for a user (reporting/memory_story.py)
+
+    THEORY = ("paper_stage", "layout", "phase_terms", "step_transients", "after_backward_buffers", "collectives",
+              "paper_comm_elements", "optimizer_bytes")
+
+    # --- config: before any rank starts, without torch ---
+    def rules(self, cfg) -> List[str]:
+        """The family's own problems with a config, one line each."""
+        return []
+
+    def jit_ops(self, cfg) -> List[str]:
+        """Native ops the ranks load that the parent must build first (launcher/ops.py)."""
+        return []
+
+    def shape_fields(self, cfg, world: int, counts: Dict[str, Any]) -> Dict[str, Any]:
+        """theory.shape.Shape fields this family decides (its buckets, what it keeps gathered)."""
+        return {}
+
+    def defers_gradient_sync(self, backend) -> bool:
+        """Whether gradients are reduced only on the last micro-batch of a step."""
+        return True
+
+    def activation_regime(self, precision: str) -> str:
+        """How a 16-bit run keeps activations (theory/activations.py): `16-bit` parameters, or `autocast`."""
+        return "fp32" if precision == "fp32" else "16-bit"
+
+    def shards_parameters(self, backend) -> bool:
+        return self.paper_stage(backend) == 3
+
+    def missing_grads(self, backend, s, persistent: bool = False) -> float:
+        """Gradient state that does not exist before backward makes it (set to None after each step), with one
+        micro-batch a step: minus the layout's gradients."""
+        return 0.0 if persistent or s.grad_accum > 1 else -self.layout(backend, s)["grads"]
+
+    # --- theory (theory/memory.py, peak.py, communication.py, time.py dispatch here) ---
+    def paper_stage(self, backend) -> int:
+        """Which row of the ZeRO paper's table the backend is (0 = plain data parallelism)."""
+        raise NotImplementedError
+
+    def layout(self, backend, s) -> Dict[str, float]:
+        raise NotImplementedError
+
+    def phase_terms(self, backend, s, phase: str, k: Optional[int]) -> Dict[str, float]:
+        raise NotImplementedError
+
+    def reduce_terms(self, backend, s, act) -> Tuple[Dict[str, float], Optional[int]]:
+        return {}, None
+
+    def step_transients(self, backend, s) -> Dict[str, float]:
+        raise NotImplementedError
+
+    def param_gather_terms(self, backend, s) -> Dict[str, float]:
+        return {}
+
+    def after_backward_buffers(self, backend, s) -> Dict[str, float]:
+        raise NotImplementedError
+
+    def collectives(self, backend, s) -> list:
+        raise NotImplementedError
+
+    def paper_comm_elements(self, backend, s) -> float:
+        raise NotImplementedError
+
+    def optimizer_bytes(self, backend, s) -> Dict[str, float]:
+        raise NotImplementedError
+
+    def framework_estimate(self, backend, s) -> Optional[Dict[str, float]]:
+        """The framework's own model-state estimate, where it publishes one."""
+        return None
+
+    # --- reporting and runtime ---
+    def describe_settings(self, settings: dict) -> str:
+        """The settings that decide overlap, bucketing and sharding, read back after setup, as one line."""
+        return ""
+
+    def strategy_module(self):
+        """The package's strategy.py (imports torch and the framework: inside a rank only)."""
+        return importlib.import_module(f"{type(self).__module__.rsplit('.', 1)[0]}.strategy")
+
+    def strategy_class(self) -> type:
+        return getattr(self.strategy_module(), self.strategy_class_name)
+
+    def bare_setup(self, cfg, model, world: int, params: int, adam: dict):
+        """The framework as a user's hand-written loop would set it up, with the harness's settings (the
+        baseline of make bench, studies/bare_loop.py): (the module to call, a function loss -> None that runs
+        backward and the optimizer step)."""
+        return self.strategy_module().bare_setup(cfg, model, world, params, adam)
+
+    def missing_theory(self) -> List[str]:
+        return [m for m in self.THEORY if getattr(type(self), m) is getattr(Family, m)]
+
+
+_LOADED: Dict[str, Family] = {}
+
+
+def get(name: str) -> Family:
+    """The family registered under `name`; an unknown one, or one without theory, is a one-line ConfigError."""
+    if name in _LOADED:
+        return _LOADED[name]
+    if name not in FAMILIES:
+        raise ConfigError(f"backend.family={name}: unknown strategy family; use one of {', '.join(FAMILIES)}")
+    family = importlib.import_module(f"{FAMILIES[name]}.family").FAMILY
+    missing = family.missing_theory()
+    if missing:
+        raise ConfigError(f"backend.family={name}: has no theory ({', '.join(missing)} not implemented by "
+                          f"{type(family).__name__}); a family must predict its memory and communication")
+    _LOADED[name] = family
+    return family
+
+
+def of(backend) -> Family:
+    """The family of a backend config node."""
+    return get(backend.family)
+
+
+def every() -> List[Family]:
+    return [get(name) for name in FAMILIES]
+
+
+def pass_through_keys() -> Tuple[str, ...]:
+    """Dotted keys whose contents are a framework's own (`backend.deepspeed`): the schema does not walk them."""
+    return tuple(f"backend.{key}" for family in every() for key in family.pass_through)
