@@ -65,7 +65,7 @@ collectives: install ## all-reduce, reduce-scatter, all-gather, broadcast: time 
 finetune: install warm ## full fine-tuning vs LoRA, every backend, from a checkpoint written here first -> results/sweeps/finetune/
 	# the weights are not committed (only their index, config and pretrain.json are): write them when absent
 	compgen -G 'results/finetune/checkpoint/*.safetensors' >/dev/null || \
-	  $(PY) -m harness.checkpoint --out results/finetune/checkpoint model=small_llama
+	  $(PY) -m harness.pretrain --out results/finetune/checkpoint model=small_llama
 	$(PY) -m harness.train experiment=finetune $(ARGS)
 
 # no install step: a GPU machine keeps its own CUDA torch (and, with no network, the wheels of the README's

@@ -49,10 +49,10 @@ def sweep(root: Path, name: str, *overrides: str) -> dict:
 
 @pytest.fixture(scope="session")
 def llama_checkpoint(tmp_path_factory) -> Path:
-    """A pretrained tiny_llama checkpoint written here (`python -m harness.checkpoint`): 40 AdamW steps from
+    """A pretrained tiny_llama checkpoint written here (`python -m harness.pretrain`): 40 AdamW steps from
     another seed, saved as 4 safetensors shards with their index. pretrain.json beside it has its losses."""
     from harness.config.compose import compose
-    from harness.studies.checkpoint import write
+    from harness.studies.pretrain import write
 
     out = tmp_path_factory.mktemp("checkpoint") / "tiny_llama"
     write(compose(["model=tiny_llama"]), out, steps=40, shard_mib=0)  # in this process: no start-up to pay

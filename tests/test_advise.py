@@ -70,7 +70,7 @@ def test_dry_run_prunes_and_a_pruned_candidate_really_runs_out_of_memory(tmp_pat
 def test_bad_input_is_one_line(tmp_path, capsys, args, says):
     # in this process: the command's own main (harness/advise.py is `sys.exit(main())`), refusing before
     # anything is measured or run; a subprocess per case cost 8-15 s of imports
-    from harness.studies.advice import main
+    from harness.studies.advise_answer import main
 
     code = main([*args, f"--out={tmp_path}"])
     err = capsys.readouterr().err
@@ -117,7 +117,7 @@ def test_recommends_a_sharded_backend_where_ddp_cannot_fit_and_it_trains_under_t
 def test_a_dry_run_plans_for_gpus_this_machine_does_not_have(tmp_path, capsys):
     """The README's theory-only example on a machine without CUDA: the device-count rule is for runs, not for
     a plan (it used to refuse with "use parallelism.nproc_per_node<=0"); no probe runs."""
-    from harness.studies.advice import main
+    from harness.studies.advise_answer import main
 
     code = main(["model=tiny_llama", "parallelism=gpu8", "--dry-run", "--device-gib=80", "--backends=ddp,fsdp",
                  f"--out={tmp_path}", "--name=gpu8"])  # a small model and two backends: seconds, not a minute

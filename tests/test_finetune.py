@@ -15,7 +15,7 @@ from conftest import BACKENDS
 from harness.config import rules
 from harness.config.compose import compose
 from harness.runtime import initial_weights, models, probes
-from harness.runtime.checkpoint import Checkpoint
+from harness.runtime.pretrained import Checkpoint
 from test_memory_model import _measured_vs_predicted
 from test_parity import assert_losses_match
 

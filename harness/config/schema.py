@@ -91,7 +91,7 @@ class ModelConfig:
     init: str = "auto"
     meta_above_params: int = 500_000_000
     # a local checkpoint (save_pretrained's safetensors, sharded or not) whose weights replace the seeded init
-    # on every construction path, tensor by tensor (runtime/checkpoint.py); nothing is downloaded
+    # on every construction path, tensor by tensor (runtime/pretrained.py); nothing is downloaded
     pretrained_path: Optional[str] = None
 
 

@@ -52,7 +52,7 @@ def sweep_position(hc) -> str:
     return f"{hc.job.num + 1}/{jobs.read_text().strip() if jobs.exists() else '?'}"
 
 
-def validated(cfg, run_dir: RunDir, in_sweep: bool) -> RunSummary | None:
+def refusal(cfg, run_dir: RunDir, in_sweep: bool) -> RunSummary | None:
     """None when the config is valid; else exit 2 (a single run) or the invalid row (a sweep)."""
     try:
         rules.check(cfg)
@@ -83,7 +83,7 @@ def run_one(cfg: DictConfig) -> dict:
     run_dir = RunDir(Path(hc.runtime.output_dir))
     in_sweep = hc.mode == RunMode.MULTIRUN
     notes = derive.fit_to_model(cfg, hc.overrides.task)
-    invalid = validated(cfg, run_dir, in_sweep)
+    invalid = refusal(cfg, run_dir, in_sweep)
     node = node_rank(cfg)
     if node != 0:  # another node of a multi-node run: it follows node 0, which owns the run dir
         if invalid is not None:

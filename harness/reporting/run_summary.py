@@ -292,8 +292,9 @@ def unclassified_warnings(ranks: List[RankReport]) -> List[str]:
             f"({', '.join(names)}): counted as memory/model_states_unclassified_bytes, not as a component"]
 
 
-def ok(cfg, ranks: List[RankReport], flop_counts: dict, env: dict, warnings: List[str],
-       settings: dict | None = None) -> RunSummary:
+def summary_of_finished_run(cfg, ranks: List[RankReport], flop_counts: dict, env: dict, warnings: List[str],
+                            settings: dict | None = None) -> RunSummary:
+    """The summary of a run whose every rank finished: figures from every rank's report, theory beside them."""
     r0 = ranks[0]
     warnings = warnings + unclassified_warnings(ranks)
     figs = figures(cfg, ranks, flop_counts)

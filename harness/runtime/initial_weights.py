@@ -14,7 +14,7 @@ unit's name, then written into whatever the model holds: plain tensors, this ran
 ZeRO-3 partitions gathered for the write by the strategy. No rank holds more than one unit in full, and the
 weights do not depend on the path, the world size or the order units are visited in.
 
-With a checkpoint (model.pretrained_path), the unit's tensors are read from it instead (runtime/checkpoint.py)
+With a checkpoint (model.pretrained_path), the unit's tensors are read from it instead (runtime/pretrained.py)
 and only what it lacks is initialised: buffers the model computes (rotary frequencies) and LoRA adapters,
 which take peft's own rule (A Kaiming-uniform, B zero). A LoRA layer is a unit of its own, and a unit's seed
 uses the base model's name, so the base weights are the same with or without adapters.
@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from . import models
-from .checkpoint import Checkpoint
+from .pretrained import Checkpoint
 
 # params -> a context inside which every param in the list holds its full value and may be written
 Gather = Callable[[list], ContextManager]

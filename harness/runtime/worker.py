@@ -132,8 +132,8 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
         dist.all_gather_object(gathered, report)
         if rank == 0:
             flops = flop_counts(cfg, counts) if cfg.train.measure_flops else {}
-            summary = run_summary.ok(cfg, gathered, flops, read_json(run_dir.env) or {}, list(sink.warnings),
-                                     settings)
+            summary = run_summary.summary_of_finished_run(cfg, gathered, flops, read_json(run_dir.env) or {},
+                                                          list(sink.warnings), settings)
             write_json(run_dir.summary, summary.to_dict())
             sink.summary({**summary.figures, "status": Status.OK})
         sink.finish(ok=True)

@@ -21,7 +21,7 @@ from typing_extensions import override
 
 from ...core.components import totals
 from .. import initial_weights
-from ..checkpoint import Checkpoint
+from ..pretrained import Checkpoint
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
