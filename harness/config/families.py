@@ -14,6 +14,7 @@ unknown family never falls back to another's predictions.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
@@ -25,6 +26,16 @@ FAMILIES = {
     "fsdp": "harness.backends.fsdp",
     "deepspeed": "harness.backends.deepspeed",
 }
+
+
+@functools.lru_cache(maxsize=1)
+def backend_fields() -> Dict[str, list]:
+    """Every family's own backend fields ({family: [dataclasses.Field]}), from its package's fields.py: plain
+    dataclasses that import nothing, so that config/schema.py can merge them into BackendConfig."""
+    import dataclasses
+
+    return {name: list(dataclasses.fields(importlib.import_module(f"{package}.fields").Fields))
+            for name, package in FAMILIES.items()}
 
 
 class Difference(NamedTuple):
@@ -45,7 +56,6 @@ class Family:
     strategy_class_name = ""  # the runtime Strategy subclass in the package's strategy.py (torch; rank only)
     differences: Tuple[Difference, ...] = ()  # the native/parity rows (config/profiles.py, the README's table)
     layout_notes: Dict[str, str] = {}  # why the real storage differs from the ZeRO paper (harness.estimate)
-    fields: Tuple[str, ...] = ()  # the backend fields it owns (its fields.py): another family's are refused
     pass_through: Tuple[str, ...] = ()  # fields holding the framework's own keys, checked by its rules, not ours
     term_names: Dict[str, str] = {}  # its theory's peak terms, named for a user (reporting/memory_story.py)
 
@@ -73,8 +83,11 @@ class Family:
         """How a 16-bit run keeps activations (theory/activations.py): `16-bit` parameters, or `autocast`."""
         return "fp32" if precision == "fp32" else "16-bit"
 
-    def shards_parameters(self, backend) -> bool:
-        return self.paper_stage(backend) == 3
+    @property
+    def fields(self) -> Tuple[str, ...]:
+        """The backend fields it owns (its fields.py): another family's are refused on its backends
+        (config/rules.py)."""
+        return tuple(f.name for f in backend_fields()[self.name])
 
     def missing_grads(self, backend, s, persistent: bool = False) -> float:
         """Gradient state that does not exist before backward makes it (set to None after each step), with one

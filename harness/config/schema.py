@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from .families import FAMILIES
+from .families import FAMILIES, backend_fields
 
 # fault.kind: what runtime/faults.py can inject; `none` first, `hang` last (the drill interrupts it)
 FAULT_KINDS = ("none", "oom", "raise", "nan", "kill", "hang")
@@ -41,15 +41,6 @@ class SharedBackendFields:
     family: str = MISSING  # the strategy family: a key of config/families.py's FAMILIES
     # the gradient bucket, for the families that bucket (their parity profile passes it); 0 = min(25M, params)
     bucket_elements: int = 0
-
-
-def backend_fields() -> Dict[str, list]:
-    """Every family's own backend fields ({family: [dataclasses.Field]}), from its package's fields.py."""
-    import dataclasses
-    import importlib
-
-    return {name: list(dataclasses.fields(importlib.import_module(f"{package}.fields").Fields))
-            for name, package in FAMILIES.items()}
 
 
 def _backend_config() -> type:

@@ -6,13 +6,11 @@ the last bucket), once per step: micro-batches before the last run under no_sync
 """
 from __future__ import annotations
 
-import dataclasses
 
 from typing import Any, Dict
 
 from ...config.derive import bucket_elements
 from ...config.families import Difference, Family
-from .fields import Fields
 from ...config.profiles import NATIVE
 from ...theory.communication import Collective, bucketed
 from ...theory.peak import produced
@@ -30,7 +28,6 @@ def options(cfg, params: int) -> Dict[str, Any]:
 class DDPFamily(Family):
     name = "ddp"
     strategy_class_name = "DDPStrategy"
-    fields = tuple(f.name for f in dataclasses.fields(Fields))
     term_names = {"ddp_buckets": "DDP's gradient buckets"}
     differences = (
         Difference("ddp", "bucket_cap_mb", "25 (the default)", "backend.bucket_elements × 4 B: one bucket for a "

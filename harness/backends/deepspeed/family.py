@@ -4,13 +4,11 @@ estimate. The runtime is strategy.py; the JSON DeepSpeed receives is json_config
 """
 from __future__ import annotations
 
-import dataclasses
 
 from typing import List
 
 from ...config.derive import world_size
 from ...config.families import Difference, Family
-from .fields import Fields
 from . import check, theory
 from .json_config import conflicts, effective_zero
 
@@ -26,7 +24,6 @@ def persistent_elements(sizes, threshold: int) -> int:
 class DeepSpeedFamily(Family):
     name = "deepspeed"
     strategy_class_name = "DeepSpeedStrategy"
-    fields = tuple(f.name for f in dataclasses.fields(Fields))
     pass_through = ("deepspeed",)  # +backend.deepspeed.<key>=...: DeepSpeed's JSON keys, checked by check.py
     term_names = {"reduce_bucket": "DeepSpeed's reduce bucket, allocated whole at reduce_bucket_size elements",
                   "prefetch_buffer": "ZeRO-3's prefetch buffer", "flat_fp32_grad": "the step's flat fp32 gradient"}

@@ -7,12 +7,10 @@ them from forward to backward.
 """
 from __future__ import annotations
 
-import dataclasses
 
 from typing import Dict, Optional
 
 from ...config.families import Difference, Family
-from .fields import Fields
 from ...config.profiles import NATIVE
 from ...theory.communication import Collective
 
@@ -26,7 +24,6 @@ def root_reshard(cfg) -> Optional[bool]:
 class FSDPFamily(Family):
     name = "fsdp"
     strategy_class_name = "FSDPStrategy"
-    fields = tuple(f.name for f in dataclasses.fields(Fields))
     term_names = {"reduce_scatter_input": "FSDP2's reduce-scatter input"}
     differences = (
         Difference("fsdp", "root module reshard_after_forward", "None (the default): the root stays unsharded "
