@@ -1,12 +1,16 @@
-"""The one training loop. It never asks which backend it runs: everything backend-specific is behind the
-Strategy interface (runtime/strategies/base.py), and measurement is delegated to probes.py (StepTimer,
-StateProbe), whose docstrings say how each figure is taken. Fault injection arrives as a callable.
+"""The one training loop, which reads like nanoGPT's: `TrainStep` is the step, written once, and `train` runs
+it through the timed window and then the extra measurement steps, each wrapped by the context manager that
+measures it. It never asks which backend it runs: everything backend-specific is behind the Strategy interface
+(runtime/strategies/base.py). How each figure is taken is in the docstrings of probes.py (StepTimer,
+StateProbe), time_profile.py (StepTime) and memory_profile.py (StepMemory). Fault injection arrives as a
+callable.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -31,6 +35,16 @@ class LoopResult:
     memory_profile: Optional[dict] = None  # peak tensor bytes by kind (memory_profile.StepMemory), or None
     time_breakdown: Optional[dict] = None  # seconds per part of a step (time_profile.StepTime), or None
 
+    def add(self, step: int, loss: float, grad_norm, step_s: float, tokens: int, timed: bool) -> dict:
+        """One logged step's record; a timed step's time joins the window's."""
+        record = {"step": step, "loss/loss": loss, "loss/grad_norm": float(grad_norm),
+                  "throughput/step_time_s": step_s, "throughput/tokens_per_s": tokens / step_s,
+                  "warmup": not timed}
+        if timed:
+            self.timed_step_s.append(step_s)
+        self.records.append(record)
+        return record
+
 
 def global_mean_loss(loss_sum: torch.Tensor, count: int, step: int, on_nonfinite: str) -> float:
     """One scalar collective per step: the mean loss over all ranks and micro-batches. A non-finite mean
@@ -43,89 +57,90 @@ def global_mean_loss(loss_sum: torch.Tensor, count: int, step: int, on_nonfinite
     return value
 
 
+@dataclass
+class TrainStep:
+    """One optimizer step: `grad_accum` micro-batches of forward and backward (gradients reduced on the last
+    one only), a hook after the last backward (where model states are counted), the strategy's step, and the
+    mean loss over all ranks. Every step the loop runs, timed or measured, is this one."""
+    model: torch.nn.Module
+    strategy: object
+    batches: object
+    grad_accum: int
+    device: torch.device
+    inject: Injector = no_fault
+
+    def micro_batch_loss(self, step: int, micro: int) -> torch.Tensor:
+        # a function of its own, so that the logits are freed when it returns, not held through backward
+        inputs, targets = self.batches.get(step, micro)
+        with phase("forward"):
+            with self.strategy.autocast():
+                logits = self.model(input_ids=inputs).logits
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return self.inject(step, loss) if micro == 0 else loss  # the identity unless fault.kind is set
+
+    def __call__(self, step: int, after_backward: Callable[[], None] = lambda: None,
+                 on_nonfinite: str = "continue") -> Tuple[float, torch.Tensor]:
+        with phase("step"):
+            loss_sum = torch.zeros((), device=self.device)
+            for micro in range(self.grad_accum):
+                with self.strategy.sync_context(last=micro == self.grad_accum - 1):
+                    loss = self.micro_batch_loss(step, micro)
+                    with phase("backward"):
+                        self.strategy.backward(loss)
+                loss_sum += loss.detach()
+            after_backward()
+            with phase("optimizer"):
+                grad_norm = self.strategy.step()
+            loss = global_mean_loss(loss_sum, self.grad_accum * self.strategy.world_size, step, on_nonfinite)
+            probes.device_sync(self.device)
+        return loss, grad_norm
+
+
 def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fault,
           trace_path: Optional[str] = None, snapshot_path: Optional[str] = None) -> LoopResult:
-    """Run `train.steps` optimizer steps. `sink.log(record)` receives one dict per step (rank 0 writes it).
-    The timed steps are clocked by phase (runtime/time_profile.py). After them, untimed and unlogged:
-    `train.breakdown_steps` steps under torch's profiler for the rest of the time breakdown (and the Chrome
-    trace at `trace_path`, if given), then one under the memory profiler, then (CUDA, `snapshot_path`) one
-    under the allocator's history."""
-    steps, warmup, ga = cfg.train.steps, cfg.train.warmup_steps, cfg.parallelism.grad_accum
+    """Run `train.steps` logged steps, the ones after `train.warmup_steps` timed (and on CPU clocked by phase,
+    runtime/time_profile.py); `sink.log(record)` receives each step's record (rank 0 writes it). Then, untimed
+    and unlogged, taking the data the next steps would: `train.breakdown_steps` steps under torch's profiler
+    for the rest of the time breakdown (and the Chrome trace at `trace_path`), `train.memory_steps` under the
+    memory profiler, and (CUDA, `snapshot_path`) one under the allocator's history."""
+    t = cfg.train
+    train_step = TrainStep(model, strategy, batches, cfg.parallelism.grad_accum, device, inject)
     tokens_per_step = derive.tokens_per_step(cfg, strategy.world_size)
-    timer = probes.StepTimer(device, warmup)
-    states = probes.StateProbe(warmup, cfg.train.memory_budget_bytes, dist.get_rank(), emulated=device.type == "cpu")
+    timer = probes.StepTimer(device, t.warmup_steps)
+    states = probes.StateProbe(t.warmup_steps, t.memory_budget_bytes, dist.get_rank(), emulated=device.type == "cpu")
+    breakdown = time_profile.StepTime(device, t.breakdown_steps, trace_path)
     result = LoopResult()
-
-    def micro_batch_loss(step: int, micro: int) -> torch.Tensor:
-        # a function of its own, so that the logits are freed when it returns, not held through backward
-        inputs, targets = batches.get(step, micro)
-        with phase("forward"):
-            with strategy.autocast():
-                logits = model(input_ids=inputs).logits
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-        return inject(step, loss) if micro == 0 else loss  # the identity unless fault.kind is set
-
-    def forward_backward(step: int, after_backward) -> torch.Tensor:
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(ga):
-            with strategy.sync_context(last=micro == ga - 1):
-                loss = micro_batch_loss(step, micro)
-                with phase("backward"):
-                    strategy.backward(loss)
-            loss_sum += loss.detach()
-        after_backward(step)
-        return loss_sum
-
-    def count_states(step: int) -> None:
-        with timer.untimed(), phase("untimed"):  # counting storages is not training
-            states.at(step, strategy)
-
-    breakdown = time_profile.StepTime(device, cfg.train.breakdown_steps, trace_path)
-    for step in range(steps):
+    for step in range(t.steps):
         timer.begin(step)
-        with breakdown.clocked(cfg.train.breakdown_steps and step >= warmup), phase("step"):
-            loss_sum = forward_backward(step, count_states)
-            with phase("optimizer"):
-                grad_norm = strategy.step()
-            loss_value = global_mean_loss(loss_sum, ga * strategy.world_size, step, cfg.train.on_nonfinite)
-        step_s = timer.end()
-        record = {"step": step, "loss/loss": loss_value, "loss/grad_norm": float(grad_norm),
-                  "throughput/step_time_s": step_s, "throughput/tokens_per_s": tokens_per_step / step_s,
-                  "warmup": step < warmup}
-        if step >= warmup:
-            result.timed_step_s.append(step_s)
-        result.records.append(record)
-        sink.log(record)
-    # the timed window's high-water marks, read before the profiled step can raise them
+        timed = step >= t.warmup_steps
+
+        def count_states(step: int = step) -> None:
+            with timer.untimed(), phase("untimed"):  # counting storages is not training
+                states.at(step, strategy)
+
+        with breakdown.clocked(t.breakdown_steps and timed):
+            loss, grad_norm = train_step(step, count_states, t.on_nonfinite)
+        sink.log(result.add(step, loss, grad_norm, timer.end(), tokens_per_step, timed))
+    # the timed window's high-water marks, read before the profiled steps can raise them
     result.host_peak_bytes, result.device = probes.host_peak_bytes(), probes.device_memory(device)
-    next_step = steps  # the extra steps below take the data the next steps would
-    if cfg.train.breakdown_steps:
-        def timed_like_step(i: int) -> None:  # a step as the timed window runs it, neither timed nor logged
-            with phase("step"):
-                loss_sum = forward_backward(next_step + i, lambda _: None)
-                with phase("optimizer"):
-                    strategy.step()
-                global_mean_loss(loss_sum, ga * strategy.world_size, next_step + i, "continue")
-                probes.device_sync(device)
-
-        result.time_breakdown = breakdown.measure(timed_like_step, result.timed_step_s)
-        next_step += breakdown.used
-    if cfg.train.profile_memory:
-        profiler = memory_profile.StepMemory(strategy, device, dataset=(batches.corpus,),
-                                             by_kind=cfg.train.peak_by_kind)
-
-        def profiled_step(i: int) -> None:  # the next steps' data, neither timed nor logged
-            forward_backward(next_step + i, lambda _: profiler.marker())
-            strategy.step()
-
-        profiles = [profiler.measure(lambda: profiled_step(i)) for i in range(max(cfg.train.memory_steps, 1))]
-        result.memory_profile = memory_profile.lowest(profiles)
-        states.check_peak(result.memory_profile, next_step)
-        next_step += len(profiles)
+    result.host_peak_reset = timer.host_peak_reset
+    result.model_states, result.unclassified = states.states, states.unclassified
+    extra = itertools.count(t.steps)
+    if t.breakdown_steps:
+        with breakdown.profiled() as profiler:
+            for _ in range(breakdown.profiled_steps):
+                train_step(next(extra))
+                profiler.step()
+        result.time_breakdown = breakdown.parts(result.timed_step_s)
+    if t.profile_memory:
+        memory = memory_profile.StepMemory(strategy, device, dataset=(batches.corpus,), by_kind=t.peak_by_kind)
+        steps = [next(extra) for _ in range(max(t.memory_steps, 1))]
+        for step in steps:
+            with memory.profiled():
+                train_step(step, memory.marker)
+        result.memory_profile = memory.lowest()
+        states.check_peak(result.memory_profile, steps[0])
     if snapshot_path:
         with probes.cuda_memory_history(snapshot_path):
-            forward_backward(next_step, lambda _: None)
-            strategy.step()
-    result.model_states, result.unclassified = states.states, states.unclassified
-    result.host_peak_reset = timer.host_peak_reset
+            train_step(next(extra))
     return result

@@ -13,13 +13,14 @@ The closure check: right after the last backward (where StateProbe counts model 
 timeline; live bytes there minus the exact model states and buffers on this device are the `unaccounted`
 bytes (what the strategy's classifier does not know of, or what the profiler double-counts).
 
-The module is private in torch, so every use is guarded: on a torch without it, `measure` returns None
+The module is private in torch, so every use is guarded: on a torch without it, `profiled` records None
 and the summary says the figure is unavailable.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import Callable, Dict, Optional
+from typing import Dict, Iterator, List, Optional
 
 import torch
 
@@ -127,15 +128,6 @@ def collective_frees(prof) -> Dict[tuple, int]:
     return out
 
 
-def lowest(profiles: list) -> Optional[dict]:
-    """The profile of the step with the lowest peak, with the highest peak beside it (`peak_highest`)."""
-    found = [p for p in profiles if p]
-    if not found:
-        return None
-    low = min(found, key=lambda p: p["peak"])
-    return {**low, "peak_highest": max(p["peak"] for p in found), "steps": len(found)}
-
-
 def lenient_memory_profile(prof):
     """torch's MemoryProfile with its two self-checks off. They assert on graphs where ops on other threads
     (gloo's work, DeepSpeed's hooks) interleave with the training thread's: FSDP2's in-place all-gather
@@ -160,7 +152,8 @@ def lenient_memory_profile(prof):
 
 
 class StepMemory:
-    """Run one step under the memory profiler; `marker()` is called by the step after its last backward."""
+    """Steps under the memory profiler (`profiled()`, one step each); `marker()` is called by the step after
+    its last backward; `lowest()` is the figure."""
 
     def __init__(self, strategy, device: torch.device, dataset: tuple = (), by_kind: bool = True):
         self.strategy, self.device, self.by_kind = strategy, device, by_kind
@@ -169,6 +162,7 @@ class StepMemory:
         self._states: Dict[int, tuple] = {}
         self._marker_storages: Dict[int, tuple] = {}
         self._marker_states = 0
+        self.profiles: List[Optional[dict]] = []
 
     def marker(self) -> None:
         """Called after the last backward: the exact states now (gradients included), then the marker."""
@@ -178,22 +172,39 @@ class StepMemory:
         # next profiled step)
         torch.empty(MARKER_BYTES, dtype=torch.uint8, device=self.device).zero_()
 
-    def measure(self, step: Callable[[], None]) -> Optional[dict]:
+    @contextlib.contextmanager
+    def profiled(self) -> Iterator[None]:
+        """One step under the memory profiler (the body runs it); its profile joins `profiles` (None on a
+        torch without the profiler)."""
         if not available():
-            return None
+            yield
+            self.profiles.append(None)
+            return
         from torch.profiler import ProfilerActivity, profile
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         self._states = state_storages(self.strategy, self.device)
         if not self.by_kind and not self.strategy.hidden_buffers():
             # the peak and the closure check only: no stacks or data-flow analysis (shapes: collective_frees)
             with profile(activities=activities, profile_memory=True, record_shapes=True) as prof:
-                step()
-            return {"method": "allocations", **self._allocations(prof)}
+                yield
+            self.profiles.append({"method": "allocations", **self._allocations(prof)})
+            return
         with profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
             with torch.no_grad():
                 for _, t in state_tensors_on(self.strategy, self.device):
                     torch.ops.aten.alias.default(t)  # so the profiler sees the pre-existing state tensors
-            step()
+            yield
+        self.profiles.append(self._analysed(prof))
+
+    def lowest(self) -> Optional[dict]:
+        """The profile of the step with the lowest peak, with the highest peak beside it (`peak_highest`)."""
+        found = [p for p in self.profiles if p]
+        if not found:
+            return None
+        low = min(found, key=lambda p: p["peak"])
+        return {**low, "peak_highest": max(p["peak"] for p in found), "steps": len(found)}
+
+    def _analysed(self, prof) -> dict:
         moved = collective_frees(prof)
         try:
             return {"method": "categorised", **self._replay(prof._memory_profile(), moved)}

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -168,15 +168,20 @@ def span(event) -> Interval:
 
 class StepTime:
     """The breakdown, per rank. On CPU the PhaseClock runs through the timed steps themselves (`clocked`;
-    two clock readings per phase, which `make bench` shows do not move the step time) and `measure` adds the
-    profiler's communication total and the trace from `steps` extra steps; on CUDA `measure`'s profiled
-    steps give every part. The parts are the mean over the steps (a mean step's parts still sum to its wall
-    time). `used` says how many extra steps `measure` ran."""
+    two clock readings per phase, which `make bench` shows do not move the step time) and the profiler adds
+    the communication total and the trace from `steps` extra steps (`profiled`); on CUDA the profiled steps
+    give every part. The parts are the mean over the steps (a mean step's parts still sum to its wall time)."""
 
     def __init__(self, device: torch.device, steps: int, trace_path: Optional[str] = None):
         self.device, self.steps, self.trace_path = device, steps, trace_path
         self.clock = PhaseClock()
-        self.used = 0
+        self.timeline: Optional[Timeline] = None
+
+    @property
+    def profiled_steps(self) -> int:
+        """The steps to run inside `profiled()`: one of the profiler's own warm-up (its documentation's
+        schedule: the first profiled step pays the profiler's start-up), then `steps`."""
+        return self.steps + 1
 
     @contextlib.contextmanager
     def clocked(self, on: bool) -> Iterator[None]:
@@ -186,14 +191,27 @@ class StepTime:
         finally:
             PhaseClock.running = None
 
-    def measure(self, step: Callable[[int], None], timed_step_s: List[float]) -> Optional[dict]:
-        def run(i: int) -> None:
-            step(self.used)
-            self.used += 1
+    @contextlib.contextmanager
+    def profiled(self) -> Iterator[object]:
+        """torch's profiler around `profiled_steps` steps; the body calls the yielded profiler's `step()`
+        after each. The Chrome/Perfetto trace goes to `trace_path` (gzipped by the file name)."""
+        from torch.profiler import ProfilerActivity, profile, schedule
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
 
-        timeline = self.profiled(run)
-        windows = sorted(timeline.ranges.get("step", [])) if timeline else []
-        profiled = [timeline.step(w) for w in windows]
+        def ready(prof) -> None:
+            if self.trace_path:
+                prof.export_chrome_trace(self.trace_path)
+            self.timeline = Timeline(prof.profiler.kineto_results.events(), self.device.type)
+
+        with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=self.steps),
+                     on_trace_ready=ready) as prof:
+            yield prof
+
+    def parts(self, timed_step_s: List[float]) -> Optional[dict]:
+        """The breakdown: the clocked timed steps' parts (CPU) or the profiled steps' (CUDA), with how far the
+        breakdown's step is from the timed steps (`vs_timed_pct`)."""
+        windows = sorted(self.timeline.ranges.get("step", [])) if self.timeline else []
+        profiled = [self.timeline.step(w) for w in windows]
         clocked = self.clock.parts()
         parts = clocked or profiled
         if not parts or not timed_step_s:
@@ -205,22 +223,3 @@ class StepTime:
         timed = statistics.fmean(timed_step_s) if clocked else statistics.median(timed_step_s)
         return {**out, "steps": len(parts), "vs_timed_pct": 100 * (out["step"] - timed) / timed,
                 "method": "thread clocks over the timed steps" if clocked else "profiler kernels"}
-
-    def profiled(self, run: Callable[[int], None]) -> Optional[Timeline]:
-        """The same steps under torch's profiler, after one step of its own warm-up (its documentation's
-        schedule: the first profiled step pays the profiler's start-up)."""
-        from torch.profiler import ProfilerActivity, profile, schedule
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        captured: List[Timeline] = []
-
-        def ready(prof) -> None:
-            if self.trace_path:  # Chrome/Perfetto JSON, gzipped by the file name
-                prof.export_chrome_trace(self.trace_path)
-            captured.append(Timeline(prof.profiler.kineto_results.events(), self.device.type))
-
-        with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=self.steps),
-                     on_trace_ready=ready) as prof:
-            for i in range(self.steps + 1):
-                run(i)
-                prof.step()
-        return captured[0] if captured else None
