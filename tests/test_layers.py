@@ -142,6 +142,24 @@ def test_the_strategy_registry_and_the_fault_kinds_are_complete():
     assert set(faults.ACTIONS) | {"none"} == set(FAULT_KINDS) == set(CHOICES["fault.kind"])
 
 
+def summary_writers() -> List[str]:
+    """Modules that pass a RunDir's `.summary` (summary.json) to `write_json`."""
+    out = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "write_json"
+                    and node.args and isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "summary"):
+                out.append(name)
+    return sorted(set(out))
+
+
+def test_only_the_launcher_writes_summary_json():
+    """The ranks leave reports and outcome files; the launcher's process (harness.launcher) alone writes a run's
+    summary.json, with the notes it never hands to the ranks."""
+    writers = summary_writers()
+    assert writers and all(w.startswith("harness.launcher.") for w in writers), writers
+
+
 # a repo path in prose: dirs, then a file name with one of the repo's own source extensions
 DOC_PATH = re.compile(r"(?<![\w./<>{-])((?:[\w.-]+/)+[\w.-]+\.(?:py|yaml|md|sh))\b")
 

@@ -75,7 +75,8 @@ class RankOutcome:
 
 @dataclass
 class RankReport:
-    """One rank's measurements, sent to rank 0 with all_gather_object (see reporting/run_summary.py)."""
+    """One rank's measurements, sent to rank 0 with all_gather_object; rank 0 leaves them all in
+    ranks/report.json, from which the launcher computes the summary (launcher/outcome.py)."""
 
     rank: int
     records: List[dict]  # per-step records (rank 0 only; empty elsewhere)
@@ -95,6 +96,11 @@ class RankReport:
     tensor_peak: Optional[dict] = None  # runtime.memory_profile: peak live tensor bytes by kind, closure
     time_breakdown: Optional[dict] = None  # runtime.time_profile: seconds per part of a profiled step
     measured_copy_gbps: float = 0.0  # a large copy's best rate on this rank: the optimizer theory's bandwidth
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RankReport":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 @dataclass

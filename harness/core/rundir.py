@@ -159,7 +159,9 @@ class RunDir:
 
     @property
     def reports(self) -> Path:
-        """Every rank's RankReport, gathered by rank 0 (the summary is computed from them)."""
+        """Every rank's RankReport, the FLOP counts and the warnings, left by rank 0 when every rank finished:
+        the launcher computes summary.json from them (launcher/outcome.py). NaN stays NaN here (Python's JSON),
+        since a loss that went non-finite is a figure."""
         return self.ranks / "report.json"
 
     def trace(self, rank: int) -> Path:

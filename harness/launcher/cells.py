@@ -3,9 +3,9 @@ by the same ranks (runtime/cells_worker.py).
 
 A short run costs mostly its imports and its process group: about 8 s a run here, against 2 to 5 s of training.
 The tests' fixture sweeps (every backend on one shape) run as cells, as `make memory-check` does its matrix, and
-keep what a sweep of single runs gives them: per cell config.yaml, env.json (with the notes), settings.json,
-metrics.jsonl and summary.json written by the same code (runtime/worker.run), then the sweep's tables and
-report. Only the process is shared: each cell builds its model, strategy and data from its own config and seed.
+keep what a sweep of single runs gives them: per cell config.yaml, env.json, settings.json and metrics.jsonl
+written by the same code (runtime/worker.run), summary.json by the launcher's (launcher/outcome.summarise),
+then the sweep's tables and report. Only the process is shared: each cell builds its model, strategy and data from its own config and seed.
 A cell that fails ends the launch (its peers would wait in a collective); it and the cells after it get the
 failure summary a run would, from the rank outcome files.
 """
@@ -18,7 +18,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
-from ..config import derive, rules
+from ..config import rules
 from ..config.compose import compose
 from ..core.errors import ConfigError
 from ..core.paths import REPO
@@ -26,18 +26,17 @@ from ..core.rundir import RunDir, write_json, write_text
 from ..reporting import sweep_report
 from .environment import environment
 from .ops import ensure_ops
-from .outcome import failure_summary
+from .outcome import summarise
 from .torchrun import die_with_parent, rank_env, torchrun_cmd
 
 WORKER = "harness.runtime.cells_worker"
 
 
 def prepare(cfg, run_dir: RunDir) -> None:
-    """What a run's parent writes before its ranks start (launcher/run.py): the resolved config, and env.json
-    with the notes the summary carries."""
+    """What a run's parent writes before its ranks start (launcher/run.py): the resolved config and env.json."""
     run_dir.root.mkdir(parents=True, exist_ok=True)
     write_text(run_dir.config, OmegaConf.to_yaml(cfg, resolve=True))
-    write_json(run_dir.env, {**environment(cfg), "notes": rules.notes(cfg)})
+    write_json(run_dir.env, environment(cfg))
 
 
 def run_cells(sweep_dir: Path, cells: Sequence[Tuple[str, List[str]]], common: Sequence[str] = ()) -> Dict[str, dict]:
@@ -63,14 +62,8 @@ def run_cells(sweep_dir: Path, cells: Sequence[Tuple[str, List[str]]], common: S
         proc = subprocess.run(torchrun_cmd(first, sweep_dir, module=(WORKER, str(cells_file))), cwd=REPO,
                               env=rank_env(first), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                               start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
-    out = {}
-    for (name, _), (run_dir, cfg) in zip(cells, configs):
-        summary = run_dir.read_summary()
-        if summary is None:  # this cell failed, or a cell before it ended the launch
-            summary = failure_summary(derive.identity(cfg), run_dir, derive.world_size(cfg), proc.returncode,
-                                      cfg.parallelism.nproc_per_node, cfg.parallelism.nnodes,
-                                      cfg.dist.rendezvous_timeout_s).to_dict()
-            write_json(run_dir.summary, summary)
-        out[name] = summary
+    # each cell's summary as a run's launcher writes it, with the notes a run would carry
+    out = {name: summarise(cfg, run_dir, proc.returncode, rules.notes(cfg))
+           for (name, _), (run_dir, cfg) in zip(cells, configs)}
     sweep_report.build(sweep_dir)
     return out

@@ -1,16 +1,20 @@
-"""Turn what the ranks left behind into the summary of a run that did not end ok.
+"""Turn what the ranks left behind into the run's summary.json, which only the launcher's process writes.
 
-Each rank writes its RankOutcome; a rank with no outcome file died without a report (a signal, the OOM
+A run whose every rank reported ok has its figures computed here from the reports rank 0 left
+(ranks/report.json), with the notes the launcher kept (they never go through the ranks). Otherwise: each rank writes its RankOutcome; a rank with no outcome file died without a report (a signal, the OOM
 killer), and torchrun's log says how. The run's status is its worst rank's, and among equally bad ranks the
 cause is named before its symptoms (RankOutcome.peer, a field the rank set, never a phrase matched here).
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Dict, List
 
-from ..core.records import Identity, RankOutcome, RunSummary, Status
-from ..core.rundir import RunDir, read_json
+from ..config import derive
+from ..core.records import Identity, RankOutcome, RankReport, RunSummary, Status
+from ..core.rundir import RunDir, read_json, write_json
+from ..reporting.run_summary import summary_of_finished_run
 from ..core.runlock import holder
 
 
@@ -86,3 +90,30 @@ def failure_summary(identity: Identity, run_dir: RunDir, world: int, returncode:
         params=next((o.params for o in outcomes if o.params), None),  # counted by the ranks, if they got that far
         figures=figures_reached(run_dir, worst), ranks=[o.to_dict() for o in outcomes],
         traceback=str(traceback.relative_to(run_dir.root)) if traceback.exists() else None)
+
+
+def finished_summary(cfg, run_dir: RunDir, outcomes: List[RankOutcome], notes: List[str]) -> RunSummary | None:
+    """The summary of a run whose every rank reported ok and left its report; None otherwise."""
+    if not outcomes or any(o.status != Status.OK for o in outcomes) or not run_dir.reports.exists():
+        return None
+    try:  # Python's JSON: a loss that went non-finite is read back as NaN, as the rank measured it
+        left = json.loads(run_dir.reports.read_text())
+    except (OSError, ValueError):
+        return None
+    ranks = [RankReport.from_dict(r) for r in left["ranks"]]
+    return summary_of_finished_run(cfg, ranks, left["flop_counts"], left["warnings"], read_json(run_dir.settings),
+                                   notes, (read_json(run_dir.env) or {}).get("device", ""))
+
+
+def summarise(cfg, run_dir: RunDir, returncode: int, notes: List[str], reason_prefix: str = "") -> dict:
+    """Write and return the run's summary.json: its figures when every rank finished, else the failure the
+    rank outcomes tell (`reason_prefix` first, e.g. a full disk)."""
+    p = cfg.parallelism
+    world = derive.world_size(cfg)
+    summary = finished_summary(cfg, run_dir, rank_outcomes(run_dir, world, p.nproc_per_node), notes)
+    if summary is None:
+        summary = failure_summary(derive.identity(cfg), run_dir, world, returncode, p.nproc_per_node, p.nnodes,
+                                  cfg.dist.rendezvous_timeout_s)
+        summary.reason = reason_prefix + summary.reason
+    write_json(run_dir.summary, summary.to_dict())
+    return summary.to_dict()

@@ -109,14 +109,14 @@ def run_one(cfg: DictConfig) -> dict:
         lock.release()
 
 
-def start_ranks(cfg: DictConfig, run_dir: RunDir) -> dict:
+def start_ranks(cfg: DictConfig, run_dir: RunDir, notes: list[str]) -> dict:
     """The ranks' run, once the DeepSpeed ops it needs are built; a build that failed or timed out is the
     run's result, and no rank starts."""
     blocked = ensure_ops(cfg, run_dir, rank_env(cfg))
     if blocked is not None:
         write_json(run_dir.summary, blocked.to_dict())
         return blocked.to_dict()
-    return launch(cfg, run_dir, derive.identity(cfg))
+    return launch(cfg, run_dir, notes)
 
 
 def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list[str]) -> dict:
@@ -136,11 +136,11 @@ def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list
     if earlier is not None:
         print(f"[rerun] {cfg.backend.name}: the earlier attempt moved to {earlier}", flush=True)
     write_text(run_dir.config, OmegaConf.to_yaml(cfg, resolve=True))
-    write_json(run_dir.env, {**environment(cfg), "notes": notes})  # the rank copies the notes into the summary
+    write_json(run_dir.env, environment(cfg))
     for note in notes:
         print(f"shardbench: note: {note}", file=sys.stderr, flush=True)
     try:
-        summary = start_ranks(cfg, run_dir)
+        summary = start_ranks(cfg, run_dir, notes)
     except KeyboardInterrupt:
         if not run_dir.summary.exists():  # stopped before the ranks started (building DeepSpeed's ops)
             write_json(run_dir.summary, RunSummary.interrupted(derive.identity(cfg)).to_dict())

@@ -21,7 +21,7 @@ from typing import Callable, Dict, Optional
 
 from ..config import derive
 from ..core.records import RunSummary, one_line
-from ..core.rundir import write_json
+from ..core.rundir import RunDir, write_json
 from ..core.waiting import Announcer, stderr_line
 
 POLL_S = 5.0
@@ -85,7 +85,7 @@ class AllocationWatch:
             f"SLURM never allocated job {job.job_id} ({reason}) within sweep.allocation_timeout_s="
             f"{self.bound_s:g} s (waited {waited:.0f} s); the job was cancelled")).to_dict()
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(run_dir / "summary.json", summary)
+        write_json(RunDir(run_dir).summary, summary)
         print(one_line(summary, run_dir), flush=True)
         return JobReturn(overrides=list(overrides), cfg=cfg, working_dir=str(run_dir),
                          task_name=cfg.hydra.job.name, status=JobStatus.COMPLETED, _return_value=summary)

@@ -15,12 +15,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import List
 
-from ..config.derive import world_size
+from ..config import derive
 from ..core.paths import REPO, extensions_dir
-from ..core.records import Identity, RunSummary, Status
+from ..core.records import RunSummary
 from ..core.rundir import RunDir, write_json
-from .outcome import failure_summary
+from .outcome import summarise
 from .progress import wait_announcing, wait_with_progress
 
 WORKER = "harness.runtime.worker"
@@ -160,11 +161,11 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def launch(cfg, run_dir: RunDir, identity: Identity) -> dict:
-    """Run the ranks to completion and return the run's summary (also written to summary.json)."""
+def launch(cfg, run_dir: RunDir, notes: List[str]) -> dict:
+    """Run the ranks to completion and return the run's summary (written to summary.json, with `notes`)."""
     run_dir.ranks.mkdir(parents=True, exist_ok=True)
     with sigterm_as_interrupt():  # a kill of the parent stops the ranks
-        return _launch(cfg, run_dir, identity)
+        return _launch(cfg, run_dir, notes)
 
 
 RESERVE_BYTES = 256 * 1024  # room kept back for the summary of a run that fills the disk
@@ -188,15 +189,15 @@ def disk_full_reason(run_dir: RunDir, min_free_mib: int) -> str:
             f"(paths.min_free_mib={min_free_mib}); ")
 
 
-def _launch(cfg, run_dir: RunDir, identity: Identity) -> dict:
+def _launch(cfg, run_dir: RunDir, notes: List[str]) -> dict:
     reserve = _reserve(run_dir)
     try:
-        return _launch_and_summarise(cfg, run_dir, identity, reserve)
+        return _launch_and_summarise(cfg, run_dir, notes, reserve)
     finally:
         reserve.unlink(missing_ok=True)
 
 
-def _launch_and_summarise(cfg, run_dir: RunDir, identity: Identity, reserve: Path) -> dict:
+def _launch_and_summarise(cfg, run_dir: RunDir, notes: List[str], reserve: Path) -> dict:
     with open(run_dir.launcher_log, "w") as log:
         proc = subprocess.Popen(torchrun_cmd(cfg, run_dir.root), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=rank_env(cfg), start_new_session=True,
@@ -207,21 +208,13 @@ def _launch_and_summarise(cfg, run_dir: RunDir, identity: Identity, reserve: Pat
             _stop_group(proc, grace_s=3.0)  # a user who pressed Ctrl-C is waiting; results are atomic
             proc.wait()
             reserve.unlink(missing_ok=True)
-            write_json(run_dir.summary, RunSummary.interrupted(identity, slurm_cancel()).to_dict())
+            write_json(run_dir.summary, RunSummary.interrupted(derive.identity(cfg), slurm_cancel()).to_dict())
             raise
         finally:
             _stop_group(proc, grace_s=2.0)
-    summary = run_dir.read_summary()
-    if returncode == 0 and summary and summary.get("status") == Status.OK:
-        return summary
     full = disk_full_reason(run_dir, cfg.paths.min_free_mib)
-    reserve.unlink(missing_ok=True)  # the room for this failure's summary
-    summary = failure_summary(identity, run_dir, world_size(cfg), returncode,
-                              cfg.parallelism.nproc_per_node, cfg.parallelism.nnodes,
-                              cfg.dist.rendezvous_timeout_s).to_dict()
-    summary["reason"] = full + summary["reason"]
-    write_json(run_dir.summary, summary)
-    return summary
+    reserve.unlink(missing_ok=True)  # the room for this run's summary
+    return summarise(cfg, run_dir, returncode, notes, reason_prefix=full)
 
 
 def launch_follower(cfg, run_dir: RunDir, node: int) -> int:

@@ -270,7 +270,7 @@ def memory_notes(figures: dict, ranks: List[RankReport], explained: dict) -> Lis
             break
         if method != "categorised":
             out.append("memory: the peak is exact; its split by kind is approximate for the tensors other threads "
-                       "touch (gloo's collectives, DeepSpeed's hooks), which torch's memory profiler cannot follow "
+                       "touch (gloo's collectives, a framework's hooks), which torch's memory profiler cannot follow "
                        "(torch's reason: launcher.log)")
             break
     pct = figures.get("memory/unaccounted_pct")
@@ -292,9 +292,10 @@ def unclassified_warnings(ranks: List[RankReport]) -> List[str]:
             f"({', '.join(names)}): counted as memory/model_states_unclassified_bytes, not as a component"]
 
 
-def summary_of_finished_run(cfg, ranks: List[RankReport], flop_counts: dict, env: dict, warnings: List[str],
-                            settings: dict | None = None) -> RunSummary:
-    """The summary of a run whose every rank finished: figures from every rank's report, theory beside them."""
+def summary_of_finished_run(cfg, ranks: List[RankReport], flop_counts: dict, warnings: List[str],
+                            settings: dict | None = None, notes: List[str] = (), device: str = "") -> RunSummary:
+    """The summary of a run whose every rank finished: figures from every rank's report, theory beside them;
+    the launcher's `notes` first among the notes."""
     r0 = ranks[0]
     warnings = warnings + unclassified_warnings(ranks)
     figs = figures(cfg, ranks, flop_counts)
@@ -302,10 +303,10 @@ def summary_of_finished_run(cfg, ranks: List[RankReport], flop_counts: dict, env
     explained = unaccounted_explanation(cfg, figs, ranks)
     if explained:
         figs["memory/unaccounted_explained_bytes"] = explained["bytes"]
-    notes = (env.get("notes") or []) + memory_notes(figs, ranks, explained) + time_notes(figs)
+    notes = list(notes) + memory_notes(figs, ranks, explained) + time_notes(figs)
     return RunSummary.ok(
         derive.identity(cfg), figs, errors=errors or None,
-        params=r0.params["total"], optimizer=r0.optimizer, model_init=r0.init, device=env.get("device", ""),
+        params=r0.params["total"], optimizer=r0.optimizer, model_init=r0.init, device=device,
         peak_source=r0.peak_source, warnings=warnings or None, notes=notes or None,
         profile=cfg.profile, settings=settings,
         per_rank=[{"rank": r.rank, "model_states": r.model_states, "unclassified": r.unclassified,

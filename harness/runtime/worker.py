@@ -3,10 +3,13 @@
 It reads the resolved config the parent wrote (through the typed schema), trains, and leaves its outcome in
 `<run_dir>/ranks/rank<R>.json` (a RankOutcome: ok, or failed/oom/timeout with the reason and whether it is
 the cause or a peer's symptom; the traceback goes to `rank<R>.traceback.txt`). Every rank sends its
-RankReport to rank 0, which computes the run's figures, writes summary.json and the W&B summary.
+RankReport to rank 0, which leaves them all in ranks/report.json (the launcher writes summary.json from
+them: launcher/outcome.py) and gives their figures to the W&B run's summary.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import sys
@@ -23,7 +26,7 @@ from omegaconf import OmegaConf
 
 from ..config import schema
 from ..core.records import RankOutcome, RankReport, Status
-from ..core.rundir import RunDir, read_json, write_json, write_text
+from ..core.rundir import RunDir, write_json, write_text
 from ..core.waiting import announced
 from ..reporting import run_summary
 from . import data, faults, loop, models, probes
@@ -132,10 +135,12 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
         dist.all_gather_object(gathered, report)
         if rank == 0:
             flops = flop_counts(cfg, counts) if cfg.train.measure_flops else {}
-            summary = run_summary.summary_of_finished_run(cfg, gathered, flops, read_json(run_dir.env) or {},
-                                                          list(sink.warnings), settings)
-            write_json(run_dir.summary, summary.to_dict())
-            sink.summary({**summary.figures, "status": Status.OK})
+            # the launcher writes summary.json from these; W&B's summary gets the same figures here, where its
+            # run lives
+            write_text(run_dir.reports, json.dumps({"ranks": [dataclasses.asdict(r) for r in gathered],
+                                                    "flop_counts": flops, "warnings": list(sink.warnings)}))
+            finished = run_summary.summary_of_finished_run(cfg, gathered, flops, list(sink.warnings), settings)
+            sink.summary({**finished.figures, "status": Status.OK})
         sink.finish(ok=True)
     except BaseException:
         sink.finish(ok=False)
