@@ -127,7 +127,7 @@ def test_estimate_counts_the_frozen_base_apart_from_the_adapters():
     # DDP: fp32 parameters for all of it (adapters included), fp32 gradients and Adam's m and v for the adapters
     assert by_backend["ddp"]["device_bytes"] == 4 * psi + 12 * t
     assert by_backend["fsdp"]["device_bytes"] == pytest.approx((4 * psi + 12 * t) / 2)
-    assert by_backend["ds_zero2"]["deepspeed_gpu_bytes"] is None  # its estimator trains every parameter
+    assert by_backend["ds_zero2"]["framework_estimate_gpu_bytes"] is None  # its estimator trains every parameter
 
 
 @pytest.mark.parametrize("overrides, says", [

@@ -35,8 +35,8 @@ def write_runs(root, runs: dict) -> list:
 
 def good(root):
     runs = {("gpu_gpt2", b): summary(b, "gpt2_124m", first_loss=10.95 + 0.01 * i)
-            for i, b in enumerate(gpu_check.GPT2_BACKENDS)}
-    runs.update({("gpu_llama", b): summary(b, "llama_1b", first_loss=11.9) for b in gpu_check.LLAMA_BACKENDS})
+            for i, b in enumerate(gpu_check.sweep_backends("gpu_gpt2"))}
+    runs.update({("gpu_llama", b): summary(b, "llama_1b", first_loss=11.9) for b in gpu_check.sweep_backends("gpu_llama")})
     return runs
 
 

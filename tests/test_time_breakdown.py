@@ -86,7 +86,7 @@ def test_collectives_move_the_zero_papers_volume(world):
 def test_native_ddp_buckets_and_zero3_persistence_shape_the_list():
     """DDP's native 25 MiB buckets split a 10M-parameter model's 40 MB of gradients in two; ZeRO-3 leaves
     tensors at or under its persistence threshold out of the gathers; FSDP2's native root is gathered once."""
-    s = Shape(params=10_000_000, world=2, precision="fp32", ddp_grad_copy=True, bucket_elements=10_000_000)
+    s = Shape(params=10_000_000, world=2, precision="fp32", grad_copy=True, bucket_elements=10_000_000)
     reduces = [c for c in collectives(_backend("ddp"), s) if c.size_bytes > 4]
     assert sum(c.count for c in reduces) == 2 and sum(c.count * c.size_bytes for c in reduces) == 40_000_000
     z3 = Shape(params=PSI, world=2, precision="bf16", bucket_elements=PSI, tensor_sizes=SIZES,

@@ -55,7 +55,7 @@ def bucket_elements(cfg, params: int) -> int:
 
 
 def jit_ops(cfg) -> list[str]:
-    """Native ops the run's ranks load (names of harness.warm_ops's BUILDERS), as the backend's family says: the
+    """Native ops the run's ranks load (a family's `jit_op_names`), as the backend's family says: the
     parent builds any that are missing before a rank starts (launcher/ops.py)."""
     from . import families
 

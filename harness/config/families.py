@@ -58,6 +58,12 @@ class Family:
     layout_notes: Dict[str, str] = {}  # why the real storage differs from the ZeRO paper (harness.estimate)
     pass_through: Tuple[str, ...] = ()  # fields holding the framework's own keys, checked by its rules, not ours
     term_names: Dict[str, str] = {}  # its theory's peak terms, named for a user (reporting/memory_story.py)
+    framework = ""  # whose code runs it, as a user names it in a message ("DeepSpeed's cpu_adam op")
+    representative = ""  # its backend preset (conf/backend/) when a study runs one backend per family
+    packages: Tuple[str, ...] = ()  # what it needs beyond torch (pip names): recorded in env.json and op builds
+    ranged_fields: Tuple[str, ...] = ()  # numeric backend fields whose range its rules check (config/rules.py)
+    native_buffers_note = ""  # why its native profile's buffers can dwarf the states (studies/advise_answer.py)
+    jit_op_names: Tuple[str, ...] = ()  # native ops it builds on first use (TORCH_EXTENSIONS_DIR names)
 
     THEORY = ("paper_stage", "layout", "phase_terms", "step_transients", "after_backward_buffers", "collectives",
               "paper_comm_elements", "optimizer_bytes")
@@ -70,6 +76,11 @@ class Family:
     def jit_ops(self, cfg) -> List[str]:
         """Native ops the ranks load that the parent must build first (launcher/ops.py)."""
         return []
+
+    def load_jit_op(self, op: str) -> bool:
+        """Build (or find built) and load one of `jit_op_names`; False when this accelerator has no such op.
+        Called by `make warm` (studies/warm_ops.py) in a process of its own."""
+        raise NotImplementedError(f"{type(self).__name__} builds no JIT ops")
 
     def shape_fields(self, cfg, world: int, counts: Dict[str, Any]) -> Dict[str, Any]:
         """theory.shape.Shape fields this family decides (its buckets, what it keeps gathered)."""
@@ -182,3 +193,24 @@ def every() -> List[Family]:
 def pass_through_keys() -> Tuple[str, ...]:
     """Dotted keys whose contents are a framework's own (`backend.deepspeed`): the schema does not walk them."""
     return tuple(f"backend.{key}" for family in every() for key in family.pass_through)
+
+
+def representatives() -> List[str]:
+    """One backend preset per family, in the registry's order: what a study runs when it wants one of each."""
+    return [family.representative for family in every()]
+
+
+def packages() -> Tuple[str, ...]:
+    """The packages the families need beyond torch, in the registry's order."""
+    return tuple(dict.fromkeys(p for family in every() for p in family.packages))
+
+
+def jit_op_owners() -> Dict[str, Family]:
+    """Every native op a family builds on first use -> that family (`make warm` builds them all)."""
+    return {op: family for family in every() for op in family.jit_op_names}
+
+
+def op_label(op: str) -> str:
+    """An op as messages name it: "DeepSpeed's cpu_adam"."""
+    owner = jit_op_owners().get(op)
+    return f"{owner.framework}'s {op}" if owner and owner.framework else op

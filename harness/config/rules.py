@@ -35,9 +35,14 @@ NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_
                 "fault.rank": "a rank", "fault.step": "a step"}
 BELOW_ONE = ("optim.beta1", "optim.beta2")  # Adam's decay rates: in [0, 1)
 POSITIVE_WHEN_SET = ("model.num_kv_heads", "model.intermediate_size")  # None = the family's default
-RANGED_ELSEWHERE = {"backend.zero_stage": "backend_rules", "workload.lora_rank": "finetune_check",
-                    "workload.lora_alpha": "finetune_check", "train.warmup_steps": "shape_rules",
-                    "dist.master_port": "value_rules"}
+RANGED_ELSEWHERE = {"workload.lora_rank": "finetune_check", "workload.lora_alpha": "finetune_check",
+                    "train.warmup_steps": "shape_rules", "dist.master_port": "value_rules"}
+
+
+def ranged_elsewhere() -> dict:
+    """RANGED_ELSEWHERE and the backend fields each family's own rules range-check (backend_rules)."""
+    return {**RANGED_ELSEWHERE, **{f"backend.{name}": "backend_rules" for family in families.every()
+                                   for name in family.ranged_fields}}
 
 
 def _get(cfg, dotted: str):
@@ -114,7 +119,7 @@ def device_rules(cfg, cuda_devices: Callable[[], int]) -> List[str]:
     """Precision and rank counts the machine can serve."""
     t, par, out = cfg.train, cfg.parallelism, []
     if t.precision == "fp16" and par.device == "cpu":
-        out.append("train.precision=fp16: not supported on CPU (DeepSpeed and CPU autocast refuse it); "
+        out.append("train.precision=fp16: not supported on CPU (CPU autocast and the ZeRO engine refuse it); "
                    "use train.precision=bf16 or fp32")
     if par.device == "cuda":
         have = cuda_devices()

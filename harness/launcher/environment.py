@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 
+from ..config import families
 from ..core.paths import REPO
 
 ENV_WHITELIST = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TORCH_EXTENSIONS_DIR", "WANDB_MODE",
@@ -48,7 +49,7 @@ def git_commit() -> str | None:
 def environment(cfg) -> dict:
     return {
         "python": platform.python_version(),
-        **{pkg: _version(pkg) for pkg in ("torch", "deepspeed", "transformers", "hydra-core", "wandb")},
+        **{pkg: _version(pkg) for pkg in ("torch", *families.packages(), "transformers", "hydra-core", "wandb")},
         "device": device_name(cfg),
         "host": platform.node(),
         "git_commit": git_commit(),

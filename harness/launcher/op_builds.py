@@ -25,6 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, List, Optional
 
+from ..config import families
 from ..core.paths import extensions_dir
 from ..core.runlock import RunDirBusy, RunLock, holder
 from ..core.waiting import clock, stderr_line, wait_for
@@ -43,9 +44,10 @@ def lease_name(op: str) -> str:
 
 
 def versions() -> dict:
-    """What a build depends on besides its sources: a new torch or DeepSpeed builds the op again."""
+    """What a build depends on besides its sources: a new torch, or a new version of a family's package
+    (DeepSpeed), builds the op again."""
     out = {}
-    for package in ("torch", "deepspeed"):
+    for package in ("torch", *families.packages()):
         try:
             out[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -153,7 +155,7 @@ def clear_stale(op: str, say: Callable[[str], None] = stderr_line) -> bool:
     stop(left)
     remove_build(op)
     killed = f"; stopped {len(left)} compiler process(es) it left running" if left else ""
-    say(f"shardbench: removed a stale build lock of DeepSpeed's {op} in {op_dir(op)}: the build that took it"
+    say(f"shardbench: removed a stale build lock of {families.op_label(op)} in {op_dir(op)}: the build that took it"
         f"{started}, is no longer running{killed}; the op will be built again")
     return True
 

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Optional
 
-from ..config import derive
+from ..config import derive, families
 from ..core.records import RunSummary
 from ..core.rundir import RunDir
 from . import op_builds
@@ -59,8 +59,9 @@ def _build(cfg, run_dir: RunDir, env: dict, missing: list, log_name: str) -> Opt
             proc.send_signal(signal.SIGTERM)  # it removes its partial build on SIGTERM
             proc.wait(timeout=30)
             pump.join(timeout=5)
-            return RunSummary.timeout(derive.identity(cfg), f"building DeepSpeed's {', '.join(missing)} op took "
-                                      f"over {2 * bound} s (2 x ops.build_timeout_s); see {run_dir.root / log_name}")
+            ops = ", ".join(map(families.op_label, missing))
+            return RunSummary.timeout(derive.identity(cfg), f"building {ops} op took over {2 * bound} s "
+                                      f"(2 x ops.build_timeout_s); see {run_dir.root / log_name}")
         except BaseException:  # Ctrl-C or a kill of the parent: let the build clean up after itself first
             proc.send_signal(signal.SIGTERM)
             try:
@@ -72,7 +73,7 @@ def _build(cfg, run_dir: RunDir, env: dict, missing: list, log_name: str) -> Opt
     if code == 0:
         return None
     said = next((line for line in reversed(lines) if line.startswith("shardbench: ")), f"exit code {code}")
-    reason = f"DeepSpeed's JIT ops were not ready before the ranks started: {said.removeprefix('shardbench: ')}"
+    reason = f"the JIT ops were not ready before the ranks started: {said.removeprefix('shardbench: ')}"
     if code == TIMED_OUT:
         return RunSummary.timeout(derive.identity(cfg), reason)
     return RunSummary.failed(derive.identity(cfg), reason)

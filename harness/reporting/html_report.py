@@ -44,51 +44,8 @@ TABLE = [
     ("final loss", lambda f: f.get("loss/final_loss"), "{:.5f}", None),
 ]
 
-METHODS = """\
-- **Timing.** Steps before `train.warmup_steps` are excluded. Each step is timed from the end of the previous
-  one, after a device synchronisation (`torch.cuda.synchronize`; CPU kernels are synchronous), so a step is
-  everything the loop does. A synchronous step lasts as long as its slowest rank: throughput uses the
-  per-step maximum over ranks. p50/p90/max are over the timed steps.
-- **FLOPs and MFU.** FLOPs per token are counted once with `torch.utils.flop_counter.FlopCounterMode` on a
-  meta-device copy of the model; 6·(N−N_emb) + 12·L·h·s is shown beside it. MFU uses the counted figure and
-  the dense datasheet peak of the device's exact name, else (CPU, an unlisted GPU) the best of 5 matmuls on
-  the rank (labelled measured). The measured matmul peak is always recorded as the practical ceiling
-  (`flops/mfu_of_measured_pct`). An MFU above 100% is withheld and said, never shown.
-- **Settings.** `profile=native` leaves each framework's tuning at its own defaults; `parity` uses the
-  harness's settings for exact accounting. The settings table is read back from each framework after setup.
-- **Peak memory.** The peak of live tensor bytes per rank, max over ranks. On CPU it comes from one extra
-  step after the timed window (neither timed nor logged), run under `torch.profiler` with `profile_memory`:
-  torch's memory profiler (`torch.profiler._memory_profiler.MemoryProfile`) replays every allocation and
-  free of the step, tagged by kind (parameter, gradient, optimizer state, activation, temporary). Model-state
-  tensors that existed before the step take their kind from the strategy's exact classifier; allocations
-  torch cannot tie to a tensor (gloo's, DeepSpeed's native buffers) are `unattributed`. Where torch's
-  analysis fails on a graph, the step's allocations are replayed without kinds. "unaccounted" is live bytes
-  right after backward minus the exact model states and buffers. "predicted" is model states + buffers +
-  the largest of four moments (`harness/theory/peak.py`): the end of forward, the start of backward, inside
-  the block whose backward holds the most, and the optimizer step, each with the activations kept then
-  (`harness/theory/activations.py`, counted from the modules as transformers implements them) and the
-  backend's transients (gathered parameters, gradient buckets, gradients made so far, AdamW's temporaries). On GPU the table
-  uses the caching allocator's peak allocated bytes over the timed window (`reset_peak_memory_stats` when it
-  opens). Host RSS (the kernel's `VmHWM`, reset when the timed window opens) is shown apart: on CPU it is
-  ~400 MiB of runtime per rank and says little about the model.
-- **Model states.** Bytes of the distinct storages each rank holds for parameters, gradients, master
-  weights and optimizer states (local shards, DeepSpeed's flat partitions, offloaded copies labelled host),
-  counted after the first timed backward. "predicted" is `harness/theory/memory.py`'s layout of the
-  backend; "paper" the ZeRO paper's formula; "error" is measured (max over ranks) against predicted.
-- **Where the step time goes.** Per rank, the step is split into forward, backward, the optimizer step,
-  exposed communication and the rest (`harness/runtime/time_profile.py`); the table and the plot show the
-  rank with the slowest step. On CPU the loop's phases are clocked through the timed steps themselves: the
-  exposed communication is the step's wall time less the training thread's CPU time (`time.thread_time`),
-  i.e. the time the thread is blocked on a collective (gloo's work handles, a late peer); each phase is the
-  thread's CPU time inside it; "other" is the rest (data, Python between phases). The communication total
-  comes from extra steps under `torch.profiler` (the spans of gloo's collectives). On CUDA all parts come
-  from the profiler: NCCL kernels are communication, exposed where no other kernel runs. The predicted
-  parts (`harness/theory/time.py`): counted FLOPs ÷ the measured matmul peak, optimizer bytes ÷ the measured
-  copy bandwidth, every collective of the step timed from `make collectives` (else a stated default), and
-  an overlap rule per backend; "other" is not modelled. A part that misses by more than 30% is named in
-  the run's notes.
-- **Loss.** The mean over all ranks and micro-batches of each step's loss, identical data on every backend.
-"""
+# the report's "How each figure was measured" section: prose for users, kept as the markdown it is
+METHODS = (Path(__file__).parent / "methods.md").read_text()
 
 
 def _scale(x, k):

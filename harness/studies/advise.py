@@ -53,6 +53,7 @@ class Candidate:
     tokens_per_s: Optional[float] = None
     peak_bytes: Optional[float] = None
     reason: str = ""
+    family: str = ""  # backend.family: what the answer asks the registry about
     run_dir: str = ""
     reused: bool = False  # an earlier probe with the same config, code and device (capacity.stale)
 
@@ -160,7 +161,8 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                 out.candidates.append(Candidate(
                     backend, mb, ga, ckpt, extra, predicted_peak_bytes=peak, predicted_step_s=step,
                     predicted_tokens_per_s=tokens_per_step(cfg, world) / step, fits=peak * (1 + margin) <= budget,
-                    predicted_states_bytes=theory["memory/model_states_device_predicted_bytes"]))
+                    predicted_states_bytes=theory["memory/model_states_device_predicted_bytes"],
+                    family=cfg.backend.family))
     out.candidates.sort(key=lambda c: c.predicted_step_s)
     return out
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+from ..config import families
 from ..config.compose import backends as all_backends
 from ..config.compose import compose
 from ..core.paths import REPO
@@ -84,8 +85,9 @@ def lost(p: Plan, backend: str, winner) -> str:
         rest = smallest.predicted_peak_bytes - smallest.predicted_states_bytes
         of_which = f": {size(smallest.predicted_states_bytes)} of states, {size(rest)} of buffers, activations " \
                    "and transients"
-        if rest > smallest.predicted_peak_bytes / 2 and backend.startswith("ds_") and p.profile == "native":
-            of_which += " (DeepSpeed's default 5e8-element buckets under profile=native; profile=parity sizes them)"
+        note = families.get(smallest.family).native_buffers_note if smallest.family else ""
+        if rest > smallest.predicted_peak_bytes / 2 and note and p.profile == "native":
+            of_which += f" ({note})"
         if not boundary and smallest.predicted_peak_bytes > advise.BOUNDARY_X * p.budget_bytes:
             checked = f"; not probed: the prediction is over {advise.BOUNDARY_X:g}x the budget"
         elif not boundary:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ..config import families
 from ..core.paths import REPO
 from ..core.rundir import RunDir, write_json, write_text
 from ..launcher.torchrun import rank_env, torchrun_cmd
@@ -53,7 +54,8 @@ def bare_run(run_dir: Path) -> list[float]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="ddp,fsdp,ds_zero2")
+    parser.add_argument("--backends", default=",".join(families.representatives()),
+                        help="comma-separated backends (default: one per strategy family)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="results/bench")
     args, overrides = parser.parse_known_args(argv)

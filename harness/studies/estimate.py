@@ -52,7 +52,7 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
             "backend": name, "params": shape.params, "world": n, "precision": shape.precision,
             "paper_bytes": memory.paper_bytes(memory.paper_stage(cfg.backend), shape),
             "device_bytes": total["device"], "host_bytes": total["host"], "buffers_bytes": comps.get("buffers", 0),
-            "deepspeed_gpu_bytes": ds["gpu"] if ds else None,
+            "framework_estimate_gpu_bytes": ds["gpu"] if ds else None,
             "activations_bytes": saved_activations(cfg, par, shape, False),
             "activations_ckpt_bytes": saved_activations(cfg, par, shape, True),
             "comm_bytes_per_step": comm_per_step(cfg.backend, shape)["bytes"],
@@ -78,13 +78,13 @@ def render(table: List[dict], title: str, device_gib: float | None = None) -> No
     from rich.table import Table
 
     t = Table(title=title)
-    for col in ("backend", "paper", "device", "host", "buffers", "DeepSpeed est.", "activations",
+    for col in ("backend", "paper", "device", "host", "buffers", "framework est.", "activations",
                 "act. (ckpt)", "comm/step", "peak", "peak GiB") + (("fits",) if device_gib else ()):
         t.add_column(col, justify="left" if col == "backend" else "right")
     fmt = lambda v: "-" if v is None else f"{v / GB:,.3f}"  # noqa: E731
     for r in table:
         t.add_row(r["backend"], fmt(r["paper_bytes"]), fmt(r["device_bytes"]), fmt(r["host_bytes"] or None),
-                  fmt(r["buffers_bytes"] or None), fmt(r["deepspeed_gpu_bytes"]), fmt(r["activations_bytes"]),
+                  fmt(r["buffers_bytes"] or None), fmt(r["framework_estimate_gpu_bytes"]), fmt(r["activations_bytes"]),
                   fmt(r["activations_ckpt_bytes"]), fmt(r["comm_bytes_per_step"]), fmt(r["peak_bytes"]),
                   f"{r['peak_bytes'] / GIB:,.3f}",
                   *((("yes" if fits(r["peak_bytes"], device_gib) else "no"),) if device_gib else ()))

@@ -21,28 +21,45 @@ offload, and says so.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
-from typing import List
+from typing import Dict, List
+
+from ..config import families
 
 from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
 
-# offload first: a time limit cuts the end of a sweep, never them
-GPT2_BACKENDS = ["ds_zero2_offload", "ds_zero3_offload", "ddp", "fsdp", "fsdp_grad_op", "ds_zero1", "ds_zero2",
-                 "ds_zero3"]
-LLAMA_BACKENDS = ["ddp", "fsdp", "ds_zero2", "ds_zero3"]
 COMMON = ["parallelism=gpu1", "train.precision=bf16", "logger=none", "train.steps=10", "train.warmup_steps=3",
           "train.breakdown_steps=1"]
 SWEEPS = {"gpu_gpt2": ["model=gpt2_124m", "parallelism.micro_batch=8"],  # gpu1's seq_len is capped to 1024
           "gpu_llama": ["model=llama_1b", "parallelism.micro_batch=2", "parallelism.seq_len=2048"]}
-OOM = ["backend=ddp", "model=gpt2_124m", "fault.kind=oom", "fault.step=4", "train.profile_memory=false"]
+OOM = ["model=gpt2_124m", "fault.kind=oom", "fault.step=4", "train.profile_memory=false"]
 FIRST_LOSS_RTOL = 0.02  # bf16: autocast over fp32 weights (DDP) against 16-bit weights (FSDP2, DeepSpeed)
 PEAK_TOLERANCE_PCT = 10  # the memory model's tolerance (make memory-check)
+
+
+@functools.lru_cache(maxsize=1)
+def offloading() -> Dict[str, bool]:
+    """Every backend preset -> whether it offloads the optimizer (a composition each, about 0.2 s)."""
+    from ..config.compose import backends, compose
+
+    return {b: bool(compose([f"backend={b}"]).backend.get("offload_optimizer")) for b in backends()}
+
+
+def sweep_backends(sweep: str) -> List[str]:
+    """gpt2_124m: every backend, offloading ones first (a time limit cuts the end of a sweep, never them);
+    llama_1b: every backend that keeps its states on the GPU."""
+    offloads = offloading()
+    if sweep == "gpu_gpt2":
+        return sorted(offloads, key=lambda b: not offloads[b])
+    return [b for b, off in offloads.items() if not off]
 
 
 def slug(name: str) -> str:
@@ -66,7 +83,7 @@ def check(rows: List[dict], oom: dict | None) -> List[dict]:
         firsts = {r["backend"]: r["figures"]["loss/first_loss"] for r in rows
                   if r.get("model") == model and r.get("status") == "ok" and "loss/first_loss" in r["figures"]}
         if firsts:
-            ref = firsts.get("ddp", next(iter(firsts.values())))
+            ref = statistics.median(firsts.values())  # no backend is the reference: they agree, or one is off
             off = {b: v for b, v in firsts.items() if abs(v - ref) > FIRST_LOSS_RTOL * abs(ref)}
             add(f"{model}: first losses agree within {FIRST_LOSS_RTOL:.0%}", not off,
                 ", ".join(f"{b} {v:.4f}" for b, v in sorted(firsts.items())))
@@ -90,7 +107,7 @@ def check(rows: List[dict], oom: dict | None) -> List[dict]:
 
 def render(results: List[dict], rows: List[dict], device: str, env: dict) -> str:
     lines = [f"# GPU check: {device}", "", f"torch {env.get('torch')}, transformers {env.get('transformers')}, "
-             f"deepspeed {env.get('deepspeed')}, CUDA {env.get('cuda')}. One GPU: world size 1, nothing is "
+             f"{', '.join(f'{p} {env.get(p)}' for p in families.packages())}, CUDA {env.get('cuda')}. One GPU: world size 1, nothing is "
              "sharded (wrapper overhead, precision layout and offload are what differ).", "",
              "| model | backend | status | tokens/s | MFU % | allocated peak GiB | predicted GiB | reserved GiB | "
              "first loss |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -118,7 +135,7 @@ def environment() -> dict:
         except md.PackageNotFoundError:
             return None
     return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            **{p: version(p) for p in ("transformers", "deepspeed", "hydra-core", "omegaconf", "pydantic", "peft")},
+            **{p: version(p) for p in ("transformers", *families.packages(), "hydra-core", "omegaconf", "pydantic", "peft")},
             "device": torch.cuda.get_device_name(0), "devices": torch.cuda.device_count()}
 
 
@@ -137,15 +154,14 @@ def main(argv: List[str] | None = None) -> int:
     env = environment()
     print(json.dumps(env, indent=1), flush=True)
     t = time.time()
-    from deepspeed.ops.op_builder import CPUAdamBuilder
-
-    CPUAdamBuilder().load(verbose=False)
-    env["cpu_adam_build_s"] = round(time.time() - t, 1)
-    print(f"gpu-check: DeepSpeed CPU Adam ready in {env['cpu_adam_build_s']} s", flush=True)
+    for op, owner in families.jit_op_owners().items():  # CPU Adam builds here (g++); shm comm is CPU-only
+        owner.load_jit_op(op)
+    env["jit_ops_build_s"] = round(time.time() - t, 1)
+    print(f"gpu-check: JIT ops ready in {env['jit_ops_build_s']} s", flush=True)
     root = (REPO / "results" / "runs" / "gpu_check").resolve()
     shutil.rmtree(root, ignore_errors=True)
     for name, model in SWEEPS.items():
-        backends = GPT2_BACKENDS if name == "gpu_gpt2" else LLAMA_BACKENDS
+        backends = sweep_backends(name)
         for backend in backends:  # one run at a time: a time limit stops cleanly between runs
             left = args.budget_s - (time.time() - started)
             if left < 30:

@@ -13,6 +13,7 @@ from typing import Dict, List
 
 import psutil
 
+from ..config import families
 from ..core.paths import REPO
 from ..core.rundir import RunDir
 from .subprocess_run import train_command
@@ -60,14 +61,16 @@ def run_processes(run_dir: Path) -> List[int]:
 
 
 def race_and_sigkill(root: Path) -> dict:
-    """A long ddp run holds a run dir; an fsdp launch into the same dir must refuse and change nothing; then
-    the first launcher is SIGKILLed, and nothing of its run may survive it; a re-run names the lost attempt."""
+    """A long run of one family's backend holds a run dir; a launch of another family's into the same dir must
+    refuse and change nothing; then the first launcher is SIGKILLed, and nothing of its run may survive it; a
+    re-run names the lost attempt."""
     run_dir = root / "runs" / "raced"
-    first = _start("backend=ddp", "train.steps=100000", f"paths.root={root}", f"hydra.run.dir={run_dir}")
+    holder, other = families.representatives()[:2]
+    first = _start(f"backend={holder}", "train.steps=100000", f"paths.root={root}", f"hydra.run.dir={run_dir}")
     _wait_for(run_dir / "metrics.jsonl")
     before = _fingerprint(run_dir)
     started = time.time()
-    second = subprocess.run(train_command(*QUICK, "backend=fsdp", "train.steps=30", f"paths.root={root}",
+    second = subprocess.run(train_command(*QUICK, f"backend={other}", "train.steps=30", f"paths.root={root}",
                                           f"hydra.run.dir={run_dir}"), cwd=REPO, capture_output=True, text=True)
     refused_s = time.time() - started
     after = _fingerprint(run_dir)
@@ -80,7 +83,7 @@ def race_and_sigkill(root: Path) -> dict:
     gone_s = time.time() - killed
     left = alive(pids)
     steps = [r["step"] for r in RunDir(run_dir).read_metrics()]
-    rerun = subprocess.run(train_command(*QUICK, "backend=ddp", "train.steps=3", "train.warmup_steps=1",
+    rerun = subprocess.run(train_command(*QUICK, f"backend={holder}", "train.steps=3", "train.warmup_steps=1",
                                          f"paths.root={root}", f"hydra.run.dir={run_dir}"),
                            cwd=REPO, capture_output=True, text=True)
     return {"run_dir": run_dir, "holder_pid": first.pid, "second": second, "refused_s": refused_s,
@@ -89,8 +92,9 @@ def race_and_sigkill(root: Path) -> dict:
 
 
 def concurrent_sweeps(root: Path, steps: int = 40) -> dict:
-    """The same two-run sweep started twice, the second once the first's first run is training."""
-    sweep = ["-m", "backend=ddp,fsdp", f"train.steps={steps}", "train.warmup_steps=1", f"paths.root={root}",
+    """The same two-run sweep (two families' backends) started twice, the second once the first's first run is
+    training."""
+    sweep = ["-m", "backend=" + ",".join(families.representatives()[:2]), f"train.steps={steps}", "train.warmup_steps=1", f"paths.root={root}",
              "sweep.name=twice"]
     one = _start(*sweep)
     first_run = root / "sweeps" / "twice"

@@ -1,5 +1,6 @@
-"""Build DeepSpeed's JIT ops (CPU Adam for offload, shm comm for CPU collectives) once into TORCH_EXTENSIONS_DIR,
-so that no timed run and no test pays the minute or two each takes to compile.
+"""Build the strategy families' JIT ops (config/families.py `jit_op_names`: DeepSpeed's CPU Adam for offload and
+shm comm for CPU collectives) once into TORCH_EXTENSIONS_DIR, so that no timed run and no test pays the minute or
+two each takes to compile.
 
 `make warm` runs it for every op; a run's parent runs it (`--only`) for the ops its backend needs when they are
 not built yet. An op already built costs a file check, not an import. Each build waits its turn visibly
@@ -17,12 +18,11 @@ import signal
 import sys
 import time
 
+from ..config import families
 from ..launcher import op_builds
 from ..core.paths import extensions_dir
 from ..core.waiting import WaitTimedOut
 
-# op name (torch's extension name, the dir under TORCH_EXTENSIONS_DIR) -> DeepSpeed's op builder class
-BUILDERS = {"cpu_adam": "CPUAdamBuilder", "deepspeed_shm_comm": "ShareMemCommBuilder"}
 TIMED_OUT = 3
 
 
@@ -44,23 +44,18 @@ def on_signal(signum, frame):
 
 
 def load(op: str) -> bool:
-    """Build (or find built) and load the op; False when this accelerator has no such op."""
-    from deepspeed.accelerator import get_accelerator
-
-    builder = get_accelerator().create_op_builder(BUILDERS[op])
-    if builder is None or not builder.is_compatible(verbose=False):
-        return False
-    builder.load(verbose=False)
-    return True
+    """Build (or find built) and load the op, as the family that owns it does; False when this accelerator
+    has no such op."""
+    return families.jit_op_owners()[op].load_jit_op(op)
 
 
 def build(op: str, timeout_s: float) -> None:
     lease = op_builds.take_turn(op, timeout_s)
     try:
         if op_builds.is_built(op):  # another process finished it while we waited
-            print(f"shardbench: DeepSpeed's {op} op was built by another process; using it", flush=True)
+            print(f"shardbench: {families.op_label(op)} op was built by another process; using it", flush=True)
             return
-        print(f"shardbench: building DeepSpeed's {op} op into {op_builds.op_dir(op)} (a minute or two, once per "
+        print(f"shardbench: building {families.op_label(op)} op into {op_builds.op_dir(op)} (a minute or two, once per "
               "clone; interrupting it is safe)", flush=True)
         started = time.time()
         try:
@@ -70,25 +65,26 @@ def build(op: str, timeout_s: float) -> None:
             raise
         op_builds.write_marker(op, loaded, time.time() - started)
         what = f"built in {time.time() - started:.0f} s" if loaded else "not used by this accelerator"
-        print(f"shardbench: DeepSpeed's {op} op {what}", flush=True)
+        print(f"shardbench: {families.op_label(op)} op {what}", flush=True)
     finally:
         lease.release()
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.warm_ops", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default=",".join(BUILDERS), help="comma-separated ops (default: all of them)")
+    parser.add_argument("--only", default=",".join(families.jit_op_owners()), help="comma-separated ops (default: all of them)")
     parser.add_argument("--timeout-s", type=float, default=900.0,
                         help="how long to wait for another process's build of an op (ops.build_timeout_s)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
     ops = [op for op in args.only.split(",") if op]
-    unknown = sorted(set(ops) - set(BUILDERS))
+    known = families.jit_op_owners()
+    unknown = sorted(set(ops) - set(known))
     if unknown:
-        parser.error(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(BUILDERS)}")
+        parser.error(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(known)}")
     todo = [op for op in ops if not op_builds.is_built(op)]
     if not todo:
-        print(f"DeepSpeed ops ready in {os.environ['TORCH_EXTENSIONS_DIR']}", flush=True)
+        print(f"JIT ops ready in {os.environ['TORCH_EXTENSIONS_DIR']}", flush=True)
         return 0
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
@@ -97,7 +93,7 @@ def main(argv=None) -> int:
         for current in todo:
             build(current, args.timeout_s)
     except Interrupted as stopped:
-        print(f"shardbench: {stopped} while building DeepSpeed's {current} op: its compilers are stopped and no "
+        print(f"shardbench: {stopped} while building {families.op_label(current)} op: its compilers are stopped and no "
               f"partial build is left in {op_builds.op_dir(current)}", file=sys.stderr, flush=True)
         return 128 + stopped.signum
     except WaitTimedOut as err:
@@ -107,8 +103,8 @@ def main(argv=None) -> int:
         import traceback
 
         traceback.print_exc()
-        print(f"shardbench: building DeepSpeed's {current} op failed: {type(err).__name__}: "
+        print(f"shardbench: building {families.op_label(current)} op failed: {type(err).__name__}: "
               f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}", file=sys.stderr, flush=True)
         return 1
-    print(f"DeepSpeed ops ready in {os.environ['TORCH_EXTENSIONS_DIR']}", flush=True)
+    print(f"JIT ops ready in {os.environ['TORCH_EXTENSIONS_DIR']}", flush=True)
     return 0

@@ -21,7 +21,7 @@ class Shape:
     fp32_grads: bool = True  # DeepSpeed keeps gradient partitions in fp32 (fp32 runs; parity's bf16 runs)
     persistent_params: int = 0  # ZeRO-3: elements of the parameters small enough to stay whole on every rank
     block_params: int = 0  # one transformer block: what FSDP2 gathers at a time
-    ddp_grad_copy: bool = False  # DDP keeps .grad apart from its buckets (gradient_as_bucket_view off)
+    grad_copy: bool = False  # .grad is kept apart from the gradient buckets (DDP without gradient_as_bucket_view)
     foreach: bool = False  # torch's AdamW takes its foreach path (its default on CUDA), else one tensor at a time
     blocks: int = 0  # transformer blocks (FSDP2 wraps each; the root holds the rest)
     root_reshards: bool = False  # FSDP2's root is resharded after forward (parity), else kept whole (native)

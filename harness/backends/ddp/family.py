@@ -28,6 +28,8 @@ def options(cfg, params: int) -> Dict[str, Any]:
 class DDPFamily(Family):
     name = "ddp"
     strategy_class_name = "DDPStrategy"
+    framework = "PyTorch"
+    representative = "ddp"
     term_names = {"ddp_buckets": "DDP's gradient buckets"}
     differences = (
         Difference("ddp", "bucket_cap_mb", "25 (the default)", "backend.bucket_elements × 4 B: one bucket for a "
@@ -40,7 +42,7 @@ class DDPFamily(Family):
 
     def shape_fields(self, cfg, world, counts):
         # without gradient_as_bucket_view (native) the buckets are a second copy of every gradient
-        return {"ddp_grad_copy": not options(cfg, counts["total"]).get("gradient_as_bucket_view", False)}
+        return {"grad_copy": not options(cfg, counts["total"]).get("gradient_as_bucket_view", False)}
 
     def activation_regime(self, precision):
         return "fp32" if precision == "fp32" else "autocast"
@@ -56,7 +58,7 @@ class DDPFamily(Family):
         counted as the gradient state; otherwise (native) the buckets are a second copy of every gradient (4T),
         allocated at construction, and .grad does not exist until backward makes it (the optimizer sets it to
         None): inside the last block, the head's and the block's last matmul's gradients exist."""
-        if not s.ddp_grad_copy:  # micro-batches under no_sync after .grad was set to None accumulate anew
+        if not s.grad_copy:  # micro-batches under no_sync after .grad was set to None accumulate anew
             return {"accumulated_grads": 4.0 * s.t} if s.grad_accum > 1 else {}
         out = {"ddp_buckets": 4.0 * s.t, "grads_not_yet_allocated": self.missing_grads(backend, s)}
         if k is not None and s.grad_accum == 1:
@@ -66,16 +68,16 @@ class DDPFamily(Family):
     def step_transients(self, backend, s):
         # torch's AdamW: foreach makes one temporary per tensor, single-tensor two of the largest at a time
         return {"optimizer_temporaries": 4 * s.t if s.foreach else 2 * 4 * s.largest_t,
-                "ddp_buckets": 4 * s.t if s.ddp_grad_copy else 0.0}
+                "ddp_buckets": 4 * s.t if s.grad_copy else 0.0}
 
     def after_backward_buffers(self, backend, s):
-        if s.ddp_grad_copy:
+        if s.grad_copy:
             return {"DDP's gradient buckets (a copy of every gradient, in its C++ reducer)": 4.0 * s.t}
         return {}
 
     def collectives(self, backend, s):
         # fp32 gradients (autocast keeps weights fp32), once per step, hidden behind backward
-        bucket = NATIVE_BUCKET_BYTES // 4 if s.ddp_grad_copy else s.bucket_elements
+        bucket = NATIVE_BUCKET_BYTES // 4 if s.grad_copy else s.bucket_elements
         return bucketed("all_reduce", s.t, bucket, 4, 1, "backward") + [Collective("all_reduce", 4, 1, None)]
 
     def paper_comm_elements(self, backend, s):

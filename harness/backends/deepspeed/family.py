@@ -25,6 +25,12 @@ class DeepSpeedFamily(Family):
     name = "deepspeed"
     strategy_class_name = "DeepSpeedStrategy"
     pass_through = ("deepspeed",)  # +backend.deepspeed.<key>=...: DeepSpeed's JSON keys, checked by check.py
+    framework = "DeepSpeed"
+    representative = "ds_zero2"
+    packages = ("deepspeed",)
+    ranged_fields = ("zero_stage",)
+    jit_op_names = ("cpu_adam", "deepspeed_shm_comm")
+    native_buffers_note = "DeepSpeed's default 5e8-element buckets under profile=native; profile=parity sizes them"
     term_names = {"reduce_bucket": "DeepSpeed's reduce bucket, allocated whole at reduce_bucket_size elements",
                   "prefetch_buffer": "ZeRO-3's prefetch buffer", "flat_fp32_grad": "the step's flat fp32 gradient"}
     differences = (
@@ -72,9 +78,14 @@ class DeepSpeedFamily(Family):
 
     def jit_ops(self, cfg):
         """CPU Adam under optimizer offload, and on CPU the shared-memory collectives DeepSpeed's comm layer
-        starts with (names of harness.warm_ops's BUILDERS)."""
+        starts with."""
         ops = ["cpu_adam"] if cfg.backend.offload_optimizer else []
         return ops + (["deepspeed_shm_comm"] if cfg.parallelism.device == "cpu" else [])
+
+    def load_jit_op(self, op):
+        from .jit_ops import load  # imports DeepSpeed: only in `make warm`'s own process
+
+        return load(op)
 
     def defers_gradient_sync(self, backend):
         """ZeRO-1 reduces at DeepSpeed's accumulation boundary only; ZeRO-2/3 partition the gradients, so they

@@ -24,6 +24,8 @@ def root_reshard(cfg) -> Optional[bool]:
 class FSDPFamily(Family):
     name = "fsdp"
     strategy_class_name = "FSDPStrategy"
+    framework = "PyTorch"
+    representative = "fsdp"
     term_names = {"reduce_scatter_input": "FSDP2's reduce-scatter input"}
     differences = (
         Difference("fsdp", "root module reshard_after_forward", "None (the default): the root stays unsharded "
