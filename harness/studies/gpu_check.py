@@ -3,12 +3,13 @@
     python -m harness.gpu_check [--out results/gpu] [--budget-s 470] [overrides...]
 
 1. prints the versions and the device; refuses in one line where there is no CUDA device;
-2. builds DeepSpeed's CPU Adam (the offload backends' optimizer; g++ only, no nvcc);
+2. builds the families' JIT ops: DeepSpeed's CPU Adam (the offload backends' optimizer; g++ only, no nvcc);
 3. runs every backend on gpt2_124m in bf16 (offload first, so that a time limit cannot cut them), then
-   ddp, fsdp, ds_zero2 and ds_zero3 on llama_1b, each a short real run through `python -m harness.train`;
+   every backend that keeps its states on the GPU on llama_1b, each a short real run through
+   `python -m harness.train`;
 4. injects one real CUDA OOM (`fault.kind=oom`: a rank asks the allocator for twice the card);
-5. checks (`check`): every run ok but the OOM, which reads `oom`; first losses agree across backends per model
-   (bf16: DDP's autocast against 16-bit parameters); MFU in (0, 100]; the allocator's peak within the memory
+5. checks (`check`): every run ok but the OOM, which reads `oom`; first losses agree across backends per model,
+   each within 2% of their median (bf16: DDP's autocast against 16-bit parameters); MFU in (0, 100]; the allocator's peak within the memory
    model's tolerance of the predicted peak;
 6. writes results/gpu/<device>/: summary.csv and summary.md of every run, each sweep's report.html and
    plots, env.json (versions, device) and check.md.
