@@ -61,7 +61,8 @@ def global_mean_loss(loss_sum: torch.Tensor, count: int, step: int, on_nonfinite
 class TrainStep:
     """One optimizer step: `grad_accum` micro-batches of forward and backward (gradients reduced on the last
     one only), a hook after the last backward (where model states are counted), the strategy's step, and the
-    mean loss over all ranks. Every step the loop runs, timed or measured, is this one."""
+    mean loss over all ranks (which the memory-profiled steps skip). Every step the loop runs, timed or
+    measured, is this one."""
     model: torch.nn.Module
     strategy: object
     batches: object
@@ -79,7 +80,7 @@ class TrainStep:
         return self.inject(step, loss) if micro == 0 else loss  # the identity unless fault.kind is set
 
     def __call__(self, step: int, after_backward: Callable[[], None] = lambda: None,
-                 on_nonfinite: str = "continue") -> Tuple[float, torch.Tensor]:
+                 on_nonfinite: str = "continue", mean_loss: bool = True) -> Tuple[float, torch.Tensor]:
         with phase("step"):
             loss_sum = torch.zeros((), device=self.device)
             for micro in range(self.grad_accum):
@@ -91,7 +92,8 @@ class TrainStep:
             after_backward()
             with phase("optimizer"):
                 grad_norm = self.strategy.step()
-            loss = global_mean_loss(loss_sum, self.grad_accum * self.strategy.world_size, step, on_nonfinite)
+            loss = (global_mean_loss(loss_sum, self.grad_accum * self.strategy.world_size, step, on_nonfinite)
+                    if mean_loss else math.nan)
             probes.device_sync(self.device)
         return loss, grad_norm
 
@@ -137,7 +139,9 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
         steps = [next(extra) for _ in range(max(t.memory_steps, 1))]
         for step in steps:
             with memory.profiled():
-                train_step(step, memory.marker)
+                # no loss all-reduce: a collective after the optimizer moves when gloo frees the step's
+                # buffers, which the closure check at the marker reads (with it, the 5% check failed once in 3)
+                train_step(step, memory.marker, mean_loss=False)
         result.memory_profile = memory.lowest()
         states.check_peak(result.memory_profile, steps[0])
     if snapshot_path:
