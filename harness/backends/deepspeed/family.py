@@ -10,6 +10,7 @@ from typing import List
 from ...config.derive import world_size
 from ...config.families import Difference, Family
 from . import check, theory
+from .jit_ops import BUILDERS
 from .json_config import conflicts, effective_zero
 
 SOURCE = "DeepSpeed config JSON docs, ZeRO section"
@@ -29,7 +30,7 @@ class DeepSpeedFamily(Family):
     representative = "ds_zero2"
     packages = ("deepspeed",)
     ranged_fields = ("zero_stage",)
-    jit_op_names = ("cpu_adam", "deepspeed_shm_comm")
+    jit_op_names = tuple(BUILDERS)  # jit_ops.py imports DeepSpeed only when it loads one
     native_buffers_note = "DeepSpeed's default 5e8-element buckets under profile=native; profile=parity sizes them"
     term_names = {"reduce_bucket": "DeepSpeed's reduce bucket, allocated whole at reduce_bucket_size elements",
                   "prefetch_buffer": "ZeRO-3's prefetch buffer", "flat_fp32_grad": "the step's flat fp32 gradient"}
