@@ -154,3 +154,48 @@ def test_a_probe_is_reused_only_for_the_same_config_code_and_device(tmp_path):
     assert stale(overrides, run_dir.root) == "another device (cpu: another machine (64 cores))"
     write_json(run_dir.summary, {"status": "failed"})
     assert stale(overrides, run_dir.root) == "no finished result"
+
+
+def _race(tmp_path, monkeypatch, measured: dict):
+    """A plan of two fitting candidates whose probes return `measured[run dir name]` = (tokens/s, p50 s, p90 s):
+    the ranking logic on figures chosen to be close or far (the real probes: the drills above)."""
+    from harness.studies import advise
+
+    def fake_probe(overrides, run_dir, reuse=True):
+        tps, p50, p90 = measured[run_dir.name]
+        return {"status": "ok", "figures": {"throughput/tokens_per_s": tps, "throughput/step_time_p50_s": p50,
+                                            "throughput/step_time_p90_s": p90}}
+
+    monkeypatch.setattr(advise, "run_probe", fake_probe)
+    plan = advise.Plan([], 10**9, 0.1, 4, 2, "tiny_llama", "fp32", "cpu", "native")
+    plan.candidates = [advise.Candidate(b, 1, 2, False, [f"backend={b}"], fits=True, predicted_step_s=0.01)
+                       for b in ("ddp", "fsdp")]
+    advise.measure(plan, 4, tmp_path, force=False)
+    return plan
+
+
+def test_two_candidates_within_their_noise_are_run_again_and_called_a_tie(tmp_path, monkeypatch):
+    from harness.studies.advise_answer import answer
+
+    plan = _race(tmp_path, monkeypatch, {
+        "ddp-mb1-ckptoff": (1000.0, 0.0100, 0.0108), "fsdp-mb1-ckptoff": (970.0, 0.0100, 0.0105),  # 3% apart, ±8%
+        "ddp-mb1-ckptoff-repeat": (1010.0, 0.0100, 0.0104), "fsdp-mb1-ckptoff-repeat": (960.0, 0.0100, 0.0103)})
+    ddp, fsdp = plan.candidates
+    assert ddp.runs == [1000.0, 1010.0] and ddp.tokens_per_s == 1005.0 and fsdp.tokens_per_s == 965.0
+    assert ddp.noise_pct == pytest.approx(8.0) and fsdp.noise_pct == pytest.approx(5.0)
+    said = answer(plan)
+    assert said["tie"] == ["ddp-mb1-ckptoff", "fsdp-mb1-ckptoff"]
+    assert said["sentence"].startswith("A tie: ddp (ddp-mb1-ckptoff) and fsdp (fsdp-mb1-ckptoff) are 4.1% apart "
+                                       "in tokens/s, within the 8.0% their probes vary by (2 runs each)")
+    assert said["why"]["fsdp"].startswith("tied with the winner: 4.1% slower")
+
+
+def test_a_gap_wider_than_the_noise_is_a_ranking_and_runs_nothing_again(tmp_path, monkeypatch):
+    from harness.studies.advise_answer import answer
+
+    plan = _race(tmp_path, monkeypatch, {"ddp-mb1-ckptoff": (1000.0, 0.0100, 0.0102),
+                                         "fsdp-mb1-ckptoff": (800.0, 0.0100, 0.0102)})  # 25% apart, ±2%
+    assert [c.runs for c in plan.candidates] == [[1000.0], [800.0]]  # no repeat was asked for
+    said = answer(plan)
+    assert said["tie"] == [] and said["sentence"].startswith("Use ddp with micro-batch 1")
+    assert said["why"]["fsdp"].startswith("20% slower than the winner")

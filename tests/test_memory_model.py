@@ -126,6 +126,16 @@ def test_estimate_cli_prints_every_backend_and_the_paper_figures(capsys):
         assert name in out
     for figure in ("120.000", "31.406", "16.641", "1.875"):
         assert figure in out
+    assert "step ms" not in out  # the time model only when asked: its calibration is seconds
+
+
+def test_estimate_prices_each_backends_step_with_the_time_model_when_asked(capsys):
+    from harness.studies.estimate import main
+
+    assert main(["model=tiny_llama", "--time"]) == 0
+    out = capsys.readouterr().out
+    assert "step ms" in out and "tokens/s" in out and "step ms, tokens/s: the time model (theory/time.py)" in out
+    assert all(name in out for name in BACKENDS)
 
 
 def test_estimate_says_its_budget_in_both_units_and_fits_with_the_advisors_margin(capsys):

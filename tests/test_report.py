@@ -61,7 +61,11 @@ def test_report_html_renders_in_headless_chromium(fp32_runs):
     story = dom.split('id="time-story"', 1)[1].split("</ul>", 1)[0]
     assert story.count("<li>") == len(BACKENDS) and story.count("the fastest") == 1, story
     summary, settings = dom.split('id="summary"', 1)[1].split('id="settings"', 1)
-    assert summary.count("<tr>") == 1 + len(BACKENDS)  # header + a row per backend
+    assert summary.count("<tr>") == 2 + len(BACKENDS)  # headings, headers, and a row per backend
+    # the columns sit under their headings: throughput, step time, peak, model states, ...
+    spans = [int(n) for n in re.findall(r'<th colspan="(\d+)" scope="colgroup">', summary)]
+    assert len(spans) == len(report.GROUPS) >= 5 and sum(spans) == summary.count('<th scope="col">')
+    assert "peak of live tensors per rank" in summary and "model states per rank" in summary
     assert settings.count("<tr>") == 1 + len(BACKENDS)  # and the settings each ran with
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report.png"
@@ -165,7 +169,7 @@ def test_a_prediction_that_misses_by_more_than_30_percent_is_marked_not_headline
              "figures": {"time/step_predicted_s": 0.0047, "time/step_error_pct": err, "loss/final_loss": 3.0}}
             for b, err in (("ds_zero3", 451.1), ("ddp", 12.0))]
     table = report.Table(rows, ["backend.name"])
-    column = table.headers.index("step predicted ms")
+    column = table.headers.index("step time: predicted ms")
     assert [cells[column] for cells in table.body] == [("4.7", "miss"), ("4.7", "")]
     md = report.markdown("t", "", table, {})
     assert "| 4.7 † |" in md and report.MISS_LEGEND in md
@@ -205,3 +209,76 @@ def test_every_plot_has_a_caption_that_says_what_it_shows():
     made = {"tradeoff", "bars", "memory_predicted_vs_measured", "peak_by_kind", "time_breakdown", "loss_curves"}
     assert set(CAPTIONS) == made
     assert all(len(caption(stem).split()) >= 6 for stem in made)  # a sentence, not a file name
+
+
+def rendered(monkeypatch):
+    """Every figure the plots save, drawn and kept open for the test to read."""
+    from harness.reporting import plots
+
+    figures = {}
+    real_save = plots._save
+
+    def keep(fig, path):
+        fig.canvas.draw()
+        figures[Path(path).stem] = fig
+        fig.savefig(path)
+        return path
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return figures, real_save
+
+
+def overlapping_texts(fig) -> list:
+    from matplotlib.text import Text
+
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip() and t.figure is fig]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    return [(a, b) for i, (a, box_a) in enumerate(boxes) for b, box_b in boxes[i + 1:]
+            if box_a.overlaps(box_b) and box_a.width * box_a.height > 0 and box_b.width * box_b.height > 0]
+
+
+def test_the_demo_plots_share_one_axis_one_colour_per_kind_and_no_label_collides(tmp_path, monkeypatch):
+    from harness.reporting import plots
+
+    clash = plots.pyplot().figure()
+    clash.text(0.5, 0.5, "ds_zero3"), clash.text(0.51, 0.5, "ds_zero3_offload")
+    clash.canvas.draw()
+    assert len(overlapping_texts(clash)) == 1  # the check sees a collision
+    plots.pyplot().close(clash)
+    figures, _ = rendered(monkeypatch)
+    ok = [(r, r["backend"]) for r in demo_rows()]
+    plots.tradeoff(ok, tmp_path)
+    plots.peak_by_kind(ok, tmp_path)
+    for stem, fig in figures.items():
+        assert overlapping_texts(fig) == [], stem
+    panels = [ax for ax in figures["peak_by_kind"].axes if ax.get_visible()]
+    assert len(panels) == len(ok) and len({ax.get_xlim() for ax in panels}) == 1  # one axis for every run
+    assert panels[0].get_xscale() == "log"  # 0.2 MiB of grads beside ZeRO-2's 1,907 MiB bucket
+    for ax in panels:  # a measured bar and its predicted bar per kind, in the kind's one colour
+        bars = ax.patches
+        assert all(bars[i].get_facecolor()[:3] == bars[i + 1].get_facecolor()[:3] for i in range(0, len(bars), 2))
+        assert len({bars[i].get_facecolor()[:3] for i in range(0, len(bars), 2)}) == len(plots.KINDS) + 1
+    for fig in figures.values():
+        plots.pyplot().close(fig)
+
+
+def test_the_loss_plot_shows_each_run_as_its_difference_from_the_baseline(tmp_path, monkeypatch):
+    from harness.core.rundir import write_text
+    from harness.reporting import plots
+
+    figures, _ = rendered(monkeypatch)
+    losses = {"ddp": [5.0, 4.0, 3.0], "fsdp": [5.0, 4.0, 3.0], "ds_zero3": [5.0, 4.5, 3.25]}
+    rows = []
+    for backend, curve in losses.items():
+        write_text(tmp_path / backend / "metrics.jsonl",
+                   "".join(f'{{"step": {i}, "loss/loss": {v}}}\n' for i, v in enumerate(curve)))
+        # not ok: only the loss plot, which draws every run that logged a loss, has anything to draw
+        rows.append({"backend": backend, "run_dir": backend, "status": "failed", "figures": {}, "config": {}})
+    plots.all_plots(list(reversed(rows)), [r["backend"] for r in reversed(rows)], tmp_path, tmp_path / "plots")
+    left, right = figures["loss_curves"].axes
+    assert "ddp" in left.get_title()  # the baseline, though it came last
+    diffs = {line.get_label(): list(line.get_ydata()) for line in right.get_lines() if not line.get_label().startswith("_")}
+    assert diffs == {"ds_zero3": [0.0, 0.5, 0.25], "fsdp": [0.0, 0.0, 0.0]}
+    for fig in figures.values():
+        plots.pyplot().close(fig)

@@ -64,3 +64,30 @@ def test_force_reruns_and_a_changed_config_is_not_skipped(tmp_path):
     assert train.already_done(RunDir(tmp_path), OmegaConf.merge(cfg, {"train": {"steps": 4}})) is None
     results.write_json(tmp_path / "summary.json", {"status": "oom", "backend": "fsdp"})
     assert train.already_done(RunDir(tmp_path), cfg) is None  # failed runs run again
+
+
+def test_an_adhoc_sweep_name_resumes_as_one_plain_override():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from harness.launcher.sweep_callback import adhoc_sweep_name
+
+    name = adhoc_sweep_name(["backend=ddp,fsdp", "train.steps=5", "paths.root=/tmp/x", "model.pretrained_path=/a/b"],
+                            "20261124-054000")
+    assert name == "adhoc-20261124-054000-backend_ddp+fsdp-train.steps_5"
+    override = OverridesParser.create().parse_overrides([f"sweep.name={name}"])[0]
+    assert not override.is_sweep_override() and override.value() == name
+    assert adhoc_sweep_name([], "20261124-054000") == "adhoc-20261124-054000"
+
+
+def test_each_adhoc_multirun_gets_its_own_sweep_dir_and_table(tmp_path):
+    # two configs the rules refuse: each job records an `invalid` row and no rank starts (a few s of Hydra)
+    args = ["-m", "backend=ddp,fsdp", "train.precision=fp16", f"paths.root={tmp_path}", "logger=none"]
+    first, second = cli(*args, timeout=120), cli(*args, timeout=120)
+    dirs = sorted((tmp_path / "sweeps").iterdir())
+    assert len(dirs) == 2, dirs
+    for sweep_dir, proc in zip(dirs, (first, second)):
+        assert sweep_dir.name.startswith("adhoc-") and sweep_dir.name.endswith("-backend_ddp+fsdp-train.precision_fp16-logger_none")
+        assert f"sweep.name={sweep_dir.name}" in proc.stdout, proc.stdout
+        rows = summaries(sweep_dir)
+        assert sorted(rows) == ["ddp", "fsdp"] and {r["status"] for r, _ in rows.values()} == {"invalid"}
+        assert (sweep_dir / "multirun.yaml").exists() and "invalid" in (sweep_dir / "summary.md").read_text()

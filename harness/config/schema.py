@@ -146,6 +146,9 @@ class TrainConfig:
     # and buffers excluded) exceed this many bytes fails as `oom`: a smaller card, emulated on any device.
     # On CUDA it also caps the caching allocator (set_per_process_memory_fraction), so activations count.
     memory_budget_bytes: int = 0
+    # a run whose predicted peak exceeds the host's available memory (CPU: per rank x ranks on the node) or
+    # its device's free memory (CUDA) ends as `oom` before anything is allocated (runtime/preflight.py)
+    refuse_predicted_oom: bool = True
 
 
 @dataclass
@@ -211,7 +214,9 @@ class PathsConfig:
 
 @dataclass
 class SweepConfig:
-    name: str = "adhoc"  # sweep dir name under <root>/sweeps/, and the W&B group
+    # sweep dir name under <root>/sweeps/, and the W&B group; a multirun that leaves it at ADHOC_SWEEP gets
+    # its own, from its time and overrides (launcher/sweep_callback.py)
+    name: str = "adhoc"
     # hydra/launcher=slurm: how long a run's SLURM job may stay pending, from the sweep's submission, before it
     # is cancelled and recorded as a `timeout` row (harness/launcher/slurm.py); a day by default
     allocation_timeout_s: int = 86_400
@@ -239,6 +244,7 @@ class RunConfig:
     force: bool = False  # true: run it again anyway
 
 
+ADHOC_SWEEP = SweepConfig.name
 MAX_DIRNAME = 200  # a file name may hold 255 bytes; room for Hydra's and the lock's suffixes
 
 

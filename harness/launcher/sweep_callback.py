@@ -1,14 +1,18 @@
 """The Hydra callback of every run and sweep (conf/config.yaml): it refuses a bad output dir before Hydra
-creates it, counts a sweep's jobs for the progress line, and builds the sweep's report when it ends."""
+creates it, gives an ad-hoc sweep its own dir, counts a sweep's jobs for the progress line, and builds the
+sweep's report when it ends."""
 from __future__ import annotations
 
+import re
 import sys
+import time
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
 from ..config.compose import options
 from ..config.rules import output_problems
+from ..config.schema import ADHOC_SWEEP, MAX_DIRNAME
 from ..core.rundir import SWEEP_JOBS_FILE, wandb_sync_hint, write_text
 from ..reporting import sweep_report
 
@@ -30,6 +34,45 @@ def job_count(config) -> int:
         elif override.is_sweep_override():
             count *= len(list(override.sweep_string_iterator()))
     return count
+
+
+def adhoc_sweep_name(overrides, stamp: str) -> str:
+    """An ad-hoc multirun's sweep name: the time, then its overrides, in characters Hydra's override grammar
+    takes unquoted (`=` as `_`, `,` as `+`), so that `sweep.name=<it>` resumes it. Path-valued overrides are
+    left out of the name, as they are of a run dir's."""
+    kept = [o for o in overrides if "/" not in o and not o.startswith(("paths.root=", "force="))]
+    slug = re.sub(r"[^A-Za-z0-9_.+-]", "_", "-".join(kept).replace("=", "_").replace(",", "+"))
+    return f"{ADHOC_SWEEP}-{stamp}" + (f"-{slug}" if slug else "")[:MAX_DIRNAME - 40]
+
+
+def name_adhoc_sweep(config) -> None:
+    """A multirun that names no sweep gets its own dir, so that two sweeps never share a table or overwrite
+    each other's multirun.yaml. The name goes in as a command-line override, which every job composes, and
+    into the sweep's own config, which names its dir; it also becomes the W&B group."""
+    from omegaconf import open_dict, read_write
+
+    task = list(config.hydra.overrides.task)
+    named = any(o.lstrip("+~").startswith("sweep.name=") for o in task) or \
+        any(o.startswith("hydra.sweep.dir=") for o in config.hydra.overrides.hydra)
+    if config.sweep.name != ADHOC_SWEEP or named:
+        return
+    stamp, again = time.strftime("%Y%m%d-%H%M%S"), 1
+    with read_write(config), open_dict(config):
+        config.sweep.name = adhoc_sweep_name(task, stamp)
+        while Path(config.hydra.sweep.dir).exists():  # two launched in the same second
+            again += 1
+            config.sweep.name = adhoc_sweep_name(task, f"{stamp}.{again}")
+        name = config.sweep.name
+        config.hydra.overrides.task.append(f"sweep.name={name}")
+    print(f"shardbench: sweep dir {config.hydra.sweep.dir}; add sweep.name={name} to resume it", flush=True)
+
+
+def keep_earlier_multirun_yaml(sweep_dir: Path) -> None:
+    """A named sweep run again keeps the config of each earlier launch (Hydra would overwrite it)."""
+    earlier = sweep_dir / "multirun.yaml"
+    if earlier.exists():
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(earlier.stat().st_mtime))
+        earlier.rename(sweep_dir / f"multirun-{stamp}.yaml")
 
 
 def refuse_bad_output(paths, out_dir: str) -> None:
@@ -70,7 +113,9 @@ class SweepTable(Callback):
         refuse_invalid(config)
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        name_adhoc_sweep(config)
         refuse_bad_output(config.paths, config.hydra.sweep.dir)
+        keep_earlier_multirun_yaml(Path(config.hydra.sweep.dir))
         try:
             write_text(Path(config.hydra.sweep.dir) / SWEEP_JOBS_FILE, str(job_count(config)))
         except Exception as exc:  # noqa: BLE001 - a progress count must never stop a sweep

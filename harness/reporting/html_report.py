@@ -19,30 +19,38 @@ from .plots import all_plots, caption
 from .time_story import sentences
 
 MiB = 2**20
-# (header, value, format, which is best: "max", "min" or None)
-TABLE = [
-    ("tokens/s", lambda f: f.get("throughput/tokens_per_s"), "{:,.0f}", "max"),
-    ("tokens/s/device", lambda f: f.get("throughput/tokens_per_s_per_device"), "{:,.0f}", "max"),
-    ("samples/s", lambda f: f.get("throughput/samples_per_s"), "{:,.1f}", "max"),
-    ("step p50 ms", lambda f: _scale(f.get("throughput/step_time_p50_s"), 1e3), "{:.1f}", "min"),
-    ("step p90 ms", lambda f: _scale(f.get("throughput/step_time_p90_s"), 1e3), "{:.1f}", "min"),
-    ("step max ms", lambda f: _scale(f.get("throughput/step_time_max_s"), 1e3), "{:.1f}", "min"),
-    ("exposed comm %", lambda f: f.get("time/comm_exposed_pct"), "{:.0f}", "min"),
-    ("step predicted ms", lambda f: _scale(f.get("time/step_predicted_s"), 1e3), "{:.1f}", None),
-    ("TFLOP/s/device", lambda f: f.get("flops/achieved_tflops_per_device"), "{:.4f}", "max"),
-    ("MFU %", lambda f: f.get("flops/mfu_pct"), "{:.2f}", "max"),
-    ("peak MiB/rank", lambda f: _scale(f.get("memory/peak_mem_bytes"), 1 / MiB), "{:,.2f}", "min"),
-    ("peak predicted", lambda f: _scale(f.get("memory/tensor_peak_predicted_bytes"), 1 / MiB), "{:,.2f}", None),
-    ("peak error %", lambda f: f.get("memory/tensor_peak_error_pct"), "{:+.1f}", None),
-    ("unaccounted %", lambda f: f.get("memory/unaccounted_pct"), "{:+.1f}", None),
-    ("host RSS MiB", lambda f: _scale(f.get("memory/host_peak_bytes_max"), 1 / MiB), "{:,.0f}", None),
-    ("states MiB/rank", lambda f: _scale(f.get("memory/model_states_total_bytes_max"), 1 / MiB), "{:.3f}", "min"),
-    ("states predicted", lambda f: _scale(f.get("memory/model_states_predicted_bytes"), 1 / MiB), "{:.3f}", None),
-    ("states error %", lambda f: f.get("memory/model_states_error_pct"), "{:+.2f}", None),
-    ("paper MiB", lambda f: _scale(f.get("memory/model_states_paper_bytes"), 1 / MiB), "{:.3f}", None),
-    ("comm MiB/step", lambda f: _scale(f.get("comm/predicted_bytes_per_step"), 1 / MiB), "{:.2f}", "min"),
-    ("final loss", lambda f: f.get("loss/final_loss"), "{:.5f}", None),
+# The table's columns under their headings: (heading, [(header, value, format, which is best: "max", "min" or
+# None)]). Each measured figure is followed by its prediction and how far apart they are.
+GROUPS = [
+    ("throughput", [
+        ("tokens/s", lambda f: f.get("throughput/tokens_per_s"), "{:,.0f}", "max"),
+        ("tokens/s/device", lambda f: f.get("throughput/tokens_per_s_per_device"), "{:,.0f}", "max"),
+        ("samples/s", lambda f: f.get("throughput/samples_per_s"), "{:,.1f}", "max"),
+        ("TFLOP/s/device", lambda f: f.get("flops/achieved_tflops_per_device"), "{:.4f}", "max"),
+        ("MFU %", lambda f: f.get("flops/mfu_pct"), "{:.2f}", "max")]),
+    ("step time", [
+        ("p50 ms", lambda f: _scale(f.get("throughput/step_time_p50_s"), 1e3), "{:.1f}", "min"),
+        ("p90 ms", lambda f: _scale(f.get("throughput/step_time_p90_s"), 1e3), "{:.1f}", "min"),
+        ("max ms", lambda f: _scale(f.get("throughput/step_time_max_s"), 1e3), "{:.1f}", "min"),
+        ("exposed comm %", lambda f: f.get("time/comm_exposed_pct"), "{:.0f}", "min"),
+        ("predicted ms", lambda f: _scale(f.get("time/step_predicted_s"), 1e3), "{:.1f}", None)]),
+    ("peak of live tensors per rank", [
+        ("measured MiB", lambda f: _scale(f.get("memory/peak_mem_bytes"), 1 / MiB), "{:,.2f}", "min"),
+        ("predicted MiB", lambda f: _scale(f.get("memory/tensor_peak_predicted_bytes"), 1 / MiB), "{:,.2f}", None),
+        ("error %", lambda f: f.get("memory/tensor_peak_error_pct"), "{:+.1f}", None),
+        ("unaccounted %", lambda f: f.get("memory/unaccounted_pct"), "{:+.1f}", None),
+        ("host RSS MiB", lambda f: _scale(f.get("memory/host_peak_bytes_max"), 1 / MiB), "{:,.0f}", None)]),
+    ("model states per rank", [
+        ("measured MiB", lambda f: _scale(f.get("memory/model_states_total_bytes_max"), 1 / MiB), "{:.3f}", "min"),
+        ("predicted MiB", lambda f: _scale(f.get("memory/model_states_predicted_bytes"), 1 / MiB), "{:.3f}", None),
+        ("error %", lambda f: f.get("memory/model_states_error_pct"), "{:+.2f}", None),
+        ("ZeRO paper MiB", lambda f: _scale(f.get("memory/model_states_paper_bytes"), 1 / MiB), "{:.3f}", None)]),
+    ("communication", [
+        ("MiB/step", lambda f: _scale(f.get("comm/predicted_bytes_per_step"), 1 / MiB), "{:.2f}", "min")]),
+    ("loss", [("final", lambda f: f.get("loss/final_loss"), "{:.5f}", None)]),
 ]
+# one column each, keyed "<heading>: <header>" (unique, and what the markdown table shows)
+TABLE = [(f"{group}: {header}", get, fmt, best) for group, columns in GROUPS for header, get, fmt, best in columns]
 
 # the report's "How each figure was measured" section: prose for users, kept as the markdown it is
 METHODS = (Path(__file__).parent / "methods.md").read_text()
@@ -83,8 +91,9 @@ def _inline(text: str) -> str:
 
 MISS_PCT = 30  # a prediction further than this from its measurement is shown as a miss, not as a figure
 # a prediction's column -> the figure that says how far it is from the measurement, in percent
-MISSED_BY = {"step predicted ms": "time/step_error_pct", "peak predicted": "memory/tensor_peak_error_pct",
-             "states predicted": "memory/model_states_error_pct"}
+MISSED_BY = {"step time: predicted ms": "time/step_error_pct",
+             "peak of live tensors per rank: predicted MiB": "memory/tensor_peak_error_pct",
+             "model states per rank: predicted MiB": "memory/model_states_error_pct"}
 MISS_LEGEND = (f"† a prediction more than {MISS_PCT}% from its measurement: shown, not to be trusted (the notes and "
                "the time story say where it misses)")
 
@@ -170,7 +179,10 @@ def _figure(path: Path) -> str:
 def page(name: str, context: str, table: Table, plots: Dict[str, Path]) -> str:
     """A self-contained report.html: the plots are inlined, so the file can be mailed or attached."""
     esc = html.escape
-    head = "".join(f"<th>{esc(h)}</th>" for h in table.headers)
+    head = '<th rowspan="2">run</th><th rowspan="2">status</th>' + "".join(
+        f'<th colspan="{len(columns)}" scope="colgroup">{esc(group)}</th>' for group, columns in GROUPS)
+    head += "</tr><tr>" + "".join(f'<th scope="col">{esc(header)}</th>' for _, columns in GROUPS
+                                  for header, *_ in columns)
     miss_title = f' title="off by more than {MISS_PCT}% from the measurement"'
     rows = "".join("<tr>" + "".join(f'<td class="{mark}"{miss_title if mark == "miss" else ""}>'
                                     f'{esc(c)}{" †" if mark == "miss" else ""}</td>' for c, mark in cells)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from ..config import families
 from ..core.rundir import RunDir
 
 MiB = 2**20
@@ -28,14 +29,17 @@ def _save(fig, path: Path) -> Path:
 
 
 def tradeoff(ok: Labelled, out_dir: Path) -> Path:
-    fig, ax = pyplot().subplots(figsize=(7, 4.5))
-    for r, lab in ok:
+    """One marker per run, named in the legend beside the plot: labels written at the points collide when
+    runs sit close together (eight backends of one tiny model do)."""
+    fig, ax = pyplot().subplots(figsize=(9, 4.5))
+    markers = "os^Dv<>Ph*X"
+    for i, (r, lab) in enumerate(ok):
         x, y = r["figures"].get("memory/peak_mem_bytes", 0) / MiB, r["figures"]["throughput/tokens_per_s"]
-        ax.scatter(x, y, s=50)
-        ax.annotate(lab, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.scatter(x, y, s=60, marker=markers[i % len(markers)], label=lab, alpha=0.85)
     ax.set(xscale="log", xlabel="peak tensor memory per rank (MiB, log)", ylabel="tokens/s (global)",
            title="Throughput against peak memory (up and left is better)")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return _save(fig, out_dir / "tradeoff.png")
 
 
@@ -64,42 +68,67 @@ def memory_predicted_vs_measured(ok: Labelled, out_dir: Path) -> Path:
     return _save(fig, out_dir / "memory_predicted_vs_measured.png")
 
 
-MEASURED_KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")
+KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")  # runtime/memory_profile.KINDS
 PEAK_PHASES = ("forward_end", "backward_start", "block_backward", "gradient_reduce", "step", "param_gather")  # theory/peak.PHASES
+STATE_KIND = {"params": "params", "grads": "grads", "master": "optimizer", "optimizer": "optimizer"}
+
+
+def predicted_kinds(f: dict) -> Dict[str, float]:
+    """The predicted peak in the measured kinds: the states by component, the theory's activations at the
+    peak's phase, and its buffers and transient terms (buckets, gathered layers, the optimizer's temporaries)
+    as temporaries. A negative term (gradients that do not exist yet at that moment) comes off the grads."""
+    out = dict.fromkeys(KINDS, 0.0)
+    for component, kind in STATE_KIND.items():
+        out[kind] += f.get(f"memory/model_states_{component}_predicted_bytes", 0) + \
+            f.get(f"memory/model_states_host_{component}_predicted_bytes", 0)
+    phase = max(PEAK_PHASES, key=lambda ph: f.get(f"memory/peak_at_{ph}_predicted_bytes", 0))
+    terms = {k: v for k, v in f.items() if k.startswith(f"memory/{phase}_") and k.endswith("_predicted_bytes")}
+    out["activations"] = terms.pop(f"memory/{phase}_activations_predicted_bytes", 0)
+    out["grads"] += sum(min(v, 0) for v in terms.values())
+    out["temporaries"] = f.get("memory/buffers_predicted_bytes", 0) + sum(max(v, 0) for v in terms.values())
+    return out
 
 
 def peak_by_kind(ok: Labelled, out_dir: Path) -> Optional[Path]:
-    """Two bars per run, measured and predicted, each split into its kinds as a share of its own total, with
-    the total in MiB at its end: one shared MiB axis would hide a 3 MiB run beside DeepSpeed's 2 GB bucket."""
+    """One panel per run, all on one MiB axis (log when the sizes span more than 30x): for each kind a
+    measured bar and a predicted one, in that kind's colour (predicted hatched), and the totals."""
     ok = [(r, lab) for r, lab in ok if "memory/tensor_peak_bytes_max" in r["figures"]]
     if not ok:
         return None
-    predicted_terms = ("model states", "buffers", "activations (theory)", "transients (the peak's phase)")
-    fig, ax = pyplot().subplots(figsize=(11, 0.9 * len(ok) + 2.2))
-    colours = pyplot().get_cmap("tab10")
-    for i, (r, lab) in enumerate(ok):
+    plt = pyplot()
+    colours = plt.get_cmap("tab10")
+    cols = 2 if len(ok) > 1 else 1
+    rows = -(-len(ok) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(11, 2.3 * rows + 1.2), sharex=True, squeeze=False)
+    sizes = []
+    names = (*KINDS, "total")
+    for ax, (r, lab) in zip(axes.flat, ok):
         f = r["figures"]
-        measured = [f.get(f"memory/tensor_peak_{k}_bytes", 0) for k in MEASURED_KINDS]
-        # the phase the theory puts the peak in, and its terms beyond states and buffers; a negative term
-        # (gradients that do not exist yet) is taken off the states, so that every segment is a size
-        phase = max(PEAK_PHASES, key=lambda ph: f.get(f"memory/peak_at_{ph}_predicted_bytes", 0))
-        terms = {k: v for k, v in f.items() if k.startswith(f"memory/{phase}_") and k.endswith("_predicted_bytes")}
-        activations = terms.pop(f"memory/{phase}_activations_predicted_bytes", 0)
-        predicted = [f.get("memory/model_states_predicted_bytes", 0) + sum(min(v, 0) for v in terms.values()),
-                     f.get("memory/buffers_predicted_bytes", 0), activations, sum(max(v, 0) for v in terms.values())]
-        for row, values, names, offset in ((2 * i, measured, MEASURED_KINDS, 0), (2 * i + 1, predicted, predicted_terms, 6)):
-            total, left = sum(values), 0.0
-            for j, (v, name) in enumerate(zip(values, names)):
-                share = 100 * v / total if total else 0
-                ax.barh(row, share, left=left, color=colours(j + offset), label=name if i == 0 else None)
-                left += share
-            ax.text(101, row, f"{total / MiB:,.2f} MiB", va="center", fontsize=7)
-    ax.set_yticks([x for i in range(len(ok)) for x in (2 * i, 2 * i + 1)],
-                  [f"{lab} {side}" for _, lab in ok for side in ("measured", "predicted")], fontsize=7)
-    ax.invert_yaxis()
-    ax.set(xlim=(0, 118), xlabel="% of the bar's own peak (rank with the highest peak); the total is at its end",
-           title="Peak tensor memory by kind: measured and predicted")
-    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.09))
+        measured = {k: f.get(f"memory/tensor_peak_{k}_bytes", 0) for k in KINDS}
+        measured["total"] = f["memory/tensor_peak_bytes_max"]
+        predicted = predicted_kinds(f)
+        predicted["total"] = f.get("memory/tensor_peak_predicted_bytes", 0)
+        for j, kind in enumerate(names):
+            colour = "0.35" if kind == "total" else colours(j)
+            ax.barh(j - 0.2, measured[kind] / MiB, 0.4, color=colour, label="measured" if j == 0 else None)
+            ax.barh(j + 0.2, predicted[kind] / MiB, 0.4, color=colour, alpha=0.45, hatch="//",
+                    label="predicted" if j == 0 else None)
+        sizes += [v / MiB for v in (*measured.values(), *predicted.values()) if v > 0]
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(f"{lab}: {measured['total'] / MiB:,.2f} MiB measured, "
+                     f"{predicted['total'] / MiB:,.2f} predicted", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    for ax in list(axes.flat)[len(ok):]:
+        ax.set_visible(False)
+    log = bool(sizes) and max(sizes) / min(sizes) > 30
+    for ax in axes[-1]:
+        ax.set_xlabel("MiB per rank" + (" (log)" if log else ""), fontsize=8)
+    if log:  # down to 1e-5 of the largest: a few KiB beside a 2 GB bucket would only stretch the axis
+        axes[0][0].set_xscale("log")
+        axes[0][0].set_xlim(left=max(min(sizes) / 2, max(sizes) * 1e-5))
+    fig.suptitle("Peak of live tensors per rank by kind: measured (solid) and predicted (hatched), "
+                 "on one axis", fontsize=10)
     return _save(fig, out_dir / "peak_by_kind.png")
 
 
@@ -133,17 +162,26 @@ def time_breakdown(ok: Labelled, out_dir: Path) -> Optional[Path]:
 
 
 def loss_curves(rows: Labelled, sweep_dir: Path, out_dir: Path) -> Optional[Path]:
-    curves = [(lab, [x for x in RunDir(sweep_dir / r["run_dir"]).read_metrics()
-                     if x.get("loss/loss") is not None and "step" in x]) for r, lab in rows]
-    curves = [(lab, recs) for lab, recs in curves if recs]
+    """The first run's loss (all_plots puts the baseline first), and every other run's difference from it: identical curves drawn over each other hide
+    any disagreement, a difference of zero shows it."""
+    curves = [(lab, {x["step"]: x["loss/loss"] for x in RunDir(sweep_dir / r["run_dir"]).read_metrics()
+                     if x.get("loss/loss") is not None and "step" in x}) for r, lab in rows]
+    curves = [(lab, losses) for lab, losses in curves if losses]
     if not curves:
         return None
-    fig, ax = pyplot().subplots(figsize=(9, 4.5))
-    for lab, recs in curves:
-        ax.plot([x["step"] for x in recs], [x["loss/loss"] for x in recs], marker=".", label=lab, alpha=0.8)
-    ax.set(xlabel="step", ylabel="loss (mean over ranks)", title="Loss curves: parity across backends")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
+    (ref_label, ref), others = curves[0], curves[1:]
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(12, 4.5))
+    left.plot(list(ref), list(ref.values()), marker=".", color="0.3")
+    left.set(xlabel="step", ylabel="loss (mean over ranks)", title=f"Loss of {ref_label}")
+    for lab, losses in others:
+        steps = [s for s in losses if s in ref]
+        right.plot(steps, [losses[s] - ref[s] for s in steps], marker=".", label=lab, alpha=0.8)
+    right.axhline(0, color="0.3", lw=0.8)
+    right.set(xlabel="step", ylabel=f"loss minus {ref_label}'s", title=f"Every other run's difference from {ref_label}")
+    if others:
+        right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
     return _save(fig, out_dir / "loss_curves.png")
 
 
@@ -153,10 +191,11 @@ CAPTIONS = {
     "bars": "Throughput (tokens/s over all ranks) and peak tensor memory per rank, per backend.",
     "memory_predicted_vs_measured": "Model states per rank: the ZeRO paper's formula, the memory model's layout "
                                     "and the measured bytes (the largest rank).",
-    "peak_by_kind": "The peak of live tensors per rank split by kind, measured beside predicted.",
+    "peak_by_kind": "The peak of live tensors per rank split by kind, measured beside predicted, one panel per "
+                    "run on a shared axis.",
     "time_breakdown": "Where the step time goes: forward, backward compute, the optimizer, exposed communication "
                       "and the rest, measured beside the time model's prediction.",
-    "loss_curves": "Loss per step for every run of the sweep.",
+    "loss_curves": "The reference run's loss per step, and every other run's difference from it (zero is parity).",
 }
 
 
@@ -170,5 +209,8 @@ def all_plots(rows: List[dict], labels: List[str], sweep_dir: Path, out_dir: Pat
     ok = [(r, lab) for r, lab in labelled if r.get("status") == "ok" and r["figures"]]
     made = [tradeoff(ok, out_dir), bars(ok, out_dir), memory_predicted_vs_measured(ok, out_dir),
             peak_by_kind(ok, out_dir), time_breakdown(ok, out_dir)] if ok else []
-    made.append(loss_curves(labelled, sweep_dir, out_dir))
+    # the loss reference: the registry's first family's representative (DDP, the baseline every strategy is
+    # held equal to), else the first run
+    baseline = families.representatives()[0]
+    made.append(loss_curves(sorted(labelled, key=lambda rl: rl[0].get("backend") != baseline), sweep_dir, out_dir))
     return {p.stem: p for p in made if p is not None}

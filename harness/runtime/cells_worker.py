@@ -21,15 +21,17 @@ import torch.distributed as dist
 
 from ..core.records import RankOutcome, Status
 from ..core.rundir import RunDir, write_json, write_text
-from . import models
+from . import models, preflight
 from .worker import best_effort, classify, exit_without_teardown, load_config, reached, run, start
 
 
 def train_cell(run_dir: RunDir, rank: int, world: int, device: torch.device) -> int:
     started = time.time()
     cfg = load_config(run_dir)
-    params = models.param_count(cfg.model, cfg.workload)["total"]  # a failed row still says the size
+    counts = models.param_count(cfg.model, cfg.workload)
+    params = counts["total"]  # a failed row still says the size
     try:
+        preflight.refuse_what_cannot_fit(cfg, counts)  # as a single run's ranks do (worker.main)
         run(cfg, run_dir, rank, world, device)
     except BaseException as exc:  # noqa: BLE001 - recorded as a run's rank records it, then the launch ends
         best_effort(write_text, run_dir.rank_traceback(rank), traceback.format_exc())

@@ -29,7 +29,7 @@ from ..core.records import RankOutcome, RankReport, Status
 from ..core.rundir import RunDir, write_json, write_text
 from ..core.waiting import announced
 from ..reporting import run_summary
-from . import data, faults, loop, models, probes
+from . import data, faults, loop, models, preflight, probes
 from .sink import open_sink
 from .strategies import make_strategy
 
@@ -223,7 +223,9 @@ def main() -> int:
     watch_parent(on_parent_lost)
     params, device = None, torch.device("cpu")  # params in every outcome: a failed row still says the size
     try:
-        params = models.param_count(cfg.model, cfg.workload)["total"]
+        counts = models.param_count(cfg.model, cfg.workload)
+        params = counts["total"]
+        preflight.refuse_what_cannot_fit(cfg, counts)
         rank, world, device = start(cfg, run_dir)
         run(cfg, run_dir, rank, world, device)
         outcome, code = RankOutcome(rank, Status.OK, params=params, elapsed_s=time.time() - started, node=node), 0

@@ -14,12 +14,18 @@ largest of the step's four moments' activations and transients, theory/peak.py) 
 (theory/time.py: FLOPs / this device's measured matmul peak, collectives over `make collectives`' table or
 the stated default link, the backend's overlap rule). `--dry-run` prints that table and stops.
 
-Stage 2, measurement: each backend's fastest predicted candidate that fits is run for a few steps under
-`train.memory_budget_bytes` (a smaller card, emulated: on CPU the budget bounds the profiled peak of live
-tensors), up to `--max-probes` runs in all, recorded under results/advise/<name>/probes/ and reused on a
-re-run. A measured OOM removes the candidate, is recorded as a miss of the memory model, and the backend's
-next candidate takes its place. Where a backend's fastest candidate was predicted not to fit, the pruned
-candidate nearest the budget is probed once, to check the prediction.
+Stage 2, measurement: each backend's fastest predicted candidate that fits is run for 10 steps (8 timed)
+under `train.memory_budget_bytes` (a smaller card, emulated: on CPU the budget bounds the profiled peak of
+live tensors), up to `--max-probes` runs in all, recorded under results/advise/<name>/probes/ and reused on
+a re-run only when its config, code and device match. A measured OOM removes the candidate, is recorded as
+a miss of the memory model, and the backend's next candidate takes its place. Where a backend's fastest
+candidate was predicted not to fit, the pruned candidate nearest the budget is probed once, to check the
+prediction.
+
+Noise: a probe's noise is the spread of its timed steps, (p90 - p50) / p50. When the two fastest backends
+are closer than the larger of their noises, both are run again, each in a fresh process; a candidate's
+tokens/s is then the mean of its runs, and its noise also counts how far its runs differ. If they are still
+that close, the answer says the ranking is a tie.
 """
 from __future__ import annotations
 
@@ -33,6 +39,9 @@ from ..config.derive import tokens_per_step, world_size
 from .capacity import device_bytes, run_probe
 
 GIB = 2**30
+# a probe's length: the capacity probes' 3 steps (1 warm-up) say fit or OOM, but time 2 steps, too few to
+# rank by or to see the noise in
+TIMED = ["train.steps=10", "train.warmup_steps=2"]
 BOUNDARY_X = 1.5  # a pruned candidate predicted within this factor of the budget is worth one probe
 
 
@@ -56,6 +65,8 @@ class Candidate:
     family: str = ""  # backend.family: what the answer asks the registry about
     run_dir: str = ""
     reused: bool = False  # an earlier probe with the same config, code and device (capacity.stale)
+    runs: List[float] = field(default_factory=list)  # tokens/s of each run that trained (a repeat adds one)
+    noise_pct: Optional[float] = None  # see the module doc
 
     @property
     def name(self) -> str:
@@ -198,11 +209,29 @@ def measure(p: Plan, max_probes: int, out: Path, force: bool) -> None:
             rest = [n for n in by_backend[c.backend] if not n.status]
             if rest:
                 queue.insert(0, (rest[0], "next"))
+    close = contenders(p)
+    if close and probes + 2 <= max_probes and gap_pct(*close) <= max(c.noise_pct or 0 for c in close):
+        print(f"  {close[0].name} and {close[1].name} are {gap_pct(*close):.1f}% apart, within their noise: "
+              "running both again", flush=True)
+        for c in close:
+            probe(c, "repeat", p, out, force, repeat=True)
+        probes += 2
     for pruned in boundaries(p):
         if probes >= max_probes:
             break
         probe(pruned, "boundary", p, out, force)
         probes += 1
+
+
+def contenders(p: Plan) -> Optional[tuple]:
+    """The fastest measured candidate and the fastest of another backend, when there are two."""
+    ok = sorted((c for c in p.candidates if c.status == "ok" and c.tokens_per_s), key=lambda c: -c.tokens_per_s)
+    rival = next((c for c in ok[1:] if c.backend != ok[0].backend), None) if ok else None
+    return (ok[0], rival) if rival else None
+
+
+def gap_pct(first: Candidate, second: Candidate) -> float:
+    return 100 * (first.tokens_per_s - second.tokens_per_s) / second.tokens_per_s
 
 
 def boundaries(p: Plan) -> List[Candidate]:
@@ -219,18 +248,30 @@ def boundaries(p: Plan) -> List[Candidate]:
     return sorted(out, key=lambda c: c.predicted_peak_bytes / p.budget_bytes)
 
 
-def probe(c: Candidate, role: str, p: Plan, out: Path, force: bool) -> None:
-    """One short real run of `c` under the budget; a finished one (ok or oom) is reused unless `force`."""
-    run_dir = out / "probes" / c.name
-    overrides = [*p.overrides, *c.overrides, f"train.memory_budget_bytes={p.budget_bytes}"]
+def probe(c: Candidate, role: str, p: Plan, out: Path, force: bool, repeat: bool = False) -> None:
+    """One short real run of `c` under the budget; a finished one (ok or oom) is reused unless `force`. A
+    repeat runs in its own dir, and its tokens/s joins the first run's (see the module doc)."""
+    run_dir = out / "probes" / (c.name + ("-repeat" if repeat else ""))
+    overrides = [*p.overrides, *c.overrides, *TIMED, f"train.memory_budget_bytes={p.budget_bytes}"]
     summary = run_probe([*overrides, "force=true"] if force else overrides, run_dir, reuse=not force)
     figures = summary.get("figures", {})
-    c.role, c.status, c.reason, c.run_dir = role, summary.get("status", "failed"), summary.get("reason", ""), str(run_dir)
-    c.tokens_per_s = figures.get("throughput/tokens_per_s")
+    if repeat and summary.get("status") != "ok":  # the first run's figures stand; say what the repeat did
+        print(f"  probe {c.name} (repeat): {summary.get('status')}: {summary.get('reason', '')}", flush=True)
+        return
+    c.role = c.role if repeat else role
+    c.status, c.reason, c.run_dir = summary.get("status", "failed"), summary.get("reason", ""), str(run_dir)
+    if figures.get("throughput/tokens_per_s"):
+        c.runs.append(figures["throughput/tokens_per_s"])
+        p50, p90 = figures.get("throughput/step_time_p50_s"), figures.get("throughput/step_time_p90_s")
+        spreads = [c.noise_pct or 0.0] + ([100 * (p90 - p50) / p50] if p50 and p90 else [])
+        if len(c.runs) > 1:
+            spreads.append(100 * (max(c.runs) - min(c.runs)) / min(c.runs))
+        c.noise_pct = max(spreads)
+    c.tokens_per_s = sum(c.runs) / len(c.runs) if c.runs else None
     c.peak_bytes = device_bytes(summary)  # for an OOM, what it reached
     c.reused = bool(summary.get("reused"))
     print(f"  probe {c.name} ({role}): {c.status}" + (" (reused: same config, code and device)" if c.reused else "")
-          + (f", {c.tokens_per_s:,.0f} tokens/s" if c.tokens_per_s else "")
+          + (f", {c.tokens_per_s:,.0f} tokens/s ± {c.noise_pct:.1f}%" if c.tokens_per_s else "")
           + (f", peak {size(c.peak_bytes)} (predicted {size(c.predicted_peak_bytes)})" if c.peak_bytes else "")
           + (f": {c.reason}" if c.status not in ("ok", "oom") else ""), flush=True)
 

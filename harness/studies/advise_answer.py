@@ -18,7 +18,7 @@ from ..theory.predict import FIT_MARGIN
 from ..reporting.plots import pyplot
 from ..reporting.sweep_report import log_summary_run
 from . import advise
-from .advise import GIB, Candidate, Plan, measure, plan, size, to_dict
+from .advise import GIB, Candidate, Plan, contenders, gap_pct, measure, plan, size, to_dict
 
 
 def answer(p: Plan) -> dict:
@@ -31,6 +31,8 @@ def answer(p: Plan) -> dict:
     misses = [{"candidate": c.name, "predicted_fit": c.fits, "status": c.status,
                "predicted_peak_bytes": c.predicted_peak_bytes, "peak_bytes": c.peak_bytes,
                "error_pct": error_pct(c), "why": why_miss(p, c)} for c in p.candidates if why_miss(p, c)]
+    close = contenders(p)
+    tie = close if close and gap_pct(*close) <= max(c.noise_pct or 0 for c in close) else None
     if winner:
         sentence = (f"Use {winner.backend} with micro-batch {winner.micro_batch}, activation checkpointing "
                     f"{'on' if winner.checkpointing else 'off'}: {winner.tokens_per_s:,.0f} tokens/s, peak "
@@ -38,7 +40,16 @@ def answer(p: Plan) -> dict:
     else:
         sentence = (f"No probed candidate trained under {size(p.budget_bytes)} per rank: "
                     + "; ".join(f"{b}: {w}" for b, w in why.items()))
+    if tie:
+        first, second = tie
+        gap, noise, runs = gap_pct(first, second), max(c.noise_pct or 0 for c in tie), min(len(c.runs) for c in tie)
+        why[second.backend] = (f"tied with the winner: {gap:.1f}% slower at its best ({second.name}: "
+                               f"{second.tokens_per_s:,.0f} tokens/s), within the {noise:.1f}% noise")
+        sentence = (f"A tie: {first.backend} ({first.name}) and {second.backend} ({second.name}) are {gap:.1f}% "
+                    f"apart in tokens/s, within the {noise:.1f}% their probes vary by ({runs} run"
+                    f"{'s' if runs > 1 else ''} each); either will do. " + sentence)
     return {"sentence": sentence, "winner": winner.name if winner else None,
+            "tie": [c.name for c in tie] if tie else [],
             "ranked": [c.name for c in measured], "why": why, "misses": misses}
 
 
@@ -110,13 +121,15 @@ def lost(p: Plan, backend: str, winner) -> str:
 def table(p: Plan) -> List[str]:
     """The measured candidates, fastest first, with theory beside each figure."""
     rows = sorted((c for c in p.candidates if c.status), key=lambda c: (c.status != "ok", -(c.tokens_per_s or 0)))
-    lines = ["| rank | candidate | probe | status | tokens/s | predicted | peak | predicted | headroom |",
-             "|---:|---|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| rank | candidate | probe | status | tokens/s | noise | predicted | peak | predicted | headroom |",
+             "|---:|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for i, c in enumerate(rows, 1):
         headroom = f"{100 * (1 - c.peak_bytes / p.budget_bytes):.0f}%" if c.peak_bytes and c.status == "ok" else "-"
         tps = f"{c.tokens_per_s:,.0f}" if c.tokens_per_s and c.status == "ok" else "-"
         status = c.status + (" (reused)" if c.reused else "")  # an earlier probe: same config, code and device
-        lines.append(f"| {i if c.status == 'ok' else ''} | {c.name} | {c.role} | {status} | {tps} | "
+        noise = f"±{c.noise_pct:.1f}% ({len(c.runs)} run{'s' if len(c.runs) > 1 else ''})" \
+            if c.noise_pct is not None and c.status == "ok" else "-"
+        lines.append(f"| {i if c.status == 'ok' else ''} | {c.name} | {c.role} | {status} | {tps} | {noise} | "
                      f"{c.predicted_tokens_per_s:,.0f} | {size(c.peak_bytes)} | {size(c.predicted_peak_bytes)} | {headroom} |")
     return lines
 
@@ -141,7 +154,9 @@ def write(p: Plan, result: dict, out: Path, command: str) -> None:
     lines = [f"# Advice: {p.model} on {p.world} {p.device} rank(s), {p.precision}, global batch {p.global_batch}, "
              f"{size(p.budget_bytes)} per rank", "", f"**{result['sentence']}**", "", f"Command: `{command}`", "",
              "## Measured candidates", "",
-             "Each probe: 3 steps (1 warm-up) under `train.memory_budget_bytes`; tokens/s over the timed steps; "
+             "Each probe: 10 steps (2 warm-up) under `train.memory_budget_bytes`; tokens/s over the timed steps "
+             "(the mean of the runs where a close race was run again); noise = (p90 - p50) / p50 of the step "
+             "time, or how far the runs differ if more; "
              "peak = the device's peak of live tensors (CUDA: the allocator's; CPU: the profiled step's, less "
              "offloaded host states). Headroom = budget less the measured peak.", "", *table(p), "",
              "## Why each backend lost", "", *[f"- **{b}**: {w}" for b, w in result["why"].items()], ""]

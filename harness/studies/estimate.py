@@ -21,21 +21,29 @@ import sys
 from typing import List
 
 from ..config.compose import backends, compose
-from ..config.derive import world_size
+from ..config.derive import tokens_per_step, world_size
 from ..core.components import totals
 from ..runtime import models
+from ..runtime.probes import count_flops_per_token
 from ..theory import activations, memory
 from ..theory.communication import comm_per_step
 from ..theory.predict import FIT_MARGIN, predict
 from ..theory.shape import shape_of
+from ..theory.time import predict_parts
+from .advise import rates_for
 
 GB = 1e9  # the ZeRO paper counts in GB
 GIB = 2**30  # --device-gib and the advisor count in GiB
 
 
-def rows(overrides: List[str], params: float | None = None, world: int | None = None) -> List[dict]:
-    """One row per backend: every prediction, plus DeepSpeed's estimate where there is one."""
+def rows(overrides: List[str], params: float | None = None, world: int | None = None, rates=None) -> List[dict]:
+    """One row per backend: every prediction, plus DeepSpeed's estimate where there is one; with `rates`
+    (advise.rates_for), the time model's step time and tokens/s too."""
     out = []
+    base = compose(overrides)
+    # FLOPs per token: counted on the model (FlopCounterMode), or 6 per parameter for a hypothetical one
+    flops_per_token = 6 * params if params else count_flops_per_token(base.model, base.parallelism.seq_len,
+                                                                       base.workload) if rates else 0
     for name in backends():
         cfg = compose([*overrides, f"backend={name}"])
         n = world or world_size(cfg)
@@ -58,8 +66,17 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
             "comm_bytes_per_step": comm_per_step(cfg.backend, shape)["bytes"],
             "peak_bytes": predict(cfg, n, counts)["memory/tensor_peak_predicted_bytes"],
             "components": comps,
+            **(step_prediction(cfg, n, shape, flops_per_token, rates) if rates else {}),
         })
     return out
+
+
+def step_prediction(cfg, world: int, shape, flops_per_token: float, rates) -> dict:
+    """The time model's step (theory/time.py, as the runs' summaries and the advisor use it) and tokens/s."""
+    tokens = tokens_per_step(cfg, world)
+    step = predict_parts(cfg.backend, shape, flops_per_token * tokens / world, rates,
+                         cfg.train.activation_checkpointing)["step"]
+    return {"step_s": step, "tokens_per_s": tokens / step}
 
 
 def saved_activations(cfg, par, shape, checkpointing: bool) -> float:
@@ -73,13 +90,15 @@ def fits(peak_bytes: float, device_gib: float, margin: float = FIT_MARGIN) -> bo
     return peak_bytes * (1 + margin) <= device_gib * GIB
 
 
-def render(table: List[dict], title: str, device_gib: float | None = None) -> None:
+def render(table: List[dict], title: str, device_gib: float | None = None, rates=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
     t = Table(title=title)
+    timed = "step_s" in table[0]
     for col in ("backend", "paper", "device", "host", "buffers", "framework est.", "activations",
-                "act. (ckpt)", "comm/step", "peak", "peak GiB") + (("fits",) if device_gib else ()):
+                "act. (ckpt)", "comm/step", "peak", "peak GiB") + (("fits",) if device_gib else ()) + \
+            (("step ms", "tokens/s") if timed else ()):
         t.add_column(col, justify="left" if col == "backend" else "right")
     fmt = lambda v: "-" if v is None else f"{v / GB:,.3f}"  # noqa: E731
     for r in table:
@@ -87,14 +106,25 @@ def render(table: List[dict], title: str, device_gib: float | None = None) -> No
                   fmt(r["buffers_bytes"] or None), fmt(r["framework_estimate_gpu_bytes"]), fmt(r["activations_bytes"]),
                   fmt(r["activations_ckpt_bytes"]), fmt(r["comm_bytes_per_step"]), fmt(r["peak_bytes"]),
                   f"{r['peak_bytes'] / GIB:,.3f}",
-                  *((("yes" if fits(r["peak_bytes"], device_gib) else "no"),) if device_gib else ()))
-    Console(width=max(Console().width, 150)).print(t)
+                  *((("yes" if fits(r["peak_bytes"], device_gib) else "no"),) if device_gib else ()),
+                  *((f"{r['step_s'] * 1e3:,.2f}", f"{r['tokens_per_s']:,.0f}") if timed else ()))
+    Console(width=max(Console().width, 200 if timed else 150)).print(t)
     print("GB per rank (1e9 bytes, as the ZeRO paper counts), and the peak also in GiB (2^30 bytes, as --device-gib "
           "and the advisor count). device+host = model states; buffers = comm/offload staging; activations per "
           "micro-batch; comm = bytes sent per rank per step.")
     if device_gib:
         print(f"fits: peak x {1 + FIT_MARGIN:.2f} <= the budget of {device_gib:g} GiB ({device_gib * GIB / GB:,.1f} GB) "
               f"per rank: the {FIT_MARGIN:.0%} headroom harness.advise also leaves.")
+    if rates is not None:
+        import torch
+
+        here = "this GPU" if torch.cuda.is_available() else "this machine's CPU"
+        print(f"step ms, tokens/s: the time model (theory/time.py): FLOPs / {rates.tflops:.3g} TFLOP/s (the matmul "
+              f"rate measured on {here}), the optimizer's bytes / {rates.mem_gbps:.3g} GB/s (copy, measured there), "
+              f"collectives from {'this machine' if rates.comm.by_op else 'the default link'}; a lower bound: what "
+              "it does not model is not in it.")
+        if rates.device == "cuda" and not torch.cuda.is_available():
+            print("  no GPU here: the step times are priced at this CPU's rates, not the GPU's")
     for key, note in memory.layout_notes().items():
         print(f"  {key}: {note}")
 
@@ -104,13 +134,17 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--params", type=float, help="a hypothetical parameter count (e.g. 7.5e9)")
     parser.add_argument("--world", type=int, help="data-parallel ranks (default: from parallelism)")
     parser.add_argument("--device-gib", type=float, help="device memory (GiB): say whether each backend's peak fits")
+    parser.add_argument("--time", action="store_true",
+                        help="also the time model's step time and tokens/s, at this machine's measured matmul and copy "
+                             "rates (a calibration: about a second, or ~15 s for bf16 on a CPU without bf16 units)")
     args, overrides = parser.parse_known_args(argv)
-    table = rows(overrides, args.params, args.world)
-    r = table[0]
     cfg = compose(overrides)
+    rates = rates_for(cfg, args.world or world_size(cfg)) if args.time else None  # measured once, here
+    table = rows(overrides, args.params, args.world, rates)
+    r = table[0]
     render(table, f"{cfg.model.name if not args.params else 'Ψ=%.3g' % args.params}: {r['params']:,} params, "
                   f"N={r['world']}, {r['precision']}, profile {cfg.profile}, micro_batch {cfg.parallelism.micro_batch} x seq "
-                  f"{cfg.parallelism.seq_len}", args.device_gib)
+                  f"{cfg.parallelism.seq_len}", args.device_gib, rates)
     return 0
 
 
