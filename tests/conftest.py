@@ -28,16 +28,17 @@ def cli(*overrides: str, timeout: int = 600, env_extra: dict | None = None) -> s
                           capture_output=True, text=True, timeout=timeout)
 
 
-def sweep(root: Path, name: str, *overrides: str) -> dict:
+def sweep(root: Path, name: str, *overrides: str, report: bool = False) -> dict:
     """Every backend on one shape, as the cells of one launch (harness/launcher/cells.py: each a whole run in its
-    own run dir, written by a run's own code, and the sweep's report; the ranks start once, not once a backend);
-    return {backend: (summary, per-step records, run dir)}."""
+    own run dir, written by a run's own code; the ranks start once, not once a backend), and with `report` the
+    sweep's tables and report (a few seconds of plots, for the tests that read them); return {backend:
+    (summary, per-step records, run dir)}."""
     from harness.launcher.cells import run_cells
 
     sweep_dir = root / "sweeps" / name
     os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
     summaries = run_cells(sweep_dir, [(f"backend={b}", [f"backend={b}"]) for b in BACKENDS],
-                          [f"paths.root={root}", f"sweep.name={name}", *FAST, *overrides])
+                          [f"paths.root={root}", f"sweep.name={name}", *FAST, *overrides], report=report)
     out = {}
     for cell, summary in summaries.items():
         run_dir = sweep_dir / cell
@@ -72,7 +73,8 @@ def fp32_runs(tmp_path_factory, llama_checkpoint):
     covers every construction path."""
     return sweep(tmp_path_factory.mktemp("fp32"), "fp32", *FINETUNE, "model.init=meta",
                  f"model.pretrained_path={llama_checkpoint}",
-                 "train.peak_by_kind=false")  # the bf16 sweep splits the peak by kind; this one replays allocations
+                 "train.peak_by_kind=false",  # the bf16 sweep splits the peak by kind; this one replays allocations
+                 report=True)  # tests/test_report.py reads this sweep's tables and report
 
 
 @pytest.fixture(scope="session")

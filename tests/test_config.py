@@ -196,3 +196,24 @@ def test_a_family_without_theory_or_an_unknown_one_is_refused_in_one_line(monkey
     assert validate.backend_rules(cfg) == [message]  # the parent's rules say it, in the same line
     with pytest.raises(families.ConfigError, match="backend.family=nosuch: unknown strategy family"):
         families.get("nosuch")
+
+
+def test_composing_a_matrix_at_once_gives_each_runs_own_config():
+    """config.compose_many (memory-check's 64 cells: Hydra once per group choice, plain values set on a copy)
+    resolves every cell exactly as compose() of its overrides does, added keys and derived fields included."""
+    from omegaconf import OmegaConf
+
+    from harness.config.compose import compose, compose_many
+    from harness.studies import memory_check
+
+    cells = [["profile=parity", *c, *memory_check.CELL, "train.memory_steps=3"]
+             for c in memory_check.matrix(["ddp", "ds_zero3"], ["tiny_llama", "tiny_gpt2"], ["fp32", "bf16"], [True])]
+    cells += [["model=small_llama", "backend=ds_zero3", "parallelism.seq_len=16", "backend.bucket_elements=400000",
+               "+backend.deepspeed.zero_optimization.stage3_max_reuse_distance=0"],
+              ["parallelism.global_batch=8", "parallelism.micro_batch=2", "optim.lr=3e-4"]]
+    together = compose_many(cells)
+    for overrides, cfg in zip(cells, together):
+        alone = compose(overrides)
+        assert OmegaConf.to_container(cfg, resolve=True) == OmegaConf.to_container(alone, resolve=True), overrides
+    with pytest.raises(Exception, match="train.steps"):
+        compose_many([["train.steps=ten"]])  # a wrong type still fails, as Hydra's own set would

@@ -56,7 +56,9 @@ RELEASE = ["+backend.deepspeed.zero_optimization.stage3_max_reuse_distance=0",
 def states_dominated(tmp_path_factory):
     cells = [[f"backend={b}", *(RELEASE if b == "ds_zero3" else [])]
              for b in ("ddp", "ds_zero1", "ds_zero2", "ds_zero3", "fsdp")]
-    rows = memory_check.run_cells(cells, ["profile=parity", *STATES], 3, tmp_path_factory.mktemp("ranking"))
+    # two profiled steps, not REPEATS: the order asserted here has 20% between peaks, where one late gloo
+    # bucket (1.6 MB beside peaks of 20-50 MB) cannot swap two
+    rows = memory_check.run_cells(cells, ["profile=parity", *STATES], 2, tmp_path_factory.mktemp("ranking"))
     print(memory_check.render(rows, 10, "tests/test_memory_check.py (states-dominated)"))
     return {r["backend"]: r for r in rows}
 

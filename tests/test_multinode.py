@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, cli, cli_command, extensions_dir
+from conftest import REPO, cli_command, extensions_dir
 
 pytestmark = pytest.mark.slow
 FAST = ["logger=none", "train.steps=5", "train.warmup_steps=2", "profile=parity", "train.measure_flops=false",
@@ -33,23 +33,43 @@ def losses(run_dir: Path) -> list:
 # Two launchers forming one run is launcher behaviour: every cell is a drill (make test-drills, which CI runs),
 # ZeRO-3's too (46 s), to keep make test a short loop
 DRILL = pytest.mark.drill
+BACKENDS = ("ds_zero3", "ddp", "fsdp")
 
 
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=DRILL) for b in ("ds_zero3", "ddp", "fsdp")])
-def test_two_nodes_of_two_ranks_train_as_one_node_of_four_and_node_0_owns_the_run_dir(tmp_path, backend):
+def one_node(root: Path, ranks: int) -> dict:
+    """Each backend's one-node reference at `ranks` ranks, as the cells of one launch (launcher/cells.py: each
+    a whole run in its own run dir, through a run's own code): backend -> its run dir."""
+    from harness.launcher.cells import run_cells
+
+    os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
+    summaries = run_cells(root / f"one{ranks}", [(b, [f"backend={b}"]) for b in BACKENDS],
+                          [*FAST, f"parallelism.nproc_per_node={ranks}", f"paths.root={root}"], report=False)
+    assert all(s["status"] == "ok" for s in summaries.values()), summaries
+    return {b: root / f"one{ranks}" / b for b in BACKENDS}
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory) -> dict:
+    return one_node(tmp_path_factory.mktemp("reference"), 4)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict:
+    return one_node(tmp_path_factory.mktemp("reference"), 2)
+
+
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=DRILL) for b in BACKENDS])
+def test_two_nodes_of_two_ranks_train_as_one_node_of_four_and_node_0_owns_the_run_dir(tmp_path, backend, four_ranks):
     # node 1 is started first, so it waits for node 0 to own the run dir before its torchrun joins
     args = (f"backend={backend}", "parallelism.nproc_per_node=2", *FAST)
-    port = 29641 + ["ds_zero3", "ddp", "fsdp"].index(backend)
+    port = 29641 + BACKENDS.index(backend)
     follower = start_node(1, tmp_path / "two", port, *args)
     time.sleep(1)
     owner = start_node(0, tmp_path / "two", port, *args)
     out0, err0 = owner.communicate(timeout=300)
     out1, err1 = follower.communicate(timeout=60)
     assert owner.returncode == 0 and follower.returncode == 0, err0[-2000:] + err1[-2000:]
-    reference = cli(f"backend={backend}", "parallelism.nproc_per_node=4", *FAST, f"paths.root={tmp_path}",
-                    f"hydra.run.dir={tmp_path}/one")
-    assert reference.returncode == 0, reference.stderr[-2000:]
-    two, one = losses(tmp_path / "two"), losses(tmp_path / "one")
+    two, one = losses(tmp_path / "two"), losses(four_ranks[backend])
     print(f"PARITY 2x2 {backend}: largest relative loss difference against 1x4 "
           f"{max(abs(a - b) / abs(b) for a, b in zip(two, one)):.2e} over {len(one)} steps")
     assert two == pytest.approx(one, rel=1e-4)
@@ -63,17 +83,14 @@ def test_two_nodes_of_two_ranks_train_as_one_node_of_four_and_node_0_owns_the_ru
 
 
 @DRILL
-@pytest.mark.parametrize("backend", ["ddp", "fsdp", "ds_zero3"])
-def test_two_nodes_of_one_rank_train_as_one_node_of_two(tmp_path, backend):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_nodes_of_one_rank_train_as_one_node_of_two(tmp_path, backend, two_ranks):
     args = (f"backend={backend}", "parallelism.nproc_per_node=1", *FAST)
-    port = 29651 + ["ddp", "fsdp", "ds_zero3"].index(backend)
+    port = 29651 + BACKENDS.index(backend)
     launchers = [start_node(n, tmp_path / "two", port, *args) for n in (0, 1)]
     errors = [launcher.communicate(timeout=300)[1] for launcher in launchers]
     assert [launcher.returncode for launcher in launchers] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
-    reference = cli(f"backend={backend}", "parallelism.nproc_per_node=2", *FAST, f"paths.root={tmp_path}",
-                    f"hydra.run.dir={tmp_path}/one")
-    assert reference.returncode == 0, reference.stderr[-2000:]
-    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-4)
+    assert losses(tmp_path / "two") == pytest.approx(losses(two_ranks[backend]), rel=1e-4)
 
 
 def test_another_launch_is_refused_while_a_node_of_the_run_holds_the_dir(tmp_path):

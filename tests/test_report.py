@@ -84,8 +84,8 @@ def test_report_survives_runs_that_died_at_any_point(fp32_runs, tmp_path):
     (runs[1] / "metrics.jsonl").write_text((runs[1] / "metrics.jsonl").read_text()[:-40])  # killed mid-line
     (runs[2] / "summary.json").write_text('{"status": "oom", "reason": "rank 1 oom at step 3", "backend": "x"}')
     (runs[3] / "config.yaml").unlink()
-    rows = sweep.build(dead)
-    html = report.build(dead).read_text()
+    rows = sweep.build(dead)  # the tables, then report.md and report.html
+    html = (dead / "report.html").read_text()
     statuses = sorted(r["status"] for r in rows)
     assert statuses.count("ok") == len(BACKENDS) - 2 and "oom" in statuses and "failed" in statuses
     assert "rank 1 oom at step 3" in html and "summary.json unreadable" in html

@@ -39,10 +39,12 @@ def prepare(cfg, run_dir: RunDir) -> None:
     write_json(run_dir.env, environment(cfg))
 
 
-def run_cells(sweep_dir: Path, cells: Sequence[Tuple[str, List[str]]], common: Sequence[str] = ()) -> Dict[str, dict]:
+def run_cells(sweep_dir: Path, cells: Sequence[Tuple[str, List[str]]], common: Sequence[str] = (),
+              report: bool = True) -> Dict[str, dict]:
     """Run every cell (a name, which is its run dir under `sweep_dir`, and its overrides after `common`) in one
-    launch; return each cell's summary by name, and write the sweep's tables and report. Every cell must have
-    the first one's ranks per node and nodes; a config the rules refuse raises ConfigError before any launch."""
+    launch; return each cell's summary by name, and write the sweep's tables and report (unless `report` is
+    off: `make report SWEEP=<sweep_dir>` writes them later). Every cell must have the first one's ranks per node
+    and nodes; a config the rules refuse raises ConfigError before any launch."""
     sweep_dir = Path(sweep_dir)
     configs = [(RunDir(sweep_dir / name), compose([*common, *overrides])) for name, overrides in cells]
     shape = {(c.parallelism.nproc_per_node, c.parallelism.nnodes) for _, c in configs}
@@ -65,5 +67,6 @@ def run_cells(sweep_dir: Path, cells: Sequence[Tuple[str, List[str]]], common: S
     # each cell's summary as a run's launcher writes it, with the notes a run would carry
     out = {name: summarise(cfg, run_dir, proc.returncode, rules.notes(cfg))
            for (name, _), (run_dir, cfg) in zip(cells, configs)}
-    sweep_report.build(sweep_dir)
+    if report:
+        sweep_report.build(sweep_dir)
     return out

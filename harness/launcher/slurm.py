@@ -22,7 +22,7 @@ from typing import Callable, Dict, Optional
 from ..config import derive
 from ..core.records import RunSummary, one_line
 from ..core.rundir import RunDir, write_json
-from ..core.waiting import Announcer, stderr_line
+from ..core.waiting import ANNOUNCE_AFTER_S, Announcer, stderr_line
 
 POLL_S = 5.0
 
@@ -49,7 +49,10 @@ class AllocationWatch:
     def before_result(self, job) -> Optional[list]:
         """Wait, announcing, while `job` is pending; None once it runs or ran (its result is then read as
         usual), or its timeout row (as hydra-submitit's result list) when it waited past the bound."""
-        announce = self.announcers.setdefault(job.job_id, Announcer(since=self.submitted))
+        # a bound shorter than twice the usual first announcement is announced halfway to it: no wait ends
+        # before it has said what it waits for
+        announce = self.announcers.setdefault(job.job_id, Announcer(
+            since=self.submitted, after_s=min(ANNOUNCE_AFTER_S, self.bound_s / 2)))
         while True:
             queued = queue_state(job.job_id)
             if queued is None or queued[0] != "PENDING":

@@ -127,6 +127,8 @@ def peak_by_kind(ok: Labelled, out_dir: Path) -> Optional[Path]:
     if log:  # down to 1e-5 of the largest: a few KiB beside a 2 GB bucket would only stretch the axis
         axes[0][0].set_xscale("log")
         axes[0][0].set_xlim(left=max(min(sizes) / 2, max(sizes) * 1e-5))
+        for ax in axes.flat:  # minor ticks on eight shared log axes cost a second of layout, and say nothing
+            ax.minorticks_off()
     fig.suptitle("Peak of live tensors per rank by kind: measured (solid) and predicted (hatched), "
                  "on one axis", fontsize=10)
     return _save(fig, out_dir / "peak_by_kind.png")

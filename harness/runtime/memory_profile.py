@@ -79,12 +79,11 @@ def collective_frees(prof) -> Dict[tuple, int]:
     communication library; it is counted as freed when the training thread was last done with it: the end of
     its last use by an op, and at least the end of the first collective call after its allocation. Needs the
     profile's record_shapes (op inputs)."""
+    import bisect
+    import itertools
+
     from torch._C._profiler import _EventType
-    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        stack.extend(event.children)
-        events.append(event)
+    events = profiled_events(prof)
     allocations = sorted((e for e in events if e.typed[0] == _EventType.Allocation), key=lambda e: e.start_time_ns)
     if not allocations:
         return {}
@@ -92,7 +91,6 @@ def collective_frees(prof) -> Dict[tuple, int]:
     for e in allocations:
         threads[e.start_tid] = threads.get(e.start_tid, 0) + 1
     training = max(threads, key=threads.get)  # the thread that allocates most: the one running the step
-    ops = [e for e in events if e.typed[0] == _EventType.TorchOp and e.start_tid == training]
 
     def storages(op) -> set:
         found = set()
@@ -103,11 +101,15 @@ def collective_frees(prof) -> Dict[tuple, int]:
                     found.add(ptr)
         return found
 
-    calls = sorted(((op.start_time_ns, op.end_time_ns, storages(op)) for op in ops if op.name.startswith("c10d::")),
+    ops = [(op, storages(op)) for op in events if op.typed[0] == _EventType.TorchOp and op.start_tid == training]
+    # the training thread's collective calls, in order: one thread runs one call at a time
+    calls = sorted(((op.start_time_ns, op.end_time_ns, used) for op, used in ops if op.name.startswith("c10d::")),
                    key=lambda c: c[0])
+    starts = [c[0] for c in calls]
+    reach = list(itertools.accumulate((c[1] for c in calls), max))  # the latest end among calls[:k + 1]
     uses: Dict[int, list] = {}
-    for op in ops:
-        for ptr in storages(op):
+    for op, used in ops:
+        for ptr in used:
             uses.setdefault(ptr, []).append(op.end_time_ns)
     out, allocated_at = {}, {}
     for e in allocations:
@@ -115,17 +117,35 @@ def collective_frees(prof) -> Dict[tuple, int]:
         if size > 0:
             allocated_at[ptr] = t
             continue
-        inside = [c for c in calls if c[0] <= t <= c[1]]
-        late = e.start_tid != training or (inside and ptr not in inside[-1][2])
+        # the latest-begun call that holds time t (a call may run inside another): none when no call that
+        # began by now reaches t, which is most frees
+        i = bisect.bisect_right(starts, t) - 1
+        while i >= 0 and reach[i] >= t and calls[i][1] < t:
+            i -= 1
+        inside = i >= 0 and calls[i][1] >= t
+        late = e.start_tid != training or (inside and ptr not in calls[i][2])
         born = allocated_at.get(ptr)
         if not late or born is None:
             continue
-        after = [end for start, end, _ in calls if start >= born and end <= t]
+        after = [end for start, end, _ in calls[bisect.bisect_left(starts, born):] if end <= t]
         used = [u for u in uses.get(ptr, []) if born <= u <= t]
         done = max(used + after[:1]) if used or after else None
         if done is not None and done < t:
             out[(t, ptr)] = done
     return out
+
+
+def profiled_events(prof) -> list:
+    """Every event of the profile's tree, once (the tree is walked by each analysis that needs it)."""
+    cached = getattr(prof, "_shardbench_events", None)
+    if cached is None:
+        cached, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            event = stack.pop()
+            stack.extend(event.children)
+            cached.append(event)
+        prof._shardbench_events = cached
+    return cached
 
 
 def lenient_memory_profile(prof):
@@ -226,12 +246,8 @@ class StepMemory:
         (DDP's gradient buckets, rebound as .grad in backward), plus the exact states at the start. The kinds
         are then the states' at the start, and everything else is `unattributed`."""
         from torch._C._profiler import _EventType
-        events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-        while stack:
-            event = stack.pop()
-            stack.extend(event.children)
-            if event.typed[0] == _EventType.Allocation and event.typed[1].device.type == self.device.type:
-                events.append((event.start_time_ns, event.typed[1].alloc_size, event.typed[1].ptr))
+        events = [(e.start_time_ns, e.typed[1].alloc_size, e.typed[1].ptr) for e in profiled_events(prof)
+                  if e.typed[0] == _EventType.Allocation and e.typed[1].device.type == self.device.type]
         moved = collective_frees(prof)
         events = sorted((moved.get((t, ptr), t), size, ptr) for t, size, ptr in events)
         allocated, before = set(), {ptr: size for ptr, (_, size) in self._states.items()}

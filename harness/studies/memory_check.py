@@ -27,7 +27,7 @@ from typing import List
 
 from ..config import rules
 from ..config.compose import backends as all_backends
-from ..config.compose import compose
+from ..config.compose import compose_many
 from ..config.derive import world_size
 from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
@@ -53,8 +53,8 @@ def run_cells(cells: List[list], common: List[str], repeats: int, out: Path) -> 
     out.mkdir(parents=True, exist_ok=True)
     (out / "cells.jsonl").unlink(missing_ok=True)
     rows, runnable = [], []
-    for overrides in cells:
-        cfg = compose([*common, *overrides, *CELL, f"train.memory_steps={repeats}"])
+    configs = compose_many([[*common, *overrides, *CELL, f"train.memory_steps={repeats}"] for overrides in cells])
+    for overrides, cfg in zip(cells, configs):
         name = " ".join(overrides)
         found = rules.problems(cfg)
         rows.append({"name": name, "overrides": overrides, "cfg": cfg, "refused": found[0] if found else None})
