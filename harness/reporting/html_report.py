@@ -164,7 +164,7 @@ def markdown(name: str, context: str, table: Table, plots: Dict[str, Path]) -> s
 
 STYLE = """body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:13px}
 td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}td:first-child,td:nth-child(2){text-align:left}
-td.best{font-weight:bold;background:#d9f2d9}td.miss{color:#999;font-style:italic}figure{display:inline-block;margin:1em}img{max-width:680px}"""
+th[scope=colgroup]{text-align:center;background:#f2f2f2}td.best{font-weight:bold;background:#d9f2d9}td.miss{color:#999;font-style:italic}figure{display:inline-block;margin:1em}img{max-width:680px}"""
 # mark each plot the browser really decoded: the report test reads these marks
 MARK_RENDERED = """window.addEventListener("load", () => document.querySelectorAll("img").forEach(i =>
   i.setAttribute(i.complete && i.naturalWidth > 0 ? "data-rendered" : "data-broken", "yes")));"""
