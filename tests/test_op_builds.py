@@ -167,6 +167,7 @@ def test_the_parent_announces_a_rank_wait_that_lasts(tmp_path):
     assert "gives up after logger.init_timeout_s=60 s" in said[1]
 
 
+@pytest.mark.drill  # the launcher waiting on a real run (3 s): make test-drills and CI, for make test's 5 minutes
 def test_a_run_whose_op_is_never_ready_ends_as_timeout_before_any_rank_starts(tmp_path):
     """Another process holds the shm comm op's build and never finishes: the run waits ops.build_timeout_s,
     visibly, then ends `timeout` naming the op; no rank started. A real CLI run without torch (about 3 s)."""

@@ -41,6 +41,7 @@ def test_the_shortfall_counts_every_rank_of_the_node():
                            "over here (2.50 GiB)")
 
 
+@pytest.mark.drill  # a real launch and its ranks (7 s): make test-drills and CI; the decision is tested above
 def test_a_run_past_the_host_ends_as_oom_in_seconds_without_growing(tmp_path):
     started = time.monotonic()
     proc = cli(*TOO_BIG, f"paths.root={tmp_path}", "logger=none", timeout=120)

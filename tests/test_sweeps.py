@@ -79,6 +79,7 @@ def test_an_adhoc_sweep_name_resumes_as_one_plain_override():
     assert adhoc_sweep_name([], "20261124-054000") == "adhoc-20261124-054000"
 
 
+@pytest.mark.drill  # two real multiruns (2.4 s): launcher behaviour, make test-drills and CI
 def test_each_adhoc_multirun_gets_its_own_sweep_dir_and_table(tmp_path):
     # two configs the rules refuse: each job records an `invalid` row and no rank starts (a few s of Hydra)
     args = ["-m", "backend=ddp,fsdp", "train.precision=fp16", f"paths.root={tmp_path}", "logger=none"]

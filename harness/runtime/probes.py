@@ -6,6 +6,7 @@ Metric keys use one scheme everywhere (metrics.jsonl, summary.json, W&B): `group
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from typing import Dict, Iterator
@@ -220,6 +221,13 @@ def datasheet_peak(device_name: str, precision: str) -> float | None:
 
 
 def device_peaks(device: torch.device, precision: str) -> tuple[float, str, float]:
+    """_device_peaks, measured once a process for each thread count: the cells of one launch
+    (launcher/cells.py) share the device and its ceiling."""
+    return _device_peaks(device, precision, torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=None)
+def _device_peaks(device: torch.device, precision: str, threads: int) -> tuple[float, str, float]:
     """(peak, where it comes from, measured matmul peak) in TFLOP/s for this device and dtype.
 
     The peak MFU is computed against is the datasheet figure when the device's exact name is listed, else
@@ -251,7 +259,13 @@ def calibrate_matmul_tflops(device: torch.device, precision: str, n: int = 1024)
 
 def calibrate_copy_gbps(device: torch.device, mib: int = 64) -> float:
     """Memory bandwidth: the best of 5 copies of a `mib` MiB buffer, read plus write bytes per second / 1e9
-    (what the optimizer step's theory divides its bytes by)."""
+    (what the optimizer step's theory divides its bytes by); once a process for each thread count, as
+    device_peaks."""
+    return _copy_gbps(device, mib, torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=None)
+def _copy_gbps(device: torch.device, mib: int, threads: int) -> float:
     src = torch.ones(mib * 2**18, device=device)
     dst = torch.empty_like(src)
     best = float("inf")

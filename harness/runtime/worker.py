@@ -9,6 +9,7 @@ them: launcher/outcome.py) and gives their figures to the W&B run's summary.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import signal
@@ -174,7 +175,16 @@ def start(cfg, run_dir: RunDir) -> tuple[int, int, torch.device]:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 timeout=timedelta(seconds=cfg.dist.timeout_s),
                                 device_id=device if device.type == "cuda" else None)
+    freeze_imports()
     return rank, world, device
+
+
+def freeze_imports() -> None:
+    """Move what the imports made (torch, transformers, DeepSpeed: about a million objects) out of the
+    garbage collector's sight: a full collection then walks only what training made. Measured, it took
+    0.18 s; after this, under 0.01 s, whether it falls inside a timed step or between the cells of a launch."""
+    gc.collect()
+    gc.freeze()
 
 
 def best_effort(write, path: Path, content) -> None:

@@ -28,7 +28,7 @@ def main(out: Path) -> int:
     from ..config import schema
     from ..runtime import loop
     from ..runtime.sink import NullSink
-    from ..runtime.worker import prepare
+    from ..runtime.worker import freeze_imports, prepare
 
     cells = json.loads((out / "cells.json").read_text())
     first = cells[0]["config"]
@@ -38,6 +38,7 @@ def main(out: Path) -> int:
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=first["dist"]["timeout_s"]))
+    freeze_imports()  # so that the collection after each cell walks only the cell's objects
     linear = torch.nn.functional.linear
     for cell in cells:
         torch.nn.functional.linear = linear
