@@ -1,6 +1,6 @@
-"""`make gpu-check`'s parts that need no GPU: the refusal on a machine without one, and the checks and table over
-run dirs as the harness writes them (no GPU has been lent yet, so these run dirs are written here in the shape of
-a CUDA run's summary.json: the allocator figures, MFU against the datasheet)."""
+"""`make gpu-check`'s parts that need no GPU: the refusal on a machine without one, and the checks, table and
+results over run dirs in the shape of a CUDA run's summary.json (the allocator figures, MFU against the
+datasheet), as the H100 runs of results/gpu/nvidia-h100-80gb-hbm3/ wrote them."""
 from __future__ import annotations
 
 import json
@@ -82,3 +82,17 @@ def test_on_a_machine_without_cuda_it_refuses_in_one_line():
     proc = subprocess.run([*cli_command("harness.gpu_check")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "gpu-check: no CUDA device (torch.cuda.is_available() is False); run it on a GPU machine")
+
+
+def test_report_only_writes_the_results_from_runs_already_there(tmp_path):
+    # how runs from several 10-minute commands become one check (README, "On a GPU machine")
+    runs = tmp_path / "runs"
+    write_runs(runs, good(runs))
+    (runs / "oom").mkdir()
+    (runs / "oom" / "summary.json").write_text(json.dumps(OOM))
+    (runs / "env.json").write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130"}))
+    code = gpu_check.main(["--report-only", f"--runs={runs}", f"--out={tmp_path / 'out'}"])
+    out = tmp_path / "out" / "nvidia-h100-80gb-hbm3"
+    assert code == 0 and json.loads((out / "check.json").read_text())["oom"]["status"] == "oom"
+    assert "| llama_1b | fsdp | ok |" in (out / "check.md").read_text()
+    assert (out / "gpu_gpt2_summary.csv").read_text().count("gpt2_124m") == len(gpu_check.sweep_backends("gpu_gpt2"))
