@@ -93,7 +93,11 @@ def test_recommends_a_sharded_backend_where_ddp_cannot_fit_and_it_trains_under_t
     winner = plan[advice["winner"]]
     assert winner["backend"] in SHARDED and winner["fits"]
     assert advice["why"]["ddp"].startswith("predicted not to fit")
-    assert advice["sentence"].startswith(f"Use {winner['backend']} with micro-batch {winner['micro_batch']}")
+    # the answer leads with the winner; where the two fastest are within each other's noise it says so first
+    # (CI at fce5765: fsdp_grad_op and fsdp 9.1% apart against 21.5% of noise)
+    sentence, use = advice["sentence"], f"Use {winner['backend']} with micro-batch {winner['micro_batch']}"
+    assert sentence.startswith(use) or (sentence.startswith(f"A tie: {winner['backend']} (")
+                                        and f"will do. {use}" in sentence), sentence
     # the recommended configuration really trained under the budget: its probe is a run dir like any other
     summary = json.loads((out / "probes" / winner["name"] / "summary.json").read_text())
     ran = OmegaConf.load(out / "probes" / winner["name"] / "config.yaml")

@@ -56,8 +56,8 @@ RELEASE = ["+backend.deepspeed.zero_optimization.stage3_max_reuse_distance=0",
 def states_dominated(tmp_path_factory):
     cells = [[f"backend={b}", *(RELEASE if b == "ds_zero3" else [])]
              for b in ("ddp", "ds_zero1", "ds_zero2", "ds_zero3", "fsdp")]
-    # two profiled steps, not REPEATS: the order asserted here has 20% between peaks, where one late gloo
-    # bucket (1.6 MB beside peaks of 20-50 MB) cannot swap two
+    # two profiled steps, not REPEATS: a gloo buffer held a phase late (up to 2.4 MiB on one step's ZeRO-2 peak)
+    # is set aside where it could swap two peaks (the ZeRO-1/ZeRO-2 assertion); elsewhere the order has 20% room
     rows = memory_check.run_cells(cells, ["profile=parity", *STATES], 2, tmp_path_factory.mktemp("ranking"))
     print(memory_check.render(rows, 10, "tests/test_memory_check.py (states-dominated)"))
     return {r["backend"]: r for r in rows}
@@ -69,7 +69,13 @@ def test_on_a_states_dominated_shape_the_peaks_rank_as_theory_ranks_them(states_
     # the ZeRO paper's order, measured: sharding more of the states lowers the peak. Theory (make estimate with
     # these overrides): fsdp 22, ds_zero3 26, ds_zero2 33, ds_zero1 39, ddp 50 MB a rank
     assert peak["fsdp"] < peak["ds_zero2"] and peak["ds_zero3"] < peak["ds_zero2"], peak
-    assert peak["ds_zero2"] < peak["ds_zero1"] < peak["ddp"], peak
+    assert peak["ds_zero1"] < peak["ddp"] and peak["ds_zero2"] < peak["ddp"], peak
+    # ZeRO-2 against ZeRO-1: at most level once the one buffer gloo may hold a phase late is set aside. Their
+    # peaks are 2.1 MiB apart at best here (the theory says 5.3), and that late buffer swapped them in CI at
+    # 8de5b66 (35.67 against 35.36 MiB), so the peak cannot tell them apart on this shape; their model states
+    # (below) and each one's own prediction (make memory-check) do
+    held = states_dominated["ds_zero2"]["held_bytes"]
+    assert peak["ds_zero2"] - held < peak["ds_zero1"], (peak, held)
     # and every pair the theory separates by more than 20% comes out in the theory's order. Not 10%: here the
     # theory misses FSDP2 by +25% (measured 25.7 MiB against 20.5, 42% of it unaccounted after backward and not
     # named: a known miss at 4 ranks, reported in make memory-check's table), which puts FSDP2 within 5% of

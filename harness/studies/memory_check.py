@@ -102,7 +102,7 @@ def _row(r: dict, ranks) -> dict:
     return {**row, "measured_bytes": peak, "highest_bytes": max(k["peak_highest"] for k in ranks),
             "unaccounted_pct": unaccounted_pct, "unaccounted_named": named if abs(unaccounted_pct) > 5 else [],
             "predicted_bytes": predicted, "error_pct": 100 * (peak - predicted) / predicted, "phase": phase,
-            "error_less_held_pct": 100 * (peak - held - predicted) / predicted,
+            "held_bytes": held, "error_less_held_pct": 100 * (peak - held - predicted) / predicted,
             "block": pred.get("memory/peak_block_predicted") if phase == "block_backward" else None,
             "terms": {k.removeprefix(f"memory/{phase}_").removesuffix("_predicted_bytes"): v for k, v in pred.items()
                       if k.startswith(f"memory/{phase}_") and v},
