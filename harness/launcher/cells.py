@@ -6,8 +6,10 @@ The tests' fixture sweeps (every backend on one shape) run as cells, as `make me
 keep what a sweep of single runs gives them: per cell config.yaml, env.json, settings.json and metrics.jsonl
 written by the same code (runtime/worker.run), summary.json by the launcher's (launcher/outcome.summarise),
 then the sweep's tables and report. Only the process is shared: each cell builds its model, strategy and data from its own config and seed.
-A cell that fails ends the launch (its peers would wait in a collective); it and the cells after it get the
-failure summary a run would, from the rank outcome files.
+A cell that fails ends the launch (its peers would wait in a collective); it gets the failure summary a run
+would, from the rank outcome files, and each cell after it reads "not run: cell <name> failed first".
+On CUDA a cell leaves device memory behind for the next, so allocator peaks there are a run's own only in the
+first cell (results/gpu/nvidia-h100-80gb-hbm3/cells_vs_runs.md); `make gpu-check` runs each backend alone.
 """
 from __future__ import annotations
 
@@ -64,9 +66,16 @@ def run_cells(sweep_dir: Path, cells: Sequence[Tuple[str, List[str]]], common: S
         proc = subprocess.run(torchrun_cmd(first, sweep_dir, module=(WORKER, str(cells_file))), cwd=REPO,
                               env=rank_env(first), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                               start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
-    # each cell's summary as a run's launcher writes it, with the notes a run would carry
-    out = {name: summarise(cfg, run_dir, proc.returncode, rules.notes(cfg))
-           for (name, _), (run_dir, cfg) in zip(cells, configs)}
+    # each cell's summary as a run's launcher writes it, with the notes a run would carry; a cell the launch
+    # never reached says which cell ended it, not only what its missing rank files would suggest (a kill)
+    out, ended_by = {}, None
+    for (name, _), (run_dir, cfg) in zip(cells, configs):
+        world = cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes
+        reached = any(run_dir.rank_outcome(rank).exists() for rank in range(world))
+        prefix = f"not run: cell {ended_by} failed first, which ends the launch; " if ended_by and not reached else ""
+        out[name] = summarise(cfg, run_dir, proc.returncode, rules.notes(cfg), reason_prefix=prefix)
+        if out[name]["status"] != "ok" and ended_by is None:
+            ended_by = name
     if report:
         sweep_report.build(sweep_dir)
     return out
