@@ -84,7 +84,7 @@ browser: ## install headless Chromium (Debian's `chromium`), which the report te
 test: install warm browser ## the test suite (~5 min): unit tests and real runs of every backend (gloo, CPU)
 	$(PY) -m pytest -m "not drill" $(ARGS)
 
-test-drills: install warm ## the launcher drills (~17 min): faults, Ctrl-C, racing launches, killed launcher and op builds
+test-drills: install warm ## the launcher drills (~12 min): faults, Ctrl-C, racing launches, killed launcher and op builds
 	$(PY) -m pytest -m drill $(ARGS)
 
 test-all: test test-drills ## both, as CI runs them
