@@ -20,7 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
-from ..config import rules
+from ..config import derive, rules
 from ..config.compose import compose
 from ..core.errors import ConfigError
 from ..core.paths import REPO
@@ -70,8 +70,7 @@ def run_cells(sweep_dir: Path, cells: Sequence[Tuple[str, List[str]]], common: S
     # never reached says which cell ended it, not only what its missing rank files would suggest (a kill)
     out, ended_by = {}, None
     for (name, _), (run_dir, cfg) in zip(cells, configs):
-        world = cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes
-        reached = any(run_dir.rank_outcome(rank).exists() for rank in range(world))
+        reached = any(run_dir.rank_outcome(rank).exists() for rank in range(derive.world_size(cfg)))
         prefix = f"not run: cell {ended_by} failed first, which ends the launch; " if ended_by and not reached else ""
         out[name] = summarise(cfg, run_dir, proc.returncode, rules.notes(cfg), reason_prefix=prefix)
         if out[name]["status"] != "ok" and ended_by is None:

@@ -175,18 +175,17 @@ def write_results(root, out, env: dict) -> List[dict]:
     from ..reporting.collect import collect
     from ..reporting.tables import write_tables
 
-    rows = [r for name in SWEEPS if (root / name).is_dir() for r in collect(root / name)]
+    by_sweep = {name: collect(root / name) for name in SWEEPS if (root / name).is_dir()}
+    rows = [r for sweep_rows in by_sweep.values() for r in sweep_rows]
     oom_path = root / "oom" / "summary.json"
     oom = json.loads(oom_path.read_text()) if oom_path.exists() else None
     results = check(rows, oom)
     out.mkdir(parents=True, exist_ok=True)
-    for name in SWEEPS:
-        if (root / name).is_dir():
-            sweep_rows = collect(root / name)
-            write_tables(root / name, sweep_rows)
-            html_report.build(root / name, sweep_rows)
-            for f in ("summary.csv", "summary.md", "report.md", "report.html"):
-                shutil.copy(root / name / f, out / f"{name}_{f}")
+    for name, sweep_rows in by_sweep.items():
+        write_tables(root / name, sweep_rows)
+        html_report.build(root / name, sweep_rows)
+        for f in ("summary.csv", "summary.md", "report.md", "report.html"):
+            shutil.copy(root / name / f, out / f"{name}_{f}")
     write_json(out / "env.json", env)
     write_json(out / "check.json", {"checks": results, "oom": oom})
     text = render(results, rows, env["device"], env)
