@@ -64,6 +64,8 @@ class Family:
     ranged_fields: Tuple[str, ...] = ()  # numeric backend fields whose range its rules check (config/rules.py)
     native_buffers_note = ""  # why its native profile's buffers can dwarf the states (studies/advise_answer.py)
     jit_op_names: Tuple[str, ...] = ()  # native ops it builds on first use (TORCH_EXTENSIONS_DIR names)
+    # why its runtime cannot run on fake tensors (runtime/traced.py), as `make scale-check` found it; "" where it can
+    untraceable = ""
 
     THEORY = ("paper_stage", "layout", "phase_terms", "step_transients", "after_backward_buffers", "collectives",
               "paper_comm_elements", "optimizer_bytes")

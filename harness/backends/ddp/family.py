@@ -30,6 +30,9 @@ class DDPFamily(Family):
     strategy_class_name = "DDPStrategy"
     framework = "PyTorch"
     representative = "ddp"
+    untraceable = ("torch cannot move a module whose parameters are fake (nn.Module._apply cannot swap them), and "
+                   "DDP's construction reads its parameters' data to check their shapes across ranks; past both, its "
+                   "C++ reducer asserts on the fake process group's futures, which carry no tensor (c10d/comm.cpp)")
     term_names = {"ddp_buckets": "DDP's gradient buckets"}
     differences = (
         Difference("ddp", "bucket_cap_mb", "25 (the default)", "backend.bucket_elements × 4 B: one bucket for a "

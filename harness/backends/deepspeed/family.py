@@ -28,6 +28,9 @@ class DeepSpeedFamily(Family):
     pass_through = ("deepspeed",)  # +backend.deepspeed.<key>=...: DeepSpeed's JSON keys, checked by check.py
     framework = "DeepSpeed"
     representative = "ds_zero2"
+    untraceable = ("the engine moves the module to its device (engine._configure_distributed_model), which torch "
+                   "cannot do with fake parameters; ZeRO-3 built under zero.Init gets through forward and backward and "
+                   "stops where the step reads the gradient norm's value (runtime/utils.is_invalid_grad_norm)")
     packages = ("deepspeed",)
     ranged_fields = ("zero_stage",)
     jit_op_names = tuple(BUILDERS)  # jit_ops.py imports DeepSpeed only when it loads one

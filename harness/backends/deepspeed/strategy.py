@@ -77,6 +77,14 @@ class DeepSpeedStrategy(Strategy):
         return self.engine
 
     @override
+    def memory_tracker(self):
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker()  # the engine's module, and the torch optimizer inside DeepSpeed's wrapper
+        tracker.track_external(self.engine.module, getattr(self.optimizer, "optimizer", self.optimizer))
+        return tracker
+
+    @override
     def effective_settings(self):
         zero = self.engine._config.zero_config  # DeepSpeed's parsed ZeRO section, defaults filled in
         return {**super().effective_settings(), "deepspeed": {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from typing_extensions import override
@@ -29,7 +30,8 @@ class FSDPStrategy(NativeStrategy):
 
     @override
     def setup(self, model, optim_cfg):
-        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        with unset_fake_temporarily():  # the mesh is a real list of ranks, also when the model is traced
+            mesh = init_device_mesh(self.device.type, (self.world_size,))
         mp = MixedPrecisionPolicy(
             param_dtype=None if self.precision == "fp32" else self.dtype, reduce_dtype=torch.float32
         )
@@ -52,6 +54,12 @@ class FSDPStrategy(NativeStrategy):
         self.model = model
         self._build_optimizer(optim_cfg)
         return model
+
+    @override
+    def memory_tracker(self):
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        return FSDPMemTracker(self.model, self.optimizer)
 
     @override
     @contextlib.contextmanager

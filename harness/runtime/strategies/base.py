@@ -141,6 +141,15 @@ class Strategy(ABC):
         """Tensors the strategy holds but cannot attribute to a component, by where it found them."""
         return {}
 
+    def memory_tracker(self):
+        """torch's tracker of this rank's storages by kind (parameters, gradients, optimizer state, activations,
+        temporaries), for a step on fake tensors (runtime/traced.py); FSDP2's own tracker splits further."""
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker()
+        tracker.track_external(self.model, self.optimizer)
+        return tracker
+
     def model_state_bytes(self) -> tuple[Dict[str, int], Dict[str, int]]:
         """Exact bytes this rank holds, by component (distinct storages, counted once), with device, host and
         total (model states only, buffers apart); and the bytes of unclassified tensors whose storage no

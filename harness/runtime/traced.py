@@ -1,0 +1,167 @@
+"""One rank of a run at any world size, on fake tensors over a fake process group: what the code allocates and
+sends, with no hardware (`python -m harness.scale_check`, `harness.estimate --traced`).
+
+Rank 0 of a world of N is built exactly as a real rank is (runtime/worker.prepare: the model's construction
+and init path, the strategy's wrapping, mixed-precision policy and optimizer), then runs the train loop's own
+step (runtime/loop.TrainStep) under:
+
+- torch's `FakeTensorMode`: every tensor has a shape, dtype and device but no storage, so a 70B model at a
+  world of 512 costs seconds of Python, not memory;
+- the "fake" process group (torch.testing's FakeStore): every collective returns at once, with outputs of the
+  right shape, as if N-1 peers had answered;
+- the strategy's memory tracker (Strategy.memory_tracker: torch.distributed._tools' FSDPMemTracker for FSDP2,
+  MemTracker otherwise), which counts every storage by kind as the dispatcher allocates and frees it;
+- `CollectiveCounter` below, which records every c10d collective the step issues, with its buffer's bytes and
+  its group's size.
+
+What this does not tell about a real GPU run: it counts tensors the code allocates, not the CUDA caching
+allocator's reserve, its rounding or fragmentation, nor the CUDA context; and it times nothing. It runs on the
+CPU code path (FSDP2 asks the CUDA runtime for its device, which a machine without a GPU does not have), so
+what differs on CUDA (AdamW's foreach default) is the theory's alone.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# the tracker's kinds, mapped onto the theory's (theory/memory.layout's components, and the transients)
+KINDS = {"Sharded Param": "params", "Parameter": "params", "Sharded Grad": "grads", "Gradient": "grads",
+         "OptState": "optimizer", "Optstate": "optimizer", "Activation": "activations",
+         "Unsharded Param": "gathered_params", "Unsharded Grad": "unsharded_grads", "All Gather": "all_gather",
+         "Reduce Scatter": "reduce_scatter", "Temp": "temporaries", "Buffer": "buffers", "Inputs": "inputs",
+         "Other": "other"}
+STATES = ("params", "grads", "optimizer")
+
+# c10d's collectives (the dispatcher ops a ProcessGroup call becomes), by nccl-tests' names
+C10D_OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
+            "_allgather_base_": "all_gather", "allgather_": "all_gather",
+            "allgather_into_tensor_coalesced_": "all_gather", "allgather_coalesced_": "all_gather",
+            "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+            "reduce_scatter_tensor_coalesced_": "reduce_scatter", "broadcast_": "broadcast",
+            # torch's functional collectives (DTensor's: the clipped gradient norm of sharded gradients)
+            "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce", "all_gather_into_tensor": "all_gather",
+            "reduce_scatter_tensor": "reduce_scatter"}
+
+
+def _nbytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(o) for o in obj)
+    return 0
+
+
+class CollectiveCounter(TorchDispatchMode):
+    """Every c10d collective issued while active: (op, whole-buffer bytes as nccl-tests counts them, group
+    size) -> count. The whole buffer is the output of an all-gather and the input of a reduce-scatter (the
+    larger side), the tensor itself for an all-reduce or broadcast."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace in ("c10d", "_c10d_functional") and func._opname in C10D_OPS:
+            op = C10D_OPS[func._opname]
+            group = next((a for a in args if isinstance(a, torch.ScriptObject)), None)
+            size = group.size() if group is not None and hasattr(group, "size") else dist.get_world_size()
+            # all_gather's output and reduce_scatter's input are args[0] or args[1]: the larger is the buffer
+            tensors = [a for a in args[:2] if isinstance(a, (torch.Tensor, list, tuple))]
+            self.calls[(op, max((_nbytes(t) for t in tensors), default=0), size)] += 1
+        return func(*args, **kwargs)
+
+    def rows(self) -> List[dict]:
+        return [{"op": op, "size_bytes": b, "group": g, "count": n} for (op, b, g), n in sorted(self.calls.items())]
+
+
+def by_kind(snapshot: Dict) -> Dict[str, int]:
+    """A tracker snapshot ({device: {kind: bytes}}) as the theory's kinds, summed over devices, with `total`."""
+    out: Dict[str, int] = {}
+    for kinds in snapshot.values():
+        for kind, nbytes in kinds.items():
+            name = "total" if kind == "Total" else KINDS.get(getattr(kind, "value", kind), str(kind))
+            out[name] = out.get(name, 0) + int(nbytes)
+    return {k: v for k, v in out.items() if v or k == "total"}
+
+
+@dataclass
+class Trace:
+    """What one traced rank allocated and sent, or why it could not be traced."""
+    ok: bool
+    seconds: float
+    peak: Dict[str, int] = field(default_factory=dict)  # the tracker's peak snapshot, by kind, with total
+    states: Dict[str, int] = field(default_factory=dict)  # after the last step's backward, by kind
+    collectives: List[dict] = field(default_factory=list)  # one optimizer step's (the last one's)
+    settings: dict = field(default_factory=dict)
+    error: Optional[str] = None  # the exception's type and first line, where the trace failed
+    where: Optional[str] = None  # the innermost frame of the harness or the framework it came from
+
+
+def _cause(exc: BaseException) -> Tuple[str, str]:
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if "/harness/" in f.filename or "deepspeed" in f.filename]
+    where = ours[-1] if ours else (frames[-1] if frames else None)
+    return f"{type(exc).__name__}: {first}", (f"{where.filename.split('site-packages/')[-1]}:{where.lineno} "
+                                              f"({where.name})" if where else "")
+
+
+def trace(cfg, world: int, steps: int = 2) -> Trace:
+    """Rank 0 of `world` ranks, built and stepped `steps` times on fake tensors (the first step creates the
+    optimizer state; the peak and the collectives are the last step's with the state in place)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from .loop import TrainStep
+    from .worker import prepare
+
+    start = time.perf_counter()
+    device = torch.device("cpu")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            ready = prepare(cfg, 0, world, device)
+            batches = ready.batches
+            real_get = batches.get
+
+            def get(step: int, micro: int):
+                # the batch is read from the real corpus (its sampling reads values), then made fake
+                with unset_fake_temporarily():
+                    inputs, targets = real_get(step, micro)
+                return inputs.to(device), targets.to(device)
+
+            batches.get = get
+            step = TrainStep(ready.model, ready.strategy, batches, cfg.parallelism.grad_accum, device)
+            tracker, counter, states = ready.strategy.memory_tracker(), CollectiveCounter(), {}
+            with tracker:
+                for i in range(steps):
+                    last = i == steps - 1
+                    if last:
+                        tracker.reset_mod_stats()
+                    with counter if last else _nothing():
+                        step(i, (lambda: states.update(by_kind(tracker.get_tracker_snapshot("current"))))
+                             if last else (lambda: None), mean_loss=False)
+            return Trace(True, time.perf_counter() - start, peak=by_kind(tracker.get_tracker_snapshot("peak")),
+                         states={k: states.get(k, 0) for k in STATES}, collectives=counter.rows(),
+                         settings=ready.strategy.effective_settings())
+    except Exception as exc:  # noqa: BLE001 - a backend that cannot run on fake tensors is a result, with its cause
+        error, where = _cause(exc)
+        return Trace(False, time.perf_counter() - start, error=error, where=where)
+    finally:
+        dist.destroy_process_group()
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
