@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare sweep report run estimate bench advise memory-check gpu-check capacity collectives finetune faults browser test test-drills test-all clean lock
+.PHONY: help install warm demo compare sweep report run estimate bench advise memory-check scale-check gpu-check capacity collectives finetune faults browser test test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -55,6 +55,9 @@ advise: install warm ## which strategy? theory prunes, real runs decide: make ad
 
 memory-check: install warm ## the memory model against measured peaks: every backend x model x precision x checkpointing, one launch -> results/memory_check/
 	$(PY) -m harness.memory_check $(ARGS)
+
+scale-check: install warm ## 8-512 ranks on fake tensors: llama 1b-70b, FSDP2, bf16/fp32, ckpt off/on, traced against theory -> results/scale_check/
+	$(PY) -m harness.scale_check $(ARGS)
 
 capacity: install warm ## largest model per backend under a budget: make capacity ARGS="--budget-mib 256 logger=none" -> results/capacity/
 	$(PY) -m harness.capacity $(ARGS)

@@ -30,7 +30,8 @@ def no_cuda():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("model", ["tiny_llama", "tiny_gpt2", "gpt2_124m", "llama_1b", "llama_7b", "llama_13b"])
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_gpt2", "gpt2_124m", "llama_1b", "llama_7b", "llama_13b",
+                                   "llama_70b"])
 def test_every_backend_and_model_composes_and_validates(backend, model):
     cfg = make(f"backend={backend}", f"model={model}", "parallelism.seq_len=64")
     assert cfg.backend.name == backend and cfg.model.name == model

@@ -5,6 +5,8 @@
     python -m harness.estimate model=llama_7b parallelism=gpu8 --device-gib 80   # does each backend fit?
 
 Arguments other than the flags are Hydra overrides of the usual config (model, parallelism, train...).
+With --traced, the backends that run on fake tensors are also traced (harness/runtime/traced.py, as
+`make scale-check` does) and their model states, peak and bytes per step printed beside the theory's.
 Figures are per rank, in GB (1e9 bytes, as the ZeRO paper). "paper" is the paper's formula; "device" and
 "host" are the backend's real layout (harness/theory/memory.py); "DeepSpeed" is DeepSpeed's own estimator
 where it models the same backend. Activations are for one micro-batch, without and with checkpointing.
@@ -134,6 +136,10 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--params", type=float, help="a hypothetical parameter count (e.g. 7.5e9)")
     parser.add_argument("--world", type=int, help="data-parallel ranks (default: from parallelism)")
     parser.add_argument("--device-gib", type=float, help="device memory (GiB): say whether each backend's peak fits")
+    parser.add_argument("--traced", action="store_true",
+                        help="also trace each backend that can be traced on fake tensors at this shape (rank 0, the "
+                             "real strategy code: harness/runtime/traced.py) and set its figures beside the theory "
+                             "(~10 s to a few minutes a backend, two at a time)")
     parser.add_argument("--time", action="store_true",
                         help="also the time model's step time and tokens/s, at this machine's measured matmul and copy "
                              "rates (a calibration: about a second, or ~15 s for bf16 on a CPU without bf16 units)")
@@ -145,6 +151,13 @@ def main(argv: List[str] | None = None) -> int:
     render(table, f"{cfg.model.name if not args.params else 'Ψ=%.3g' % args.params}: {r['params']:,} params, "
                   f"N={r['world']}, {r['precision']}, profile {cfg.profile}, micro_batch {cfg.parallelism.micro_batch} x seq "
                   f"{cfg.parallelism.seq_len}", args.device_gib, rates)
+    if args.traced:
+        from .scale_check import render_traced
+
+        if args.params:
+            print("--traced needs a model to build: it is left out with --params")
+        else:
+            render_traced(overrides, args.world)
     return 0
 
 

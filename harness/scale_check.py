@@ -1,0 +1,10 @@
+"""`python -m harness.scale_check`: the strategies traced at 8 to 512 ranks on fake tensors, against theory.
+
+The code is in harness/studies/scale_check.py; this file is only the command.
+"""
+import sys
+
+from harness.studies.scale_check import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The real strategy code at a world of 64, on fake tensors over a fake process group (harness/runtime/traced.py),
+against the memory and communication model (`make scale-check`'s cheap cell): llama_1b under FSDP2 in bf16,
+and a backend that cannot be traced, tried beside it, with its cause."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from harness.config.compose import compose
+from harness.runtime import models
+from harness.studies import scale_check
+
+pytestmark = pytest.mark.slow
+CELL = ["--models", "llama_1b", "--wide", "", "--worlds", "64", "--backends", "fsdp", "--probe-backends", "ddp",
+        "--precisions", "bf16", "--checkpointing", "off", "--jobs", "2"]
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    out = tmp_path_factory.mktemp("scale_check")
+    proc = subprocess.run([sys.executable, "-m", "harness.scale_check", *CELL, "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    rows = json.loads((out / "scale_check.json").read_text())
+    return proc, out, {r["backend"]: r for r in rows}
+
+
+def test_fsdp2_at_64_ranks_allocates_and_sends_what_theory_says(grid):
+    proc, out, rows = grid
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    r = rows["fsdp"]
+    assert r["ok"] and r["world"] == 64, r.get("error")
+    # every state is sharded 64 ways: 4 bytes of fp32 parameter, 4 of gradient and 8 of Adam state per parameter
+    params = models.param_count(compose(["model=llama_1b"]).model)["total"]
+    assert abs(sum(r["states_traced"].values()) - 16 * params / 64) <= 0.01 * 16 * params / 64, r["states_traced"]
+    assert abs(r["states_error_pct"]) <= scale_check.THRESHOLDS["states"]
+    assert abs(r["peak_error_pct"]) <= scale_check.THRESHOLDS["peak"], (r["peak_traced"], r["peak_terms_predicted"])
+    assert abs(r["bytes_error_pct"]) <= scale_check.THRESHOLDS["bytes"], (r["collectives_traced"],
+                                                                          r["collectives_predicted"])
+    # each of the 16 blocks is gathered for its forward and again for its backward, the root once: over the
+    # whole world, as full sharding does
+    gathers = sum(c["count"] for c in r["collectives_traced"] if c["op"] == "all_gather")
+    assert gathers == 2 * 16 + 1 and {c["group"] for c in r["collectives_traced"]} == {64}, r["collectives_traced"]
+    assert "| llama_1b | fsdp | 64 | bf16 | off |" in (out / "scale_check.md").read_text()
+
+
+def test_a_backend_that_cannot_be_traced_is_a_row_with_its_cause(grid):
+    _, out, rows = grid
+    r = rows["ddp"]
+    assert not r["ok"] and "Couldn't swap" in r["error"] and "ddp/strategy.py" in r["where"], r
+    assert f"not traced: {r['error']}" in (out / "scale_check.md").read_text()
+
+
+def test_a_second_run_reuses_the_cells_already_traced(grid):
+    _, out, rows = grid
+    before = (out / "cells.jsonl").read_text()
+    cells = [scale_check.cell_overrides("llama_1b", b, 64, "bf16", False, []) for b in ("fsdp", "ddp")]
+    again = scale_check.run_grid(cells, out)  # in this process: no worker is started for a cell already there
+    assert (out / "cells.jsonl").read_text() == before
+    assert [r["backend"] for r in again] == ["fsdp", "ddp"] and again[0]["peak_bytes"] == rows["fsdp"]["peak_bytes"]
