@@ -110,8 +110,10 @@ def _cause(exc: BaseException) -> Tuple[str, str]:
     frames = traceback.extract_tb(exc.__traceback__)
     ours = [f for f in frames if "/harness/" in f.filename or "deepspeed" in f.filename]
     where = ours[-1] if ours else (frames[-1] if frames else None)
-    return f"{type(exc).__name__}: {first}", (f"{where.filename.split('site-packages/')[-1]}:{where.lineno} "
-                                              f"({where.name})" if where else "")
+    # a path from the repository or the site-packages root, the same on every machine
+    path = where.filename.split("site-packages/")[-1] if where else ""
+    path = "harness/" + path.split("/harness/", 1)[1] if "/harness/" in path else path
+    return f"{type(exc).__name__}: {first}", (f"{path}:{where.lineno} ({where.name})" if where else "")
 
 
 def trace(cfg, world: int, steps: int = 2) -> Trace:

@@ -147,7 +147,7 @@ def _worker_init() -> None:
         os.environ.setdefault(key, value)
 
 
-def run_grid(cells: List[List[str]], out: Path, jobs: int = 1, fresh: bool = False) -> List[dict]:
+def run_grid(cells: List[List[str]], out: Path, jobs: int = 1, fresh: bool = False, trace: bool = True) -> List[dict]:
     """Trace every cell not already in <out>/cells.jsonl, `jobs` at a time (each worker one process, imports paid
     once), appending each row as it finishes; return every row, in the grid's order."""
     out.mkdir(parents=True, exist_ok=True)
@@ -160,6 +160,17 @@ def run_grid(cells: List[List[str]], out: Path, jobs: int = 1, fresh: bool = Fal
             row = json.loads(line)
             done[row["name"]] = row
     todo = [c for c in cells if cell_name(c) not in done]
+    if not trace:  # --report-only: the table of what is there, the rest named as not traced yet
+        from ..config.derive import world_size
+
+        for c in todo:
+            cfg = compose(c)
+            done[cell_name(c)] = {"name": cell_name(c), "overrides": c, "model": cfg.model.name,
+                                  "backend": cfg.backend.name, "world": world_size(cfg),
+                                  "precision": cfg.train.precision, "checkpointing": bool(cfg.train.activation_checkpointing),
+                                  "ok": False, "seconds": 0, "error": "not traced yet",
+                                  "where": "make scale-check traces it; the traced cells are kept"}
+        todo = []
     if todo:
         # a process per cell: what a failed trace leaves in torch's global state (a half-swapped parameter) must
         # not change the next cell's cause
@@ -259,6 +270,7 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--probe-backends", help="tried once, to show why they fail (default: the others)")
     parser.add_argument("--jobs", type=int, default=2, help="cells traced at once (one process each)")
     parser.add_argument("--fresh", action="store_true", help="trace every cell again")
+    parser.add_argument("--report-only", action="store_true", help="write the table from the cells already traced")
     parser.add_argument("--out", default="results/scale_check")
     args, overrides = parser.parse_known_args(argv)
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
@@ -273,7 +285,7 @@ def main(argv: List[str] | None = None) -> int:
     cells += [cell_overrides(split(args.models)[0], b, int(worlds[min(1, len(worlds) - 1)]), precisions[0], False,
                              overrides) for b in split(args.probe_backends)]
     out = (REPO / args.out).resolve()
-    rows = run_grid(cells, out, args.jobs, args.fresh)
+    rows = run_grid(cells, out, args.jobs, args.fresh, trace=not args.report_only)
     command = "python -m harness.scale_check " + " ".join(argv if argv is not None else sys.argv[1:])
     text = render(rows, command)
     write_text(out / "scale_check.md", text)
