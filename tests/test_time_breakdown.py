@@ -53,7 +53,7 @@ def test_more_communication_per_flop_shows_as_more_exposed_time(fp32_runs, bf16_
     measured = {name: bf16_runs[name][0]["figures"] for name in ("ddp", "ds_zero3", "fsdp")}
     predicted = {name: fp32_runs[name][0]["figures"] for name in ("ddp", "ds_zero3", "fsdp")}
     # measured: ZeRO-3 only, about 10x DDP's exposed seconds. FSDP2's margin on this tiny model is timing noise
-    # on a loaded 2-core machine: a clean clone at 3d22945 measured FSDP 18.1 ms against DDP 24.5 ms. Its
+    # on a loaded 2-core machine: a clean clone at b55266a measured FSDP 18.1 ms against DDP 24.5 ms. Its
     # order is the benchmark's to show (make bench), not a unit test's; its predicted order stays below
     assert measured["ds_zero3"]["time/comm_exposed_s"] > measured["ddp"]["time/comm_exposed_s"], measured
     for sharded in ("ds_zero3", "fsdp"):
