@@ -29,7 +29,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Tuple
 
 from ..config.compose import compose
 from ..core.paths import REPO, extensions_dir
@@ -45,28 +45,38 @@ GRID = {"models": "llama_1b,llama_7b,llama_13b,llama_70b", "worlds": "8,64,512",
 WIDE = "llama_1b"  # the models traced under every traceable backend and in fp32 as well
 
 
-def traceable():
-    """The backends whose family runs on fake tensors, and the others (config/families: `untraceable` names why).
+def traceable() -> Tuple[List[str], Dict[str, str]]:
+    """The backends whose family runs on fake tensors, and the others with why not (their family's `untraceable`).
     The others fail whatever the model, world, precision or checkpointing, with the same cause (ZeRO-3 takes
     minutes to reach it), so the grid tries each once, to show the cause, not once a cell. Offloading ones are
     left out: they fail as their stage does."""
     from ..config import families
     from ..config.compose import backends
 
-    out = {True: [], False: []}
+    ok, others = [], {}
     for name in backends():
         backend = compose([f"backend={name}"]).backend
-        if not (backend.offload_optimizer or backend.offload_params):
-            out[not families.of(backend).untraceable].append(name)
-    return out[True], out[False]
+        why = families.of(backend).untraceable
+        if backend.offload_optimizer or backend.offload_params:
+            continue
+        if why:
+            others[name] = why
+        else:
+            ok.append(name)
+    return ok, others
+
+
+def world_overrides(world: int) -> List[str]:
+    """A world of `world` ranks as nodes of up to 8 (a GPU node's)."""
+    per_node = min(world, 8)
+    return [f"parallelism.nproc_per_node={per_node}", f"parallelism.nnodes={world // per_node}"]
 
 
 def cell_overrides(model: str, backend: str, world: int, precision: str, checkpointing: bool,
                    common: List[str]) -> List[str]:
-    per_node = min(world, 8)
     return ["parallelism=gpu8", *common, f"model={model}", f"backend={backend}", f"train.precision={precision}",
-            f"train.activation_checkpointing={str(checkpointing).lower()}", f"parallelism.nproc_per_node={per_node}",
-            f"parallelism.nnodes={world // per_node}", "parallelism.device=cpu", "logger=none"]
+            f"train.activation_checkpointing={str(checkpointing).lower()}", *world_overrides(world),
+            "parallelism.device=cpu", "logger=none"]
 
 
 def cell_name(overrides: List[str]) -> str:
@@ -86,6 +96,15 @@ def traced_bytes_per_step(collectives: List[dict]) -> float:
     return sum(c["count"] * c["size_bytes"] * bus_factor(c["op"], c["group"]) for c in collectives)
 
 
+def row_head(cfg, overrides: List[str]) -> dict:
+    """What names a cell in its row, traced or not."""
+    from ..config.derive import world_size
+
+    return {"name": cell_name(overrides), "overrides": overrides, "model": cfg.model.name, "backend": cfg.backend.name,
+            "world": world_size(cfg), "precision": cfg.train.precision,
+            "checkpointing": bool(cfg.train.activation_checkpointing)}
+
+
 def trace_cell(overrides: List[str]) -> dict:
     """One cell traced (runtime/traced.trace): what the code allocated and sent, with no theory in it (compare()
     adds that when the table is written, so that a fix to the theory needs no new trace)."""
@@ -93,11 +112,8 @@ def trace_cell(overrides: List[str]) -> dict:
     from ..runtime.traced import trace
 
     cfg = compose(overrides)
-    world = world_size(cfg)
-    got = trace(cfg, world)
-    row = {"name": cell_name(overrides), "overrides": overrides, "model": cfg.model.name, "backend": cfg.backend.name,
-           "world": world, "precision": cfg.train.precision,
-           "checkpointing": bool(cfg.train.activation_checkpointing), "ok": got.ok, "seconds": round(got.seconds, 1)}
+    got = trace(cfg, world_size(cfg))
+    row = {**row_head(cfg, overrides), "ok": got.ok, "seconds": round(got.seconds, 1)}
     if not got.ok:
         return {**row, "error": got.error, "where": got.where}
     return {**row, "settings": got.settings, "states_traced": got.states, "peak_traced": got.peak,
@@ -110,6 +126,7 @@ def compare(row: dict) -> dict:
         return row
     from ..runtime import models
     from ..theory.communication import collectives
+    from ..theory.peak import PHASES
     from ..theory.predict import predict
     from ..theory.shape import shape_of
 
@@ -120,8 +137,8 @@ def compare(row: dict) -> dict:
     states, states_pred = sum(row["states_traced"].values()), pred["memory/model_states_predicted_bytes"]
     peak, peak_pred = row["peak_traced"].get("total", 0), pred["memory/tensor_peak_predicted_bytes"]
     sent, sent_pred = traced_bytes_per_step(row["collectives_traced"]), pred["comm/predicted_bytes_per_step"]
-    phases = [k for k in pred if k.startswith("memory/peak_at_")]
-    moment = max(phases, key=lambda k: pred[k]).removeprefix("memory/peak_at_").removesuffix("_predicted_bytes")
+    moment = max((p for p in PHASES if f"memory/peak_at_{p}_predicted_bytes" in pred),
+                 key=lambda p: pred[f"memory/peak_at_{p}_predicted_bytes"])
     return {**row, "params": counts["total"],
             "states_bytes": states, "states_predicted_bytes": states_pred, "states_error_pct": pct(states, states_pred),
             "states_predicted": {k: pred[f"memory/model_states_{k}_predicted_bytes"] for k in STATE_KINDS
@@ -161,14 +178,8 @@ def run_grid(cells: List[List[str]], out: Path, jobs: int = 1, fresh: bool = Fal
             done[row["name"]] = row
     todo = [c for c in cells if cell_name(c) not in done]
     if not trace:  # --report-only: the table of what is there, the rest named as not traced yet
-        from ..config.derive import world_size
-
         for c in todo:
-            cfg = compose(c)
-            done[cell_name(c)] = {"name": cell_name(c), "overrides": c, "model": cfg.model.name,
-                                  "backend": cfg.backend.name, "world": world_size(cfg),
-                                  "precision": cfg.train.precision, "checkpointing": bool(cfg.train.activation_checkpointing),
-                                  "ok": False, "seconds": 0, "error": "not traced yet",
+            done[cell_name(c)] = {**row_head(compose(c), c), "ok": False, "seconds": 0, "error": "not traced yet",
                                   "where": "make scale-check traces it; the traced cells are kept"}
         todo = []
     if todo:
@@ -228,8 +239,7 @@ def render_traced(overrides: List[str], world: int | None = None) -> List[dict]:
     from rich.table import Table
 
     if world:
-        per_node = min(world, 8)
-        overrides = [*overrides, f"parallelism.nproc_per_node={per_node}", f"parallelism.nnodes={world // per_node}"]
+        overrides = [*overrides, *world_overrides(world)]
     ok, others = traceable()
     cells = [[*overrides, f"backend={b}", "parallelism.device=cpu", "logger=none"] for b in ok]
     with tempfile.TemporaryDirectory(prefix="shardbench-traced-") as tmp:
@@ -250,15 +260,9 @@ def render_traced(overrides: List[str], world: int | None = None) -> List[dict]:
     print("Traced: the real strategy code's allocations on fake tensors over a fake process group, on the CPU code "
           "path, set against the theory for that path (AdamW single-tensor). It counts tensors, not the CUDA caching "
           "allocator's reserve or fragmentation, and it times nothing (README, \"Right at scale without the hardware\").")
-    for name in others:
-        print(f"  {name}: not traced: {family_untraceable(name)}")
+    for name, why in others.items():
+        print(f"  {name}: not traced: {why}")
     return rows
-
-
-def family_untraceable(name: str) -> str:
-    from ..config import families
-
-    return families.of(compose([f"backend={name}"]).backend).untraceable
 
 
 def main(argv: List[str] | None = None) -> int:

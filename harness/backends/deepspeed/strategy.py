@@ -77,12 +77,8 @@ class DeepSpeedStrategy(Strategy):
         return self.engine
 
     @override
-    def memory_tracker(self):
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        tracker = MemTracker()  # the engine's module, and the torch optimizer inside DeepSpeed's wrapper
-        tracker.track_external(self.engine.module, getattr(self.optimizer, "optimizer", self.optimizer))
-        return tracker
+    def torch_optimizer(self):
+        return getattr(self.optimizer, "optimizer", self.optimizer)  # inside DeepSpeed's ZeRO wrapper, if any
 
     @override
     def effective_settings(self):

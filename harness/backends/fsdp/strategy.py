@@ -59,7 +59,7 @@ class FSDPStrategy(NativeStrategy):
     def memory_tracker(self):
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-        return FSDPMemTracker(self.model, self.optimizer)
+        return FSDPMemTracker(self.model, self.torch_optimizer())
 
     @override
     @contextlib.contextmanager

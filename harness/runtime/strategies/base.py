@@ -147,8 +147,12 @@ class Strategy(ABC):
         from torch.distributed._tools.mem_tracker import MemTracker
 
         tracker = MemTracker()
-        tracker.track_external(self.model, self.optimizer)
+        tracker.track_external(self.model, self.torch_optimizer())
         return tracker
+
+    def torch_optimizer(self) -> torch.optim.Optimizer:
+        """The torch optimizer that holds the optimizer state (a framework may wrap it)."""
+        return self.optimizer
 
     def model_state_bytes(self) -> tuple[Dict[str, int], Dict[str, int]]:
         """Exact bytes this rank holds, by component (distinct storages, counted once), with device, host and
