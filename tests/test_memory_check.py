@@ -76,10 +76,10 @@ def test_on_a_states_dominated_shape_the_peaks_rank_as_theory_ranks_them(states_
     # (below) and each one's own prediction (make memory-check) do
     held = states_dominated["ds_zero2"]["held_bytes"]
     assert peak["ds_zero2"] - held < peak["ds_zero1"], (peak, held)
-    # and every pair the theory separates by more than 20% comes out in the theory's order. Not 10%: here the
-    # theory misses FSDP2 by +25% (measured 25.7 MiB against 20.5, 42% of it unaccounted after backward and not
-    # named: a known miss at 4 ranks, reported in make memory-check's table), which puts FSDP2 within 5% of
-    # ZeRO-3 (26.9) where the theory has them 17% apart; their order held in every run so far but is not a claim
+    # and every pair the theory separates by more than 20% comes out in the theory's order. Not 10%: FSDP2 and
+    # ZeRO-3 are 10% apart in theory (22.2 and 24.7 MiB) and 3% measured (25.3 and 26.1), where gloo's reduce-
+    # scatter clone released a phase late (2.8 MiB) can swap them; their order held in every run so far but is
+    # not a claim
     for a in peak:
         for b in peak:
             if predicted[a] < 0.8 * predicted[b]:
@@ -89,3 +89,13 @@ def test_on_a_states_dominated_shape_the_peaks_rank_as_theory_ranks_them(states_
     # states are counted, as the theory's device states say (make estimate: 0.024 GB each)
     states = {b: r["states_bytes"] for b, r in states_dominated.items()}
     assert states["fsdp"] <= states["ds_zero3"] < states["ds_zero2"] <= states["ds_zero1"] < states["ddp"], states
+
+
+def test_on_a_states_dominated_shape_each_peak_is_within_10_percent_of_its_prediction(states_dominated):
+    # the rule of the matrix above, at 4 ranks where the states dominate: FSDP2's worst moment is a block's
+    # gradients complete (all of them unsharded) beside the previous block's reduce-scatter input, which the
+    # fake-process-group trace puts at 22.33 MiB against 22.22 predicted; real gloo ranks measured 25.3-25.7,
+    # one reduce-scatter clone (2.8 MiB) above it, released a phase late
+    misses = [(b, round(r["error_pct"], 1)) for b, r in states_dominated.items()
+              if abs(r["error_pct"]) > 10 and not abs(r["error_less_held_pct"]) <= 10]
+    assert not misses, misses

@@ -76,24 +76,35 @@ class FSDPFamily(Family):
         return out
 
     def reduce_terms(self, backend, s, act):
-        """Block j's reduce-scatter, issued by its post-backward while blocks 0..j-1 still keep their activations:
-        its fp32 input, which gloo's reduce_scatter clones (CPU), block j-1's all-gather in flight beside the
-        root, and the sharded gradients of blocks j..L-1 (the worst j). Without sync only the last micro-batch
-        reduces, inside the other moments."""
+        """Block j's gradients, from the end of its backward through its reduce-scatter, while blocks 0..j-1
+        still keep their activations (the worst j, the worst of two moments):
+
+        - `grads_complete`, just before its post-backward: all of block j's unsharded gradients (in the
+          parameter dtype), block j still gathered beside the root and block j-1's all-gather in flight, and
+          block j+1's reduce-scatter input, which FSDP2 keeps until this post-backward pops it (one buffer in
+          flight, its default);
+        - `reduce_scatter`: block j resharded and its gradients copied into its fp32 reduce-scatter input,
+          which gloo's reduce_scatter clones (CPU); its output is block j's sharded gradient.
+
+        Without sync only the last micro-batch reduces, inside the other moments."""
         if s.grad_accum > 1:
             return {}, None
         clone = 4.0 * s.block_t if s.device == "cpu" else 0.0
 
-        def at(j: int) -> Dict[str, float]:
+        def at(j: int, moment: str) -> Dict[str, float]:
             below = j * (act["block_input"] if act["checkpointing"] else act["block"])
+            complete = moment == "grads_complete"
+            gathered = s.block_params * ((1 if complete else 0) + (1 if j >= 1 else 0))
             return {"activations": below + act["per_sequence"] + act["block_input"],
-                    "gathered_params": s.p * (s.root_params + (s.block_params if j >= 1 else 0)),
-                    "reduce_scatter_input": 4.0 * s.block_t, "gloo_clone": clone,
-                    "unsharded_grads": s.p * s.head_trainable,
-                    "sharded_grads_so_far": 4.0 * (s.blocks - j) * s.block_t / s.world,
+                    "gathered_params": s.p * (s.root_params + gathered),
+                    "unsharded_grads": s.p * (s.head_trainable + (s.block_t if complete else 0)),
+                    "reduce_scatter_input": 4.0 * s.block_t if (j < s.blocks - 1 or not complete) else 0.0,
+                    "gloo_clone": 0.0 if complete else clone,
+                    "sharded_grads_so_far": 4.0 * (s.blocks - j - (1 if complete else 0)) * s.block_t / s.world,
                     "grads_not_yet_allocated": self.missing_grads(backend, s)}
-        worst = max(range(s.blocks), key=lambda j: sum(at(j).values()))
-        return at(worst), worst
+        worst = max(((j, m) for j in range(s.blocks) for m in ("grads_complete", "reduce_scatter")),
+                    key=lambda jm: sum(at(*jm).values()))
+        return at(*worst), worst[0]
 
     def step_transients(self, backend, s):
         # torch's AdamW on the local shards: foreach one temporary per tensor, single-tensor two of the largest
