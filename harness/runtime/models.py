@@ -159,7 +159,11 @@ def _param_count(model_yaml: str, workload_yaml: str) -> dict:
     # every tensor's size (tied ones once): ZeRO-3 keeps those under its persistence threshold whole
     sizes = [p.numel() for p in model.parameters()]
     block_trainable = sum(p.numel() for p in blocks(model)[0].parameters() if p.requires_grad)
+    # (first dimension, elements per row, trains) of every tensor: FSDP2 pads the first dimension to the world
+    rows = [(p.shape[0] if p.dim() else 1, p.numel() // max(p.shape[0] if p.dim() else 1, 1), p.requires_grad)
+            for p in model.parameters()]
     return {"total": total, "embedding": emb, "per_block": per_block, "largest_param": largest, "sizes": sizes,
+            "rows": rows,
             "trainable": sum(trainable), "per_block_trainable": block_trainable,
             "largest_trainable": max(trainable, default=0), **_backward_order(model)}
 

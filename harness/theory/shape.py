@@ -46,6 +46,10 @@ class Shape:
     max_reuse_distance: int = 0
     blocks_reshard: bool = True  # FSDP2 reshards each block after forward (full shard), else keeps it (grad-op)
     device: str = "cpu"  # cpu (gloo) | cuda (NCCL): a few communication buffers exist on one and not the other
+    # FSDP2's elements on a rank, every parameter's first dimension padded to a multiple of the world (rank 0
+    # holds full chunks), all and trainable; 0: Ψ/N and T/N
+    shard_params: int = 0
+    shard_trainable: int = 0
 
     @property
     def root_params(self) -> int:

@@ -35,14 +35,22 @@ class FSDPFamily(Family):
                             "states (16Ψ/N); the 16-bit gathered copies are transient."}
 
     def shape_fields(self, cfg, world, counts):
-        return {"root_reshards": bool(root_reshard(cfg)), "blocks_reshard": bool(cfg.backend.reshard_after_forward)}
+        # fully_shard splits each parameter on its first dimension in chunks of ceil(rows / N) (torch.chunk),
+        # padding it to a multiple of N: a 32,000-row embedding over 512 ranks is 63 rows a rank, not 62.5
+        def shard(rows) -> int:
+            return sum(-(-first // world) * per_row for first, per_row, _ in rows)
+
+        rows = counts.get("rows", [])
+        return {"root_reshards": bool(root_reshard(cfg)), "blocks_reshard": bool(cfg.backend.reshard_after_forward),
+                "shard_params": shard(rows), "shard_trainable": shard([r for r in rows if r[2]])}
 
     def paper_stage(self, backend):
         return 3  # parameters sharded at rest in both modes
 
     def layout(self, backend, s):
-        n = s.world
-        return {"params": 4 * s.params / n, "grads": 4 * s.t / n, "optimizer": 8 * s.t / n}
+        params = s.shard_params or s.params / s.world
+        trained = s.shard_trainable or s.t / s.world
+        return {"params": 4 * params, "grads": 4 * trained, "optimizer": 8 * trained}
 
     def phase_terms(self, backend, s, phase, k):
         """Sharded gradients do not exist before the first reduce-scatter (set to None). Full shard keeps the root
