@@ -53,8 +53,9 @@ bench: install warm ## harness overhead: step time vs a hand-written loop (DDP, 
 advise: install warm ## which strategy? theory prunes, real runs decide: make advise ARGS="model=small_llama --device-gib 0.0625" -> results/advise/
 	$(PY) -m harness.advise $(ARGS)
 
-memory-check: install warm ## the memory model against measured peaks: every backend x model x precision x checkpointing, one launch -> results/memory_check/
+memory-check: install warm ## the memory model against measured peaks: every backend x model x precision x checkpointing, one launch, then a states-dominated shape at 4 ranks -> results/memory_check/
 	$(PY) -m harness.memory_check $(ARGS)
+	$(PY) -m harness.memory_check --states-dominated --repeats 2
 
 scale-check: install warm ## 8-512 ranks on fake tensors: llama 1b-70b, FSDP2, bf16/fp32, ckpt off/on, traced against theory -> results/scale_check/
 	$(PY) -m harness.scale_check $(ARGS)

@@ -2,6 +2,7 @@
 
     python -m harness.memory_check [--models tiny_llama,tiny_gpt2] [--precisions fp32,bf16]
         [--checkpointing off,on] [--backends ddp,fsdp,...] [--repeats 3] [--tolerance 10] [--out DIR] [overrides]
+    python -m harness.memory_check --states-dominated --backends ddp,ds_zero1,ds_zero2,ds_zero3,fsdp --repeats 2
 
 Every backend x model x precision x activation checkpointing is a cell: a short run (two steps, then
 `--repeats` profiled memory steps) whose peak of live tensors per rank is set beside theory/predict.py's
@@ -40,6 +41,20 @@ from ..theory.predict import predict
 # the short run each cell is: no time breakdown, FLOPs or W&B; the peak from the step's allocations
 CELL = ["logger=none", "train.steps=2", "train.warmup_steps=1", "train.breakdown_steps=0",
         "train.measure_flops=false", "train.peak_by_kind=false"]
+
+
+# a states-dominated shape: small_llama (3.0M parameters) on 4 ranks, one 16-token sequence a rank, fp32 (where
+# parameters are 4 bytes, so sharding them shows most); buckets an eighth of the model, and ZeRO-3 releasing what
+# it gathers (a model larger than its reuse distance and live-parameter limit: DeepSpeed's defaults of 1e9 keep a
+# model this small gathered, named in the cell). Where the backends' peaks rank as the ZeRO paper ranks them
+STATES_DOMINATED = ["model=small_llama", "train.precision=fp32", "parallelism.nproc_per_node=4",
+                    "parallelism.micro_batch=1", "parallelism.seq_len=16", "backend.bucket_elements=400000"]
+ZERO3_RELEASE = ["+backend.deepspeed.zero_optimization.stage3_max_reuse_distance=0",
+                 "+backend.deepspeed.zero_optimization.stage3_max_live_parameters=400000"]
+
+
+def states_dominated_cells(backends: List[str]) -> List[list]:
+    return [[f"backend={b}", *(ZERO3_RELEASE if b == "ds_zero3" else [])] for b in backends]
 
 
 def matrix(backends: List[str], models_: List[str], precisions: List[str], checkpointing: List[bool]) -> List[list]:
@@ -110,14 +125,29 @@ def _row(r: dict, ranks) -> dict:
             "states_predicted_bytes": pred["memory/model_states_predicted_bytes"], "method": ranks[0]["method"]}
 
 
+def missed(r: dict, tolerance: float) -> bool:
+    """Over the tolerance, also once the one buffer gloo may hold a phase late (the largest of
+    theory/peak.after_backward_buffers) is set aside: on CPU a collective's buffer can outlive it into a later
+    phase in some steps and launches and not others, which no GPU would hold."""
+    return abs(r["error_pct"]) > tolerance and not abs(r["error_less_held_pct"]) <= tolerance
+
+
+def held_note(r: dict, tolerance: float) -> str:
+    if abs(r["error_pct"]) <= tolerance or missed(r, tolerance):
+        return ""
+    return f" ({r['error_less_held_pct']:+.1f}% less {r['held_bytes'] / 2**20:.2f} MiB gloo held late)"
+
+
 def render(rows: List[dict], tolerance: float, command: str) -> str:
     mib = lambda b: f"{b / 2**20:,.3f}"  # noqa: E731
     done = [r for r in rows if "error_pct" in r]
-    within = [r for r in done if abs(r["error_pct"]) <= tolerance]
+    within = [r for r in done if not missed(r, tolerance)]
     lines = [f"# Memory model against measured peaks: {len(within)} of {len(done)} cells within {tolerance:g}%", "",
              f"Command: `{command}`. Peak of live tensors per rank (MiB): the lowest of the profiled steps on each "
              "rank, then the highest rank; \"highest\" is the highest profiled step. Predicted: "
-             "`harness/theory/peak.py` (states + buffers + the largest moment's terms; the moment is named).", "",
+             "`harness/theory/peak.py` (states + buffers + the largest moment's terms; the moment is named). A "
+             "cell over the tolerance by no more than the one buffer gloo may release a phase late (the largest "
+             "after-backward buffer below) shows its error less that buffer beside it, and counts as within.", "",
              "\"unaccounted\": live bytes right after backward that are not model states or named buffers, as a "
              "share of the live bytes there; above 5% the mechanism whose size they match is named "
              "(`theory/peak.after_backward_buffers`).", "",
@@ -133,7 +163,7 @@ def render(rows: List[dict], tolerance: float, command: str) -> str:
                                                           if r["unaccounted_named"] else "")
         lines.append(f"| {r['backend']} | {r['model']} | {r['precision']} | {'on' if r['checkpointing'] else 'off'} "
                      f"| {mib(r['measured_bytes'])} | {mib(r['highest_bytes'])} | {mib(r['predicted_bytes'])} "
-                     f"| {r['error_pct']:+.1f}% | {moment} | {unaccounted} |")
+                     f"| {r['error_pct']:+.1f}%{held_note(r, tolerance)} | {moment} | {unaccounted} |")
     if done:
         worst = max(done, key=lambda r: abs(r["error_pct"]))
         lines += ["", f"Largest miss: {worst['name']}, {worst['error_pct']:+.1f}% ({mib(worst['measured_bytes'])} "
@@ -149,19 +179,25 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--checkpointing", default="off,on")
     parser.add_argument("--repeats", type=int, default=3, help="profiled memory steps per cell")
     parser.add_argument("--tolerance", type=float, default=10.0, help="percent")
-    parser.add_argument("--out", default="results/memory_check")
+    parser.add_argument("--states-dominated", action="store_true",
+                        help="the backends on STATES_DOMINATED (4 ranks, small_llama, fp32) instead of the matrix")
+    parser.add_argument("--out", default=None, help="default results/memory_check[/states_dominated]")
     args, overrides = parser.parse_known_args(argv)
     if not any(o.startswith("profile=") for o in overrides):
         overrides = ["profile=parity", *overrides]
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
-    cells = matrix(split(args.backends), split(args.models), split(args.precisions),
-                   [c == "on" for c in split(args.checkpointing)])
-    out = (REPO / args.out).resolve()
+    if args.states_dominated:
+        cells, overrides = states_dominated_cells(split(args.backends)), [*overrides, *STATES_DOMINATED]
+    else:
+        cells = matrix(split(args.backends), split(args.models), split(args.precisions),
+                       [c == "on" for c in split(args.checkpointing)])
+    default_out = "results/memory_check" + ("/states_dominated" if args.states_dominated else "")
+    out = (REPO / (args.out or default_out)).resolve()
     rows = run_cells(cells, overrides, args.repeats, out)
     command = "python -m harness.memory_check " + " ".join(argv if argv is not None else sys.argv[1:])
     text = render(rows, args.tolerance, command)
     write_text(out / "memory_check.md", text)
     write_json(out / "memory_check.json", [{k: v for k, v in r.items() if k != "cfg"} for r in rows])
     print(text)
-    misses = [r for r in rows if "error_pct" in r and abs(r["error_pct"]) > args.tolerance]
+    misses = [r for r in rows if "error_pct" in r and missed(r, args.tolerance)]
     return 1 if misses or any(r["refused"] for r in rows) else 0

@@ -88,7 +88,8 @@ class FSDPFamily(Family):
         still keep their activations (the worst j, the worst of two moments):
 
         - `grads_complete`, just before its post-backward: all of block j's unsharded gradients (in the
-          parameter dtype), block j still gathered beside the root and block j-1's all-gather in flight, and
+          parameter dtype), block j still gathered beside the root and block j-1's all-gather in flight (under
+          grad-op blocks 0..j, gathered since forward), and
           block j+1's reduce-scatter input, which FSDP2 keeps until this post-backward pops it (one buffer in
           flight, its default);
         - `reduce_scatter`: block j resharded and its gradients copied into its fp32 reduce-scatter input,
@@ -102,7 +103,10 @@ class FSDPFamily(Family):
         def at(j: int, moment: str) -> Dict[str, float]:
             below = j * (act["block_input"] if act["checkpointing"] else act["block"])
             complete = moment == "grads_complete"
-            gathered = s.block_params * ((1 if complete else 0) + (1 if j >= 1 else 0))
+            if s.blocks_reshard:  # block j (until its post-backward reshards it) and j-1's all-gather in flight
+                gathered = s.block_params * ((1 if complete else 0) + (1 if j >= 1 else 0))
+            else:  # grad-op: blocks 0..j kept gathered since forward, j resharded by its post-backward
+                gathered = s.block_params * (j + (1 if complete else 0))
             return {"activations": below + act["per_sequence"] + act["block_input"],
                     "gathered_params": s.p * (s.root_params + gathered),
                     "unsharded_grads": s.p * (s.head_trainable + (s.block_t if complete else 0)),
