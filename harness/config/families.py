@@ -75,6 +75,11 @@ class Family:
         """The family's own problems with a config, one line each."""
         return []
 
+    def release_overrides(self, backend) -> List[str]:
+        """Overrides under which this backend frees what it gathers on a model as small as the memory check's
+        states-dominated shape (studies/memory_check.py), where its defaults would keep the model whole."""
+        return []
+
     def jit_ops(self, cfg) -> List[str]:
         """Native ops the ranks load that the parent must build first (launcher/ops.py)."""
         return []

@@ -37,6 +37,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..config import families
+
 # the tracker's kinds, mapped onto the theory's (theory/memory.layout's components, and the transients)
 KINDS = {"Sharded Param": "params", "Parameter": "params", "Sharded Grad": "grads", "Gradient": "grads",
          "OptState": "optimizer", "Optstate": "optimizer", "Activation": "activations",
@@ -111,10 +113,12 @@ class Trace:
     where: Optional[str] = None  # the innermost frame of the harness or the framework it came from
 
 
-def _cause(exc: BaseException) -> Tuple[str, str]:
+def _cause(exc: BaseException, frameworks: Tuple[str, ...]) -> Tuple[str, str]:
+    """The exception's first line, and the innermost frame of the harness or of the family's own framework
+    packages (`frameworks`): where a user would look, not torch's internals it ended in."""
     first = (str(exc).strip().splitlines() or [""])[0][:300]
     frames = traceback.extract_tb(exc.__traceback__)
-    ours = [f for f in frames if "/harness/" in f.filename or "deepspeed" in f.filename]
+    ours = [f for f in frames if "/harness/" in f.filename or any(f"/{p}/" in f.filename for p in frameworks)]
     where = ours[-1] if ours else (frames[-1] if frames else None)
     # a path from the repository or the site-packages root, the same on every machine
     path = where.filename.split("site-packages/")[-1] if where else ""
@@ -158,7 +162,7 @@ def trace(cfg, world: int, steps: int = 2) -> Trace:
                          states={k: states.get(k, 0) for k in STATES}, collectives=counter.rows(),
                          settings=ready.strategy.effective_settings())
     except Exception as exc:  # noqa: BLE001 - a backend that cannot run on fake tensors is a result, with its cause
-        error, where = _cause(exc)
+        error, where = _cause(exc, families.of(cfg.backend).packages)
         return Trace(False, time.perf_counter() - start, error=error, where=where)
     finally:
         dist.destroy_process_group()

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from ..config import rules
+from ..config import families, rules
 from ..config.compose import backends as all_backends
 from ..config.compose import compose_many
 from ..config.derive import world_size
@@ -49,12 +49,13 @@ CELL = ["logger=none", "train.steps=2", "train.warmup_steps=1", "train.breakdown
 # model this small gathered, named in the cell). Where the backends' peaks rank as the ZeRO paper ranks them
 STATES_DOMINATED = ["model=small_llama", "train.precision=fp32", "parallelism.nproc_per_node=4",
                     "parallelism.micro_batch=1", "parallelism.seq_len=16", "backend.bucket_elements=400000"]
-ZERO3_RELEASE = ["+backend.deepspeed.zero_optimization.stage3_max_reuse_distance=0",
-                 "+backend.deepspeed.zero_optimization.stage3_max_live_parameters=400000"]
 
 
 def states_dominated_cells(backends: List[str]) -> List[list]:
-    return [[f"backend={b}", *(ZERO3_RELEASE if b == "ds_zero3" else [])] for b in backends]
+    """One cell a backend, with the overrides under which its family releases what it gathers on this shape."""
+    configs = compose_many([[f"backend={b}"] for b in backends])
+    return [[f"backend={b}", *families.of(cfg.backend).release_overrides(cfg.backend)]
+            for b, cfg in zip(backends, configs)]
 
 
 def matrix(backends: List[str], models_: List[str], precisions: List[str], checkpointing: List[bool]) -> List[list]:

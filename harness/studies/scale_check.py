@@ -271,7 +271,7 @@ def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for key, default in GRID.items():
         parser.add_argument(f"--{key}", default=default)
-    parser.add_argument("--backends", default="fsdp", help="traced in every cell")
+    parser.add_argument("--backends", default="", help="traced in every cell (default: the first traceable one)")
     parser.add_argument("--wide", default=WIDE, help="models also traced under every traceable backend and in fp32")
     parser.add_argument("--probe-backends", help="tried once, to show why they fail (default: the others)")
     parser.add_argument("--jobs", type=int, default=2, help="cells traced at once (one process each)")
@@ -285,7 +285,7 @@ def main(argv: List[str] | None = None) -> int:
     wide = split(args.wide)
     cells = [cell_overrides(m, b, int(w), p, c == "on", overrides)
              for m in split(args.models) for w in split(args.worlds)
-             for b in (ok if m in wide else split(args.backends))
+             for b in (ok if m in wide else split(args.backends) or ok[:1])
              for p in (["bf16", "fp32"] if m in wide else split(args.precisions)) for c in split(args.checkpointing)]
     worlds, precisions = split(args.worlds), split(args.precisions)
     cells += [cell_overrides(split(args.models)[0], b, int(worlds[min(1, len(worlds) - 1)]), precisions[0], False,
