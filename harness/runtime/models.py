@@ -160,7 +160,7 @@ def _param_count(model_yaml: str, workload_yaml: str) -> dict:
     sizes = [p.numel() for p in model.parameters()]
     block_trainable = sum(p.numel() for p in blocks(model)[0].parameters() if p.requires_grad)
     # (first dimension, elements per row, trains) of every tensor: FSDP2 pads the first dimension to the world
-    rows = [(p.shape[0] if p.dim() else 1, p.numel() // max(p.shape[0] if p.dim() else 1, 1), p.requires_grad)
+    rows = [(len(p), p[0].numel(), p.requires_grad) if p.dim() and len(p) else (1, p.numel(), p.requires_grad)
             for p in model.parameters()]
     return {"total": total, "embedding": emb, "per_block": per_block, "largest_param": largest, "sizes": sizes,
             "rows": rows,

@@ -130,7 +130,7 @@ def missed(r: dict, tolerance: float) -> bool:
     """Over the tolerance, also once the one buffer gloo may hold a phase late (the largest of
     theory/peak.after_backward_buffers) is set aside: on CPU a collective's buffer can outlive it into a later
     phase in some steps and launches and not others, which no GPU would hold."""
-    return abs(r["error_pct"]) > tolerance and not abs(r["error_less_held_pct"]) <= tolerance
+    return abs(r["error_pct"]) > tolerance and abs(r["error_less_held_pct"]) > tolerance
 
 
 def held_note(r: dict, tolerance: float) -> str:

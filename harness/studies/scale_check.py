@@ -2,8 +2,8 @@
 (runtime/traced.py), against the memory and communication model.
 
     python -m harness.scale_check [--models llama_1b,llama_7b,llama_13b,llama_70b] [--worlds 8,64,512]
-        [--backends fsdp] [--wide llama_1b,llama_7b,llama_13b,llama_70b] [--probe-backends ddp,ds_zero1,ds_zero2,ds_zero3]
-        [--precisions bf16] [--checkpointing off,on] [--jobs 2] [--fresh] [--out results/scale_check] [overrides...]
+        [--backends fsdp] [--wide llama_1b,llama_7b,llama_13b,llama_70b]
+        [--probe-backends ddp,ds_zero1,ds_zero2,ds_zero3] [--precisions bf16] [--checkpointing off,on] [--jobs 2] [--fresh] [--out results/scale_check] [overrides...]
 
 Every model x world x backend x precision x activation checkpointing is a cell (the --wide models under every
 traceable backend and in bf16 and fp32, the others under --backends in --precisions): rank 0 of that world built as a
