@@ -11,8 +11,8 @@ What each backend must do, asserted by what its config says it does (not by its 
   the collectives); one that partitions gradients (ZeRO-2/3) reduces every micro-batch, by design;
 - `state_tensors()` names components the memory model knows, offloaded ones with the `host_` prefix exactly
   when the config offloads them.
-FSDP2 issues no reduce-scatter on one rank, so that its last micro-batch does reduce is held by the 2-rank
-test_grad_accumulation.py.
+A backend that shards parameters (FSDP2) issues no reduce-scatter on one rank, so that its last micro-batch
+does reduce is held by the 2-rank test_grad_accumulation.py.
 """
 from __future__ import annotations
 
@@ -109,8 +109,12 @@ def test_backward_scales_step_steps_and_sync_waits_for_the_last_micro_batch(one_
         expected = float(loss_of(ref, after))
     assert stepped == pytest.approx(expected, rel=1e-5), "one optimizer step does not match AdamW by hand"
 
-    if families.of(cfg.backend).defers_gradient_sync(cfg.backend):
+    family = families.of(cfg.backend)
+    if family.defers_gradient_sync(cfg.backend):
         assert counts[0] == 0, f"{backend} reduced gradients before the last micro-batch: {counts}"
+        # and reduces on the last one; a backend that shards parameters has nothing to reduce-scatter on one
+        # rank (FSDP2), so test_grad_accumulation.py holds that on two
+        assert counts[-1] > 0 or family.paper_stage(cfg.backend) == 3, f"{backend} never reduced: {counts}"
     else:  # ZeRO-2/3 partition gradients: DeepSpeed reduce-scatters every micro-batch by design
         assert counts[0] > 0 and counts[0] == counts[-1], counts
 
