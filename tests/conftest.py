@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.compose import backends
+from harness.config.compose import flat_backends
 from harness.core.paths import extensions_dir
 
 REPO = Path(__file__).resolve().parent.parent
-BACKENDS = backends()  # every file in conf/backend/
+BACKENDS = flat_backends()  # every file in conf/backend/ but the hybrid ones (tested across nodes)
 FAST = ["logger=none", "train.steps=5", "train.warmup_steps=2"]
 
 

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from conftest import REPO, cli_command, extensions_dir
+from harness.config.compose import hybrid_backends
 
 pytestmark = pytest.mark.slow
 FAST = ["logger=none", "train.steps=5", "train.warmup_steps=2", "profile=parity", "train.measure_flops=false",
@@ -34,6 +35,7 @@ def losses(run_dir: Path) -> list:
 # ZeRO-3's too (46 s), to keep make test a short loop
 DRILL = pytest.mark.drill
 BACKENDS = ("ds_zero3", "ddp", "fsdp")
+HYBRID = tuple(hybrid_backends())  # HSDP and partial resharding: a node's ranks are their group; against DDP
 
 
 def one_node(root: Path, ranks: int, backends=BACKENDS) -> dict:
@@ -63,23 +65,35 @@ def two_ranks(tmp_path_factory) -> dict:
     return one_node(tmp_path_factory.mktemp("reference"), 2, ONE_A_NODE)
 
 
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=DRILL) for b in BACKENDS])
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=DRILL) for b in BACKENDS + HYBRID])
 def test_two_nodes_of_two_ranks_train_as_one_node_of_four_and_node_0_owns_the_run_dir(tmp_path, backend, four_ranks):
     # node 1 is started first, so it waits for node 0 to own the run dir before its torchrun joins
     args = (f"backend={backend}", "parallelism.nproc_per_node=2", *FAST)
-    port = 29641 + BACKENDS.index(backend)
+    port = 29641 + (BACKENDS + HYBRID).index(backend) * 3
     follower = start_node(1, tmp_path / "two", port, *args)
     time.sleep(1)
     owner = start_node(0, tmp_path / "two", port, *args)
     out0, err0 = owner.communicate(timeout=300)
     out1, err1 = follower.communicate(timeout=60)
     assert owner.returncode == 0 and follower.returncode == 0, err0[-2000:] + err1[-2000:]
-    two, one = losses(tmp_path / "two"), losses(four_ranks[backend])
+    two, one = losses(tmp_path / "two"), losses(four_ranks[backend if backend in BACKENDS else "ddp"])
     print(f"PARITY 2x2 {backend}: largest relative loss difference against 1x4 "
           f"{max(abs(a - b) / abs(b) for a, b in zip(two, one)):.2e} over {len(one)} steps")
     assert two == pytest.approx(one, rel=1e-4)
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["world_size"] == 4 and len(summary["per_rank"]) == 4
+    # the counted step's bytes, by the link their group crosses, against theory/communication.py: a flat
+    # backend's groups all cross the two nodes; HSDP's shard groups and partial resharding's backward gathers
+    # stay inside a node
+    f = summary["figures"]
+    print(f"LINKS 2x2 {backend}: " + ", ".join(f"{link} {f[f'comm/measured_{link}_node_bytes_per_step']:,.0f} B "
+                                              f"(predicted {f[f'comm/predicted_{link}_node_bytes_per_step']:,.0f})"
+                                              for link in ("intra", "inter")))
+    for link in ("intra", "inter"):
+        measured, predicted = (f[f"comm/{kind}_{link}_node_bytes_per_step"] for kind in ("measured", "predicted"))
+        assert measured == pytest.approx(predicted, rel=0.01), (link, measured, predicted)
+    assert (f["comm/measured_intra_node_bytes_per_step"] > 0) == (backend in HYBRID)
+    assert abs(f["memory/model_states_error_pct"]) <= 5, f["memory/model_states_error_pct"]
     # node 0 printed the run's line; node 1 only its own node's, and wrote only node-scoped files
     assert f"[ok] {backend}" in out0 and "[ok]" not in out1 and "[node 1] ranks 2-3 ok" in out1
     assert (tmp_path / "two" / "launcher.node1.log").stat().st_size > 0

@@ -88,14 +88,21 @@ def test_collectives_move_the_zero_papers_volume(world):
 
 def test_native_ddp_buckets_and_zero3_persistence_shape_the_list():
     """DDP's native 25 MiB buckets split a 10M-parameter model's 40 MB of gradients in two; ZeRO-3 leaves
-    tensors at or under its persistence threshold out of the gathers; FSDP2's native root is gathered once."""
+    tensors at or under its persistence threshold out of the gathers, and does not gather again in backward what
+    it kept within its reuse distance; FSDP2's native root is gathered once."""
     s = Shape(params=10_000_000, world=2, precision="fp32", grad_copy=True, bucket_elements=10_000_000)
     reduces = [c for c in collectives(_backend("ddp"), s) if c.size_bytes > 4]
     assert sum(c.count for c in reduces) == 2 and sum(c.count * c.size_bytes for c in reduces) == 40_000_000
     z3 = Shape(params=PSI, world=2, precision="bf16", bucket_elements=PSI, tensor_sizes=SIZES,
                persistence_threshold=50_000, overlap_comm=True)
     gathers = [c for c in collectives(_backend("deepspeed", 3), z3) if c.op == "all_gather"]
-    assert sorted(c.size_bytes for c in gathers) == [2 * 100_000, 2 * 100_000]
+    # the two tensors over the threshold, gathered one by one in forward, and again (outside any reuse
+    # distance: 0 here) in backward
+    assert sorted(c.size_bytes for c in gathers)[:2] == [2 * 100_000, 2 * 100_000]
+    assert sum(c.count * c.size_bytes for c in gathers) == 2 * 2 * 200_000
+    kept = Shape(**{**z3.__dict__, "max_reuse_distance": 10**9})  # DeepSpeed's default: the model stays gathered
+    assert sum(c.count * c.size_bytes for c in collectives(_backend("deepspeed", 3), kept) if c.op == "all_gather") \
+        == 2 * 200_000
     fs = Shape(params=PSI, world=2, precision="bf16", block_params=BLOCK, blocks=LAYERS, root_reshards=False)
     root = PSI - LAYERS * BLOCK
     assert sum(c.count for c in collectives(_backend("fsdp"), fs) if c.size_bytes == 2 * root) == 1

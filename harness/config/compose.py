@@ -19,6 +19,26 @@ def backends() -> List[str]:
     return options("backend")
 
 
+def flat_backends() -> List[str]:
+    """The backends that shard or replicate over the whole world. The hybrid ones (HSDP, partial resharding:
+    Family.is_hybrid) are their flat form on one node of the default size: single-node sweeps leave them out
+    (the experiments' `glob(*,exclude=[...])` lists them), the multi-node checks and experiment=hybrid run
+    them."""
+    from omegaconf import OmegaConf
+
+    from . import families
+
+    def preset(name: str):  # the file over the schema's defaults: what the backend group composes, in ms
+        return OmegaConf.merge(OmegaConf.structured(schema.BackendConfig), OmegaConf.load(CONF / "backend" / f"{name}.yaml"))
+
+    return [b for b in backends() if not families.of(preset(b)).is_hybrid(preset(b))]
+
+
+def hybrid_backends() -> List[str]:
+    flat = set(flat_backends())
+    return [b for b in backends() if b not in flat]
+
+
 def _hydra(overrides: List[str]):
     schema.register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

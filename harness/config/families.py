@@ -93,6 +93,12 @@ class Family:
         """theory.shape.Shape fields this family decides (its buckets, what it keeps gathered)."""
         return {}
 
+    def is_hybrid(self, backend) -> bool:
+        """Whether the backend shards or gathers in groups smaller than the world (HSDP, partial resharding,
+        ZeRO++'s hpZ): on one node of the default size it is its flat form, so single-node sweeps leave it out
+        (`flat_backends`) and the multi-node checks run it."""
+        return False
+
     def defers_gradient_sync(self, backend) -> bool:
         """Whether gradients are reduced only on the last micro-batch of a step."""
         return True

@@ -32,7 +32,9 @@ NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_
                 "model.meta_above_params": "0 = on the meta device whenever the backend can build there",
                 "train.breakdown_steps": "0 = no time breakdown", "train.seed": "it seeds the weights and the data",
                 "optim.weight_decay": "0 = none", "optim.grad_clip": "0 = no clipping",
-                "fault.rank": "a rank", "fault.step": "a step"}
+                "fault.rank": "a rank", "fault.step": "a step",
+                "parallelism.intra_node_gbps": "0 = the device's stated default",
+                "parallelism.inter_node_gbps": "0 = the device's stated default"}
 BELOW_ONE = ("optim.beta1", "optim.beta2")  # Adam's decay rates: in [0, 1)
 POSITIVE_WHEN_SET = ("model.num_kv_heads", "model.intermediate_size")  # None = the family's default
 RANGED_ELSEWHERE = {"workload.lora_rank": "finetune_check", "workload.lora_alpha": "finetune_check",

@@ -109,6 +109,11 @@ class ParallelismConfig:
     # it (apply_global_batch), so it must be a multiple of micro_batch x world size. 0 = not pinned.
     global_batch: int = 0
     seq_len: int = 64
+    # each link's bus bandwidth in GB/s each way, for the time model's collectives (theory/time.py); 0 = the
+    # stated default for the device: on CUDA an H100 node's NVLink (450) and one 400 Gb/s InfiniBand NIC a GPU
+    # (50), on CPU gloo over loopback (1). A measured `make collectives` table replaces them where it has rows
+    intra_node_gbps: float = 0.0
+    inter_node_gbps: float = 0.0
 
 
 @dataclass
@@ -120,6 +125,9 @@ class TrainConfig:
     activation_checkpointing: bool = False
     on_nonfinite: str = "stop"  # stop: a NaN/inf loss ends the run as failed | continue
     measure_flops: bool = True  # count FLOPs once with FlopCounterMode on a meta-device copy
+    # one extra step after the timed window whose collectives are counted by op, size and group (which link
+    # they cross: comm/measured_* against comm/predicted_*); neither timed nor logged
+    count_collectives: bool = True
     # peak tensor memory by kind, from torch's memory profiler on one extra step after the timed window
     # (runtime/memory_profile.py); that step is neither timed nor logged
     profile_memory: bool = True

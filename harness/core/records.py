@@ -96,6 +96,9 @@ class RankReport:
     tensor_peak: Optional[dict] = None  # runtime.memory_profile: peak live tensor bytes by kind, closure
     time_breakdown: Optional[dict] = None  # runtime.time_profile: seconds per part of a profiled step
     measured_copy_gbps: float = 0.0  # a large copy's best rate on this rank: the optimizer theory's bandwidth
+    # runtime.collective_count: every collective of one extra step, by op, size and group's ranks; None = not
+    # counted (train.count_collectives=false)
+    collectives: Optional[List[dict]] = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "RankReport":

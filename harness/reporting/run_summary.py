@@ -16,6 +16,7 @@ from typing import Dict, List
 
 from ..config import derive
 from ..core.records import RankReport, RunSummary
+from ..theory.communication import counted_by_link
 from ..theory.memory import device_share
 from ..theory.peak import after_backward_buffers, explain_unaccounted
 from ..theory.shape import shape_of
@@ -169,6 +170,21 @@ def time_breakdown(ranks: List[RankReport]) -> Dict[str, float]:
     return out
 
 
+def communication(cfg, ranks: List[RankReport]) -> Dict[str, float]:
+    """Bytes sent in the counted step (runtime/collective_count.py), on the rank that sent most: in all, inside
+    a node and across nodes (its groups' ranks against the node size), beside the theory's
+    comm/predicted_*."""
+    counted = [r for r in ranks if r.collectives is not None]
+    if not counted:
+        return {}
+    split = [counted_by_link(r.collectives, cfg.parallelism.nproc_per_node) for r in counted]
+    most = max(split, key=lambda b: b["intra_node"] + b["inter_node"])
+    return {"comm/measured_bytes_per_step": most["intra_node"] + most["inter_node"],
+            "comm/measured_intra_node_bytes_per_step": most["intra_node"],
+            "comm/measured_inter_node_bytes_per_step": most["inter_node"],
+            "comm/measured_collectives_per_step": float(max(sum(c["count"] for c in r.collectives) for r in counted))}
+
+
 def collectives_table(cfg) -> list:
     """This machine's `make collectives` rows (under paths.root), or none: the time model then says it used
     its stated default."""
@@ -186,12 +202,13 @@ def time_model(cfg, ranks: List[RankReport], flop_counts: dict, measured: dict) 
     world, par = len(ranks), cfg.parallelism
     rates = Rates(tflops=statistics.fmean(r.measured_peak_tflops for r in ranks),
                   mem_gbps=statistics.fmean(r.measured_copy_gbps for r in ranks),
-                  comm=CommTable(collectives_table(cfg), par.device, world), device=par.device)
+                  comm=CommTable(collectives_table(cfg), par.device, world, par.intra_node_gbps, par.inter_node_gbps),
+                  device=par.device)
     flops_per_step = flop_counts["counted"] * par.micro_batch * par.seq_len * par.grad_accum
     parts = predict_parts(cfg.backend, shape_of(cfg, world, ranks[0].params), flops_per_step, rates,
                           cfg.train.activation_checkpointing)
     out = {f"time/{k}_predicted_s": v for k, v in parts.items()}
-    out["time/collectives_measured"] = float(bool(rates.comm.by_op))
+    out["time/collectives_measured"] = float(rates.comm.measured)
     for part in ("forward", "backward", "optimizer", "comm_exposed", "comm_total"):
         if f"time/{part}_s" in measured and parts[part] > 0:
             out[f"time/{part}_error_pct"] = 100 * (measured[f"time/{part}_s"] - parts[part]) / parts[part]
@@ -234,9 +251,13 @@ def figures(cfg, ranks: List[RankReport], flop_counts: dict) -> dict:
     out.update(flops(ranks, flop_counts, out["throughput/tokens_per_s_per_device"]))
     out.update(memory(cfg, ranks))
     out.update(time_breakdown(ranks))
+    out.update(communication(cfg, ranks))
     predicted = predict(cfg, len(ranks), ranks[0].params)
     out.update(predicted)
     out.update(errors(out, predicted))
+    if "comm/measured_bytes_per_step" in out and predicted["comm/predicted_bytes_per_step"]:
+        out["comm/bytes_error_pct"] = 100 * (out["comm/measured_bytes_per_step"]
+                                             / predicted["comm/predicted_bytes_per_step"] - 1)
     out.update(time_model(cfg, ranks, flop_counts, out))
     return out
 

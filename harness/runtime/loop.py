@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ..config import derive
 from . import memory_profile, probes, time_profile
+from .collective_count import CollectiveCounter
 from .time_profile import phase
 from .errors import NonFiniteLoss
 from .faults import Injector, no_fault
@@ -34,6 +35,7 @@ class LoopResult:
     device: Dict[str, int] = field(default_factory=dict)
     memory_profile: Optional[dict] = None  # peak tensor bytes by kind (memory_profile.StepMemory), or None
     time_breakdown: Optional[dict] = None  # seconds per part of a step (time_profile.StepTime), or None
+    collectives: Optional[List[dict]] = None  # one step's collectives (collective_count.CollectiveCounter)
 
     def add(self, step: int, loss: float, grad_norm, step_s: float, tokens: int, timed: bool) -> dict:
         """One logged step's record; a timed step's time joins the window's."""
@@ -102,9 +104,10 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
           trace_path: Optional[str] = None, snapshot_path: Optional[str] = None) -> LoopResult:
     """Run `train.steps` logged steps, the ones after `train.warmup_steps` timed (and on CPU clocked by phase,
     runtime/time_profile.py); `sink.log(record)` receives each step's record (rank 0 writes it). Then, untimed
-    and unlogged, taking the data the next steps would: `train.breakdown_steps` steps under torch's profiler
-    for the rest of the time breakdown (and the Chrome trace at `trace_path`), `train.memory_steps` under the
-    memory profiler, and (CUDA, `snapshot_path`) one under the allocator's history."""
+    and unlogged, taking the data the next steps would: with `train.count_collectives` one whose collectives
+    are counted by group (runtime/collective_count.py), `train.breakdown_steps` under torch's profiler for the
+    rest of the time breakdown (and the Chrome trace at `trace_path`), `train.memory_steps` under the memory
+    profiler, and (CUDA, `snapshot_path`) one under the allocator's history."""
     t = cfg.train
     train_step = TrainStep(model, strategy, batches, cfg.parallelism.grad_accum, device, inject)
     tokens_per_step = derive.tokens_per_step(cfg, strategy.world_size)
@@ -128,6 +131,11 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
     result.host_peak_reset = timer.host_peak_reset
     result.model_states, result.unclassified = states.states, states.unclassified
     extra = itertools.count(t.steps)
+    if t.count_collectives:  # first: the counted step is an ordinary one, with every collective of a step
+        counter = CollectiveCounter()
+        with counter:
+            train_step(next(extra))
+        result.collectives = counter.rows()
     if t.breakdown_steps:
         with breakdown.profiled() as profiler:
             for _ in range(breakdown.profiled_steps):

@@ -11,7 +11,7 @@ step (runtime/loop.TrainStep) under:
   right shape, as if N-1 peers had answered;
 - the strategy's memory tracker (Strategy.memory_tracker: torch.distributed._tools' FSDPMemTracker for FSDP2,
   MemTracker otherwise), which counts every storage by kind as the dispatcher allocates and frees it;
-- `CollectiveCounter` below, which records every c10d collective the step issues, with its buffer's bytes and
+- runtime/collective_count.py's `CollectiveCounter`, which records every c10d collective the step issues, with its buffer's bytes and
   its group's size.
 
 Only the last step is tracked. The first ones, untracked, create the optimizer state and fill DTensor's
@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..config import families
+from .collective_count import CollectiveCounter
 
 # the tracker's kinds, mapped onto the theory's (theory/memory.layout's components, and the transients)
 KINDS = {"Sharded Param": "params", "Parameter": "params", "Sharded Grad": "grads", "Gradient": "grads",
@@ -46,49 +45,6 @@ KINDS = {"Sharded Param": "params", "Parameter": "params", "Sharded Grad": "grad
          "Reduce Scatter": "reduce_scatter", "Temp": "temporaries", "Buffer": "buffers", "Inputs": "inputs",
          "Other": "other"}
 STATES = ("params", "grads", "optimizer")
-
-# c10d's collectives (the dispatcher ops a ProcessGroup call becomes), by nccl-tests' names
-C10D_OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
-            "_allgather_base_": "all_gather", "allgather_": "all_gather",
-            "allgather_into_tensor_coalesced_": "all_gather", "allgather_coalesced_": "all_gather",
-            "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
-            "reduce_scatter_tensor_coalesced_": "reduce_scatter", "broadcast_": "broadcast",
-            # torch's functional collectives (DTensor's: the clipped gradient norm of sharded gradients)
-            "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce", "all_gather_into_tensor": "all_gather",
-            "reduce_scatter_tensor": "reduce_scatter"}
-
-
-def _nbytes(obj) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(o) for o in obj)
-    return 0
-
-
-class CollectiveCounter(TorchDispatchMode):
-    """Every c10d collective issued while active: (op, whole-buffer bytes as nccl-tests counts them, group
-    size) -> count. The whole buffer is the output of an all-gather and the input of a reduce-scatter (the
-    larger side), the tensor itself for an all-reduce or broadcast."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls: Counter = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func.namespace in ("c10d", "_c10d_functional") and func._opname in C10D_OPS:
-            op = C10D_OPS[func._opname]
-            group = next((a for a in args if isinstance(a, torch.ScriptObject)), None)
-            size = group.size() if group is not None and hasattr(group, "size") else dist.get_world_size()
-            # all_gather's output and reduce_scatter's input are args[0] or args[1]: the larger is the buffer
-            tensors = [a for a in args[:2] if isinstance(a, (torch.Tensor, list, tuple))]
-            self.calls[(op, max((_nbytes(t) for t in tensors), default=0), size)] += 1
-        return func(*args, **kwargs)
-
-    def rows(self) -> List[dict]:
-        return [{"op": op, "size_bytes": b, "group": g, "count": n} for (op, b, g), n in sorted(self.calls.items())]
-
 
 def by_kind(snapshot: Dict) -> Dict[str, int]:
     """A tracker snapshot ({device: {kind: bytes}}) as the theory's kinds, summed over devices, with `total`."""

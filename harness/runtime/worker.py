@@ -131,7 +131,7 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
             after_setup=after_setup, peak_tflops=peak_tflops, peak_source=peak_source,
             optimizer=strategy.optimizer_name, init=strategy.construction, params=counts,
             measured_peak_tflops=measured_peak, tensor_peak=result.memory_profile,
-            time_breakdown=result.time_breakdown, measured_copy_gbps=copy_gbps)
+            time_breakdown=result.time_breakdown, measured_copy_gbps=copy_gbps, collectives=result.collectives)
         gathered = [None] * world
         dist.all_gather_object(gathered, report)
         if rank == 0:

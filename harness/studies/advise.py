@@ -128,8 +128,9 @@ def rates_for(cfg, world: int):
         gbps = probes.calibrate_copy_gbps(device)
     finally:
         torch.set_num_threads(threads)
-    return Rates(tflops=tflops, mem_gbps=gbps, comm=CommTable(collectives_table(cfg), cfg.parallelism.device, world),
-                 device=cfg.parallelism.device)
+    par = cfg.parallelism
+    comm = CommTable(collectives_table(cfg), par.device, world, par.intra_node_gbps, par.inter_node_gbps)
+    return Rates(tflops=tflops, mem_gbps=gbps, comm=comm, device=par.device)
 
 
 def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Optional[int], backends: List[str],
@@ -152,7 +153,7 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     flops_per_token = count_flops_per_token(base.model, par.seq_len, base.workload)
     out = Plan(overrides, budget, margin, batch, world, base.model.name, base.train.precision, par.device, base.profile,
                rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps,
-                      "collectives_measured": float(bool(rates.comm.by_op)), "flops_per_token": flops_per_token})
+                      "collectives_measured": float(rates.comm.measured), "flops_per_token": flops_per_token})
     for backend in backends:
         # one composition per backend (a config group); the candidates' batch and checkpointing are set on a
         # copy, as their overrides would set them (a composition costs about 0.5 s, and there are 6 a backend)

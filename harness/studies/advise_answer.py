@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from ..config import families
-from ..config.compose import backends as all_backends
+from ..config.compose import backends as all_backends, flat_backends
 from ..config.compose import compose
 from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
@@ -245,7 +245,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-probes", type=int, default=12, help="real runs in all (default 12)")
     parser.add_argument("--margin", type=float, default=FIT_MARGIN,
                         help=f"headroom theory must leave (default {FIT_MARGIN})")
-    parser.add_argument("--backends", default=",".join(all_backends()), help="comma-separated (default: all)")
+    parser.add_argument("--backends", help="comma-separated (default: every backend; the hybrid ones only when "
+                                            "parallelism.nnodes > 1)")
     parser.add_argument("--dry-run", action="store_true", help="theory only: print the table and stop")
     parser.add_argument("--force", action="store_true", help="re-run probes that already have a result")
     parser.add_argument("--name", help="<out>/<name> (default: from the model, ranks, batch, budget)")
@@ -256,7 +257,9 @@ def main(argv=None) -> int:
         cfg = compose([*overrides, f"train.memory_budget_bytes={budget or 0}"])
         # a dry run plans for hardware you may not have: only the machine-independent rules apply
         rules.check(cfg, **({"cuda_devices": lambda: cfg.parallelism.nproc_per_node} if args.dry_run else {}))
-        p = plan(overrides, budget, args.global_batch, args.backends.split(","), args.margin)
+        chosen = (args.backends.split(",") if args.backends
+                  else all_backends() if cfg.parallelism.nnodes > 1 else flat_backends())
+        p = plan(overrides, budget, args.global_batch, chosen, args.margin)
     except (HydraException, OmegaConfBaseException, ConfigError, ValueError) as err:
         print(f"advise: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
         return 2

@@ -22,7 +22,7 @@ import argparse
 import sys
 from typing import List
 
-from ..config.compose import backends, compose
+from ..config.compose import backends, compose, flat_backends
 from ..config.derive import tokens_per_step, world_size
 from ..core.components import totals
 from ..runtime import models
@@ -46,7 +46,8 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
     # FLOPs per token: counted on the model (FlopCounterMode), or 6 per parameter for a hypothetical one
     flops_per_token = 6 * params if params else count_flops_per_token(base.model, base.parallelism.seq_len,
                                                                        base.workload) if rates else 0
-    for name in backends():
+    # the hybrid backends (HSDP, partial resharding) differ from their flat form only across nodes
+    for name in backends() if base.parallelism.nnodes > 1 else flat_backends():
         cfg = compose([*overrides, f"backend={name}"])
         n = world or world_size(cfg)
         # a hypothetical model has no tensors: the terms sized by its tensors (offload staging, DeepSpeed's
@@ -65,7 +66,7 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
             "framework_estimate_gpu_bytes": ds["gpu"] if ds else None,
             "activations_bytes": saved_activations(cfg, par, shape, False),
             "activations_ckpt_bytes": saved_activations(cfg, par, shape, True),
-            "comm_bytes_per_step": comm_per_step(cfg.backend, shape)["bytes"],
+            **{f"comm_{k}_per_step": v for k, v in comm_per_step(cfg.backend, shape).items() if k != "paper_elements"},
             "peak_bytes": predict(cfg, n, counts)["memory/tensor_peak_predicted_bytes"],
             "components": comps,
             **(step_prediction(cfg, n, shape, flops_per_token, rates) if rates else {}),
@@ -99,21 +100,24 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
     t = Table(title=title)
     timed = "step_s" in table[0]
     for col in ("backend", "paper", "device", "host", "buffers", "framework est.", "activations",
-                "act. (ckpt)", "comm/step", "peak", "peak GiB") + (("fits",) if device_gib else ()) + \
+                "act. (ckpt)", "comm/step", "intra-node", "inter-node", "peak", "peak GiB") + \
+            (("fits",) if device_gib else ()) + \
             (("step ms", "tokens/s") if timed else ()):
         t.add_column(col, justify="left" if col == "backend" else "right")
     fmt = lambda v: "-" if v is None else f"{v / GB:,.3f}"  # noqa: E731
     for r in table:
         t.add_row(r["backend"], fmt(r["paper_bytes"]), fmt(r["device_bytes"]), fmt(r["host_bytes"] or None),
                   fmt(r["buffers_bytes"] or None), fmt(r["framework_estimate_gpu_bytes"]), fmt(r["activations_bytes"]),
-                  fmt(r["activations_ckpt_bytes"]), fmt(r["comm_bytes_per_step"]), fmt(r["peak_bytes"]),
+                  fmt(r["activations_ckpt_bytes"]), fmt(r["comm_bytes_per_step"]),
+                  fmt(r["comm_intra_node_bytes_per_step"]), fmt(r["comm_inter_node_bytes_per_step"]), fmt(r["peak_bytes"]),
                   f"{r['peak_bytes'] / GIB:,.3f}",
                   *((("yes" if fits(r["peak_bytes"], device_gib) else "no"),) if device_gib else ()),
                   *((f"{r['step_s'] * 1e3:,.2f}", f"{r['tokens_per_s']:,.0f}") if timed else ()))
     Console(width=max(Console().width, 200 if timed else 150)).print(t)
     print("GB per rank (1e9 bytes, as the ZeRO paper counts), and the peak also in GiB (2^30 bytes, as --device-gib "
           "and the advisor count). device+host = model states; buffers = comm/offload staging; activations per "
-          "micro-batch; comm = bytes sent per rank per step.")
+          "micro-batch; comm = bytes sent per rank per step, split by the link its group crosses (ring collectives: a "
+          "group with ranks on two nodes runs at the inter-node link; theory/communication.py).")
     if device_gib:
         print(f"fits: peak x {1 + FIT_MARGIN:.2f} <= the budget of {device_gib:g} GiB ({device_gib * GIB / GB:,.1f} GB) "
               f"per rank: the {FIT_MARGIN:.0%} headroom harness.advise also leaves.")
@@ -123,7 +127,7 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
         here = "this GPU" if torch.cuda.is_available() else "this machine's CPU"
         print(f"step ms, tokens/s: the time model (theory/time.py): FLOPs / {rates.tflops:.3g} TFLOP/s (the matmul "
               f"rate measured on {here}), the optimizer's bytes / {rates.mem_gbps:.3g} GB/s (copy, measured there), "
-              f"collectives from {'this machine' if rates.comm.by_op else 'the default link'}; a lower bound: what "
+              f"collectives from {'this machine' if rates.comm.measured else 'the default link'}; a lower bound: what "
               "it does not model is not in it.")
         if rates.device == "cuda" and not torch.cuda.is_available():
             print("  no GPU here: the step times are priced at this CPU's rates, not the GPU's")

@@ -55,9 +55,9 @@ PEAK_TOLERANCE_PCT = 10  # the memory model's tolerance (make memory-check)
 @functools.lru_cache(maxsize=1)
 def offloading() -> Dict[str, bool]:
     """Every backend preset -> whether it offloads the optimizer (a composition each, about 0.2 s)."""
-    from ..config.compose import backends, compose
+    from ..config.compose import compose, flat_backends
 
-    return {b: bool(compose([f"backend={b}"]).backend.get("offload_optimizer")) for b in backends()}
+    return {b: bool(compose([f"backend={b}"]).backend.get("offload_optimizer")) for b in flat_backends()}
 
 
 def sweep_backends(sweep: str) -> List[str]:

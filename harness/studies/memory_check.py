@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import List
 
 from ..config import families, rules
-from ..config.compose import backends as all_backends
+from ..config.compose import flat_backends as all_backends
 from ..config.compose import compose_many
 from ..config.derive import world_size
 from ..core.paths import REPO

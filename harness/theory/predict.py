@@ -46,4 +46,7 @@ def predict(cfg, world: int, counts: Dict[str, int]) -> Dict[str, float]:
     comm = comm_per_step(cfg.backend, s)
     out["comm/predicted_bytes_per_step"] = comm["bytes"]
     out["comm/paper_elements_per_step"] = comm["paper_elements"]
+    # which link those bytes cross (theory/communication.py): inside a node, or between nodes
+    out["comm/predicted_intra_node_bytes_per_step"] = comm["intra_node_bytes"]
+    out["comm/predicted_inter_node_bytes_per_step"] = comm["inter_node_bytes"]
     return out

@@ -50,11 +50,22 @@ class Shape:
     # holds full chunks), all and trainable; 0: Ψ/N and T/N
     shard_params: int = 0
     shard_trainable: int = 0
+    ranks_per_node: int = 0  # ranks are numbered node by node; 0 = every rank on one node
+    # the ranks a parameter is sharded over (HSDP: the shard group, replicated world / shard_world times), and
+    # over which a block stays sharded from forward to backward (FSDP2's reshard_after_forward=<int>); 0 = world
+    shard_world: int = 0
+    post_forward_world: int = 0
 
     @property
     def root_params(self) -> int:
         """Parameters outside the blocks (embeddings, final norm, an untied output layer): FSDP2's root unit."""
         return max(self.params - self.blocks * self.block_params, 0)
+
+    @property
+    def shards(self) -> int:
+        """The ranks each parameter, gradient and optimizer state is sharded over (the world, or HSDP's shard
+        group)."""
+        return self.shard_world or self.world
 
     @property
     def t(self) -> int:
@@ -80,6 +91,12 @@ class Shape:
         return 8 if self.precision == "fp32" else 12
 
 
+def ranks_per_node(cfg, world: int) -> int:
+    """The config's ranks per node, where `world` is made of whole nodes of them; else one node of `world`."""
+    per_node = cfg.parallelism.nproc_per_node
+    return per_node if world % per_node == 0 else world
+
+
 def shape_of(cfg, world: int, counts: Dict[str, int]) -> Shape:
     """`counts` are the model's parameter counts (runtime.models.param_count, or a rank's report of them):
     passed in, so that the theory never builds a model. The backend's family fills in what it decides (its
@@ -95,5 +112,6 @@ def shape_of(cfg, world: int, counts: Dict[str, int]) -> Shape:
                   head_trainable=counts.get("head_trainable", counts.get("head", 0)),
                   block_out_trainable=counts.get("block_out_trainable", 0),
                   matmul_weights=counts.get("matmul_weights", 0),
-                  head_matmul_weights=counts.get("head_matmul_weights", 0), device=cfg.parallelism.device)
+                  head_matmul_weights=counts.get("head_matmul_weights", 0), device=cfg.parallelism.device,
+                  ranks_per_node=ranks_per_node(cfg, world))
     return Shape(**{**fields, **families.of(cfg.backend).shape_fields(cfg, world, counts)})

@@ -8,8 +8,9 @@ overlap rule per backend. Measured against runtime/time_profile.py's breakdown, 
   the gradients (12 B); a 16-bit copy of the master adds 6 B. Under offload the host does it, and the
   gradients go down and the parameters come back over the host link.
 - communication: every collective the backend issues (theory/communication.py's list) timed from
-  this machine's `make collectives` table for that op and size (log-log interpolation between measured
-  sizes), or, without one, from the stated α-β default.
+  this machine's `make collectives` table for that op, group size and size (log-log interpolation between
+  measured sizes), or, without one, from the α-β of the link its group crosses: inside a node
+  (`parallelism.intra_node_gbps`) or between nodes (`parallelism.inter_node_gbps`), stated defaults when 0.
 - exposed communication, the overlap rule: DDP's all-reduce hides behind backward, except the last bucket
   and whatever outlasts backward; ZeRO-3 and FSDP prefetch gathers behind forward and backward compute, except
   the first gather and whatever outlasts the compute; ZeRO-1/2 reduce at the boundary (hidden behind
@@ -25,38 +26,52 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from ..config import families
-from .communication import collectives
+from .communication import collectives, group_of
 from .shape import Shape
 
 PHASES = ("forward", "backward", "optimizer")
 PARTS = PHASES + ("comm_exposed", "other")
-# without a measured collectives table: latency and bus bandwidth, stated (gloo over loopback on a small
-# host; NCCL within one NVLink node)
-DEFAULT_LINK = {"cpu": (300e-6, 1.0e9), "cuda": (20e-6, 100e9)}
+# without a measured collectives table: latency and bus bandwidth each way, inside a node and between nodes,
+# stated: gloo over loopback on a small host; on CUDA the published figures of an H100 SXM node, NVLink 4 at
+# 900 GB/s both ways a GPU (NVIDIA's H100 datasheet) and one ConnectX-7 400 Gb/s InfiniBand NIC a GPU (the DGX
+# H100 user guide: 8 of them). The 20 µs latency is not measured here
+DEFAULT_LINK = {"cpu": (300e-6, 1.0e9), "cuda": (20e-6, 450e9)}
+DEFAULT_INTER_NODE_LINK = {"cpu": (300e-6, 1.0e9), "cuda": (20e-6, 50e9)}
 DEFAULT_HOST_LINK_GBPS = 20.0  # host<->device copies under offload on CUDA (PCIe 4 x16, practical)
 
 
 class CommTable:
-    """Seconds for one collective of a given size: measured rows (op, size_bytes, time_s) for this world
-    size and device, else the α-β default."""
+    """Seconds for one collective of a given size over a group of ranks, inside a node or across nodes:
+    measured rows (op, ranks, size_bytes, time_s, and nnodes where they crossed nodes) for that group size,
+    level and device, else the α-β default of that level (`intra_gbps`, `inter_gbps`: the config's bandwidths,
+    0 = the stated defaults)."""
 
-    def __init__(self, rows: List[dict], device: str, world: int):
-        self.by_op: Dict[str, List[tuple]] = {}
+    def __init__(self, rows: List[dict], device: str, world: int, intra_gbps: float = 0.0,
+                 inter_gbps: float = 0.0):
+        self.by_op: Dict[tuple, List[tuple]] = {}
         for r in rows:
-            if r.get("ranks") == world and r.get("device", "cpu") == device:
-                self.by_op.setdefault(r["op"], []).append((r["size_bytes"], r["time_s"]))
+            if r.get("device", "cpu") == device and r.get("ranks"):
+                key = (r["op"], r["ranks"], r.get("nnodes", 1) > 1)
+                self.by_op.setdefault(key, []).append((r["size_bytes"], r["time_s"]))
         for points in self.by_op.values():
             points.sort()
-        self.latency, self.busbw = DEFAULT_LINK[device]
+        self.latency, busbw = DEFAULT_LINK[device]
+        self.busbw = intra_gbps * 1e9 if intra_gbps else busbw
+        inter_latency, inter_busbw = DEFAULT_INTER_NODE_LINK[device]
+        self.inter = (inter_latency, inter_gbps * 1e9 if inter_gbps else inter_busbw)
         self.world = world
-        self.source = ("measured (results/collectives, log-log interpolation)" if self.by_op else
+        self.measured = any(ranks == world for _, ranks, _ in self.by_op)
+        self.source = ("measured (results/collectives, log-log interpolation)" if self.measured else
                        f"default: {self.latency * 1e6:.0f} µs + size / {self.busbw / 1e9:g} GB/s bus bandwidth")
+        self.inter_source = (f"{self.inter[0] * 1e6:.0f} µs + size / {self.inter[1] / 1e9:g} GB/s between nodes")
 
-    def seconds(self, op: str, size: float) -> float:
-        points = self.by_op.get(op)
+    def seconds(self, op: str, size: float, ranks: int = 0, crosses: bool = False) -> float:
+        ranks = ranks or self.world
+        points = self.by_op.get((op, ranks, crosses))
         if not points:
-            factor = 2 * (self.world - 1) / self.world if op == "all_reduce" else (self.world - 1) / self.world
-            return self.latency + size * factor / self.busbw
+            latency, busbw = self.inter if crosses else (self.latency, self.busbw)
+            factor = 2 * (ranks - 1) / ranks if op == "all_reduce" else (ranks - 1) / ranks
+            return latency + size * factor / busbw
         sizes = [s for s, _ in points]
         i = min(max(bisect.bisect_left(sizes, size), 1), len(points) - 1)
         (s0, t0), (s1, t1) = points[i - 1], points[i]
@@ -94,7 +109,7 @@ def predict_parts(backend, s: Shape, flops_per_step: float, rates: Rates, checkp
     total, exposed = 0.0, 0.0
     groups: Dict[Optional[str], List[tuple]] = {}
     for c in collectives(backend, s):
-        one = rates.comm.seconds(c.op, c.size_bytes)
+        one = rates.comm.seconds(c.op, c.size_bytes, *group_of(c, s))
         total += one * c.count
         groups.setdefault(c.hidden_by, []).append((one, one * c.count))
     for hidden_by, items in groups.items():

@@ -132,7 +132,7 @@ def last_bucket(s) -> float:
 def collectives(backend, s) -> list:
     """ZeRO-1/2 reduce to each partition's owner (timed as a reduce-scatter; ZeRO-2 every micro-batch) and
     all-gather the updated partitions after the step; ZeRO-3 gathers every parameter above the persistence
-    threshold in forward and again in backward. Then the global grad norm's and the loss's all-reduce."""
+    threshold in forward, and in backward again what forward released (zero3_gathered). Then the global grad norm's and the loss's all-reduce."""
     t, ga, p, bucket = s.t, s.grad_accum, s.p, s.bucket_elements
     g = 4 if s.fp32_grads else p
     tail = [Collective("all_reduce", 4, 1, None)] * 2
@@ -143,7 +143,11 @@ def collectives(backend, s) -> list:
                 + bucketed("all_gather", t, bucket, p, 1, None) + tail)
     gathered = [n for n in s.tensor_sizes if n > s.persistence_threshold] or [s.params]
     hidden = "forward+backward" if s.overlap_comm else None
-    return ([Collective("all_gather", n * p, 2 * ga, hidden) for n in gathered]
+    # backward gathers again only what forward released: not the parameters kept within the reuse distance
+    # (zero3_gathered; the whole of a model below 1e9 parameters under DeepSpeed's defaults)
+    regather = max(sum(gathered) - zero3_gathered(s), 0.0)
+    return ([Collective("all_gather", n * p, ga, hidden) for n in gathered]
+            + ([Collective("all_gather", regather * p, ga, hidden)] if regather else [])
             + bucketed("reduce_scatter", t, bucket, g, ga, hidden) + tail)
 
 

@@ -8,17 +8,34 @@ them from forward to backward.
 from __future__ import annotations
 
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ...config.families import Difference, Family
 from ...config.profiles import NATIVE
+from ...config.derive import world_size
 from ...theory.communication import Collective
+from ...theory.shape import ranks_per_node
 
 
 def root_reshard(cfg) -> Optional[bool]:
     """`reshard_after_forward` for the root module (the blocks get backend.reshard_after_forward): FSDP2's own
     choice (None, the root kept unsharded) under native."""
     return None if cfg.profile == NATIVE else bool(cfg.backend.reshard_after_forward)
+
+
+def degrees(cfg, world: int) -> Tuple[int, int]:
+    """(the ranks each parameter is sharded over, the ranks a block stays sharded over from forward to
+    backward): the world and the world, unless HSDP shards inside a group (default: the ranks of a node) and
+    partial resharding keeps a block over a smaller one (default: the ranks of a node)."""
+    b, per_node = cfg.backend, ranks_per_node(cfg, world)
+    shard = (b.shard_degree or per_node) if b.hybrid_shard else world
+    return shard, (b.reshard_degree or per_node) if b.partial_reshard else shard
+
+
+def blocks_reshard_to(cfg, world: int):
+    """What the blocks pass as `reshard_after_forward`: the backend's bool, or the smaller group's size."""
+    shard, post_forward = degrees(cfg, world)
+    return post_forward if post_forward < shard else bool(cfg.backend.reshard_after_forward)
 
 
 class FSDPFamily(Family):
@@ -34,22 +51,50 @@ class FSDPFamily(Family):
     layout_notes = {"fsdp": "FSDP2 with MixedPrecisionPolicy keeps fp32 sharded parameters, gradients and Adam "
                             "states (16Ψ/N); the 16-bit gathered copies are transient."}
 
+    ranged_fields = ("shard_degree", "reshard_degree")
+
+    def rules(self, cfg) -> List[str]:
+        b, world, out = cfg.backend, world_size(cfg), []
+        for key in self.ranged_fields:
+            if b[key] < 0:
+                out.append(f"backend.{key}={b[key]}: must be >= 0 (0 = the ranks per node)")
+        if out:
+            return out
+        shard, post_forward = degrees(cfg, world)
+        if b.hybrid_shard and world % shard:
+            out.append(f"backend.shard_degree={shard}: HSDP shards over groups that divide the {world} ranks; "
+                       f"use a divisor of {world}")
+        if b.partial_reshard and not b.reshard_after_forward:
+            out.append("backend.partial_reshard=true: needs backend.reshard_after_forward=true (grad-op never "
+                       "reshards after forward)")
+        elif b.partial_reshard and shard % post_forward:
+            out.append(f"backend.reshard_degree={post_forward}: must divide the {shard} ranks a parameter is "
+                       "sharded over")
+        return out
+
     def shape_fields(self, cfg, world, counts):
         # fully_shard splits each parameter on its first dimension in chunks of ceil(rows / N) (torch.chunk),
-        # padding it to a multiple of N: a 32,000-row embedding over 512 ranks is 63 rows a rank, not 62.5
+        # padding it to a multiple of N: a 32,000-row embedding over 512 ranks is 63 rows a rank, not 62.5.
+        # Under HSDP N is the shard group, not the world
+        shards, post_forward = degrees(cfg, world)
+
         def shard(rows) -> int:
-            return sum(-(-first // world) * per_row for first, per_row, _ in rows)
+            return sum(-(-first // shards) * per_row for first, per_row, _ in rows)
 
         rows = counts.get("rows", [])
         return {"root_reshards": bool(root_reshard(cfg)), "blocks_reshard": bool(cfg.backend.reshard_after_forward),
-                "shard_params": shard(rows), "shard_trainable": shard([r for r in rows if r[2]])}
+                "shard_params": shard(rows), "shard_trainable": shard([r for r in rows if r[2]]),
+                "shard_world": shards, "post_forward_world": post_forward}
+
+    def is_hybrid(self, backend) -> bool:
+        return bool(backend.hybrid_shard or backend.partial_reshard)
 
     def paper_stage(self, backend):
         return 3  # parameters sharded at rest in both modes
 
     def layout(self, backend, s):
-        params = s.shard_params or s.params / s.world
-        trained = s.shard_trainable or s.t / s.world
+        params = s.shard_params or s.params / s.shards
+        trained = s.shard_trainable or s.t / s.shards
         return {"params": 4 * params, "grads": 4 * trained, "optimizer": 8 * trained}
 
     def phase_terms(self, backend, s, phase, k):
@@ -61,6 +106,11 @@ class FSDPFamily(Family):
         block's last matmul's unsharded gradients (in the parameter dtype) wait for their reduce-scatter."""
         p, root, block = s.p, s.root_params, s.block_params
         out = {"grads_not_yet_allocated": self.missing_grads(backend, s)}
+        # partial resharding: each block through its forward and not yet through its backward keeps a
+        # 1/post_forward_world copy of its parameters in the parameter dtype (none at the end of forward for
+        # the last block, still gathered)
+        held = {"forward_end": s.blocks - 1, "backward_start": s.blocks}.get(phase, k or 0)
+        out["post_forward_shards"] = held * post_forward_shard(s)
         if k is None:
             if s.grad_accum > 1:
                 out["unsharded_grads"] = 4.0 * s.t
@@ -78,7 +128,7 @@ class FSDPFamily(Family):
         # without gradient sync (earlier micro-batches) FSDP2 accumulates every unsharded gradient in fp32
         out["unsharded_grads"] = (4.0 * s.t if s.grad_accum > 1 else p * (s.head_trainable + s.block_out_trainable))
         if s.grad_accum == 1:
-            out["sharded_grads_so_far"] = 4.0 * (s.blocks - 1 - k) * s.block_t / s.world
+            out["sharded_grads_so_far"] = 4.0 * (s.blocks - 1 - k) * s.block_t / s.shards
             # the last reduce-scatter's fp32 input, kept until the next one is issued
             out["reduce_scatter_input"] = 4.0 * s.block_t if k < s.blocks - 1 else 0.0
         return out
@@ -108,11 +158,12 @@ class FSDPFamily(Family):
             else:  # grad-op: blocks 0..j kept gathered since forward, j resharded by its post-backward
                 gathered = s.block_params * (j + (1 if complete else 0))
             return {"activations": below + act["per_sequence"] + act["block_input"],
+                    "post_forward_shards": j * post_forward_shard(s),
                     "gathered_params": s.p * (s.root_params + gathered),
                     "unsharded_grads": s.p * (s.head_trainable + (s.block_t if complete else 0)),
                     "reduce_scatter_input": 4.0 * s.block_t if (j < s.blocks - 1 or not complete) else 0.0,
                     "gloo_clone": 0.0 if complete else clone,
-                    "sharded_grads_so_far": 4.0 * (s.blocks - j - (1 if complete else 0)) * s.block_t / s.world,
+                    "sharded_grads_so_far": 4.0 * (s.blocks - j - (1 if complete else 0)) * s.block_t / s.shards,
                     "grads_not_yet_allocated": self.missing_grads(backend, s)}
         worst = max(((j, m) for j in range(s.blocks) for m in ("grads_complete", "reduce_scatter")),
                     key=lambda jm: sum(at(*jm).values()))
@@ -120,7 +171,7 @@ class FSDPFamily(Family):
 
     def step_transients(self, backend, s):
         # torch's AdamW on the local shards: foreach one temporary per tensor, single-tensor two of the largest
-        local, largest = s.t / s.world, -(-s.largest_t // s.world)
+        local, largest = s.t / s.shards, -(-s.largest_t // s.shards)
         return {"optimizer_temporaries": 4 * local if s.foreach else 2 * 4 * largest}
 
     def after_backward_buffers(self, backend, s):
@@ -133,23 +184,36 @@ class FSDPFamily(Family):
                 "the root's gathered parameters": s.p * s.root_params}
 
     def collectives(self, backend, s):
-        """Each block and the root gathered in forward, again in backward if resharded; fp32 reduce-scatters on
-        the last micro-batch; the global grad norm's and the loss's all-reduce."""
+        """Each block and the root gathered in forward over the shard group, again in backward if resharded (a
+        block under partial resharding over its smaller post-forward group); fp32 reduce-scatters on the last
+        micro-batch over the shard group, and under HSDP each reduced shard all-reduced across the replicas; the
+        global grad norm's all-reduce (over the shard group: the replicas hold the same norm) and the loss's
+        (every rank)."""
         p, ga, block = s.p, s.grad_accum, s.block_params
         root, trained_root = s.root_params, max(s.t - s.blocks * s.block_t, 0)
         units, trained = [block] * s.blocks + [root], [s.block_t] * s.blocks + [trained_root]
-        regather = ([Collective("all_gather", block * p, ga * s.blocks, "forward+backward")]
+        shard = None if s.shards == s.world else (s.shards, 1)
+        post_forward = (s.post_forward_world, 1) if 0 < s.post_forward_world < s.shards else shard
+        replicas = (s.world // s.shards, s.shards)
+
+        def op(name, size, count, hidden, group):
+            return Collective(name, size, count, hidden, group)
+
+        regather = ([op("all_gather", block * p, ga * s.blocks, "forward+backward", post_forward)]
                     if backend.reshard_after_forward and block else [])
-        regather += [Collective("all_gather", root * p, ga, "forward+backward")] if s.root_reshards and root else []
-        gathers = [Collective("all_gather", u * p, ga, "forward+backward") for u in units if u]
-        reduce = [Collective("reduce_scatter", u * 4, 1, "forward+backward") for u in trained if u]
-        return gathers + regather + reduce + [Collective("all_reduce", 4, 1, None)] * 2
+        regather += [op("all_gather", root * p, ga, "forward+backward", shard)] if s.root_reshards and root else []
+        gathers = [op("all_gather", u * p, ga, "forward+backward", shard) for u in units if u]
+        reduce = [op("reduce_scatter", u * 4, 1, "forward+backward", shard) for u in trained if u]
+        across = ([op("all_reduce", -(-u // s.shards) * 4, 1, "backward", replicas) for u in trained if u]
+                  if s.shards < s.world else [])
+        return gathers + regather + reduce + across + [op("all_reduce", 4, 1, None, shard),
+                                                       op("all_reduce", 4, 1, None, None)]
 
     def paper_comm_elements(self, backend, s):
         return 2 * s.params + s.t
 
     def optimizer_bytes(self, backend, s):
-        return {"memory": 40 * s.params / s.world}
+        return {"memory": 40 * s.params / s.shards}
 
     def describe_settings(self, settings):
         f = settings.get("fsdp")
@@ -159,6 +223,14 @@ class FSDPFamily(Family):
         return (f"blocks reshard_after_forward {f['blocks_reshard_after_forward']}; root "
                 f"{'FSDP2 default (unsharded)' if root is None else root}; "
                 f"param_dtype {f['mp_param_dtype']}; reduce_dtype {f['mp_reduce_dtype']}")
+
+
+def post_forward_shard(s) -> float:
+    """Bytes of one block's parameters kept from forward to backward under partial resharding (0 without it:
+    the block is back to its ordinary shard)."""
+    if not s.post_forward_world or s.post_forward_world >= s.shards:
+        return 0.0
+    return s.p * s.block_params / s.post_forward_world
 
 
 FAMILY = FSDPFamily()

@@ -2,7 +2,8 @@
 parameter, gradient and optimizer state (as DTensor shards).
 
 `reshard_after_forward=False` keeps gathered parameters from forward to backward: the ZeRO-2 analogue
-(SHARD_GRAD_OP). Mixed precision is MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32): sharded
+(SHARD_GRAD_OP). HSDP shards over a group of ranks and replicates across groups (a 2-D mesh); partial
+resharding passes the blocks `reshard_after_forward=<ranks>` (family.py's degrees). Mixed precision is MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32): sharded
 parameters, gradients and Adam states stay fp32.
 """
 from __future__ import annotations
@@ -15,9 +16,19 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from typing_extensions import override
 
-from .family import root_reshard
+from .family import blocks_reshard_to, degrees, root_reshard
 from ...runtime import models
 from ...runtime.strategies.base import NativeStrategy, bare_step
+
+
+def device_mesh(cfg, world: int, device_type: str):
+    """Every rank in one dimension, or under HSDP (replicate x shard) each shard group a run of consecutive
+    ranks: a node's, by default."""
+    shard, _ = degrees(cfg, world)
+    with unset_fake_temporarily():  # the mesh is a real list of ranks, also when the model is traced
+        if shard < world:
+            return init_device_mesh(device_type, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
+        return init_device_mesh(device_type, (world,))
 
 
 class FSDPStrategy(NativeStrategy):
@@ -30,12 +41,12 @@ class FSDPStrategy(NativeStrategy):
 
     @override
     def setup(self, model, optim_cfg):
-        with unset_fake_temporarily():  # the mesh is a real list of ranks, also when the model is traced
-            mesh = init_device_mesh(self.device.type, (self.world_size,))
+        shard, post_forward = degrees(self.cfg, self.world_size)
+        mesh = device_mesh(self.cfg, self.world_size, self.device.type)
         mp = MixedPrecisionPolicy(
             param_dtype=None if self.precision == "fp32" else self.dtype, reduce_dtype=torch.float32
         )
-        reshard, root = self.backend.reshard_after_forward, root_reshard(self.cfg)
+        reshard, root = blocks_reshard_to(self.cfg, self.world_size), root_reshard(self.cfg)
         compiled = models.compile_blocks(model) if self.cfg.train.compile else 0  # before sharding: torchtitan's order
         for block in models.blocks(model):
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
@@ -43,7 +54,8 @@ class FSDPStrategy(NativeStrategy):
         fully_shard(model, mesh=mesh, mp_policy=mp, **({} if root is None else {"reshard_after_forward": root}))
         self.settings = {"fsdp": {"blocks_reshard_after_forward": reshard, "root_reshard_after_forward": root,
                                   "mp_param_dtype": str(mp.param_dtype), "mp_reduce_dtype": str(mp.reduce_dtype),
-                                  "blocks": len(models.blocks(model))}}
+                                  "blocks": len(models.blocks(model)), "mesh": list(mesh.mesh.shape),
+                                  "shard_group": shard, "post_forward_group": post_forward}}
         if compiled:
             self.settings["compile"] = {"compiled_blocks": compiled}
         if self.construction == "meta":
@@ -73,8 +85,8 @@ class FSDPStrategy(NativeStrategy):
 def bare_setup(cfg, model, world, params, adam):
     """fully_shard on each block, then the root, as a hand-written loop does, with the profile's root setting
     (config/families.py's bare_setup)."""
-    root = root_reshard(cfg)
+    root, mesh = root_reshard(cfg), device_mesh(cfg, world, cfg.parallelism.device)
     for block in models.blocks(model):
-        fully_shard(block, reshard_after_forward=cfg.backend.reshard_after_forward)
-    fully_shard(model, **({} if root is None else {"reshard_after_forward": root}))
+        fully_shard(block, mesh=mesh, reshard_after_forward=blocks_reshard_to(cfg, world))
+    fully_shard(model, mesh=mesh, **({} if root is None else {"reshard_after_forward": root}))
     return model, bare_step(model, torch.optim.AdamW(model.parameters(), **adam), cfg.optim.grad_clip)

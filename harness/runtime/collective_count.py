@@ -1,0 +1,76 @@
+"""Every c10d collective a step issues, counted by op, buffer size and group (a real run's extra step,
+runtime/loop.py, and a traced rank's, runtime/traced.py).
+
+`CollectiveCounter` is a TorchDispatchMode: each ProcessGroup call (DDP's reducer, FSDP2's all-gathers and
+reduce-scatters, DeepSpeed's comm layer) becomes a `c10d::` dispatcher op on the calling thread, and DTensor's
+functional collectives `_c10d_functional::` ones; both pass through the mode. The group comes from the op's
+ProcessGroup argument (or, for a functional collective, its group name), as the list of global ranks in it, so
+that the summary can say which groups stayed inside a node and which crossed nodes (reporting/run_summary.py).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# c10d's collectives (the dispatcher ops a ProcessGroup call becomes), by nccl-tests' names
+C10D_OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
+            "_allgather_base_": "all_gather", "allgather_": "all_gather",
+            "allgather_into_tensor_coalesced_": "all_gather", "allgather_coalesced_": "all_gather",
+            "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+            "reduce_scatter_tensor_coalesced_": "reduce_scatter", "broadcast_": "broadcast",
+            # torch's functional collectives (DTensor's: the clipped gradient norm of sharded gradients)
+            "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce", "all_gather_into_tensor": "all_gather",
+            "reduce_scatter_tensor": "reduce_scatter"}
+
+
+def _nbytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(o) for o in obj)
+    return 0
+
+
+def group_ranks(args) -> Optional[Tuple[int, ...]]:
+    """The global ranks of the group a collective's arguments name (a boxed ProcessGroup, or a functional
+    collective's group name); None where torch cannot say (then the world is assumed)."""
+    for a in args:
+        try:
+            if isinstance(a, torch.ScriptObject):
+                return tuple(dist.get_process_group_ranks(dist.ProcessGroup.unbox(a)))
+            if isinstance(a, str):
+                from torch.distributed.distributed_c10d import _resolve_process_group
+                return tuple(dist.get_process_group_ranks(_resolve_process_group(a)))
+        except (RuntimeError, ValueError, KeyError, AttributeError):
+            return None
+    return None
+
+
+class CollectiveCounter(TorchDispatchMode):
+    """Every c10d collective issued while active: (op, whole-buffer bytes as nccl-tests counts them, the
+    group's global ranks) -> count. The whole buffer is the output of an all-gather and the input of a
+    reduce-scatter (the larger side), the tensor itself for an all-reduce or broadcast."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace in ("c10d", "_c10d_functional") and func._opname in C10D_OPS:
+            op = C10D_OPS[func._opname]
+            ranks = group_ranks(args) or tuple(range(dist.get_world_size()))
+            # all_gather's output and reduce_scatter's input are args[0] or args[1]: the larger is the buffer
+            tensors = [a for a in args[:2] if isinstance(a, (torch.Tensor, list, tuple))]
+            self.calls[(op, max((_nbytes(t) for t in tensors), default=0), ranks)] += 1
+        return func(*args, **kwargs)
+
+    def rows(self) -> List[dict]:
+        """One row per (op, size, group): `group` its size, `ranks` its global ranks."""
+        return [{"op": op, "size_bytes": b, "group": len(ranks), "ranks": list(ranks), "count": n}
+                for (op, b, ranks), n in sorted(self.calls.items())]
+

@@ -1,0 +1,83 @@
+"""Hybrid sharding's theory, in this process: FSDP2 HSDP (a replicate x shard mesh) and partial resharding
+(reshard_after_forward=<ranks per node>) against flat full sharding, on llama_7b at 4 nodes x 8 GPUs; which
+link each collective's bytes cross; and the rules that refuse a group that does not fit. The real runs (losses
+against DDP, model states, bytes counted per process group on 2 emulated nodes x 2 ranks) are the drills in
+tests/test_multinode.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness.config import rules
+from harness.config.compose import compose, flat_backends, hybrid_backends
+from harness.core.paths import CONF
+from harness.runtime import models
+from harness.theory.communication import counted_by_link
+from harness.theory.predict import predict
+
+SHAPE = ["model=llama_7b", "parallelism=gpu8", "parallelism.nnodes=4", "train.precision=bf16"]
+
+
+@pytest.fixture(scope="module")
+def llama_7b():
+    counts = models.param_count(compose(SHAPE).model)
+    return counts, {b: predict(compose([*SHAPE, f"backend={b}"]), 32, counts) for b in ("fsdp", *hybrid_backends())}
+
+
+def test_hsdp_shards_inside_the_node_and_sends_only_the_gradient_shard_across_nodes(llama_7b):
+    counts, p = llama_7b
+    psi = counts["total"]
+    flat, hsdp = p["fsdp"], p["fsdp_hsdp"]
+    # states are sharded 8 ways, not 32: four times full sharding's 16 bytes a parameter / N (padding aside)
+    assert hsdp["memory/model_states_predicted_bytes"] == pytest.approx(16 * psi / 8, rel=0.01)
+    assert flat["memory/model_states_predicted_bytes"] == pytest.approx(16 * psi / 32, rel=0.01)
+    # full sharding's gathers and reduce-scatters all cross nodes; HSDP's cross only as the all-reduce of each
+    # rank's fp32 gradient shard among the 4 replicas: 2 x 3/4 x 4 B x psi / 8
+    assert flat["comm/predicted_intra_node_bytes_per_step"] == 0
+    assert hsdp["comm/predicted_inter_node_bytes_per_step"] == pytest.approx(2 * 3 / 4 * 4 * psi / 8, rel=0.01)
+    assert hsdp["comm/predicted_inter_node_bytes_per_step"] < flat["comm/predicted_inter_node_bytes_per_step"] / 9
+
+
+def test_partial_resharding_gathers_backward_inside_the_node_for_a_shard_of_every_block_held(llama_7b):
+    counts, p = llama_7b
+    flat, partial = p["fsdp"], p["fsdp_partial"]
+    assert partial["memory/model_states_predicted_bytes"] == flat["memory/model_states_predicted_bytes"]
+    # backward's block gathers (2 B a parameter, 7/8 of each sent) move inside the node
+    blocks = 32 * counts["per_block"]
+    assert partial["comm/predicted_intra_node_bytes_per_step"] == pytest.approx(2 * blocks * 7 / 8, rel=0.01)
+    # the cost: at the start of backward every block keeps 1/8 of its parameters in bf16
+    held = partial["memory/backward_start_post_forward_shards_predicted_bytes"]
+    assert held == pytest.approx(2 * blocks / 8, rel=1e-6)
+    assert partial["memory/tensor_peak_predicted_bytes"] > flat["memory/tensor_peak_predicted_bytes"]
+
+
+def test_counted_bytes_split_by_whether_the_group_spans_nodes():
+    rows = [{"op": "all_gather", "size_bytes": 800, "group": 2, "ranks": [2, 3], "count": 3},  # node 1 only
+            {"op": "all_reduce", "size_bytes": 400, "group": 2, "ranks": [1, 3], "count": 1},  # nodes 0 and 1
+            {"op": "all_reduce", "size_bytes": 4, "group": 1, "ranks": [0], "count": 5}]  # sends nothing
+    assert counted_by_link(rows, ranks_per_node=2) == {"intra_node": 3 * 800 / 2, "inter_node": 400.0}
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["backend=fsdp_hsdp", "backend.shard_degree=3"], "backend.shard_degree=3: HSDP shards over groups that divide"),
+    (["backend=fsdp_partial", "backend.reshard_after_forward=false"], "backend.partial_reshard=true: needs"),
+    (["backend=fsdp_partial", "parallelism.nproc_per_node=4", "backend.reshard_degree=3"],
+     "backend.reshard_degree=3: must divide the 4 ranks"),
+    (["backend=fsdp_hsdp", "backend.shard_degree=-2"], "backend.shard_degree=-2: must be >= 0"),
+])
+def test_a_group_that_does_not_fit_is_refused_in_one_line(overrides, says):
+    found = rules.problems(compose(["parallelism=cpu2", *overrides]))
+    assert any(line.startswith(says) for line in found), found
+
+
+def test_the_single_node_sweeps_leave_out_exactly_the_hybrid_backends():
+    # the experiments that run every backend on one node exclude the hybrid ones by name; a new hybrid backend
+    # must join the list
+    assert hybrid_backends() and not set(hybrid_backends()) & set(flat_backends())
+    for path in sorted(Path(CONF / "experiment").glob("*.yaml")):
+        params = OmegaConf.load(path).get("hydra", {}).get("sweeper", {}).get("params", {})
+        spec = str(params.get("backend", ""))
+        if spec.startswith("glob(*"):
+            assert spec == f"glob(*,exclude=[{','.join(hybrid_backends())}])", (path.name, spec)
