@@ -113,7 +113,7 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
                   f"{r['peak_bytes'] / GIB:,.3f}",
                   *((("yes" if fits(r["peak_bytes"], device_gib) else "no"),) if device_gib else ()),
                   *((f"{r['step_s'] * 1e3:,.2f}", f"{r['tokens_per_s']:,.0f}") if timed else ()))
-    Console(width=max(Console().width, 200 if timed else 150)).print(t)
+    Console(width=max(Console().width, 220 if timed else 180)).print(t)
     print("GB per rank (1e9 bytes, as the ZeRO paper counts), and the peak also in GiB (2^30 bytes, as --device-gib "
           "and the advisor count). device+host = model states; buffers = comm/offload staging; activations per "
           "micro-batch; comm = bytes sent per rank per step, split by the link its group crosses (ring collectives: a "
