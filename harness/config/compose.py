@@ -29,9 +29,11 @@ def flat_backends() -> List[str]:
     from . import families
 
     def preset(name: str):  # the file over the schema's defaults: what the backend group composes, in ms
-        return OmegaConf.merge(OmegaConf.structured(schema.BackendConfig), OmegaConf.load(CONF / "backend" / f"{name}.yaml"))
+        return OmegaConf.merge(OmegaConf.structured(schema.BackendConfig),
+                               OmegaConf.load(CONF / "backend" / f"{name}.yaml"))
 
-    return [b for b in backends() if not families.of(preset(b)).is_hybrid(preset(b))]
+    presets = {b: preset(b) for b in backends()}
+    return [b for b, node in presets.items() if not families.of(node).is_hybrid(node)]
 
 
 def hybrid_backends() -> List[str]:

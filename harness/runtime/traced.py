@@ -11,8 +11,8 @@ step (runtime/loop.TrainStep) under:
   right shape, as if N-1 peers had answered;
 - the strategy's memory tracker (Strategy.memory_tracker: torch.distributed._tools' FSDPMemTracker for FSDP2,
   MemTracker otherwise), which counts every storage by kind as the dispatcher allocates and frees it;
-- runtime/collective_count.py's `CollectiveCounter`, which records every c10d collective the step issues, with its buffer's bytes and
-  its group's size.
+- runtime/collective_count.py's `CollectiveCounter`, which records every c10d collective the step issues,
+  with its buffer's bytes and its group's ranks.
 
 Only the last step is tracked. The first ones, untracked, create the optimizer state and fill DTensor's
 sharding-propagation cache: on its first call for an op (the grad-norm's `_foreach_norm` in step 1) DTensor

@@ -109,7 +109,8 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
         t.add_row(r["backend"], fmt(r["paper_bytes"]), fmt(r["device_bytes"]), fmt(r["host_bytes"] or None),
                   fmt(r["buffers_bytes"] or None), fmt(r["framework_estimate_gpu_bytes"]), fmt(r["activations_bytes"]),
                   fmt(r["activations_ckpt_bytes"]), fmt(r["comm_bytes_per_step"]),
-                  fmt(r["comm_intra_node_bytes_per_step"]), fmt(r["comm_inter_node_bytes_per_step"]), fmt(r["peak_bytes"]),
+                  fmt(r["comm_intra_node_bytes_per_step"]), fmt(r["comm_inter_node_bytes_per_step"]),
+                  fmt(r["peak_bytes"]),
                   f"{r['peak_bytes'] / GIB:,.3f}",
                   *((("yes" if fits(r["peak_bytes"], device_gib) else "no"),) if device_gib else ()),
                   *((f"{r['step_s'] * 1e3:,.2f}", f"{r['tokens_per_s']:,.0f}") if timed else ()))

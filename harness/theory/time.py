@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from ..config import families
-from .communication import collectives, group_of
+from .communication import bus_factor, collectives, group_of
 from .shape import Shape
 
 PHASES = ("forward", "backward", "optimizer")
@@ -70,8 +70,7 @@ class CommTable:
         points = self.by_op.get((op, ranks, crosses))
         if not points:
             latency, busbw = self.inter if crosses else (self.latency, self.busbw)
-            factor = 2 * (ranks - 1) / ranks if op == "all_reduce" else (ranks - 1) / ranks
-            return latency + size * factor / busbw
+            return latency + size * bus_factor(op, ranks) / busbw
         sizes = [s for s, _ in points]
         i = min(max(bisect.bisect_left(sizes, size), 1), len(points) - 1)
         (s0, t0), (s1, t1) = points[i - 1], points[i]

@@ -196,18 +196,16 @@ class FSDPFamily(Family):
         post_forward = (s.post_forward_world, 1) if 0 < s.post_forward_world < s.shards else shard
         replicas = (s.world // s.shards, s.shards)
 
-        def op(name, size, count, hidden, group):
-            return Collective(name, size, count, hidden, group)
-
-        regather = ([op("all_gather", block * p, ga * s.blocks, "forward+backward", post_forward)]
+        regather = ([Collective("all_gather", block * p, ga * s.blocks, "forward+backward", post_forward)]
                     if backend.reshard_after_forward and block else [])
-        regather += [op("all_gather", root * p, ga, "forward+backward", shard)] if s.root_reshards and root else []
-        gathers = [op("all_gather", u * p, ga, "forward+backward", shard) for u in units if u]
-        reduce = [op("reduce_scatter", u * 4, 1, "forward+backward", shard) for u in trained if u]
-        across = ([op("all_reduce", -(-u // s.shards) * 4, 1, "backward", replicas) for u in trained if u]
+        if s.root_reshards and root:
+            regather.append(Collective("all_gather", root * p, ga, "forward+backward", shard))
+        gathers = [Collective("all_gather", u * p, ga, "forward+backward", shard) for u in units if u]
+        reduce = [Collective("reduce_scatter", u * 4, 1, "forward+backward", shard) for u in trained if u]
+        across = ([Collective("all_reduce", -(-u // s.shards) * 4, 1, "backward", replicas) for u in trained if u]
                   if s.shards < s.world else [])
-        return gathers + regather + reduce + across + [op("all_reduce", 4, 1, None, shard),
-                                                       op("all_reduce", 4, 1, None, None)]
+        return gathers + regather + reduce + across + [Collective("all_reduce", 4, 1, None, shard),
+                                                       Collective("all_reduce", 4, 1, None, None)]
 
     def paper_comm_elements(self, backend, s):
         return 2 * s.params + s.t

@@ -3,8 +3,8 @@ parameter, gradient and optimizer state (as DTensor shards).
 
 `reshard_after_forward=False` keeps gathered parameters from forward to backward: the ZeRO-2 analogue
 (SHARD_GRAD_OP). HSDP shards over a group of ranks and replicates across groups (a 2-D mesh); partial
-resharding passes the blocks `reshard_after_forward=<ranks>` (family.py's degrees). Mixed precision is MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32): sharded
-parameters, gradients and Adam states stay fp32.
+resharding passes the blocks `reshard_after_forward=<ranks>` (family.py's degrees). Mixed precision is
+MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32): sharded parameters, gradients and Adam states stay fp32.
 """
 from __future__ import annotations
 
