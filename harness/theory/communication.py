@@ -17,7 +17,7 @@ from .shape import Shape
 
 
 class Collective(NamedTuple):
-    op: str  # all_reduce | reduce_scatter | all_gather (nccl-tests' names, as `make collectives` times them)
+    op: str  # all_reduce, reduce_scatter, all_gather, all_to_all (nccl-tests' names)
     size_bytes: float  # the whole buffer, as nccl-tests counts it
     count: float  # how many per optimizer step
     hidden_by: Optional[str]  # the compute it may overlap: "backward", "forward+backward", or None

@@ -52,9 +52,12 @@ class Shape:
     shard_trainable: int = 0
     ranks_per_node: int = 0  # ranks are numbered node by node; 0 = every rank on one node
     # the ranks a parameter is sharded over (HSDP: the shard group, replicated world / shard_world times), and
-    # over which a block stays sharded from forward to backward (FSDP2's reshard_after_forward=<int>); 0 = world
+    # over which a block stays sharded from forward to backward (FSDP2's reshard_after_forward=<int>, ZeRO++'s
+    # hpZ group); 0 = world
     shard_world: int = 0
     post_forward_world: int = 0
+    quantized_weights: bool = False  # ZeRO++ qwZ: forward all-gathers in int8
+    quantized_gradients: bool = False  # ZeRO++ qgZ: gradients reduced by int4 all-to-all
 
     @property
     def root_params(self) -> int:

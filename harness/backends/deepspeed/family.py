@@ -11,7 +11,7 @@ from ...config.derive import world_size
 from ...config.families import Difference, Family
 from . import check, theory
 from .jit_ops import BUILDERS
-from .json_config import conflicts, effective_zero
+from .json_config import conflicts, effective_zero, hpz_size
 
 SOURCE = "DeepSpeed config JSON docs, ZeRO section"
 
@@ -32,11 +32,12 @@ class DeepSpeedFamily(Family):
                    "cannot do with fake parameters; ZeRO-3 built under zero.Init gets through forward and backward and "
                    "stops where the step reads the gradient norm's value (runtime/utils.is_invalid_grad_norm)")
     packages = ("deepspeed",)
-    ranged_fields = ("zero_stage",)
+    ranged_fields = ("zero_stage", "hpz_partition_size")
     jit_op_names = tuple(BUILDERS)  # jit_ops.py imports DeepSpeed only when it loads one
     native_buffers_note = "DeepSpeed's default 5e8-element buckets under profile=native; profile=parity sizes them"
     term_names = {"reduce_bucket": "DeepSpeed's reduce bucket, allocated whole at reduce_bucket_size elements",
-                  "prefetch_buffer": "ZeRO-3's prefetch buffer", "flat_fp32_grad": "the step's flat fp32 gradient"}
+                  "prefetch_buffer": "ZeRO-3's prefetch buffer", "flat_fp32_grad": "the step's flat fp32 gradient",
+                  "hpz_secondary_shards": "ZeRO++ hpZ's secondary shards of released parameters"}
     differences = (
         Difference("deepspeed", "zero_optimization.overlap_comm", "unset: DeepSpeed's default, on for stage 3 and "
                    "off for stages 1-2", "false", SOURCE),
@@ -59,6 +60,8 @@ class DeepSpeedFamily(Family):
         "ds_zero3": "Like ZeRO-2, plus one reduce bucket, allocated whole (buffers): the profile's bucket, or "
                     "DeepSpeed's 5e8 elements under native. Parameters under the persistence threshold (native: "
                     "1e5 elements) are kept whole on every rank beside their shard.",
+        "ds_zeropp": "ZeRO-3's states at rest. hpZ's secondary shards (1/hpz of each released parameter, in the "
+                     "parameter dtype) exist from a module's release to the step, a transient in the peak.",
         "offload": "Offloaded gradients are staged twice on the host: the fp32 partition's .grad and a flat "
                    "buffer in the gradient dtype (ZeRO-3; ZeRO-2 only in 16-bit with fp32 accumulation, i.e. "
                    "parity). With gradient accumulation, ZeRO-1/2 offload also keeps a host accumulation buffer "
@@ -75,6 +78,7 @@ class DeepSpeedFamily(Family):
                        f"{b.zero_stage}; use backend=ds_zero3_offload")
         if b.offload_optimizer and b.zero_stage == 0:
             out.append("backend.offload_optimizer=true: optimizer offload needs ZeRO stage 1-3")
+        out += zeropp_rules(cfg, world_size(cfg))
         for c in conflicts(cfg, world_size(cfg)):
             out.append(f"backend.deepspeed.{c}: contradicts the harness config; remove the key and set the "
                        "harness's own option instead (parallelism.*, optim.grad_clip, train.precision)")
@@ -88,6 +92,9 @@ class DeepSpeedFamily(Family):
             return []
         return ["+backend.deepspeed.zero_optimization.stage3_max_reuse_distance=0",
                 "+backend.deepspeed.zero_optimization.stage3_max_live_parameters=400000"]
+
+    def is_hybrid(self, backend) -> bool:
+        return backend.zero_stage == 3 and backend.hpz_partition_size != 1
 
     def jit_ops(self, cfg):
         """CPU Adam under optimizer offload, and on CPU the shared-memory collectives DeepSpeed's comm layer
@@ -111,6 +118,10 @@ class DeepSpeedFamily(Family):
         out = {"bucket_elements": int(zero["reduce_bucket_size"]), "fp32_grads": fp32_grads,
                "overlap_comm": bool(zero.get("overlap_comm", cfg.backend.zero_stage == 3))}  # default by stage
         if cfg.backend.zero_stage == 3:
+            hpz = hpz_size(cfg, world)
+            out["post_forward_world"] = hpz if 1 < hpz < world else 0  # backward re-gathers in the hpZ group
+            out["quantized_weights"], out["quantized_gradients"] = (cfg.backend.quantized_weights,
+                                                                    cfg.backend.quantized_gradients)
             threshold = int(zero["stage3_param_persistence_threshold"])
             out.update(persistence_threshold=threshold,
                        persistent_params=persistent_elements(counts.get("sizes", ()), threshold),
@@ -144,8 +155,10 @@ class DeepSpeedFamily(Family):
         return out, None
 
     def step_transients(self, backend, s):
+        # hpZ: every sharded parameter has been released by the end of backward, into its secondary shard
+        secondary = {"hpz_secondary_shards": theory.hpz_secondary(s, s.params - s.persistent_params)}
         if backend.offload_optimizer:  # DeepSpeedCPUAdam steps in place
-            return {"optimizer_temporaries": 0.0}
+            return {"optimizer_temporaries": 0.0, **secondary}
         flat = 4 * s.t / s.world
         if backend.zero_stage == 3:  # a flat copy of the (persistent) gradient partition
             extra = flat
@@ -153,7 +166,7 @@ class DeepSpeedFamily(Family):
             extra = 0.0
         else:  # the flat fp32 gradient replaces the partition (freed before the step)
             extra = flat - theory.layout(backend, s)["grads"]
-        return {"optimizer_temporaries": flat if s.foreach else 2 * flat, "flat_fp32_grad": extra}
+        return {"optimizer_temporaries": flat if s.foreach else 2 * flat, "flat_fp32_grad": extra, **secondary}
 
     def param_gather_terms(self, backend, s):
         """After the step, ZeRO-1/2 all-gather every rank's updated partition into the full parameters. gloo's
@@ -197,7 +210,32 @@ class DeepSpeedFamily(Family):
         if z.get("stage") == 3:
             out += [f"prefetch_bucket {z.get('prefetch_bucket_size'):.3g}",
                     f"persistence_threshold {z.get('param_persistence_threshold'):.3g}"]
+            zeropp = [name for key, name in (("zero_quantized_weights", "qwZ"), ("zero_quantized_gradients", "qgZ"))
+                      if z.get(key)] + ([f"hpZ over {z['zero_hpz_partition_size']} ranks"]
+                                        if (z.get("zero_hpz_partition_size") or 1) > 1 else [])
+            out += [f"ZeRO++ {', '.join(zeropp)}"] if zeropp else []
         return "; ".join(out)
+
+
+def zeropp_rules(cfg, world: int) -> List[str]:
+    """ZeRO++ needs stage 3; hpZ groups divide the world; qwZ and qgZ need DeepSpeed's CUDA quantiser."""
+    b, out = cfg.backend, []
+    if b.hpz_partition_size < 0:
+        return [f"backend.hpz_partition_size={b.hpz_partition_size}: must be >= 0 (0 = the ranks per node)"]
+    zeropp = {"hpz_partition_size": b.hpz_partition_size != 1, "quantized_weights": b.quantized_weights,
+              "quantized_gradients": b.quantized_gradients}
+    for key in (k for k, on in zeropp.items() if on and b.zero_stage != 3):
+        out.append(f"backend.{key}={b[key]}: ZeRO++ works on ZeRO-3's partitions; use backend=ds_zeropp or "
+                   f"backend.zero_stage=3, not {b.zero_stage}")
+    hpz = hpz_size(cfg, world)
+    if b.zero_stage == 3 and world % hpz:
+        out.append(f"backend.hpz_partition_size={hpz}: hpZ groups consecutive ranks and must divide the {world} "
+                   "ranks; use a divisor (0 = the ranks per node)")
+    for key, name in (("quantized_weights", "qwZ"), ("quantized_gradients", "qgZ")):
+        if b[key] and cfg.parallelism.device != "cuda":
+            out.append(f"backend.{key}=true: ZeRO++'s {name} runs DeepSpeed's CUDA-only quantiser kernels "
+                       f"(QuantizerBuilder), not on parallelism.device={cfg.parallelism.device}; drop it here")
+    return out
 
 
 FAMILY = DeepSpeedFamily()

@@ -9,4 +9,10 @@ class Fields:
     zero_stage: int = 0
     offload_optimizer: bool = False  # optimizer state and step on the CPU (ZeRO-Offload)
     offload_params: bool = False  # stage 3: parameters on the CPU
+    # ZeRO++ (stage 3). hpZ: after a module's forward keep a secondary shard of its parameters over groups of
+    # this many consecutive ranks, so that backward gathers inside that group (zero_hpz_partition_size;
+    # DeepSpeed's default 1 = off, 0 here = the ranks per node, as its ZeRO++ tutorial sets it)
+    hpz_partition_size: int = 1
+    quantized_weights: bool = False  # qwZ: forward all-gathers in int8 (zero_quantized_weights; CUDA kernels)
+    quantized_gradients: bool = False  # qgZ: gradients reduced by int4 all-to-all (zero_quantized_gradients; CUDA)
     deepspeed: Dict[str, Any] = field(default_factory=dict)  # extra DeepSpeed JSON keys, merged last

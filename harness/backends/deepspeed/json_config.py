@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from ...config.derive import bucket_elements
 from ...config.profiles import NATIVE, PARITY
+from ...theory.shape import ranks_per_node
 
 
 def pass_through(cfg) -> Dict[str, Any]:
@@ -30,6 +31,21 @@ def deep_merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def hpz_size(cfg, world_size: int) -> int:
+    """ZeRO++'s hpZ group: backend.hpz_partition_size, 0 = the ranks per node; 1 (off) below stage 3."""
+    b = cfg.backend
+    return (b.hpz_partition_size or ranks_per_node(cfg, world_size)) if b.zero_stage == 3 else 1
+
+
+def zeropp_keys(cfg, world_size: int) -> Dict[str, Any]:
+    """ZeRO++'s three keys under stage 3 (DeepSpeed's defaults when the backend leaves them off)."""
+    b = cfg.backend
+    if b.zero_stage != 3:
+        return {}
+    return {"zero_hpz_partition_size": hpz_size(cfg, world_size), "zero_quantized_weights": b.quantized_weights,
+            "zero_quantized_gradients": b.quantized_gradients}
+
+
 def harness_keys(cfg, world_size: int) -> Dict[str, Any]:
     """The DeepSpeed JSON the harness derives from its own config (a pass-through may not contradict it)."""
     par, b, t = cfg.parallelism, cfg.backend, cfg.train
@@ -40,7 +56,7 @@ def harness_keys(cfg, world_size: int) -> Dict[str, Any]:
         "gradient_clipping": cfg.optim.grad_clip,
         "bf16": {"enabled": t.precision == "bf16"},
         "fp16": {"enabled": t.precision == "fp16"},
-        "zero_optimization": {"stage": b.zero_stage},
+        "zero_optimization": {"stage": b.zero_stage, **zeropp_keys(cfg, world_size)},
     }
 
 

@@ -20,6 +20,11 @@ Transients (`phase_terms`):
   one coalesced all-gather whose flat buffer lives until its last parameter is used.
 - The step: DeepSpeed steps one flat fp32 partition and first flattens its fp32 gradient (4T/N);
   DeepSpeedCPUAdam steps in place.
+
+ZeRO++ (stage 3; `ds_zeropp`): hpZ keeps a secondary shard of each released parameter over a node's ranks, so
+backward gathers it there (intra-node) at 1/hpz of it held until the step; qwZ gathers in forward in int8; qgZ
+reduces gradients by two int4 all-to-alls, inside the node then across. hpZ is measured here (make hybrid);
+qwZ and qgZ run only on CUDA, so their bytes are the paper's mechanism, not yet a measurement.
 """
 from __future__ import annotations
 
@@ -80,6 +85,11 @@ def zero3_gathered(s) -> float:
     sharded = s.params - s.persistent_params
     if 2 * sharded <= s.max_reuse_distance:
         return float(sharded)
+    if not s.max_reuse_distance and not s.prefetch_bucket:
+        # no reuse distance and no prefetch: every module lets go of its parameters after its forward, the head
+        # too (the prefetcher would otherwise have fetched the head for backward already and kept it; measured
+        # on 2 x 2 emulated nodes, make hybrid: backward gathers the whole model)
+        return 0.0
     blocks = 0
     while blocks < s.blocks and 2 * (blocks * s.block_params + s.head_params) < s.max_reuse_distance:
         blocks += 1
@@ -113,14 +123,23 @@ def zero12_terms(family, backend, s, k: Optional[int]) -> Dict[str, float]:
 
 def zero3_terms(s, phase: str, k: Optional[int]) -> Dict[str, float]:
     gathered = zero3_gathered(s)
+    released = s.params - s.persistent_params - gathered  # let go of in forward (none below the reuse distance)
     if k is None:
-        out = {"gathered_params": s.p * gathered}
+        out = {"gathered_params": s.p * gathered, "hpz_secondary_shards": hpz_secondary(s, released)}
         if phase == "forward_end":
             out["prefetch_buffer"] = s.p * min(s.params - s.persistent_params, s.prefetch_bucket, s.max_live_params)
         return out
-    # a module's parameters are released once its backward is done
+    # a module's parameters are released once its backward is done (backward runs the kept ones first)
     done = s.head_params + (s.blocks - 1 - k) * s.block_params
-    return {"gathered_params": s.p * max(gathered - done, s.block_params)}
+    return {"gathered_params": s.p * max(gathered - done, s.block_params),
+            "hpz_secondary_shards": hpz_secondary(s, released + min(done, gathered))}
+
+
+def hpz_secondary(s, elements: float) -> float:
+    """ZeRO++'s hpZ: a parameter released by its module keeps a secondary shard of 1/hpz of it, in the parameter
+    dtype (DeepSpeed's _partition_param_sec), until the step rebuilds the partitions (invalidate_secondary_tensor);
+    backward gathers from it inside the hpZ group."""
+    return s.p * elements / s.post_forward_world if s.post_forward_world else 0.0
 
 
 def last_bucket(s) -> float:
@@ -132,7 +151,8 @@ def last_bucket(s) -> float:
 def collectives(backend, s) -> list:
     """ZeRO-1/2 reduce to each partition's owner (timed as a reduce-scatter; ZeRO-2 every micro-batch) and
     all-gather the updated partitions after the step; ZeRO-3 gathers every parameter above the persistence
-    threshold in forward, and in backward again what forward released (zero3_gathered). Then the global grad norm's and the loss's all-reduce."""
+    threshold in forward, and in backward again what forward released (zero3_gathered). Then the global grad
+    norm's and the loss's all-reduce. ZeRO++ (zero3_plus_plus) changes ZeRO-3's groups and dtypes."""
     t, ga, p, bucket = s.t, s.grad_accum, s.p, s.bucket_elements
     g = 4 if s.fp32_grads else p
     tail = [Collective("all_reduce", 4, 1, None)] * 2
@@ -146,9 +166,23 @@ def collectives(backend, s) -> list:
     # backward gathers again only what forward released: not the parameters kept within the reuse distance
     # (zero3_gathered; the whole of a model below 1e9 parameters under DeepSpeed's defaults)
     regather = max(sum(gathered) - zero3_gathered(s), 0.0)
-    return ([Collective("all_gather", n * p, ga, hidden) for n in gathered]
-            + ([Collective("all_gather", regather * p, ga, hidden)] if regather else [])
-            + bucketed("reduce_scatter", t, bucket, g, ga, hidden) + tail)
+    weight = 1 if s.quantized_weights else p  # qwZ: int8 (its per-block scales, about 1/2048 more, left out)
+    hpz = (s.post_forward_world, 1) if s.post_forward_world else None
+    return ([Collective("all_gather", n * weight, ga, hidden) for n in gathered]
+            + ([Collective("all_gather", regather * (p if hpz else weight), ga, hidden, hpz)] if regather else [])
+            + gradient_reduce(s, bucket, g, hidden) + tail)
+
+
+def gradient_reduce(s, bucket: int, g: int, hidden) -> list:
+    """ZeRO-3's reduce-scatter of every micro-batch's gradients; under ZeRO++'s qgZ on more than one node,
+    DeepSpeed's all_to_all_quant_reduce instead: an int4 all-to-all of each gradient inside the node, then an
+    int4 all-to-all of the node's reduced 1/ranks_per_node across the nodes (coalesced_collectives.py; its
+    scales and the 1-D tensors it still reduce-scatters are left out). Not measured: qgZ needs CUDA."""
+    per_node = s.ranks_per_node or s.world
+    if not (s.quantized_gradients and per_node < s.world):
+        return bucketed("reduce_scatter", s.t, bucket, g, s.grad_accum, hidden)
+    return [Collective("all_to_all", s.t / 2, s.grad_accum, hidden, (per_node, 1)),
+            Collective("all_to_all", s.t / 2 / per_node, s.grad_accum, hidden, (s.world // per_node, per_node))]
 
 
 def own_estimate(backend, s) -> Optional[Dict[str, float]]:
