@@ -1,4 +1,5 @@
-"""The collective benchmark reports bandwidth exactly as nccl-tests defines it, from a real 2-rank gloo run."""
+"""The collective benchmark reports bandwidth exactly as nccl-tests defines it, from a real 4-rank gloo run over
+every rank and over the two levels of 2 nodes of 2."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import pytest
 
 from conftest import REPO
 from harness.studies import collectives
+from harness.theory.time import CommTable
 
 
 @pytest.mark.parametrize("n, factors", [
@@ -34,14 +36,25 @@ def test_sizes_run_from_1kib_in_powers_of_four():
 
 
 @pytest.mark.slow
-def test_real_gloo_run_reports_every_op_and_size(tmp_path):
+def test_real_gloo_run_reports_every_op_size_and_level_and_the_time_model_reads_each_level(tmp_path):
+    # 4 ranks taken as 2 nodes of 2: every op over the world, over each node's pair, and over the pairs that
+    # take one rank from each node
     proc = subprocess.run([sys.executable, "-m", "harness.collectives", "--max-mib", "0.0625", "--out", str(tmp_path),
-                           "logger=none"], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           "--ranks-per-node", "2", "parallelism.nproc_per_node=4", "logger=none"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads((tmp_path / "collectives.json").read_text())
-    assert {(r["op"], r["size_bytes"]) for r in rows} == {(op, s) for op in collectives.OPS for s in (1024, 4096, 16384, 65536)}
+    levels = {"world": (4, 2), "intra_node": (2, 1), "inter_node": (2, 2)}  # level: (ranks, nodes it spans)
+    assert {(r["level"], r["op"], r["size_bytes"]) for r in rows} == {
+        (level, op, s) for level in levels for op in collectives.OPS for s in (1024, 4096, 16384, 65536)}
     for r in rows:
-        assert r["ranks"] == 2 and r["time_s"] > 0
+        assert (r["ranks"], r["nnodes"]) == levels[r["level"]] and r["time_s"] > 0 and r["device"] == "cpu"
         assert r["algbw_gbps"] == pytest.approx(r["size_bytes"] / r["time_s"] / 1e9)
-        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * collectives.bus_factor(r["op"], 2))
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * collectives.bus_factor(r["op"], r["ranks"]))
     assert (tmp_path / "collectives.png").stat().st_size > 5000 and "busbw" in (tmp_path / "collectives.md").read_text()
+    # the time model prices a collective from the rows of its own group size and level
+    table = CommTable(rows, "cpu", 4)
+    assert table.measured
+    for level, (ranks, nodes) in levels.items():
+        row = next(r for r in rows if r["level"] == level and r["op"] == "all_gather" and r["size_bytes"] == 16384)
+        assert table.seconds("all_gather", 16384, ranks, nodes > 1) == pytest.approx(row["time_s"])

@@ -2,6 +2,13 @@
 all-gather, from 1 KiB to 256 MiB, and report bandwidth as nccl-tests defines it.
 
     python -m harness.collectives [--max-mib 256] [--out results/collectives] [overrides: parallelism=..., logger=...]
+    python -m harness.collectives parallelism.nproc_per_node=4 --ranks-per-node 2   # two levels, as 2 nodes of 2
+
+With --ranks-per-node k the ranks are taken as nodes of k (numbered node by node) and each collective is also
+timed over the two levels the hybrid backends use: groups of one node's k ranks, and groups of one rank from
+each node, every group of a level at once. The time model (theory/time.py) then prices each collective of a
+run from the rows of its own group size and level. On one machine the "nodes" share a host: the levels differ
+only where the links do.
 
 The parent composes the usual config (device and ranks from `parallelism`, W&B from `logger`) and starts the
 ranks with torchrun; gloo on CPU, NCCL on CUDA. `size` is the whole buffer in bytes, as in nccl-tests: the
@@ -57,10 +64,13 @@ def sizes(max_mib: float) -> list[int]:
 def _report(rows: list[dict], out_dir: Path, cfg, command: str) -> None:
     plt = pyplot()
     n, device = rows[0]["ranks"], cfg.parallelism.device
+    levels = list(dict.fromkeys(r.get("level", "world") for r in rows))
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for op in OPS:
-        pts = [r for r in rows if r["op"] == op]
-        ax.plot([r["size_bytes"] for r in pts], [r["busbw_gbps"] for r in pts], marker="o", label=op)
+    for level in levels:
+        for op in OPS:
+            pts = [r for r in rows if r["op"] == op and r.get("level", "world") == level]
+            ax.plot([r["size_bytes"] for r in pts], [r["busbw_gbps"] for r in pts], marker="o",
+                    linestyle="-" if level == "world" else "--", label=op if len(levels) == 1 else f"{op}, {level}")
     ax.set(xscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)",
            title=f"Collectives, {n} ranks, {'NCCL' if device == 'cuda' else 'gloo'} on {device}")
     ax.grid(alpha=0.3)
@@ -71,11 +81,14 @@ def _report(rows: list[dict], out_dir: Path, cfg, command: str) -> None:
     lines = [f"# Collectives: {n} ranks, {'NCCL' if device == 'cuda' else 'gloo'} on {device}", "",
              f"Command: `{command}`. Time: median per size, slowest rank. Bandwidths in GB/s (1e9 B/s), "
              "nccl-tests definitions (busbw factor: all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n, "
-             "broadcast 1).", "", "| op | size | time (ms) | algbw | busbw |", "|---|---:|---:|---:|---:|"]
-    lines += [f"| {r['op']} | {_human(r['size_bytes'])} | {r['time_s'] * 1e3:.3f} | {r['algbw_gbps']:.3f} | "
-              f"{r['busbw_gbps']:.3f} |" for r in rows]
-    big = max(r["size_bytes"] for r in rows)
-    t = {r["op"]: r["time_s"] for r in rows if r["size_bytes"] == big}
+             "broadcast 1). Level: every rank (world), or groups inside a node and across nodes "
+             "(--ranks-per-node).", "", "| level | ranks | op | size | time (ms) | algbw | busbw |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    lines += [f"| {r.get('level', 'world')} | {r['ranks']} | {r['op']} | {_human(r['size_bytes'])} | "
+              f"{r['time_s'] * 1e3:.3f} | {r['algbw_gbps']:.3f} | {r['busbw_gbps']:.3f} |" for r in rows]
+    world = [r for r in rows if r.get("level", "world") == "world"]
+    big = max(r["size_bytes"] for r in world)
+    t = {r["op"]: r["time_s"] for r in world if r["size_bytes"] == big}
     lines += ["", f"At {_human(big)}: reduce-scatter + all-gather takes {t['reduce_scatter+all_gather'] * 1e3:.1f} ms "
               f"against all-reduce's {t['all_reduce'] * 1e3:.1f} ms (ratio "
               f"{t['reduce_scatter+all_gather'] / t['all_reduce']:.2f}).", "", "![busbw](collectives.png)"]
@@ -109,13 +122,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-mib", type=float, default=256)
     parser.add_argument("--out", default="results/collectives")
+    parser.add_argument("--ranks-per-node", type=int, default=0,
+                        help="take the ranks as nodes of this many and time the two levels too (0 = one node)")
     args, overrides = parser.parse_known_args(argv)
     cfg = compose(overrides)
     out_dir = (REPO / args.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     par = cfg.parallelism
     cmd = torchrun_cmd(cfg, out_dir, module=("harness.studies.collectives_worker", str(out_dir), str(args.max_mib),
-                                             par.device))
+                                             par.device, str(args.ranks_per_node)))
     proc = subprocess.run(cmd, cwd=REPO, env=rank_env(cfg))
     if proc.returncode != 0:
         print(f"collectives: ranks failed (exit {proc.returncode})", file=sys.stderr)

@@ -1,5 +1,8 @@
 """One rank of `make collectives`, started by torchrun: `python -m harness.studies.collectives_worker <out_dir>
-<max_mib> <device>`. Times every collective of collectives.OPS at every size; rank 0 writes collectives.json."""
+<max_mib> <device> [<ranks per node>]`. Times every collective of collectives.OPS at every size over every
+rank, and, given the ranks per node of a world of several nodes, over the two levels a hybrid backend uses:
+groups of one node's ranks, and groups of one rank from each node (all groups of a level at once, as HSDP
+runs them). Rank 0 writes collectives.json, a row per (op, group size, level, size)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +15,20 @@ from pathlib import Path
 from .collectives import OPS, bandwidths, sizes
 
 
-def run(out_dir: Path, max_mib: float, device_type: str) -> None:
+def levels(n: int, per_node: int, rank: int, dist) -> list:
+    """(name, process group or None for the world, ranks in it, nodes it spans) for this rank. Every rank
+    creates every group (torch's new_group is collective), and keeps its own."""
+    out = [("world", None, n, n // per_node if 1 < per_node < n and n % per_node == 0 else 1)]
+    if not 1 < per_node < n or n % per_node:
+        return out
+    nodes = n // per_node
+    intra = [dist.new_group(list(range(k * per_node, (k + 1) * per_node))) for k in range(nodes)]
+    across = [dist.new_group(list(range(j, n, per_node))) for j in range(per_node)]
+    return out + [("intra_node", intra[rank // per_node], per_node, 1),
+                  ("inter_node", across[rank % per_node], nodes, nodes)]
+
+
+def run(out_dir: Path, max_mib: float, device_type: str, per_node: int = 0) -> None:
     import torch
     import torch.distributed as dist
 
@@ -27,39 +43,42 @@ def run(out_dir: Path, max_mib: float, device_type: str) -> None:
             torch.cuda.synchronize(device)
 
     rows = []
-    for size in sizes(max_mib):
-        elems = size // 4  # fp32
-        elems -= elems % n  # divisible into n shards
-        full = torch.ones(elems, device=device)
-        shard = torch.empty(elems // n, device=device)
-        calls = {
-            "all_reduce": lambda: dist.all_reduce(full),
-            "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full),
-            "all_gather": lambda: dist.all_gather_into_tensor(full, shard),
-            "broadcast": lambda: dist.broadcast(full, src=0),
-            "reduce_scatter+all_gather": lambda: (dist.reduce_scatter_tensor(shard, full),
-                                                  dist.all_gather_into_tensor(full, shard)),
-        }
-        iters = max(3, min(50, int(2**26 // max(size, 1))))  # fewer repetitions for big buffers
-        for op in OPS:
-            times = []
-            for i in range(iters + 2):
-                sync()
-                dist.barrier()
-                started = time.perf_counter()
-                calls[op]()
-                sync()
-                if i >= 2:
-                    times.append(time.perf_counter() - started)
-            # the slowest rank's time is the collective's time
-            t = torch.tensor([statistics.median(times)], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            rows.append({"op": op, "size_bytes": elems * 4, "time_s": t.item(), "iters": iters, "ranks": n,
-                         **bandwidths(op, elems * 4, t.item(), n)})
+    for level, group, g, nnodes in levels(n, per_node, rank, dist):
+        for size in sizes(max_mib):
+            elems = size // 4  # fp32
+            elems -= elems % g  # divisible into g shards
+            full = torch.ones(elems, device=device)
+            shard = torch.empty(elems // g, device=device)
+            first = dist.get_global_rank(group, 0) if group is not None else 0
+            calls = {
+                "all_reduce": lambda: dist.all_reduce(full, group=group),
+                "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=group),
+                "all_gather": lambda: dist.all_gather_into_tensor(full, shard, group=group),
+                "broadcast": lambda: dist.broadcast(full, src=first, group=group),
+                "reduce_scatter+all_gather": lambda: (dist.reduce_scatter_tensor(shard, full, group=group),
+                                                      dist.all_gather_into_tensor(full, shard, group=group)),
+            }
+            iters = max(3, min(50, int(2**26 // max(size, 1))))  # fewer repetitions for big buffers
+            for op in OPS:
+                times = []
+                for i in range(iters + 2):
+                    sync()
+                    dist.barrier()  # every group of the level starts together
+                    started = time.perf_counter()
+                    calls[op]()
+                    sync()
+                    if i >= 2:
+                        times.append(time.perf_counter() - started)
+                # the slowest rank's time is the collective's time
+                t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                rows.append({"op": op, "size_bytes": elems * 4, "time_s": t.item(), "iters": iters, "ranks": g,
+                             "level": level, "nnodes": nnodes, "device": device.type,
+                             **bandwidths(op, elems * 4, t.item(), g)})
     if rank == 0:
         (out_dir / "collectives.json").write_text(json.dumps(rows, indent=1))
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    run(Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3])
+    run(Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 0)
