@@ -45,8 +45,15 @@ GROUPS = [
         ("predicted MiB", lambda f: _scale(f.get("memory/model_states_predicted_bytes"), 1 / MiB), "{:.3f}", None),
         ("error %", lambda f: f.get("memory/model_states_error_pct"), "{:+.2f}", None),
         ("ZeRO paper MiB", lambda f: _scale(f.get("memory/model_states_paper_bytes"), 1 / MiB), "{:.3f}", None)]),
-    ("communication", [
-        ("MiB/step", lambda f: _scale(f.get("comm/predicted_bytes_per_step"), 1 / MiB), "{:.2f}", "min")]),
+    # sent per rank per step: counted on one extra step, by process group, beside theory/communication.py
+    ("communication per rank", [
+        ("measured MiB/step", lambda f: _scale(f.get("comm/measured_bytes_per_step"), 1 / MiB), "{:.3f}", "min"),
+        ("predicted MiB/step", lambda f: _scale(f.get("comm/predicted_bytes_per_step"), 1 / MiB), "{:.3f}", None),
+        ("error %", lambda f: f.get("comm/bytes_error_pct"), "{:+.1f}", None),
+        ("intra-node MiB/step", lambda f: _scale(f.get("comm/measured_intra_node_bytes_per_step"), 1 / MiB),
+         "{:.3f}", None),
+        ("inter-node MiB/step", lambda f: _scale(f.get("comm/measured_inter_node_bytes_per_step"), 1 / MiB),
+         "{:.3f}", "min")]),
     ("loss", [("final", lambda f: f.get("loss/final_loss"), "{:.5f}", None)]),
 ]
 # one column each, keyed "<heading>: <header>" (unique, and what the markdown table shows)
@@ -93,7 +100,8 @@ MISS_PCT = 30  # a prediction further than this from its measurement is shown as
 # a prediction's column -> the figure that says how far it is from the measurement, in percent
 MISSED_BY = {"step time: predicted ms": "time/step_error_pct",
              "peak of live tensors per rank: predicted MiB": "memory/tensor_peak_error_pct",
-             "model states per rank: predicted MiB": "memory/model_states_error_pct"}
+             "model states per rank: predicted MiB": "memory/model_states_error_pct",
+             "communication per rank: predicted MiB/step": "comm/bytes_error_pct"}
 MISS_LEGEND = (f"† a prediction more than {MISS_PCT}% from its measurement: shown, not to be trusted (the notes and "
                "the time story say where it misses)")
 
