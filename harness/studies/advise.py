@@ -111,13 +111,19 @@ def micro_batches(global_batch: int, world: int) -> List[int]:
 
 def rates_for(cfg, world: int):
     """This device's measured matmul peak and copy bandwidth (one rank's share of the host on CPU: torchrun
-    runs each rank with one thread), and the collectives table the runs' own time model uses."""
+    runs each rank with one thread), and the collectives table the runs' own time model uses. A CUDA shape
+    where no GPU is gets an H100's datasheet peaks instead (theory/time.py's STATED_CUDA_*), never this CPU's."""
     import torch
 
     from ..reporting.run_summary import collectives_table
     from ..runtime import probes
-    from ..theory.time import CommTable, Rates
+    from ..theory.time import STATED_CUDA_MEM_GBPS, STATED_CUDA_TFLOPS, CommTable, Rates
 
+    par = cfg.parallelism
+    comm = CommTable(collectives_table(cfg), par.device, world, par.intra_node_gbps, par.inter_node_gbps)
+    if par.device == "cuda" and not torch.cuda.is_available():
+        return Rates(tflops=STATED_CUDA_TFLOPS[cfg.train.precision], mem_gbps=STATED_CUDA_MEM_GBPS, comm=comm,
+                     device="cuda", stated=True)
     device = torch.device("cuda", 0) if cfg.parallelism.device == "cuda" and torch.cuda.is_available() \
         else torch.device("cpu")
     threads = torch.get_num_threads()
@@ -128,8 +134,6 @@ def rates_for(cfg, world: int):
         gbps = probes.calibrate_copy_gbps(device)
     finally:
         torch.set_num_threads(threads)
-    par = cfg.parallelism
-    comm = CommTable(collectives_table(cfg), par.device, world, par.intra_node_gbps, par.inter_node_gbps)
     return Rates(tflops=tflops, mem_gbps=gbps, comm=comm, device=par.device)
 
 

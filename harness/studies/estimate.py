@@ -126,12 +126,12 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
         import torch
 
         here = "this GPU" if torch.cuda.is_available() else "this machine's CPU"
-        print(f"step ms, tokens/s: the time model (theory/time.py): FLOPs / {rates.tflops:.3g} TFLOP/s (the matmul "
-              f"rate measured on {here}), the optimizer's bytes / {rates.mem_gbps:.3g} GB/s (copy, measured there), "
-              f"collectives from {'this machine' if rates.comm.measured else 'the default link'}; a lower bound: what "
-              "it does not model is not in it.")
-        if rates.device == "cuda" and not torch.cuda.is_available():
-            print("  no GPU here: the step times are priced at this CPU's rates, not the GPU's")
+        source = ("an H100 SXM's datasheet peaks: no GPU here" if rates.stated
+                  else f"measured on {here}")
+        print(f"step ms, tokens/s: the time model (theory/time.py): FLOPs / {rates.tflops:.3g} TFLOP/s, the "
+              f"optimizer's bytes / {rates.mem_gbps:.3g} GB/s ({source}), collectives from "
+              f"{'this machine' if rates.comm.measured else 'the stated links'}; a lower bound: what it does not "
+              "model (launches, hooks, kernel efficiency below peak) is not in it.")
     for key, note in memory.layout_notes().items():
         print(f"  {key}: {note}")
 

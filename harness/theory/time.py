@@ -37,6 +37,11 @@ PARTS = PHASES + ("comm_exposed", "other")
 # H100 user guide: 8 of them). The 20 µs latency is not measured here
 DEFAULT_LINK = {"cpu": (300e-6, 1.0e9), "cuda": (20e-6, 450e9)}
 DEFAULT_INTER_NODE_LINK = {"cpu": (300e-6, 1.0e9), "cuda": (20e-6, 50e9)}
+# stated, for a CUDA shape priced where no GPU is (the advisor or the estimate on a CPU machine): an H100 SXM's
+# dense peaks from NVIDIA's H100 datasheet, 989 TFLOP/s in bf16 and fp16 on tensor cores, 67 in fp32 (torch runs
+# fp32 matmuls without TF32 by default), and its HBM3 at 3.35 TB/s
+STATED_CUDA_TFLOPS = {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}
+STATED_CUDA_MEM_GBPS = 3350.0
 DEFAULT_HOST_LINK_GBPS = 20.0  # host<->device copies under offload on CUDA (PCIe 4 x16, practical)
 
 
@@ -87,6 +92,7 @@ class Rates:
     mem_gbps: float  # the measured copy bandwidth (read + write bytes per second / 1e9)
     comm: CommTable
     device: str = "cpu"
+    stated: bool = False  # tflops and mem_gbps are the datasheet's (STATED_CUDA_*), not measured here
 
 
 def optimizer_bytes(backend, s: Shape) -> Dict[str, float]:
