@@ -9,12 +9,12 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare sweep report run estimate bench advise memory-check scale-check gpu-check capacity collectives finetune faults browser test test-drills test-all clean lock
+.PHONY: help install warm demo compare sweep report run estimate bench advise memory-check scale-check hybrid gpu-check capacity collectives finetune faults browser test test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 	@echo "  backends (backend=<name>, conf/backend/): $$(ls conf/backend | sed 's/\.yaml$$//' | tr '\n' ' ')"
-	@echo "  hybrid ones (fsdp_hsdp, fsdp_partial) are their flat form on one node: run them with parallelism.nnodes>1"
+	@echo "  hybrid ones (fsdp_hsdp, fsdp_partial, ds_zeropp) are their flat form on one node: run them with parallelism.nnodes>1"
 
 install: $(STAMP) ## create .venv with the pinned CPU stack (torch 2.13.0 CPU; never the CUDA build)
 $(STAMP): pyproject.toml $(LOCK)
@@ -61,6 +61,9 @@ memory-check: install warm ## the memory model against measured peaks: every bac
 
 scale-check: install warm ## 8-512 ranks on fake tensors: llama 1b-70b, FSDP2, bf16/fp32, ckpt off/on, traced against theory -> results/scale_check/
 	$(PY) -m harness.scale_check $(ARGS)
+
+hybrid: install warm ## hybrid sharding: every hybrid backend beside ddp, fsdp, ds_zero3 on 2 emulated nodes x 2 ranks, and llama 7b/13b on 4x8 and 16x8 H100s in theory -> results/hybrid/
+	$(PY) -m harness.hybrid $(ARGS)
 
 capacity: install warm ## largest model per backend under a budget: make capacity ARGS="--budget-mib 256 logger=none" -> results/capacity/
 	$(PY) -m harness.capacity $(ARGS)
