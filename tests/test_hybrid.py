@@ -35,6 +35,8 @@ def test_hsdp_shards_inside_the_node_and_sends_only_the_gradient_shard_across_no
     # states are sharded 8 ways, not 32: four times full sharding's 16 bytes a parameter / N (padding aside)
     assert hsdp["memory/model_states_predicted_bytes"] == pytest.approx(16 * psi / 8, rel=0.01)
     assert flat["memory/model_states_predicted_bytes"] == pytest.approx(16 * psi / 32, rel=0.01)
+    # and the paper's formula (16 B a parameter in mixed precision, stage 3) over the ranks it shards over
+    assert hsdp["memory/model_states_paper_bytes"] == pytest.approx(16 * psi / 8)
     # full sharding's gathers and reduce-scatters all cross nodes; HSDP's cross only as the all-reduce of each
     # rank's fp32 gradient shard among the 4 replicas: 2 x 3/4 x 4 B x psi / 8
     assert flat["comm/predicted_intra_node_bytes_per_step"] == 0

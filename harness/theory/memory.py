@@ -39,8 +39,9 @@ def paper_stage(backend) -> int:
 def paper_bytes(stage: int, s: Shape) -> float:
     """The ZeRO paper's model-state bytes per rank (table 1), for p-byte weights and K optimizer bytes: weights
     pΨ (sharded by stage 3), gradients pT (by stage 2) and optimizer state KT (by stage 1), T = Ψ but for
-    LoRA, whose frozen base has no gradients or optimizer state."""
-    psi, t, n, p, k = s.params, s.t, s.world, s.p, s.k
+    LoRA, whose frozen base has no gradients or optimizer state. N is the ranks the states are sharded over:
+    the world, or HSDP's shard group (MiCS's partition group)."""
+    psi, t, n, p, k = s.params, s.t, s.shards, s.p, s.k
     weights = p * psi / n if stage == 3 else p * psi
     grads = p * t / n if stage >= 2 else p * t
     return weights + grads + (k * t / n if stage >= 1 else k * t)
