@@ -124,13 +124,15 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="results/collectives")
     parser.add_argument("--ranks-per-node", type=int, default=0,
                         help="take the ranks as nodes of this many and time the two levels too (0 = one node)")
+    parser.add_argument("--iters", type=int, default=0,
+                        help="timed iterations per size (0 = 50, fewer for buffers over 1 MiB, at least 3)")
     args, overrides = parser.parse_known_args(argv)
     cfg = compose(overrides)
     out_dir = (REPO / args.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     par = cfg.parallelism
     cmd = torchrun_cmd(cfg, out_dir, module=("harness.studies.collectives_worker", str(out_dir), str(args.max_mib),
-                                             par.device, str(args.ranks_per_node)))
+                                             par.device, str(args.ranks_per_node), str(args.iters)))
     proc = subprocess.run(cmd, cwd=REPO, env=rank_env(cfg))
     if proc.returncode != 0:
         print(f"collectives: ranks failed (exit {proc.returncode})", file=sys.stderr)

@@ -1,5 +1,5 @@
 """One rank of `make collectives`, started by torchrun: `python -m harness.studies.collectives_worker <out_dir>
-<max_mib> <device> [<ranks per node>]`. Times every collective of collectives.OPS at every size over every
+<max_mib> <device> [<ranks per node> [<iterations>]]`. Times every collective of collectives.OPS at every size over every
 rank, and, given the ranks per node of a world of several nodes, over the two levels a hybrid backend uses:
 groups of one node's ranks, and groups of one rank from each node (all groups of a level at once, as HSDP
 runs them). Rank 0 writes collectives.json, a row per (op, group size, level, size)."""
@@ -28,7 +28,7 @@ def levels(n: int, per_node: int, rank: int, dist) -> list:
                   ("inter_node", across[rank % per_node], nodes, nodes)]
 
 
-def run(out_dir: Path, max_mib: float, device_type: str, per_node: int = 0) -> None:
+def run(out_dir: Path, max_mib: float, device_type: str, per_node: int = 0, fixed_iters: int = 0) -> None:
     import torch
     import torch.distributed as dist
 
@@ -58,7 +58,8 @@ def run(out_dir: Path, max_mib: float, device_type: str, per_node: int = 0) -> N
                 "reduce_scatter+all_gather": lambda: (dist.reduce_scatter_tensor(shard, full, group=group),
                                                       dist.all_gather_into_tensor(full, shard, group=group)),
             }
-            iters = max(3, min(50, int(2**26 // max(size, 1))))  # fewer repetitions for big buffers
+            # fewer repetitions for big buffers; a fixed count where asked (the tests' quick run)
+            iters = fixed_iters or max(3, min(50, int(2**26 // max(size, 1))))
             for op in OPS:
                 times = []
                 for i in range(iters + 2):
@@ -81,4 +82,4 @@ def run(out_dir: Path, max_mib: float, device_type: str, per_node: int = 0) -> N
 
 
 if __name__ == "__main__":
-    run(Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 0)
+    run(Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3], *(int(a) for a in sys.argv[4:6]))
