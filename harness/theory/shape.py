@@ -26,6 +26,7 @@ class Shape:
     blocks: int = 0  # transformer blocks (FSDP2 wraps each; the root holds the rest)
     root_reshards: bool = False  # FSDP2's root is resharded after forward (parity), else kept whole (native)
     overlap_comm: bool = False  # DeepSpeed overlaps its reduce (and ZeRO-3 its gathers) with compute
+    grad_all_reduce: bool = False  # DeepSpeed ZeRO-1/2 reduce gradients by all-reduce, not to each owner
     tensor_sizes: tuple = ()  # every parameter tensor's elements (tied ones once)
     persistence_threshold: int = 0  # ZeRO-3 keeps tensors of at most this many elements whole on every rank
     # LoRA (workload=lora): only these parameters train; the frozen rest keep no gradient or optimizer state.

@@ -116,7 +116,11 @@ class DeepSpeedFamily(Family):
         """From the JSON DeepSpeed will get, with its own defaults where the JSON is silent (native)."""
         zero, fp32_grads = effective_zero(cfg, world, counts["total"])
         out = {"bucket_elements": int(zero["reduce_bucket_size"]), "fp32_grads": fp32_grads,
-               "overlap_comm": bool(zero.get("overlap_comm", cfg.backend.zero_stage == 3))}  # default by stage
+               "overlap_comm": bool(zero.get("overlap_comm", cfg.backend.zero_stage == 3)),  # default by stage
+               # ZeRO-1/2 all-reduce each gradient bucket over every rank, then keep their partition
+               # (stage_1_and_2.average_tensor: use_multi_rank_bucket_allreduce, on by default), or without
+               # reduce_scatter all-reduce the whole gradient
+               "grad_all_reduce": bool(zero["use_multi_rank_bucket_allreduce"] or not zero["reduce_scatter"])}
         if cfg.backend.zero_stage == 3:
             hpz = hpz_size(cfg, world)
             out["post_forward_world"] = hpz if 1 < hpz < world else 0  # backward re-gathers in the hpZ group

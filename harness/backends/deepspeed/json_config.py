@@ -101,7 +101,8 @@ def ds_config(cfg, world_size: int, params: int) -> Dict[str, Any]:
 # where a config leaves them unset (the native profile does)
 ZERO_DEFAULTS = {"reduce_bucket_size": 500_000_000, "stage3_param_persistence_threshold": 100_000,
                  "stage3_prefetch_bucket_size": 50_000_000, "stage3_max_live_parameters": 1_000_000_000,
-                 "stage3_max_reuse_distance": 1_000_000_000}
+                 "stage3_max_reuse_distance": 1_000_000_000, "reduce_scatter": True,
+                 "use_multi_rank_bucket_allreduce": True}
 
 
 def effective_zero(cfg, world_size: int, params: int) -> tuple[Dict[str, Any], bool]:

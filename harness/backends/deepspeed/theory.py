@@ -149,28 +149,34 @@ def last_bucket(s) -> float:
 
 
 def collectives(backend, s) -> list:
-    """ZeRO-1/2 reduce to each partition's owner (timed as a reduce-scatter; ZeRO-2 every micro-batch) and
+    """ZeRO-1/2 all-reduce each gradient bucket (DeepSpeed 0.19's default use_multi_rank_bucket_allreduce;
+    with it off, a reduce to each partition's owner, timed as a reduce-scatter; ZeRO-2 every micro-batch) and
     all-gather the updated partitions after the step; ZeRO-3 gathers every parameter above the persistence
     threshold in forward, and in backward again what forward released (zero3_gathered). Then the global grad
-    norm's and the loss's all-reduce. ZeRO++ (zero3_plus_plus) changes ZeRO-3's groups and dtypes."""
+    norm's and the loss's all-reduce. ZeRO-3 also gathers its persistent parameters (those at or under the
+    persistence threshold, kept whole) after every step. ZeRO++ changes ZeRO-3's groups and dtypes."""
     t, ga, p, bucket = s.t, s.grad_accum, s.p, s.bucket_elements
     g = 4 if s.fp32_grads else p
     tail = [Collective("all_reduce", 4, 1, None)] * 2
     if backend.zero_stage in (1, 2):
         hidden = "backward" if s.overlap_comm else None
         reduces = ga if backend.zero_stage == 2 else 1
-        return (bucketed("reduce_scatter", t, bucket, g, reduces, hidden)
+        reduce = "all_reduce" if s.grad_all_reduce else "reduce_scatter"
+        return (bucketed(reduce, t, bucket, g, reduces, hidden)
                 + bucketed("all_gather", t, bucket, p, 1, None) + tail)
-    gathered = [n for n in s.tensor_sizes if n > s.persistence_threshold] or [s.params]
+    # a hypothetical model (no tensors known) is gathered whole
+    gathered = [n for n in s.tensor_sizes if n > s.persistence_threshold] if s.tensor_sizes else [s.params]
     hidden = "forward+backward" if s.overlap_comm else None
     # backward gathers again only what forward released: not the parameters kept within the reuse distance
     # (zero3_gathered; the whole of a model below 1e9 parameters under DeepSpeed's defaults)
     regather = max(sum(gathered) - zero3_gathered(s), 0.0)
     weight = 1 if s.quantized_weights else p  # qwZ: int8 (its per-block scales, about 1/2048 more, left out)
     hpz = (s.post_forward_world, 1) if s.post_forward_world else None
+    # after the step DeepSpeed gathers the updated persistent parameters whole again on every rank (_post_step)
+    persistent = [Collective("all_gather", s.persistent_params * p, 1, None)] if s.persistent_params else []
     return ([Collective("all_gather", n * weight, ga, hidden) for n in gathered]
             + ([Collective("all_gather", regather * (p if hpz else weight), ga, hidden, hpz)] if regather else [])
-            + gradient_reduce(s, bucket, g, hidden) + tail)
+            + gradient_reduce(s, bucket, g, hidden) + persistent + tail)
 
 
 def gradient_reduce(s, bucket: int, g: int, hidden) -> list:

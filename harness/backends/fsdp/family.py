@@ -189,7 +189,11 @@ class FSDPFamily(Family):
         micro-batch over the shard group, and under HSDP each reduced shard all-reduced across the replicas; the
         global grad norm's all-reduce (over the shard group: the replicas hold the same norm) and the loss's
         (every rank)."""
-        p, ga, block = s.p, s.grad_accum, s.block_params
+        # each parameter is padded to a multiple of the shard group on its first dimension, and FSDP2 gathers
+        # and reduce-scatters the padded whole: every unit scaled by the model's padding (shape_fields)
+        pad = s.shard_params * s.shards / s.params if s.shard_params else 1.0
+        pad_t = s.shard_trainable * s.shards / s.t if s.shard_trainable else 1.0
+        p, ga, block = s.p * pad, s.grad_accum, s.block_params
         root, trained_root = s.root_params, max(s.t - s.blocks * s.block_t, 0)
         units, trained = [block] * s.blocks + [root], [s.block_t] * s.blocks + [trained_root]
         shard = None if s.shards == s.world else (s.shards, 1)
@@ -201,7 +205,7 @@ class FSDPFamily(Family):
         if s.root_reshards and root:
             regather.append(Collective("all_gather", root * p, ga, "forward+backward", shard))
         gathers = [Collective("all_gather", u * p, ga, "forward+backward", shard) for u in units if u]
-        reduce = [Collective("reduce_scatter", u * 4, 1, "forward+backward", shard) for u in trained if u]
+        reduce = [Collective("reduce_scatter", u * 4 * pad_t, 1, "forward+backward", shard) for u in trained if u]
         across = ([Collective("all_reduce", -(-u // s.shards) * 4, 1, "backward", replicas) for u in trained if u]
                   if s.shards < s.world else [])
         return gathers + regather + reduce + across + [Collective("all_reduce", 4, 1, None, shard),
