@@ -123,3 +123,14 @@ def test_the_single_node_sweeps_leave_out_exactly_the_hybrid_backends():
         spec = str(params.get("backend", ""))
         if spec.startswith("glob(*"):
             assert spec == f"glob(*,exclude=[{','.join(hybrid_backends())}])", (path.name, spec)
+
+
+def test_make_hybrid_keeps_a_failed_run_as_a_row_with_its_reason():
+    # a run that died is a row of the table, with its status and reason, not a crashed experiment
+    from harness.studies import hybrid
+
+    failed = {"label": "fsdp_hsdp", "status": "failed", "reason": "rank 2 exited 1", "loss_vs_ddp": None,
+              **{key: None for key in hybrid.FIGURES}}
+    ok = {**failed, "label": "ddp", "status": "ok", "loss_vs_ddp": 0.0, "states": 2**20, "states_pred": 2**20}
+    table = hybrid.render([ok, failed], [])
+    assert "| fsdp_hsdp | failed: rank 2 exited 1 | - | - (-) |" in table and "| ddp | ok | 0.0e+00 | 1.00 (1.00) |" in table

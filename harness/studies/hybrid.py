@@ -131,7 +131,8 @@ def render(measured: List[dict], theory: List[dict]) -> str:
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in measured:
         diff = "-" if r["loss_vs_ddp"] is None else f"{r['loss_vs_ddp']:.1e}"
-        lines.append(f"| {r['label']} | {r['status']} | {diff} | {mib(r['states'])} ({mib(r['states_pred'])}) | "
+        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {(r.get('reason') or '')[:80]}"
+        lines.append(f"| {r['label']} | {status} | {diff} | {mib(r['states'])} ({mib(r['states_pred'])}) | "
                      f"{mib(r['peak'])} ({mib(r['peak_pred'])}) | {kb(r['intra'])} ({kb(r['intra_pred'])}) | "
                      f"{kb(r['inter'])} ({kb(r['inter_pred'])}) | {ms(r['step_s'])} |")
     gb = lambda v: f"{v / 1e9:,.2f}"  # noqa: E731
