@@ -1,6 +1,6 @@
 """The real strategy code at a world of 64, on fake tensors over a fake process group (harness/runtime/traced.py),
-against the memory and communication model (`make scale-check`'s cheap cell): llama_1b under FSDP2 in bf16,
-and a backend that cannot be traced, tried beside it, with its cause."""
+against the memory and communication model (`make scale-check`'s cheap cell): llama_1b under FSDP2 in bf16, full
+shard and HSDP (8 nodes of 8), and a backend that cannot be traced, tried beside it, with its cause."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ from harness.runtime import models
 from harness.studies import scale_check
 
 pytestmark = pytest.mark.slow
-CELL = ["--models", "llama_1b", "--wide", "", "--worlds", "64", "--backends", "fsdp", "--probe-backends", "ddp",
+CELL = ["--models", "llama_1b", "--wide", "", "--worlds", "64", "--backends", "fsdp,fsdp_hsdp", "--probe-backends", "ddp",
         "--precisions", "bf16", "--checkpointing", "off", "--jobs", "2"]
 
 
@@ -45,6 +45,22 @@ def test_fsdp2_at_64_ranks_allocates_and_sends_what_theory_says(grid):
     gathers = sum(c["count"] for c in r["collectives_traced"] if c["op"] == "all_gather")
     assert gathers == 2 * 16 + 1 and {c["group"] for c in r["collectives_traced"]} == {64}, r["collectives_traced"]
     assert "| llama_1b | fsdp | 64 | bf16 | off |" in (out / "scale_check.md").read_text()
+
+
+def test_hsdp_at_64_ranks_shards_inside_the_node_and_sends_only_the_gradient_shards_across(grid):
+    proc, out, rows = grid
+    r = rows["fsdp_hsdp"]
+    assert r["ok"] and r["world"] == 64, r.get("error")
+    # the states are sharded over a node's 8 ranks, not 64
+    params = models.param_count(compose(["model=llama_1b"]).model)["total"]
+    assert abs(sum(r["states_traced"].values()) - 16 * params / 8) <= 0.01 * 16 * params / 8, r["states_traced"]
+    for what in ("states", "peak", "bytes"):
+        assert abs(r[f"{what}_error_pct"]) <= scale_check.THRESHOLDS[what], (what, r[f"{what}_error_pct"])
+    # gathers and reduce-scatters in the node's group of 8; across nodes, the replicas' all-reduce of each
+    # gradient shard (groups of 8 ranks a node apart), as the theory splits them
+    assert r["inter_node_bytes"] == pytest.approx(r["inter_node_bytes_predicted"], rel=0.01)
+    assert r["inter_node_bytes"] < r["bytes_per_step"] / 5
+    assert {c["group"] for c in r["collectives_traced"] if c["op"] == "all_gather"} == {8}
 
 
 def test_a_backend_that_cannot_be_traced_is_a_row_with_its_cause(grid):

@@ -127,10 +127,10 @@ def compare(row: dict) -> dict:
     if not row["ok"]:
         return row
     from ..runtime import models
-    from ..theory.communication import collectives
+    from ..theory.communication import collectives, counted_by_link
     from ..theory.peak import PHASES
     from ..theory.predict import predict
-    from ..theory.shape import shape_of
+    from ..theory.shape import ranks_per_node, shape_of
 
     cfg = compose(row["overrides"])
     world = row["world"]
@@ -139,6 +139,7 @@ def compare(row: dict) -> dict:
     states, states_pred = sum(row["states_traced"].values()), pred["memory/model_states_predicted_bytes"]
     peak, peak_pred = row["peak_traced"].get("total", 0), pred["memory/tensor_peak_predicted_bytes"]
     sent, sent_pred = traced_bytes_per_step(row["collectives_traced"]), pred["comm/predicted_bytes_per_step"]
+    by_link = counted_by_link(row["collectives_traced"], ranks_per_node(cfg, world))
     moment = max((p for p in PHASES if f"memory/peak_at_{p}_predicted_bytes" in pred),
                  key=lambda p: pred[f"memory/peak_at_{p}_predicted_bytes"])
     return {**row, "params": counts["total"],
@@ -150,7 +151,10 @@ def compare(row: dict) -> dict:
             "peak_terms_predicted": {k.removeprefix(f"memory/{moment}_").removesuffix("_predicted_bytes"): v
                                      for k, v in pred.items() if k.startswith(f"memory/{moment}_") and v},
             "collectives_predicted": [c._asdict() for c in collectives(cfg.backend, shape_of(cfg, world, counts))],
-            "bytes_per_step": sent, "bytes_per_step_predicted": sent_pred, "bytes_error_pct": pct(sent, sent_pred)}
+            "bytes_per_step": sent, "bytes_per_step_predicted": sent_pred, "bytes_error_pct": pct(sent, sent_pred),
+            # by the link each group crosses (ranks numbered node by node), the traced against the theory's
+            **{f"{link}_node_bytes{kind}": value for link in ("intra", "inter") for kind, value in (
+                ("", by_link[f"{link}_node"]), ("_predicted", pred[f"comm/predicted_{link}_node_bytes_per_step"]))}}
 
 
 def misses(row: dict) -> List[str]:
@@ -248,16 +252,17 @@ def render_traced(overrides: List[str], world: int | None = None) -> List[dict]:
         rows = run_grid(cells, Path(tmp), jobs=2)
     t = Table(title="traced on fake tensors (rank 0) against theory, GiB per rank and GB sent per step")
     for col in ("backend", "states traced", "predicted", "error", "peak traced", "predicted", "error",
-                "GB/step traced", "predicted", "error", "s"):
+                "GB/step traced", "predicted", "error", "inter-node traced", "predicted", "s"):
         t.add_column(col, justify="left" if col == "backend" else "right")
     for r in rows:
         if not r["ok"]:
-            t.add_row(r["backend"], f"not traced: {r['error']}", *[""] * 8, str(r["seconds"]))
+            t.add_row(r["backend"], f"not traced: {r['error']}", *[""] * 10, str(r["seconds"]))
             continue
         t.add_row(r["backend"], _fmt(r["states_bytes"]), _fmt(r["states_predicted_bytes"]), _err(r["states_error_pct"]),
                   _fmt(r["peak_bytes"]), _fmt(r["peak_predicted_bytes"]), _err(r["peak_error_pct"]),
                   f"{r['bytes_per_step'] / 1e9:,.3f}", f"{r['bytes_per_step_predicted'] / 1e9:,.3f}",
-                  _err(r["bytes_error_pct"]), str(r["seconds"]))
+                  _err(r["bytes_error_pct"]), f"{r['inter_node_bytes'] / 1e9:,.3f}",
+                  f"{r['inter_node_bytes_predicted'] / 1e9:,.3f}", str(r["seconds"]))
     Console(width=max(Console().width, 160)).print(t)
     print("Traced: the real strategy code's allocations on fake tensors over a fake process group, on the CPU code "
           "path, set against the theory for that path (AdamW single-tensor). It counts tensors, not the CUDA caching "
