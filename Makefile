@@ -14,7 +14,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 	@echo "  backends (backend=<name>, conf/backend/): $$(ls conf/backend | sed 's/\.yaml$$//' | tr '\n' ' ')"
-	@echo "  hybrid ones (fsdp_hsdp, fsdp_partial, ds_zeropp) are their flat form on one node: run them with parallelism.nnodes>1"
+	@echo "  hybrid ones (fsdp_hsdp, fsdp_partial, ds_zeropp) group ranks by node and gain nothing over their flat form on one: run them with parallelism.nnodes>1"
 
 install: $(STAMP) ## create .venv with the pinned CPU stack (torch 2.13.0 CPU; never the CUDA build)
 $(STAMP): pyproject.toml $(LOCK)

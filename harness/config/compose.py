@@ -20,10 +20,10 @@ def backends() -> List[str]:
 
 
 def flat_backends() -> List[str]:
-    """The backends that shard or replicate over the whole world. The hybrid ones (HSDP, partial resharding:
-    Family.is_hybrid) are their flat form on one node of the default size: single-node sweeps leave them out
-    (the experiments' `glob(*,exclude=[...])` lists them), the multi-node checks and experiment=hybrid run
-    them."""
+    """The backends that shard or replicate over the whole world. The hybrid ones (HSDP, partial resharding,
+    ZeRO++'s hpZ: Family.is_hybrid) group ranks by node and gain nothing over their flat form on one node:
+    single-node sweeps leave them out (the experiments' `glob(*,exclude=[...])` lists them); the multi-node
+    drill and `make hybrid` run them."""
     from omegaconf import OmegaConf
 
     from . import families

@@ -95,7 +95,7 @@ class Family:
 
     def is_hybrid(self, backend) -> bool:
         """Whether the backend shards or gathers in groups smaller than the world (HSDP, partial resharding,
-        ZeRO++'s hpZ): on one node of the default size it is its flat form, so single-node sweeps leave it out
+        ZeRO++'s hpZ): on one node it gains nothing over its flat form, so single-node sweeps leave it out
         (`flat_backends`) and the multi-node checks run it."""
         return False
 
