@@ -90,7 +90,7 @@ browser: ## install headless Chromium (Debian's `chromium`), which the report te
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-test: install warm browser ## the test suite (~5 min): unit tests and real runs of every backend (gloo, CPU)
+test: install warm browser ## the test suite (~6½ min): unit tests and real runs of every backend (gloo, CPU)
 	$(PY) -m pytest -m "not drill" $(ARGS)
 
 test-drills: install warm ## the launcher drills (~12 min): faults, Ctrl-C, racing launches, killed launcher and op builds
