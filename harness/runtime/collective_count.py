@@ -5,7 +5,7 @@ runtime/loop.py, and a traced rank's, runtime/traced.py).
 reduce-scatters, DeepSpeed's comm layer) becomes a `c10d::` dispatcher op on the calling thread, and DTensor's
 functional collectives `_c10d_functional::` ones; both pass through the mode. The group comes from the op's
 ProcessGroup argument (or, for a functional collective, its group name), as the list of global ranks in it, so
-that the summary can say which groups stayed inside a node and which crossed nodes (reporting/run_summary.py).
+that the summary can say which groups stayed inside a node and which crossed nodes (reporting/time_and_comm.py).
 """
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ def rates_for(cfg, world: int):
     where no GPU is gets an H100's datasheet peaks instead (theory/time.py's STATED_CUDA_*), never this CPU's."""
     import torch
 
-    from ..reporting.run_summary import collectives_table
+    from ..reporting.time_and_comm import collectives_table
     from ..runtime import probes
     from ..theory.time import STATED_CUDA_MEM_GBPS, STATED_CUDA_TFLOPS, CommTable, Rates
 
