@@ -40,11 +40,12 @@ HYBRID = tuple(hybrid_backends())  # HSDP, partial resharding, ZeRO++: a node's 
 
 def released(backend: str) -> list:
     """ZeRO++'s hpZ acts on what ZeRO-3 releases after forward. tiny_llama is far below DeepSpeed's 1e9-element
-    reuse distance, so by default nothing is released before the step and backward gathers nothing: its cell
-    releases as make hybrid's "released" rows do (studies/hybrid.release), so that backward gathers in the node."""
+    reuse distance, so by default nothing is released before the step and backward gathers nothing: a hybrid
+    backend's cell releases as make hybrid's "released" rows do (the family's forward_release_overrides; none
+    for FSDP2), so that backward gathers in the node. The flat backends run at their defaults."""
     from harness.studies.hybrid import release
 
-    return release(backend) if backend == "ds_zeropp" else []
+    return release(backend) if backend in HYBRID else []
 
 
 def one_node(root: Path, ranks: int, backends=BACKENDS) -> dict:

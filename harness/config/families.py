@@ -80,6 +80,12 @@ class Family:
         states-dominated shape (studies/memory_check.py), where its defaults would keep the model whole."""
         return []
 
+    def forward_release_overrides(self, backend) -> List[str]:
+        """Overrides under which every module lets go of what it gathered after its forward, as on a model past
+        the framework's reuse window, so that backward gathers again (make hybrid's "released" rows); none
+        where the backend does so already or gathers nothing."""
+        return []
+
     def jit_ops(self, cfg) -> List[str]:
         """Native ops the ranks load that the parent must build first (launcher/ops.py)."""
         return []

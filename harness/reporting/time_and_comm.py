@@ -10,7 +10,7 @@ from typing import Dict, List
 
 from ..core.records import RankReport
 from ..theory.communication import counted_by_link
-from ..theory.shape import shape_of
+from ..theory.shape import ranks_per_node, shape_of
 from ..theory.time import PARTS, CommTable, Rates, predict_parts
 
 
@@ -37,7 +37,8 @@ def communication(cfg, ranks: List[RankReport]) -> Dict[str, float]:
     counted = [r for r in ranks if r.collectives is not None]
     if not counted:
         return {}
-    split = [counted_by_link(r.collectives, cfg.parallelism.nproc_per_node) for r in counted]
+    per_node = ranks_per_node(cfg, len(ranks))  # as the theory splits its own bytes
+    split = [counted_by_link(r.collectives, per_node) for r in counted]
     most = max(split, key=lambda b: b["intra_node"] + b["inter_node"])
     return {"comm/measured_bytes_per_step": most["intra_node"] + most["inter_node"],
             "comm/measured_intra_node_bytes_per_step": most["intra_node"],

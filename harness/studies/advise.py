@@ -124,8 +124,7 @@ def rates_for(cfg, world: int):
     if par.device == "cuda" and not torch.cuda.is_available():
         return Rates(tflops=STATED_CUDA_TFLOPS[cfg.train.precision], mem_gbps=STATED_CUDA_MEM_GBPS, comm=comm,
                      device="cuda", stated=True)
-    device = torch.device("cuda", 0) if cfg.parallelism.device == "cuda" and torch.cuda.is_available() \
-        else torch.device("cpu")
+    device = torch.device("cuda", 0) if par.device == "cuda" else torch.device("cpu")  # a GPU is here (above)
     threads = torch.get_num_threads()
     if device.type == "cpu" and cfg.parallelism.nproc_per_node > 1:
         torch.set_num_threads(1)

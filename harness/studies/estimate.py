@@ -38,16 +38,17 @@ GB = 1e9  # the ZeRO paper counts in GB
 GIB = 2**30  # --device-gib and the advisor count in GiB
 
 
-def rows(overrides: List[str], params: float | None = None, world: int | None = None, rates=None) -> List[dict]:
-    """One row per backend: every prediction, plus DeepSpeed's estimate where there is one; with `rates`
-    (advise.rates_for), the time model's step time and tokens/s too."""
+def rows(overrides: List[str], params: float | None = None, world: int | None = None, rates=None,
+         names: List[str] | None = None) -> List[dict]:
+    """One row per backend (`names`, else every one this shape runs): every prediction, plus DeepSpeed's
+    estimate where there is one; with `rates` (advise.rates_for), the time model's step time and tokens/s too."""
     out = []
     base = compose(overrides)
     # FLOPs per token: counted on the model (FlopCounterMode), or 6 per parameter for a hypothetical one
     flops_per_token = 6 * params if params else count_flops_per_token(base.model, base.parallelism.seq_len,
                                                                        base.workload) if rates else 0
     # the hybrid backends (HSDP, partial resharding) differ from their flat form only across nodes
-    for name in backends() if base.parallelism.nnodes > 1 else flat_backends():
+    for name in names or (backends() if base.parallelism.nnodes > 1 else flat_backends()):
         cfg = compose([*overrides, f"backend={name}"])
         n = world or world_size(cfg)
         # a hypothetical model has no tensors: the terms sized by its tensors (offload staging, DeepSpeed's

@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import List
 
 from ..config import families
-from ..config.compose import compose
+from ..config.compose import compose, hybrid_backends
 from ..core.paths import REPO
 from ..core.rundir import write_text
 
-MEASURED = ("ddp", "fsdp", "fsdp_hsdp", "fsdp_partial", "ds_zero3", "ds_zeropp")
-RELEASED = ("ds_zero3", "ds_zeropp")  # run again with the release overrides (module docstring)
+# the flat forms beside every hybrid backend; the first is the reference the losses are set against
+FLAT = ("ddp", "fsdp", "ds_zero3")
 RUN = ["logger=none", "model=tiny_llama", "profile=parity", "train.precision=fp32", "train.steps=8",
        "train.warmup_steps=3", "train.measure_flops=false", "train.breakdown_steps=0",
        "parallelism.nproc_per_node=2", "parallelism.nnodes=2", "parallelism.micro_batch=2"]
@@ -73,7 +73,9 @@ def losses(run_dir: Path) -> list:
 
 
 def measure(root: Path, extra: List[str]) -> List[dict]:
-    cells = [(b, b, []) for b in MEASURED] + [(f"{b} released", b, release(b)) for b in RELEASED]
+    releases = {b: release(b) for b in (*FLAT, *hybrid_backends())}
+    # the backends that keep what they gather on a model this small run again releasing it (module docstring)
+    cells = [(b, b, []) for b in releases] + [(f"{b} released", b, o) for b, o in releases.items() if o]
     out = []
     for i, (label, backend, overrides) in enumerate(cells):
         run_dir = root / label.replace(" ", "_")
@@ -85,7 +87,7 @@ def measure(root: Path, extra: List[str]) -> List[dict]:
                "losses": losses(run_dir), **{k: figures.get(v) for k, v in FIGURES.items()}}
         out.append(row)
         print(f"  {label}: {row['status']}, {row['wall_s']} s", file=sys.stderr)
-    reference = next((r["losses"] for r in out if r["backend"] == "ddp"), [])
+    reference = out[0]["losses"]
     for r in out:
         pairs = list(zip(r["losses"], reference))
         r["loss_vs_ddp"] = max((abs(a - b) / abs(b) for a, b in pairs), default=None) if pairs else None
@@ -93,12 +95,9 @@ def measure(root: Path, extra: List[str]) -> List[dict]:
 
 
 def release(backend: str) -> List[str]:
-    """ZeRO-3 as on a model past its reuse distance: the family's release overrides (reuse distance 0, as make
-    memory-check takes them), and no prefetch, which on a model this small would fetch backward's parameters
-    during forward and so keep them."""
+    """The family's overrides under which every module lets go of its parameters after forward."""
     cfg = compose([f"backend={backend}"])
-    return [*families.of(cfg.backend).release_overrides(cfg.backend),
-            "+backend.deepspeed.zero_optimization.stage3_prefetch_bucket_size=0"]
+    return families.of(cfg.backend).forward_release_overrides(cfg.backend)
 
 
 def predicted() -> List[dict]:
@@ -111,8 +110,8 @@ def predicted() -> List[dict]:
         cfg = compose(overrides)
         rates = rates_for(cfg, 8 * nodes)
         quantised = [{**r, "backend": "ds_zeropp +qwZ +qgZ"} for r in rows(
-            [*overrides, "backend.quantized_weights=true", "backend.quantized_gradients=true"], rates=rates)
-            if r["backend"] == "ds_zeropp"]
+            [*overrides, "backend.quantized_weights=true", "backend.quantized_gradients=true"], rates=rates,
+            names=["ds_zeropp"])]
         for r in rows(overrides, rates=rates) + quantised:
             out.append({"model": model, "nodes": nodes, "world": r["world"], "backend": r["backend"],
                         "states": r["device_bytes"], "peak": r["peak_bytes"],

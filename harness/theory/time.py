@@ -60,21 +60,21 @@ class CommTable:
                 self.by_op.setdefault(key, []).append((r["size_bytes"], r["time_s"]))
         for points in self.by_op.values():
             points.sort()
-        self.latency, busbw = DEFAULT_LINK[device]
-        self.busbw = intra_gbps * 1e9 if intra_gbps else busbw
-        inter_latency, inter_busbw = DEFAULT_INTER_NODE_LINK[device]
-        self.inter = (inter_latency, inter_gbps * 1e9 if inter_gbps else inter_busbw)
+        # (latency, bus bandwidth) of each level: the config's bandwidth where set, else the stated default
+        self.links = {crosses: (table[device][0], gbps * 1e9 if gbps else table[device][1])
+                      for crosses, table, gbps in ((False, DEFAULT_LINK, intra_gbps),
+                                                   (True, DEFAULT_INTER_NODE_LINK, inter_gbps))}
         self.world = world
         self.measured = any(ranks == world for _, ranks, _ in self.by_op)
+        latency, busbw = self.links[False]
         self.source = ("measured (results/collectives, log-log interpolation)" if self.measured else
-                       f"default: {self.latency * 1e6:.0f} µs + size / {self.busbw / 1e9:g} GB/s bus bandwidth")
-        self.inter_source = (f"{self.inter[0] * 1e6:.0f} µs + size / {self.inter[1] / 1e9:g} GB/s between nodes")
+                       f"default: {latency * 1e6:.0f} µs + size / {busbw / 1e9:g} GB/s bus bandwidth")
 
     def seconds(self, op: str, size: float, ranks: int = 0, crosses: bool = False) -> float:
         ranks = ranks or self.world
         points = self.by_op.get((op, ranks, crosses))
         if not points:
-            latency, busbw = self.inter if crosses else (self.latency, self.busbw)
+            latency, busbw = self.links[crosses]
             return latency + size * bus_factor(op, ranks) / busbw
         sizes = [s for s, _ in points]
         i = min(max(bisect.bisect_left(sizes, size), 1), len(points) - 1)

@@ -93,6 +93,13 @@ class DeepSpeedFamily(Family):
         return ["+backend.deepspeed.zero_optimization.stage3_max_reuse_distance=0",
                 "+backend.deepspeed.zero_optimization.stage3_max_live_parameters=400000"]
 
+    def forward_release_overrides(self, backend):
+        """ZeRO-3 on a model under its reuse distance keeps every gathered parameter to backward: the release
+        overrides (reuse distance 0), and no prefetch, which on a small model would fetch backward's parameters
+        during forward and so keep them (measured on 2 x 2 emulated nodes, make hybrid)."""
+        found = self.release_overrides(backend)
+        return [*found, "+backend.deepspeed.zero_optimization.stage3_prefetch_bucket_size=0"] if found else []
+
     def is_hybrid(self, backend) -> bool:
         return backend.zero_stage == 3 and backend.hpz_partition_size != 1
 
