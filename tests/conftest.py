@@ -28,24 +28,35 @@ def cli(*overrides: str, timeout: int = 600, env_extra: dict | None = None) -> s
                           capture_output=True, text=True, timeout=timeout)
 
 
-def sweep(root: Path, name: str, *overrides: str, report: bool = False) -> dict:
-    """Every backend on one shape, as the cells of one launch (harness/launcher/cells.py: each a whole run in its
-    own run dir, written by a run's own code; the ranks start once, not once a backend), and with `report` the
-    sweep's tables and report (a few seconds of plots, for the tests that read them); return {backend:
-    (summary, per-step records, run dir)}."""
+def sweeps(root: Path, named: dict, report: bool = False) -> dict:
+    """Every backend on each of the `named` shapes ({sweep name: overrides}, one world size), all as the cells of
+    one launch (harness/launcher/cells.py: each a whole run in its own run dir, <root>/sweeps/<name>/backend=<b>,
+    written by a run's own code; the ranks start once, not once a backend or a sweep), and with `report` each
+    sweep's tables and report (a few seconds of plots, for the tests that read them); return {sweep name:
+    {backend: (summary, per-step records, run dir)}}."""
     from harness.launcher.cells import run_cells
+    from harness.reporting import sweep_report
 
-    sweep_dir = root / "sweeps" / name
+    launch_dir = root / "sweeps"
     os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
-    summaries = run_cells(sweep_dir, [(f"backend={b}", [f"backend={b}"]) for b in BACKENDS],
-                          [f"paths.root={root}", f"sweep.name={name}", *FAST, *overrides], report=report)
-    out = {}
+    cells = [(f"{name}/backend={b}", [f"sweep.name={name}", *overrides, f"backend={b}"])
+             for name, overrides in named.items() for b in BACKENDS]
+    summaries = run_cells(launch_dir, cells, [f"paths.root={root}", *FAST], report=False)
+    out = {name: {} for name in named}
     for cell, summary in summaries.items():
-        run_dir = sweep_dir / cell
+        run_dir = launch_dir / cell
         metrics_path = run_dir / "metrics.jsonl"
         records = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
-        out[summary["backend"]] = (summary, records, run_dir)
+        out[cell.split("/")[0]][summary["backend"]] = (summary, records, run_dir)
+    if report:
+        for name in named:
+            sweep_report.build(launch_dir / name)
     return out
+
+
+def sweep(root: Path, name: str, *overrides: str, report: bool = False) -> dict:
+    """One shape's sweep (`sweeps`): {backend: (summary, per-step records, run dir)}."""
+    return sweeps(root, {name: overrides}, report)[name]
 
 
 @pytest.fixture(scope="session")
@@ -77,27 +88,33 @@ def fp32_runs(tmp_path_factory, llama_checkpoint):
                  report=True)  # tests/test_report.py reads this sweep's tables and report
 
 
-@pytest.fixture(scope="session")
-def lora_runs(tmp_path_factory, llama_checkpoint):
-    """The fp32 sweep again with LoRA adapters (peft's defaults) over the frozen checkpoint, every backend
-    built on the host: with the fp32 sweep, each backend has loaded the checkpoint on both paths. 2 ranks x 3
-    micro-batches step on the same 12 sequences as the fp32 sweep's 3 x 2, and cost less (2 cores); only the
-    losses and the model states are tested here, so the profiled steps and FLOP count are off."""
-    return sweep(tmp_path_factory.mktemp("lora"), "lora", *LORA, "parallelism.nproc_per_node=2",
-                 f"model.pretrained_path={llama_checkpoint}")
-
-
 # the LoRA sweep's overrides but its world
 LORA = (*FINETUNE, "parallelism.grad_accum=3", "model.init=host", "workload=lora", "train.measure_flops=false",
         "train.breakdown_steps=0", "train.profile_memory=false")
 
 
 @pytest.fixture(scope="session")
-def bf16_runs(tmp_path_factory):
-    """Every backend, tiny_gpt2 (a second model family: tied embeddings, biases), bf16, grad_accum 1, and the
-    native profile (each framework's own defaults), as a user runs it; from the seed's weights, with
-    model.init=meta: FSDP2 on the meta device and ZeRO-3 under zero.Init must initialise the tied model as the
-    host builds do (runtime/initial_weights.py)."""
-    return sweep(tmp_path_factory.mktemp("bf16"), "bf16", "model=tiny_gpt2", "train.precision=bf16",
-                 "model.init=meta",
-                 "train.measure_flops=false")  # FLOPs are tested on the fp32 sweep (test_parity); saves ~1 s a run
+def two_rank_sweeps(tmp_path_factory, llama_checkpoint):
+    """The LoRA and bf16 sweeps, both on 2 ranks, as the cells of one launch: one start-up, not two."""
+    return sweeps(tmp_path_factory.mktemp("two_ranks"), {
+        # the fp32 sweep again with LoRA adapters (peft's defaults) over the frozen checkpoint, every backend
+        # built on the host: with the fp32 sweep, each backend has loaded the checkpoint on both paths. 2 ranks x
+        # 3 micro-batches step on the same 12 sequences as the fp32 sweep's 3 x 2, and cost less (2 cores); only
+        # the losses and the model states are tested here, so the profiled steps and FLOP count are off
+        "lora": (*LORA, "parallelism.nproc_per_node=2", f"model.pretrained_path={llama_checkpoint}"),
+        # tiny_gpt2 (a second model family: tied embeddings, biases), bf16, grad_accum 1, and the native profile
+        # (each framework's own defaults), as a user runs it; from the seed's weights, with model.init=meta:
+        # FSDP2 on the meta device and ZeRO-3 under zero.Init must initialise the tied model as the host builds
+        # do (runtime/initial_weights.py). FLOPs are tested on the fp32 sweep (test_parity): off saves ~1 s a run
+        "bf16": ("model=tiny_gpt2", "train.precision=bf16", "model.init=meta", "train.measure_flops=false"),
+    })
+
+
+@pytest.fixture(scope="session")
+def lora_runs(two_rank_sweeps):
+    return two_rank_sweeps["lora"]
+
+
+@pytest.fixture(scope="session")
+def bf16_runs(two_rank_sweeps):
+    return two_rank_sweeps["bf16"]
