@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.compose import flat_backends
+from harness.config.compose import flat_backends, resharding_backends
 from harness.core.paths import extensions_dir
 
 REPO = Path(__file__).resolve().parent.parent
 BACKENDS = flat_backends()  # every file in conf/backend/ but the hybrid ones (tested across nodes)
+RESHARDING = resharding_backends(BACKENDS)  # whose checkpoints resume at another world size (DCP's)
 FAST = ["logger=none", "train.steps=5", "train.warmup_steps=2"]
 
 
@@ -29,7 +30,8 @@ def cli(*overrides: str, timeout: int = 600, env_extra: dict | None = None) -> s
 
 
 def sweeps(root: Path, named: dict, report: bool = False) -> dict:
-    """Every backend on each of the `named` shapes ({sweep name: overrides}, one world size), all as the cells of
+    """Every backend on each of the `named` shapes ({sweep name: overrides, or a function backend -> overrides,
+    whose `backends` attribute, if any, names the backends it runs}, one world size), all as the cells of
     one launch (harness/launcher/cells.py: each a whole run in its own run dir, <root>/sweeps/<name>/backend=<b>,
     written by a run's own code; the ranks start once, not once a backend or a sweep), and with `report` each
     sweep's tables and report (a few seconds of plots, for the tests that read them); return {sweep name:
@@ -37,10 +39,11 @@ def sweeps(root: Path, named: dict, report: bool = False) -> dict:
     from harness.launcher.cells import run_cells
     from harness.reporting import sweep_report
 
+    named = {name: o if callable(o) else (lambda b, o=o: o) for name, o in named.items()}
     launch_dir = root / "sweeps"
     os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
-    cells = [(f"{name}/backend={b}", [f"sweep.name={name}", *overrides, f"backend={b}"])
-             for name, overrides in named.items() for b in BACKENDS]
+    cells = [(f"{name}/backend={b}", [f"sweep.name={name}", *overrides(b), f"backend={b}"])
+             for name, overrides in named.items() for b in (getattr(overrides, "backends", None) or BACKENDS)]
     summaries = run_cells(launch_dir, cells, [f"paths.root={root}", *FAST], report=False)
     out = {name: {} for name in named}
     for cell, summary in summaries.items():
@@ -82,10 +85,37 @@ def fp32_runs(tmp_path_factory, llama_checkpoint):
     cases (FINETUNE), and model.init=meta: FSDP2 builds on the meta device and ZeRO-3 under zero.Init (DDP and
     ZeRO-1/2 on the host), each reading the checkpoint tensor by tensor into its shards, so that loss parity
     covers every construction path."""
-    return sweep(tmp_path_factory.mktemp("fp32"), "fp32", *FINETUNE, "model.init=meta",
-                 f"model.pretrained_path={llama_checkpoint}",
-                 "train.peak_by_kind=false",  # the bf16 sweep splits the peak by kind; this one replays allocations
-                 report=True)  # tests/test_report.py reads this sweep's tables and report
+    def overrides(backend: str) -> tuple:
+        return (*FINETUNE, "model.init=meta", f"model.pretrained_path={llama_checkpoint}",
+                "train.peak_by_kind=false",  # the bf16 sweep splits the peak by kind; this one replays allocations
+                # a checkpoint after step 3, resumed at 3 ranks (resumed_runs) and at 2 (reshard_runs); DCP's
+                # backends save it asynchronously (DeepSpeed's asynchronous engines need CUDA)
+                f"train.checkpoint_every={SAVED_AT}", f"train.checkpoint_async={str(backend in RESHARDING).lower()}")
+    # tests/test_report.py reads this sweep's tables and report
+    return sweeps(tmp_path_factory.mktemp("fp32"), {"fp32": overrides}, report=True)["fp32"]
+
+
+SAVED_AT = 3  # the fp32 sweep's checkpoint: the state after 3 of its 5 steps
+
+
+def saved(fp32_runs, backend: str) -> str:
+    # quoted: the run dir's name, backend=<b>, holds an `=`, which Hydra's override grammar takes for a key's end
+    return f"train.resume='{fp32_runs[backend][2]}/checkpoints/step_{SAVED_AT:07d}'"
+
+
+def cheap(*overrides: str) -> tuple:
+    """A resumed cell measures only its losses and its load: no profiled steps, FLOP count or collectives."""
+    return (*overrides, "train.measure_flops=false", "train.breakdown_steps=0", "train.profile_memory=false",
+            "train.count_collectives=false")
+
+
+@pytest.fixture(scope="session")
+def resumed_runs(tmp_path_factory, fp32_runs, llama_checkpoint):
+    """Every backend resumed from its own fp32 checkpoint, at the same 3 ranks, training steps 3 and 4 again."""
+    def overrides(backend: str) -> tuple:
+        return (*FINETUNE, "model.init=meta", f"model.pretrained_path={llama_checkpoint}",
+                *cheap(saved(fp32_runs, backend)))
+    return sweeps(tmp_path_factory.mktemp("resumed"), {"resumed": overrides})["resumed"]
 
 
 # the LoRA sweep's overrides but its world
@@ -94,9 +124,15 @@ LORA = (*FINETUNE, "parallelism.grad_accum=3", "model.init=host", "workload=lora
 
 
 @pytest.fixture(scope="session")
-def two_rank_sweeps(tmp_path_factory, llama_checkpoint):
-    """The LoRA and bf16 sweeps, both on 2 ranks, as the cells of one launch: one start-up, not two."""
+def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs):
+    """The LoRA, bf16 and resharding sweeps, all on 2 ranks, as the cells of one launch: one start-up, not three."""
+    def reshard(backend: str) -> tuple:
+        # the fp32 sweep's 3-rank checkpoint resumed at 2 ranks x 3 micro-batches: the same 6 sequences a step
+        return (*FINETUNE, "parallelism.nproc_per_node=2", "parallelism.grad_accum=3", "model.init=meta",
+                f"model.pretrained_path={llama_checkpoint}", *cheap(saved(fp32_runs, backend)))
+    reshard.backends = RESHARDING
     return sweeps(tmp_path_factory.mktemp("two_ranks"), {
+        "reshard": reshard,
         # the fp32 sweep again with LoRA adapters (peft's defaults) over the frozen checkpoint, every backend
         # built on the host: with the fp32 sweep, each backend has loaded the checkpoint on both paths. 2 ranks x
         # 3 micro-batches step on the same 12 sequences as the fp32 sweep's 3 x 2, and cost less (2 cores); only
@@ -108,6 +144,11 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint):
         # do (runtime/initial_weights.py). FLOPs are tested on the fp32 sweep (test_parity): off saves ~1 s a run
         "bf16": ("model=tiny_gpt2", "train.precision=bf16", "model.init=meta", "train.measure_flops=false"),
     })
+
+
+@pytest.fixture(scope="session")
+def reshard_runs(two_rank_sweeps):
+    return two_rank_sweeps["reshard"]
 
 
 @pytest.fixture(scope="session")

@@ -139,7 +139,7 @@ def test_the_strategy_registry_and_the_fault_kinds_are_complete():
 
     assert CHOICES["backend.family"] == tuple(families.FAMILIES)
     assert all(issubclass(f.strategy_class(), Strategy) and not f.missing_theory() for f in families.every())
-    assert set(faults.ACTIONS) | {"none"} == set(FAULT_KINDS) == set(CHOICES["fault.kind"])
+    assert set(faults.ACTIONS) | set(faults.SAVE_ACTIONS) | {"none"} == set(FAULT_KINDS) == set(CHOICES["fault.kind"])
 
 
 def summary_writers() -> List[str]:

@@ -36,6 +36,17 @@ def flat_backends() -> List[str]:
     return [b for b, node in presets.items() if not families.of(node).is_hybrid(node)]
 
 
+def resharding_backends(names: List[str]) -> List[str]:
+    """Those of `names` whose checkpoints resume at another world size as they are (their family's format
+    reshards on load: Family.reshard_fix is empty)."""
+    from omegaconf import OmegaConf
+
+    from . import families
+
+    return [b for b in names
+            if not families.of(OmegaConf.load(CONF / "backend" / f"{b}.yaml")).reshard_fix]
+
+
 def hybrid_backends() -> List[str]:
     flat = set(flat_backends())
     return [b for b in backends() if b not in flat]

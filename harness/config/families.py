@@ -66,9 +66,15 @@ class Family:
     jit_op_names: Tuple[str, ...] = ()  # native ops it builds on first use (TORCH_EXTENSIONS_DIR names)
     # why its runtime cannot run on fake tensors (runtime/traced.py), as `make scale-check` found it; "" where it can
     untraceable = ""
+    # checkpoints (runtime/train_state.py): what its save writes (a checkpoint resumes under any family that
+    # writes the same format); how one saved at another world size or layout resumes, "" where the format
+    # reshards on load; why train.checkpoint_async cannot run, "" where it can
+    checkpoint_format = ""
+    reshard_fix = ""
+    async_save_refusal = ""
 
     THEORY = ("paper_stage", "layout", "phase_terms", "step_transients", "after_backward_buffers", "collectives",
-              "paper_comm_elements", "optimizer_bytes")
+              "paper_comm_elements", "optimizer_bytes", "checkpoint_bytes")
 
     # --- config: before any rank starts, without torch ---
     def rules(self, cfg) -> List[str]:
@@ -98,6 +104,11 @@ class Family:
     def shape_fields(self, cfg, world: int, counts: Dict[str, Any]) -> Dict[str, Any]:
         """theory.shape.Shape fields this family decides (its buckets, what it keeps gathered)."""
         return {}
+
+    def checkpoint_layout(self, cfg) -> str:
+        """How the run's checkpoint arranges the state, where a format needs the same arrangement to load
+        (DeepSpeed's ZeRO stage and precision); "" where any run of the format loads it."""
+        return ""
 
     def is_hybrid(self, backend) -> bool:
         """Whether the backend shards or gathers in groups smaller than the world (HSDP, partial resharding,
@@ -155,6 +166,15 @@ class Family:
 
     def optimizer_bytes(self, backend, s) -> Dict[str, float]:
         raise NotImplementedError
+
+    def checkpoint_bytes(self, backend, s) -> Dict[str, float]:
+        """What a checkpoint of the training state holds on disk (tensor bytes, the format's own headers apart):
+        `total`, and `rank_max`, what the rank that writes most writes."""
+        raise NotImplementedError
+
+    def checkpoint_files(self, directory, rank: int) -> list:
+        """The files rank `rank` wrote into a checkpoint directory (the harness's own rank<R>.pt apart)."""
+        return []
 
     def framework_estimate(self, backend, s) -> Optional[Dict[str, float]]:
         """The framework's own model-state estimate, where it publishes one."""

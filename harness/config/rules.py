@@ -14,7 +14,7 @@ from typing import Callable, List
 from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import ConfigError
-from . import derive, families, finetune_check, schema
+from . import derive, families, finetune_check, resume_check, schema
 from .schema import CHOICES
 
 __all__ = ["ConfigError", "check", "problems", "output_problems"]
@@ -30,7 +30,8 @@ POSITIVE = ("train.steps", "parallelism.micro_batch", "parallelism.grad_accum", 
 NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_batch": "0 = off",
                 "paths.min_free_mib": "0 = off", "train.memory_budget_bytes": "0 = no budget",
                 "model.meta_above_params": "0 = on the meta device whenever the backend can build there",
-                "train.breakdown_steps": "0 = no time breakdown", "train.seed": "it seeds the weights and the data",
+                "train.breakdown_steps": "0 = no time breakdown",
+                "train.checkpoint_every": "0 = never", "train.seed": "it seeds the weights and the data",
                 "optim.weight_decay": "0 = none", "optim.grad_clip": "0 = no clipping",
                 "fault.rank": "a rank", "fault.step": "a step",
                 "parallelism.intra_node_gbps": "0 = the device's stated default",
@@ -190,6 +191,10 @@ def run_rules(cfg) -> List[str]:
     if cfg.fault.kind != "none" and not (0 <= cfg.fault.rank < world and 0 <= cfg.fault.step < steps):
         out.append(f"fault.rank={cfg.fault.rank}, fault.step={cfg.fault.step}: no such rank or step (world size "
                    f"{world}, {steps} steps); pick a rank below {world} and a step below {steps}")
+    every = cfg.train.checkpoint_every
+    if cfg.fault.kind == "kill_in_save" and (not every or cfg.fault.step % every or not cfg.fault.step):
+        out.append(f"fault.kind=kill_in_save, fault.step={cfg.fault.step}: no checkpoint is saved after "
+                   f"{cfg.fault.step} steps (train.checkpoint_every={every}); pick a positive multiple of it")
     return out
 
 
@@ -220,7 +225,7 @@ def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[s
     reported alone: the rules after them assume a config of the schema's shape with values of the right kind."""
     return unknown_key_rules(cfg) or value_rules(cfg) or [
         *shape_rules(cfg), *device_rules(cfg, cuda_devices), *batch_rules(cfg), *run_rules(cfg), *backend_rules(cfg),
-        *finetune_check.problems(cfg)]
+        *finetune_check.problems(cfg), *resume_check.problems(cfg)]
 
 
 def check(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> None:

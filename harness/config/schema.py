@@ -18,7 +18,8 @@ from omegaconf import MISSING
 from .families import FAMILIES, backend_fields
 
 # fault.kind: what runtime/faults.py can inject; `none` first, `hang` last (the drill interrupts it)
-FAULT_KINDS = ("none", "oom", "raise", "nan", "kill", "hang")
+SAVE_FAULT_KINDS = ("kill_in_save",)  # faults inside a checkpoint save (runtime/faults.py)
+FAULT_KINDS = ("none", "oom", "raise", "nan", "kill", "hang", *SAVE_FAULT_KINDS)
 
 CHOICES = {
     "profile": ("native", "parity"),  # config/profiles.py
@@ -157,6 +158,15 @@ class TrainConfig:
     # a run whose predicted peak exceeds the host's available memory (CPU: per rank x ranks on the node) or
     # its device's free memory (CUDA) ends as `oom` before anything is allocated (runtime/preflight.py)
     refuse_predicted_oom: bool = True
+    # save the whole training state (model, optimizer, step, RNG) every this many steps, with each framework's
+    # own API, into checkpoints/step_<k>/ in the run dir (runtime/train_state.py); 0 = never
+    checkpoint_every: int = 0
+    # DCP's asynchronous save (DDP, FSDP2): the state is staged on the host, then written by a thread while
+    # training goes on. DeepSpeed saves synchronously here: its asynchronous engines need CUDA
+    checkpoint_async: bool = False
+    # never | auto (the latest complete checkpoint in this run's dir, if any: a re-run after a crash or a
+    # preemption goes on from it) | the path of a checkpoint (checkpoints/step_<k> of any run)
+    resume: str = "never"
 
 
 @dataclass

@@ -4,6 +4,7 @@ crash never leaves a half-written summary; read with one rule for a torn last li
     <run_dir>/config.yaml  env.json  settings.json  summary.json  metrics.jsonl  launcher.log  ops.log  wandb/
     <run_dir>/ranks/rank<R>.json  rank<R>.traceback.txt  rank<R>.wait.json  fault.json  report.json
     <run_dir>/attempts/<n>/   an earlier attempt's files, moved aside before the run starts again
+    <run_dir>/checkpoints/step_<k>/   the training state after k steps (core/checkpoint_dirs.py), kept across attempts
 """
 from __future__ import annotations
 
@@ -151,6 +152,11 @@ class RunDir:
     @property
     def attempts(self) -> Path:
         return self.root / "attempts"
+
+    @property
+    def checkpoints(self) -> Path:
+        """The run's checkpoints (core/checkpoint_dirs.py); not an attempt's file: a re-run resumes from them."""
+        return self.root / "checkpoints"
 
     @property
     def fault(self) -> Path:

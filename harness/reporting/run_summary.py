@@ -19,6 +19,7 @@ from ..theory.memory import device_share
 from ..theory.peak import after_backward_buffers, explain_unaccounted
 from ..theory.shape import shape_of
 from ..theory.predict import predict
+from .checkpoint_figures import checkpoint, checkpoint_notes
 from .time_and_comm import communication, time_breakdown, time_model, time_notes
 
 
@@ -181,6 +182,7 @@ def figures(cfg, ranks: List[RankReport], flop_counts: dict) -> dict:
         out["comm/bytes_error_pct"] = 100 * (out["comm/measured_bytes_per_step"]
                                              / predicted["comm/predicted_bytes_per_step"] - 1)
     out.update(time_model(cfg, ranks, flop_counts, out))
+    out.update(checkpoint(cfg, ranks))
     return out
 
 
@@ -246,7 +248,7 @@ def summary_of_finished_run(cfg, ranks: List[RankReport], flop_counts: dict, war
     explained = unaccounted_explanation(cfg, figs, ranks)
     if explained:
         figs["memory/unaccounted_explained_bytes"] = explained["bytes"]
-    notes = list(notes) + memory_notes(figs, ranks, explained) + time_notes(figs)
+    notes = list(notes) + checkpoint_notes(figs) + memory_notes(figs, ranks, explained) + time_notes(figs)
     return RunSummary.ok(
         derive.identity(cfg), figs, errors=errors or None,
         params=r0.params["total"], optimizer=r0.optimizer, model_init=r0.init, device=device,

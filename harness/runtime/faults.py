@@ -5,6 +5,8 @@
                 stuck outside a collective does) | kill (SIGKILL itself) | oom (ask for more memory than
                 the device has: a real CUDA OOM from the allocator on GPU; on CPU, where asking would
                 only swap, the request is refused against train.memory_budget_bytes or the host's RAM)
+                | kill_in_save (SIGKILL itself in the middle of the save of the checkpoint of
+                fault.step steps, after writing its files and before the save is marked complete)
 
 The worker builds one injector per rank (`injector`) and hands it to the loop, which calls it once per step,
 on the step's first micro-batch loss. The faulting rank writes ranks/fault.json (what, when) first, so the
@@ -56,7 +58,10 @@ def _oom(cfg, rank, step, loss):
 
 
 ACTIONS = {"raise": _raise, "nan": _nan, "hang": _hang, "kill": _kill, "oom": _oom}
-assert set(ACTIONS) == set(FAULT_KINDS) - {"none"}, "every fault kind needs an action here"
+# kinds that act inside a checkpoint save (runtime/train_state.py), after the framework wrote this rank's files
+# and before the marker: SIGKILL there leaves a save that never completes
+SAVE_ACTIONS = {"kill_in_save": _kill}
+assert set(ACTIONS) | set(SAVE_ACTIONS) == set(FAULT_KINDS) - {"none"}, "every fault kind needs an action here"
 
 
 def no_fault(step: int, loss: torch.Tensor) -> torch.Tensor:
@@ -66,7 +71,7 @@ def no_fault(step: int, loss: torch.Tensor) -> torch.Tensor:
 def injector(cfg, rank: int, run_dir: RunDir | None) -> Injector:
     """`fn(step, loss) -> loss`: the identity, except on the configured rank and step."""
     f = cfg.fault
-    if f.kind == "none" or rank != f.rank:
+    if f.kind not in ACTIONS or rank != f.rank:
         return no_fault
     action = ACTIONS[f.kind]
 
@@ -76,5 +81,21 @@ def injector(cfg, rank: int, run_dir: RunDir | None) -> Injector:
         if run_dir is not None:
             write_json(run_dir.fault, {"kind": f.kind, "rank": rank, "step": step, "time": time.time()})
         return action(cfg, rank, step, loss)
+
+    return inject
+
+
+def in_save(cfg, rank: int, run_dir: RunDir | None) -> Callable[[int], None]:
+    """`fn(step)`, called inside the save of the checkpoint after `step` steps: nothing, except on the configured
+    rank, for the save of the checkpoint holding fault.step steps."""
+    f = cfg.fault
+    if f.kind not in SAVE_ACTIONS or rank != f.rank:
+        return lambda step: None
+
+    def inject(step: int) -> None:
+        if step == f.step:
+            if run_dir is not None:
+                write_json(run_dir.fault, {"kind": f.kind, "rank": rank, "step": step, "time": time.time()})
+            SAVE_ACTIONS[f.kind](cfg, rank, step, None)
 
     return inject

@@ -22,6 +22,7 @@ from .collective_count import CollectiveCounter
 from .time_profile import phase
 from .errors import NonFiniteLoss
 from .faults import Injector, no_fault
+from .train_state import Checkpointer
 
 
 @dataclass
@@ -101,9 +102,12 @@ class TrainStep:
 
 
 def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fault,
-          trace_path: Optional[str] = None, snapshot_path: Optional[str] = None) -> LoopResult:
+          trace_path: Optional[str] = None, snapshot_path: Optional[str] = None,
+          checkpointer: Optional[Checkpointer] = None) -> LoopResult:
     """Run `train.steps` logged steps, the ones after `train.warmup_steps` timed (and on CPU clocked by phase,
-    runtime/time_profile.py); `sink.log(record)` receives each step's record (rank 0 writes it). Then, untimed
+    runtime/time_profile.py); `sink.log(record)` receives each step's record (rank 0 writes it). A run resumed
+    at step k (`checkpointer`, runtime/train_state.py) runs steps k.. and warms up again, for as many steps as a
+    fresh run but leaving at least one timed; the checkpointer saves between steps, outside their times. Then, untimed
     and unlogged, taking the data the next steps would: with `train.count_collectives` one whose collectives
     are counted by group (runtime/collective_count.py), `train.breakdown_steps` under torch's profiler for the
     rest of the time breakdown (and the Chrome trace at `trace_path`), `train.memory_steps` under the memory
@@ -111,13 +115,15 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
     t = cfg.train
     train_step = TrainStep(model, strategy, batches, cfg.parallelism.grad_accum, device, inject)
     tokens_per_step = derive.tokens_per_step(cfg, strategy.world_size)
-    timer = probes.StepTimer(device, t.warmup_steps)
-    states = probes.StateProbe(t.warmup_steps, t.memory_budget_bytes, dist.get_rank(), emulated=device.type == "cpu")
+    start = checkpointer.start_step if checkpointer else 0
+    first_timed = start + min(t.warmup_steps, t.steps - start - 1) if start else t.warmup_steps
+    timer = probes.StepTimer(device, first_timed)
+    states = probes.StateProbe(first_timed, t.memory_budget_bytes, dist.get_rank(), emulated=device.type == "cpu")
     breakdown = time_profile.StepTime(device, t.breakdown_steps, trace_path)
     result = LoopResult()
-    for step in range(t.steps):
+    for step in range(start, t.steps):
         timer.begin(step)
-        timed = step >= t.warmup_steps
+        timed = step >= first_timed
 
         def count_states(step: int = step) -> None:
             with timer.untimed(), phase("untimed"):  # counting storages is not training
@@ -126,8 +132,14 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
         with breakdown.clocked(t.breakdown_steps and timed):
             loss, grad_norm = train_step(step, count_states, t.on_nonfinite)
         sink.log(result.add(step, loss, grad_norm, timer.end(), tokens_per_step, timed))
-    # the timed window's high-water marks, read before the profiled steps can raise them
-    result.host_peak_bytes, result.device = probes.host_peak_bytes(), probes.device_memory(device)
+        if checkpointer and checkpointer.after_step(step, timed):
+            timer.restart()  # the save is no step's time
+    if checkpointer:
+        checkpointer.finish()  # an asynchronous save in flight completes
+    # the timed window's high-water marks, read before the profiled steps can raise them (a save's own peak is
+    # its figure, not the window's: runtime/train_state.py)
+    result.host_peak_bytes = max(probes.host_peak_bytes(), checkpointer.window_peak if checkpointer else 0)
+    result.device = probes.device_memory(device)
     result.host_peak_reset = timer.host_peak_reset
     result.model_states, result.unclassified = states.states, states.unclassified
     extra = itertools.count(t.steps)

@@ -88,6 +88,11 @@ class StepTimer:
         finally:
             self._excluded += time.perf_counter() - started
 
+    def restart(self) -> None:
+        """Work done between two steps (a checkpoint save) is not the next step's: its clock starts now."""
+        device_sync(self.device)
+        self._started = time.perf_counter()
+
     def end(self) -> float:
         device_sync(self.device)
         now = time.perf_counter()

@@ -25,12 +25,14 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from ..config import schema
+from ..config import derive, families, resume_check, schema
+from ..core.checkpoint_dirs import to_resume
+from ..core.errors import ConfigError
 from ..core.records import RankOutcome, RankReport, Status
 from ..core.rundir import RunDir, write_json, write_text
 from ..core.waiting import announced
 from ..reporting import run_summary
-from . import data, faults, loop, models, preflight, probes
+from . import data, faults, loop, models, preflight, probes, train_state
 from .sink import open_sink
 from .strategies import make_strategy
 
@@ -93,6 +95,24 @@ def prepare(cfg, rank: int, world: int, device: torch.device) -> Prepared:
     return Prepared(counts, strategy, model, settings, batches)
 
 
+def checkpointer_for(cfg, run_dir: RunDir, strategy, rank: int) -> train_state.Checkpointer:
+    """The run's checkpointer, having loaded the checkpoint `train.resume` names (for `auto`, the run dir's
+    latest complete one, checked here as the parent checks a named one: config/resume_check.py)."""
+    t, family = cfg.train, families.of(cfg.backend)
+    identity = {"backend": cfg.backend.name, "family": cfg.backend.family, "format": family.checkpoint_format,
+                "layout": family.checkpoint_layout(cfg), "model": cfg.model.name, "seed": t.seed,
+                "sequences_per_step": derive.samples_per_step(cfg)}
+    checkpointer = train_state.Checkpointer(strategy, run_dir.checkpoints, t.checkpoint_every, t.checkpoint_async,
+                                            identity, family.checkpoint_files,
+                                            in_save=faults.in_save(cfg, rank, run_dir))
+    path = to_resume(t.resume, run_dir.checkpoints)
+    found = resume_check.resume_problems(cfg, path) if path is not None and t.resume == "auto" else []
+    if found:
+        raise ConfigError(found[0])
+    checkpointer.resume(path)
+    return checkpointer
+
+
 def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> None:
     # the host before the model exists (imports and the process group done): what building, wrapping and
     # loading a checkpoint add on top of it is the load-time cost a strategy puts on the host
@@ -116,8 +136,9 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
             trace = run_dir.trace(rank)
             trace.parent.mkdir(parents=True, exist_ok=True)
         snapshot = str(run_dir.memory_snapshot(rank)) if cfg.train.memory_snapshot else None
+        checkpointer = checkpointer_for(cfg, run_dir, strategy, rank)
         result = loop.train(model, strategy, batches, cfg, device, sink, faults.injector(cfg, rank, run_dir),
-                            trace_path=trace and str(trace), snapshot_path=snapshot)
+                            trace_path=trace and str(trace), snapshot_path=snapshot, checkpointer=checkpointer)
         # the peak only serves MFU, which needs the counted FLOPs: no calibration when they are off (a bf16
         # matmul calibration on a CPU without bf16 instructions takes ~15 s)
         peak_tflops, peak_source, measured_peak = (
@@ -131,7 +152,8 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
             after_setup=after_setup, peak_tflops=peak_tflops, peak_source=peak_source,
             optimizer=strategy.optimizer_name, init=strategy.construction, params=counts,
             measured_peak_tflops=measured_peak, tensor_peak=result.memory_profile,
-            time_breakdown=result.time_breakdown, measured_copy_gbps=copy_gbps, collectives=result.collectives)
+            time_breakdown=result.time_breakdown, measured_copy_gbps=copy_gbps, collectives=result.collectives,
+            checkpoint={"saves": checkpointer.saves, "resumed": checkpointer.resumed})
         gathered = [None] * world
         dist.all_gather_object(gathered, report)
         if rank == 0:

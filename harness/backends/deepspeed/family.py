@@ -4,12 +4,13 @@ estimate. The runtime is strategy.py; the JSON DeepSpeed receives is json_config
 """
 from __future__ import annotations
 
-
+from pathlib import Path
 from typing import List
 
 from ...config.derive import world_size
 from ...config.families import Difference, Family
 from . import check, theory
+from ...theory.checkpoint import deepspeed_bytes
 from .jit_ops import BUILDERS
 from .json_config import conflicts, effective_zero, hpz_size
 
@@ -27,6 +28,11 @@ class DeepSpeedFamily(Family):
     strategy_class_name = "DeepSpeedStrategy"
     pass_through = ("deepspeed",)  # +backend.deepspeed.<key>=...: DeepSpeed's JSON keys, checked by check.py
     framework = "DeepSpeed"
+    checkpoint_format = "DeepSpeed"  # engine.save_checkpoint: the module's states and each rank's ZeRO partitions
+    reshard_fix = ("DeepSpeed loads its ZeRO files at the world size and stage that wrote them; convert the "
+                   "checkpoint with `python -m deepspeed.checkpoint.ds_to_universal --input_folder <it> "
+                   "--output_folder <it>_universal`, which this harness does not yet load")
+    async_save_refusal = "DeepSpeed's asynchronous checkpoint engines (Nebula, FastPersist) need CUDA or Azure"
     representative = "ds_zero2"
     untraceable = ("the engine moves the module to its device (engine._configure_distributed_model), which torch "
                    "cannot do with fake parameters; ZeRO-3 built under zero.Init gets through forward and backward and "
@@ -99,6 +105,10 @@ class DeepSpeedFamily(Family):
         during forward and so keep them (measured on 2 x 2 emulated nodes, make hybrid)."""
         found = self.release_overrides(backend)
         return [*found, "+backend.deepspeed.zero_optimization.stage3_prefetch_bucket_size=0"] if found else []
+
+    def checkpoint_layout(self, cfg):
+        # the stage decides which files hold what, and the precision their names (bf16_zero_pp_rank_* in bf16)
+        return f"ZeRO stage {cfg.backend.zero_stage}, {cfg.train.precision}"
 
     def is_hybrid(self, backend) -> bool:
         return backend.zero_stage == 3 and backend.hpz_partition_size != 1
@@ -209,6 +219,14 @@ class DeepSpeedFamily(Family):
 
     def framework_estimate(self, backend, s):
         return theory.own_estimate(backend, s)
+
+    def checkpoint_bytes(self, backend, s):
+        return deepspeed_bytes(backend.zero_stage, s)
+
+    def checkpoint_files(self, directory, rank):
+        # each rank's ZeRO partitions; stages 1-2's module states come from rank 0 (data-parallel rank 0)
+        own = sorted(Path(directory).glob(f"*zero_pp_rank_{rank}_*"))  # bf16_zero_pp_rank_* in bf16
+        return own + (sorted(Path(directory).glob("mp_rank_*_model_states.pt")) if rank == 0 else [])
 
     def describe_settings(self, settings):
         ds = settings.get("deepspeed")

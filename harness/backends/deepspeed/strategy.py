@@ -108,6 +108,19 @@ class DeepSpeedStrategy(Strategy):
         return torch.as_tensor(float("nan") if norm is None else float(norm))
 
     @override
+    def save_checkpoint(self, directory, asynchronous, group):
+        # DeepSpeed's own layout under <checkpoints>/<tag>: the module's states and each rank's ZeRO partitions.
+        # Its `latest` file is not written: the harness's marker says which checkpoint is complete
+        self.engine.save_checkpoint(str(directory.parent), tag=directory.name, save_latest=False)
+        return None  # synchronous: DeepSpeed's asynchronous engines (Nebula, FastPersist) need CUDA
+
+    @override
+    def load_checkpoint(self, directory):
+        path, _ = self.engine.load_checkpoint(str(directory.parent), tag=directory.name)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint at {directory}")
+
+    @override
     def state_tensors(self) -> Dict[str, Iterable[torch.Tensor]]:
         groups, unclassified = classify(self.optimizer)
         for p in self.engine.module.parameters():

@@ -124,6 +124,16 @@ class Strategy(ABC):
     def step(self) -> torch.Tensor:
         """Clip gradients, step the optimizer, zero gradients. Returns the pre-clip global grad norm."""
 
+    # -- checkpoints (runtime/train_state.py) ---------------------------------------------------------
+    @abstractmethod
+    def save_checkpoint(self, directory, asynchronous: bool, group):
+        """Write this rank's part of the model and optimizer state into `directory` with the framework's own
+        API; with `asynchronous`, return a Future that completes when the files are written (on `group`)."""
+
+    @abstractmethod
+    def load_checkpoint(self, directory) -> None:
+        """Load the model and optimizer state `save_checkpoint` wrote, at this run's world size."""
+
     # -- what this rank holds -----------------------------------------------------------------------
     @abstractmethod
     def state_tensors(self) -> Dict[str, Iterable[torch.Tensor]]:
@@ -193,6 +203,33 @@ class NativeStrategy(Strategy):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return local_tensor(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def _dcp_state(self) -> dict:
+        # torch's distributed state dict: keys without wrapper prefixes, FSDP2's shards as DTensors (DCP
+        # reshards them on load), the optimizer's state keyed by parameter name
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    @override
+    def save_checkpoint(self, directory, asynchronous, group):
+        import torch.distributed.checkpoint as dcp
+
+        if asynchronous:  # stages a copy on the host, then writes it in a thread
+            return dcp.async_save(self._dcp_state(), checkpoint_id=str(directory), process_group=group)
+        dcp.save(self._dcp_state(), checkpoint_id=str(directory))
+        return None
+
+    @override
+    def load_checkpoint(self, directory):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._dcp_state()
+        dcp.load(state, checkpoint_id=str(directory))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
 
     @override
     def state_tensors(self):

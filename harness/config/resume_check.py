@@ -1,0 +1,58 @@
+"""Checkpointing's rules, checked before any rank starts (and by the ranks for `train.resume=auto`, whose
+checkpoint is found only in the run dir).
+
+A checkpoint resumes under a backend of a family that writes the same format (DCP: DDP and FSDP2 read each
+other's), at the same world size unless the format reshards on load (DCP does; DeepSpeed's ZeRO files need its
+universal checkpoint first: the family's `reshard_fix` says what to run), and only below train.steps.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List
+
+from ..core.checkpoint_dirs import MARKER, is_complete, read_marker
+from ..core.errors import ConfigError
+from . import derive, families
+
+RESUME_WORDS = ("never", "auto")
+
+
+def problems(cfg) -> List[str]:
+    t, out = cfg.train, []
+    try:
+        family = families.of(cfg.backend)
+    except ConfigError:
+        return []  # backend_rules says it
+    if t.checkpoint_async and not t.checkpoint_every:
+        out.append("train.checkpoint_async=true: nothing is saved (train.checkpoint_every=0); set "
+                   "train.checkpoint_every=<steps>")
+    if t.checkpoint_async and family.async_save_refusal:
+        out.append(f"train.checkpoint_async=true: {family.async_save_refusal}; drop it for {cfg.backend.name}")
+    if t.resume not in RESUME_WORDS:
+        out += resume_problems(cfg, Path(t.resume))
+    return out
+
+
+def resume_problems(cfg, path: Path) -> List[str]:
+    """Why the checkpoint at `path` cannot resume this run, one line each; [] where it can."""
+    key = f"train.resume={cfg.train.resume}"
+    if not is_complete(path):
+        return [f"{key}: no complete checkpoint at {path} (no {MARKER}: never saved there, or its save never "
+                "finished); name a checkpoints/step_<k> dir that has one, or use train.resume=auto"]
+    marker, family = read_marker(path), families.of(cfg.backend)
+    saved = families.get(marker["family"])
+    world = derive.world_size(cfg)
+    if saved.checkpoint_format != family.checkpoint_format:
+        return [f"{key}: a {saved.checkpoint_format} checkpoint of {marker['backend']}, and {cfg.backend.name} "
+                f"reads {family.checkpoint_format} ones; resume it with a backend of family {marker['family']}"]
+    out = []
+    layout = family.checkpoint_layout(cfg)
+    if marker.get("layout", layout) != layout:
+        out.append(f"{key}: saved by {marker['backend']} ({marker['layout']}), and {cfg.backend.name} loads "
+                   f"{layout}; {family.reshard_fix or 'resume it with ' + marker['backend']}")
+    elif marker["world"] != world and family.reshard_fix:
+        out.append(f"{key}: saved at {marker['world']} ranks and this run has {world}; {family.reshard_fix}")
+    if marker["step"] >= cfg.train.steps:
+        out.append(f"{key}: the checkpoint is at step {marker['step']}, and train.steps={cfg.train.steps} leaves "
+                   "nothing to train; raise train.steps")
+    return out

@@ -1,0 +1,48 @@
+"""A save killed half-way leaves the previous checkpoint usable. Each checkpoint format once (FSDP2's DCP, saved
+asynchronously; DeepSpeed ZeRO-2's own files): a real run saves every 2 steps and SIGKILLs rank 1 in the middle of
+the save after step 4 (fault.kind=kill_in_save: its files written, the save not yet marked complete). The same
+command again with train.resume=auto, in the same run dir, resumes from step 2 and trains steps 2 to 5, and the
+steps both attempts ran have the same losses."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import REPO
+from harness.core.checkpoint_dirs import MARKER, step_dir
+from harness.studies.subprocess_run import train_command
+
+pytestmark = [pytest.mark.slow, pytest.mark.drill]
+RUN = ("logger=none", "train.steps=6", "train.warmup_steps=1", "train.checkpoint_every=2", "train.measure_flops=false",
+       "train.breakdown_steps=0", "train.profile_memory=false")
+
+
+def losses(path) -> dict:
+    return {r["step"]: r["loss/loss"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+@pytest.mark.parametrize("backend, extra", [("fsdp", ["train.checkpoint_async=true"]), ("ds_zero2", [])])
+def test_a_save_killed_half_way_leaves_the_previous_checkpoint_and_auto_resumes_from_it(tmp_path, backend, extra):
+    run_dir = tmp_path / backend
+
+    def train(*overrides):
+        return subprocess.run(train_command(f"backend={backend}", *RUN, *extra, *overrides, run_dir=run_dir),
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    killed = train("fault.kind=kill_in_save", "fault.rank=1", "fault.step=4")
+    assert killed.returncode != 0 and json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+    checkpoints = run_dir / "checkpoints"
+    assert (step_dir(checkpoints, 2) / MARKER).is_file()
+    assert step_dir(checkpoints, 4).is_dir() and not (step_dir(checkpoints, 4) / MARKER).exists()  # half-written
+
+    resumed = train("train.resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["figures"]["checkpoint/resumed_from_step"] == 2
+    first, again = losses(run_dir / "attempts" / "1" / "metrics.jsonl"), losses(run_dir / "metrics.jsonl")
+    assert sorted(again) == [2, 3, 4, 5] and {0, 1, 2, 3} <= set(first)
+    assert [again[s] for s in (2, 3)] == pytest.approx([first[s] for s in (2, 3)], rel=1e-6, abs=0)
+    # the run saved again on its way: the half-written step 4 was written over, and completed
+    assert (step_dir(checkpoints, 4) / MARKER).is_file() and (step_dir(checkpoints, 6) / MARKER).is_file()
