@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare sweep report run estimate bench advise memory-check scale-check hybrid gpu-check capacity collectives finetune faults browser test test-drills test-all clean lock
+.PHONY: help install warm demo compare sweep report run estimate bench advise memory-check scale-check hybrid checkpoint gpu-check capacity collectives finetune faults browser test test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -64,6 +64,9 @@ scale-check: install warm ## 8-512 ranks on fake tensors: llama 1b-70b, FSDP2, b
 
 hybrid: install warm ## hybrid sharding: every hybrid backend beside ddp, fsdp, ds_zero3 on 2 emulated nodes x 2 ranks, and llama 7b/13b on 4x8 and 16x8 H100s in theory -> results/hybrid/
 	$(PY) -m harness.hybrid $(ARGS)
+
+checkpoint: install warm ## checkpoints: every backend saves small_llama (sync, and DCP async), resumes at 2 ranks and reshards to 1: seconds, bytes against theory, host memory -> results/checkpoint/
+	$(PY) -m harness.checkpoint_costs $(ARGS)
 
 capacity: install warm ## largest model per backend under a budget: make capacity ARGS="--budget-mib 256 logger=none" -> results/capacity/
 	$(PY) -m harness.capacity $(ARGS)

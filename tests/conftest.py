@@ -85,14 +85,13 @@ def fp32_runs(tmp_path_factory, llama_checkpoint):
     cases (FINETUNE), and model.init=meta: FSDP2 builds on the meta device and ZeRO-3 under zero.Init (DDP and
     ZeRO-1/2 on the host), each reading the checkpoint tensor by tensor into its shards, so that loss parity
     covers every construction path."""
-    def overrides(backend: str) -> tuple:
-        return (*FINETUNE, "model.init=meta", f"model.pretrained_path={llama_checkpoint}",
-                "train.peak_by_kind=false",  # the bf16 sweep splits the peak by kind; this one replays allocations
-                # a checkpoint after step 3, resumed at 3 ranks (resumed_runs) and at 2 (reshard_runs); DCP's
-                # backends save it asynchronously (DeepSpeed's asynchronous engines need CUDA)
-                f"train.checkpoint_every={SAVED_AT}", f"train.checkpoint_async={str(backend in RESHARDING).lower()}")
-    # tests/test_report.py reads this sweep's tables and report
-    return sweeps(tmp_path_factory.mktemp("fp32"), {"fp32": overrides}, report=True)["fp32"]
+    return sweep(tmp_path_factory.mktemp("fp32"), "fp32", *FINETUNE, "model.init=meta",
+                 f"model.pretrained_path={llama_checkpoint}",
+                 "train.peak_by_kind=false",  # the bf16 sweep splits the peak by kind; this one replays allocations
+                 # a checkpoint after step 3, resumed at 3 ranks (resumed_runs) and at 2 (reshard_runs); DCP's
+                 # asynchronous save is resumed in tests/test_checkpoint_drill.py
+                 f"train.checkpoint_every={SAVED_AT}",
+                 report=True)  # tests/test_report.py reads this sweep's tables and report
 
 
 SAVED_AT = 3  # the fp32 sweep's checkpoint: the state after 3 of its 5 steps

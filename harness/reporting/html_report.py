@@ -54,10 +54,32 @@ GROUPS = [
          "{:.3f}", None),
         ("inter-node MiB/step", lambda f: _scale(f.get("comm/measured_inter_node_bytes_per_step"), 1 / MiB),
          "{:.3f}", "min")]),
+    # the runs that saved or resumed a checkpoint (reporting/checkpoint_figures.py); shown only where one did
+    ("checkpoint", [
+        ("save blocking s", lambda f: f.get("checkpoint/save_blocking_s"), "{:.3f}", "min"),
+        ("save total s", lambda f: f.get("checkpoint/save_total_s"), "{:.3f}", "min"),
+        ("MiB on disk", lambda f: _scale(f.get("checkpoint/bytes_on_disk"), 1 / MiB), "{:.2f}", "min"),
+        ("predicted MiB", lambda f: _scale(f.get("checkpoint/bytes_on_disk_predicted"), 1 / MiB), "{:.2f}", None),
+        ("host added MiB", lambda f: _scale(f.get("checkpoint/save_host_added_bytes"), 1 / MiB), "{:.1f}", "min"),
+        ("load s", lambda f: f.get("checkpoint/load_s"), "{:.3f}", "min"),
+        ("resumed from step", lambda f: f.get("checkpoint/resumed_from_step"), "{:.0f}", None)]),
     ("loss", [("final", lambda f: f.get("loss/final_loss"), "{:.5f}", None)]),
 ]
-# one column each, keyed "<heading>: <header>" (unique, and what the markdown table shows)
-TABLE = [(f"{group}: {header}", get, fmt, best) for group, columns in GROUPS for header, get, fmt, best in columns]
+OPTIONAL_GROUPS = ("checkpoint",)  # a sweep whose runs have none of these figures is shown without the group
+
+
+def _table(groups) -> list:
+    """One column each, keyed "<heading>: <header>" (unique, and what the markdown table shows)."""
+    return [(f"{group}: {header}", get, fmt, best) for group, columns in groups for header, get, fmt, best in columns]
+
+
+TABLE = _table(GROUPS)
+
+
+def groups_for(rows: List[dict]) -> list:
+    """GROUPS, less each optional group none of the rows has a figure of."""
+    return [(group, columns) for group, columns in GROUPS if group not in OPTIONAL_GROUPS
+            or any(get(r.get("figures") or {}) is not None for r in rows for _, get, *_ in columns)]
 
 # the report's "How each figure was measured" section: prose for users, kept as the markdown it is
 METHODS = (Path(__file__).parent / "methods.md").read_text()
@@ -121,13 +143,15 @@ class Table:
     def __init__(self, rows: List[dict], varying: List[str]):
         self.labels = [_label(r, varying) for r in rows]
         best = best_cells(rows, varying)
-        self.headers = ["run", "status"] + [h for h, *_ in TABLE]
+        self.groups = groups_for(rows)
+        table = _table(self.groups)
+        self.headers = ["run", "status"] + [h for h, *_ in table]
         self.body = []
         for r, lab in zip(rows, self.labels):
             f = r["figures"]
             cells = [(lab, ""), (r.get("status", "?"), "")]
             cells += [_cell(get(f), fmt, best[_group(r, varying)][h], f.get(MISSED_BY.get(h, ""))) for h, get, fmt, _
-                      in TABLE]
+                      in table]
             self.body.append(cells)
         self.missed = any(mark == "miss" for cells in self.body for _, mark in cells)
         self.failed = [(lab, r) for r, lab in zip(rows, self.labels) if r.get("status") != "ok"]
@@ -188,8 +212,8 @@ def page(name: str, context: str, table: Table, plots: Dict[str, Path]) -> str:
     """A self-contained report.html: the plots are inlined, so the file can be mailed or attached."""
     esc = html.escape
     head = '<th rowspan="2">run</th><th rowspan="2">status</th>' + "".join(
-        f'<th colspan="{len(columns)}" scope="colgroup">{esc(group)}</th>' for group, columns in GROUPS)
-    head += "</tr><tr>" + "".join(f'<th scope="col">{esc(header)}</th>' for _, columns in GROUPS
+        f'<th colspan="{len(columns)}" scope="colgroup">{esc(group)}</th>' for group, columns in table.groups)
+    head += "</tr><tr>" + "".join(f'<th scope="col">{esc(header)}</th>' for _, columns in table.groups
                                   for header, *_ in columns)
     miss_title = f' title="off by more than {MISS_PCT}% from the measurement"'
     rows = "".join("<tr>" + "".join(f'<td class="{mark}"{miss_title if mark == "miss" else ""}>'

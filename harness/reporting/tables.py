@@ -30,6 +30,8 @@ COLUMNS = [
     ("states predicted", lambda s: _mib(s["figures"].get("memory/model_states_predicted_bytes")), "{:.3f}"),
     ("states error %", lambda s: s["figures"].get("memory/model_states_error_pct"), "{:+.2f}"),
     ("host RSS MiB", lambda s: _mib(s["figures"].get("memory/host_peak_bytes_max")), "{:,.0f}"),
+    # where a run saved a checkpoint: the median save's seconds that blocked training (reporting/checkpoint_figures.py)
+    ("save s", lambda s: s["figures"].get("checkpoint/save_blocking_s"), "{:.3f}"),
     ("final loss", lambda s: s["figures"].get("loss/final_loss"), "{:.5f}"),
 ]
 
@@ -64,8 +66,10 @@ def write_tables(sweep_dir: Path, rows: List[dict]) -> str:
                          **{k: r["config"].get(k, "") for k in varying},
                          **r["figures"]})
     write_text(sweep_dir / "summary.csv", buf.getvalue())
-    lines = ["| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
+    values = [cells(r) for r in rows]
+    shown = [i for i, (h, _, _) in enumerate(COLUMNS) if h not in OPTIONAL_COLUMNS or any(v[i] for v in values)]
+    lines = ["| " + " | ".join(COLUMNS[i][0] for i in shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(v[i] for i in shown) + " |" for v in values]
     failed = [f"- {r.get('backend')}: {r.get('status')}: {r.get('reason')}" for r in rows if r.get("status") != "ok"]
     warned = [f"- {r.get('backend')} ({r['run_dir']}): {w}" for r in rows for w in r.get("warnings", [])]
     md = "\n".join(lines) + ("\n\nNot ok:\n" + "\n".join(failed) if failed else "")
@@ -75,6 +79,7 @@ def write_tables(sweep_dir: Path, rows: List[dict]) -> str:
 
 
 TEXT_COLUMNS = ("backend", "model", "precision", "status")
+OPTIONAL_COLUMNS = ("save s",)  # shown only where a run has the figure
 # headers on two lines, each word short, so that the table fits 100 columns without cutting a value
 CONSOLE_HEADERS = {"step p50 ms": "step p50\nms", "exposed comm %": "exposed\ncomm %", "peak MiB/rank": "peak\nMiB/rank",
                    "peak predicted": "peak\npredicted", "states MiB/rank": "states\nMiB/rank",
@@ -84,7 +89,7 @@ PIPE_WIDTH = 200  # where stdout is no terminal (a log, CI): wide enough for eve
 
 
 # what a narrow terminal leaves out first: the columns that explain the others before the ones that compare runs
-DROP_ORDER = ("host RSS MiB", "states error %", "states predicted", "states MiB/rank", "exposed comm %",
+DROP_ORDER = ("save s", "host RSS MiB", "states error %", "states predicted", "states MiB/rank", "exposed comm %",
               "step p50 ms", "peak predicted")
 
 
@@ -100,7 +105,8 @@ def console_table(rows: List[dict], width: int):
                 if header in TEXT_COLUMNS[1:] and rows and len({v[i] for v in values}) == 1]
     said = [values[0][i] if COLUMNS[i][0] != "status" else f"all {len(rows)} {values[0][i]}" for i in constant]
     title = "shardbench: " + ", ".join([*said, "timed window, warm-up excluded"])
-    shown = [i for i in range(len(COLUMNS)) if i not in constant]
+    shown = [i for i in range(len(COLUMNS)) if i not in constant and not (
+        COLUMNS[i][0] in OPTIONAL_COLUMNS and not any(v[i] for v in values))]
     dropped: List[str] = []
     while True:
         caption = (f"left out at {width} columns: {', '.join(dropped)} (summary.md has every column)"

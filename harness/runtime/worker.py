@@ -100,7 +100,8 @@ def checkpointer_for(cfg, run_dir: RunDir, strategy, rank: int) -> train_state.C
     latest complete one, checked here as the parent checks a named one: config/resume_check.py)."""
     t, family = cfg.train, families.of(cfg.backend)
     identity = {"backend": cfg.backend.name, "family": cfg.backend.family, "format": family.checkpoint_format,
-                "layout": family.checkpoint_layout(cfg), "model": cfg.model.name, "seed": t.seed,
+                "layout": family.checkpoint_layout(cfg), "model": cfg.model.name, "workload": cfg.workload.name,
+                "seed": t.seed,
                 "sequences_per_step": derive.samples_per_step(cfg)}
     checkpointer = train_state.Checkpointer(strategy, run_dir.checkpoints, t.checkpoint_every, t.checkpoint_async,
                                             identity, family.checkpoint_files,

@@ -14,7 +14,7 @@ from ...config.families import Difference, Family
 from ...config.profiles import NATIVE
 from ...theory.communication import Collective, bucketed
 from ...theory.peak import produced
-from ...theory.checkpoint import dcp_bytes
+from ...theory.checkpoint_bytes import dcp_bytes
 
 NATIVE_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's bucket_cap_mb default
 

@@ -10,7 +10,7 @@ from typing import List
 from ...config.derive import world_size
 from ...config.families import Difference, Family
 from . import check, theory
-from ...theory.checkpoint import deepspeed_bytes
+from ...theory.checkpoint_bytes import deepspeed_bytes
 from .jit_ops import BUILDERS
 from .json_config import conflicts, effective_zero, hpz_size
 

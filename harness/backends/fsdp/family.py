@@ -15,7 +15,7 @@ from ...config.profiles import NATIVE
 from ...config.derive import world_size
 from ...theory.communication import Collective
 from ...theory.shape import ranks_per_node
-from ...theory.checkpoint import dcp_bytes
+from ...theory.checkpoint_bytes import dcp_bytes
 
 
 def root_reshard(cfg) -> Optional[bool]:
