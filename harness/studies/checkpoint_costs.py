@@ -59,9 +59,11 @@ def measure(root: Path, model: str, extra: List[str]) -> List[dict]:
                                                            for b in dcp]
     saved = run_cells(root / "save", [(n, [*o, f"train.checkpoint_every={SAVED_AT}"]) for n, o in saves], common,
                       report=False)
-    resumed = run_cells(root / "resume", [(n, [*o, checkpoint_of(root, n)]) for n, o in saves], common, report=False)
+    # a resume loads the same way however the checkpoint was saved: each cell is its backend and the checkpoint
+    loads = {n: [o[0], checkpoint_of(root, n)] for n, o in saves}
+    resumed = run_cells(root / "resume", list(loads.items()), common, report=False)
     one_rank = ["parallelism.nproc_per_node=1", "parallelism.grad_accum=2"]
-    reshard_cells = [(n, [*o, checkpoint_of(root, n), *one_rank]) for n, o in saves if n.split("+")[0] in dcp]
+    reshard_cells = [(n, [*loads[n], *one_rank]) for n, _ in saves if n.split("+")[0] in dcp]
     resharded = run_cells(root / "reshard", reshard_cells, common, report=False)
     rows = []
     for name, overrides in saves:
@@ -71,7 +73,7 @@ def measure(root: Path, model: str, extra: List[str]) -> List[dict]:
         whole = losses(root / "save" / name)
         for phase, out, where in (("resume", resumed, root / "resume"), ("reshard", resharded, root / "reshard")):
             if name not in out:  # a DeepSpeed checkpoint at another world size: the rules' one line
-                cfg = compose([*common, *overrides, checkpoint_of(root, name), *one_rank])
+                cfg = compose([*common, *loads[name], *one_rank])
                 row[f"{phase}_refused"] = next(iter(rules.problems(cfg)), None)
                 continue
             g = out[name].get("figures") or {}
