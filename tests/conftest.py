@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.compose import flat_backends, resharding_backends
+from harness.config.compose import flat_backends
 from harness.core.paths import extensions_dir
 
 REPO = Path(__file__).resolve().parent.parent
 BACKENDS = flat_backends()  # every file in conf/backend/ but the hybrid ones (tested across nodes)
-RESHARDING = resharding_backends(BACKENDS)  # whose checkpoints resume at another world size (DCP's)
 FAST = ["logger=none", "train.steps=5", "train.warmup_steps=2"]
 
 
@@ -127,9 +126,9 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs):
     """The LoRA, bf16 and resharding sweeps, all on 2 ranks, as the cells of one launch: one start-up, not three."""
     def reshard(backend: str) -> tuple:
         # the fp32 sweep's 3-rank checkpoint resumed at 2 ranks x 3 micro-batches: the same 6 sequences a step
+        # (DCP reshards on load; DeepSpeed's strategy converts its checkpoint with ds_to_universal first)
         return (*FINETUNE, "parallelism.nproc_per_node=2", "parallelism.grad_accum=3", "model.init=meta",
                 f"model.pretrained_path={llama_checkpoint}", *cheap(saved(fp32_runs, backend)))
-    reshard.backends = RESHARDING
     return sweeps(tmp_path_factory.mktemp("two_ranks"), {
         "reshard": reshard,
         # the fp32 sweep again with LoRA adapters (peft's defaults) over the frozen checkpoint, every backend

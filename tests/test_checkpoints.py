@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from conftest import BACKENDS, FINETUNE, RESHARDING, SAVED_AT, saved
-from harness.config import rules
+from conftest import BACKENDS, FINETUNE, SAVED_AT, saved
+from harness.config import families, rules
 from harness.config.compose import compose
 from harness.core.checkpoint_dirs import MARKER, latest, step_dir
 
@@ -39,13 +39,18 @@ def test_a_resumed_run_reaches_the_uninterrupted_runs_losses(fp32_runs, resumed_
     assert any("resumed from step 3" in n for n in summary["notes"])
 
 
-@pytest.mark.parametrize("backend", RESHARDING)
-def test_a_dcp_checkpoint_from_3_ranks_resumes_at_2_to_the_same_losses(fp32_runs, reshard_runs, backend):
-    summary, records, _ = reshard_runs[backend]
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_checkpoint_from_3_ranks_resumes_at_2_to_the_same_losses(fp32_runs, reshard_runs, backend):
+    summary, records, run_dir = reshard_runs[backend]
     assert summary["status"] == "ok", summary.get("reason")
     assert summary["figures"]["checkpoint/resumed_from_world"] == 3
     # the same 6 sequences a step, reduced in another order over 2 ranks x 3 micro-batches
     assert losses(records) == pytest.approx(losses(fp32_runs[backend][1])[SAVED_AT:], rel=1e-4)
+    # DCP reshards on load; DeepSpeed loads what its own ds_to_universal made of its ZeRO files
+    report = json.loads((run_dir / "ranks" / "report.json").read_text())
+    how = report["ranks"][0]["checkpoint"]["resumed"]["framework"]
+    deepspeed = families.of(compose([f"backend={backend}"]).backend).checkpoint_format == "DeepSpeed"
+    assert how.get("load_universal", False) == deepspeed, how
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -64,15 +69,16 @@ def test_every_save_is_timed_and_its_bytes_stand_beside_theory(fp32_runs, backen
     assert by_rank and by_rank[0] <= f["checkpoint/bytes_on_disk"]  # each rank's own files, within the whole
 
 
-def test_a_deepspeed_checkpoint_at_another_world_size_is_refused_in_one_line_saying_what_to_run(fp32_runs):
-    cfg = compose(["backend=ds_zero2", *FINETUNE, "parallelism.nproc_per_node=2", "parallelism.grad_accum=3",
-                   saved(fp32_runs, "ds_zero2")])
-    found = rules.problems(cfg)
-    assert len(found) == 1 and "saved at 3 ranks" in found[0] and "ds_to_universal" in found[0], found
+def test_a_checkpoint_of_another_format_stage_or_precision_is_refused_in_one_line(fp32_runs):
     other_stage = compose(["backend=ds_zero3", *FINETUNE, saved(fp32_runs, "ds_zero2")])
-    assert any("ZeRO stage 2" in p and "ZeRO stage 3" in p for p in rules.problems(other_stage))
+    found = rules.problems(other_stage)
+    assert len(found) == 1 and "ZeRO stage 2" in found[0] and "ZeRO stage 3" in found[0], found
+    other_precision = compose(["backend=ds_zero2", *FINETUNE, "train.precision=bf16", saved(fp32_runs, "ds_zero2")])
+    assert any("fp32" in p and "bf16" in p for p in rules.problems(other_precision))
     dcp_into_deepspeed = compose(["backend=ds_zero1", *FINETUNE, saved(fp32_runs, "fsdp")])
     assert any("a DCP checkpoint of fsdp" in p for p in rules.problems(dcp_into_deepspeed))
+    # DDP and FSDP2 read each other's: one format, resharded on load
+    assert not rules.problems(compose(["backend=fsdp", *FINETUNE, saved(fp32_runs, "ddp")]))
 
 
 def test_a_save_without_its_marker_is_never_resumed(tmp_path):

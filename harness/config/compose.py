@@ -36,15 +36,14 @@ def flat_backends() -> List[str]:
     return [b for b, node in presets.items() if not families.of(node).is_hybrid(node)]
 
 
-def resharding_backends(names: List[str]) -> List[str]:
-    """Those of `names` whose checkpoints resume at another world size as they are (their family's format
-    reshards on load: Family.reshard_fix is empty)."""
+def async_saving_backends(names: List[str]) -> List[str]:
+    """Those of `names` whose family saves checkpoints asynchronously here (Family.async_save_refusal is empty)."""
     from omegaconf import OmegaConf
 
     from . import families
 
     return [b for b in names
-            if not families.of(OmegaConf.load(CONF / "backend" / f"{b}.yaml")).reshard_fix]
+            if not families.of(OmegaConf.load(CONF / "backend" / f"{b}.yaml")).async_save_refusal]
 
 
 def hybrid_backends() -> List[str]:

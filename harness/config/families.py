@@ -71,6 +71,7 @@ class Family:
     # reshards on load; why train.checkpoint_async cannot run, "" where it can
     checkpoint_format = ""
     reshard_fix = ""
+    layout_fix = ""  # why a checkpoint of another layout (checkpoint_layout) cannot load
     async_save_refusal = ""
 
     THEORY = ("paper_stage", "layout", "phase_terms", "step_transients", "after_backward_buffers", "collectives",

@@ -2,8 +2,9 @@
 checkpoint is found only in the run dir).
 
 A checkpoint resumes under a backend of a family that writes the same format (DCP: DDP and FSDP2 read each
-other's), at the same world size unless the format reshards on load (DCP does; DeepSpeed's ZeRO files need its
-universal checkpoint first: the family's `reshard_fix` says what to run), and only below train.steps.
+other's), at the same world size unless the format reshards on load (DCP does, and DeepSpeed's strategy converts its
+ZeRO files with ds_to_universal; a family that cannot says so in `reshard_fix`), in the layout that wrote it
+(DeepSpeed: the same ZeRO stage and precision), and only below train.steps.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def resume_problems(cfg, path: Path) -> List[str]:
     layout = family.checkpoint_layout(cfg)
     if marker.get("layout", layout) != layout:
         out.append(f"{key}: saved by {marker['backend']} ({marker['layout']}), and {cfg.backend.name} loads "
-                   f"{layout}; {family.reshard_fix or 'resume it with ' + marker['backend']}")
+                   f"{layout}; {family.layout_fix or 'it cannot load there'}: resume it with {marker['backend']}")
     elif marker["world"] != world and family.reshard_fix:
         out.append(f"{key}: saved at {marker['world']} ranks and this run has {world}; {family.reshard_fix}")
     if marker["step"] >= cfg.train.steps:

@@ -83,7 +83,9 @@ class Checkpointer:
         dist.barrier()
         self.resumed = {"path": str(path), "step": marker["step"], "saved_world": marker["world"],
                         "load_s": time.perf_counter() - started, "load_host_peak_bytes": probes.host_peak_bytes(),
-                        "load_host_added_bytes": probes.host_peak_bytes() - before}
+                        "load_host_added_bytes": probes.host_peak_bytes() - before,
+                        # how the framework loaded it, where it says (DeepSpeed: through its universal checkpoint)
+                        "framework": dict(self.strategy.settings.get("checkpoint", {}))}
         self.start_step = marker["step"]
         return marker["step"]
 

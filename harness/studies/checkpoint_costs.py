@@ -4,9 +4,10 @@
 
 Every flat backend trains --model (fp32, 2 ranks, 6 steps) and saves after steps 3 and 6 (runtime/train_state.py);
 DDP and FSDP2 once more with DCP's asynchronous save. Then each resumes its step-3 checkpoint at the same 2 ranks
-and trains steps 3 to 5 again (the losses are set against the run that saved it), and the DCP backends resume it
-at 1 rank with 2 micro-batches (the same 4 sequences a step); a DeepSpeed checkpoint at another world size is
-refused before any rank starts, and the row says why. Each phase is one launch of cells (launcher/cells.py).
+and trains steps 3 to 5 again (the losses are set against the run that saved it), and every backend resumes it
+at 1 rank with 2 micro-batches (the same 4 sequences a step): DCP reshards on load, DeepSpeed's strategy converts
+its checkpoint with ds_to_universal (its time is in the load's). Each phase is one launch of cells
+(launcher/cells.py).
 
 Per row: the median save's seconds that blocked training and until its files were written, the size on disk and
 the bytes the rank that wrote most wrote (theory/checkpoint_bytes.py beside both), the most a rank's host memory rose
@@ -22,8 +23,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..config import rules
-from ..config.compose import compose, flat_backends, resharding_backends
+from ..config.compose import async_saving_backends, flat_backends
 from ..core.paths import REPO, extensions_dir
 from ..core.rundir import write_text
 
@@ -53,18 +53,17 @@ def measure(root: Path, model: str, extra: List[str]) -> List[dict]:
     from ..launcher.cells import run_cells
 
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
-    backends, dcp = flat_backends(), resharding_backends(flat_backends())
+    backends = flat_backends()
     common = [f"paths.root={root}", f"model={model}", *RUN, *extra]
     saves = [(b, [f"backend={b}"]) for b in backends] + [(f"{b}+async", [f"backend={b}", "train.checkpoint_async=true"])
-                                                           for b in dcp]
+                                                           for b in async_saving_backends(backends)]
     saved = run_cells(root / "save", [(n, [*o, f"train.checkpoint_every={SAVED_AT}"]) for n, o in saves], common,
                       report=False)
     # a resume loads the same way however the checkpoint was saved: each cell is its backend and the checkpoint
     loads = {n: [o[0], checkpoint_of(root, n)] for n, o in saves}
     resumed = run_cells(root / "resume", list(loads.items()), common, report=False)
     one_rank = ["parallelism.nproc_per_node=1", "parallelism.grad_accum=2"]
-    reshard_cells = [(n, [*loads[n], *one_rank]) for n, _ in saves if n.split("+")[0] in dcp]
-    resharded = run_cells(root / "reshard", reshard_cells, common, report=False)
+    resharded = run_cells(root / "reshard", [(n, [*loads[n], *one_rank]) for n, _ in saves], common, report=False)
     rows = []
     for name, overrides in saves:
         f = saved[name].get("figures") or {}
@@ -72,10 +71,6 @@ def measure(root: Path, model: str, extra: List[str]) -> List[dict]:
                **{k.removeprefix("checkpoint/"): v for k, v in f.items() if k.startswith("checkpoint/")}}
         whole = losses(root / "save" / name)
         for phase, out, where in (("resume", resumed, root / "resume"), ("reshard", resharded, root / "reshard")):
-            if name not in out:  # a DeepSpeed checkpoint at another world size: the rules' one line
-                cfg = compose([*common, *loads[name], *one_rank])
-                row[f"{phase}_refused"] = next(iter(rules.problems(cfg)), None)
-                continue
             g = out[name].get("figures") or {}
             row.update({f"{phase}_status": out[name]["status"], f"{phase}_load_s": g.get("checkpoint/load_s"),
                         f"{phase}_load_host_added_bytes": g.get("checkpoint/load_host_added_bytes"),
@@ -96,16 +91,12 @@ def render(rows: List[dict], model: str) -> str:
         if r["status"] != "ok":
             lines.append(f"| {r['name']} | {r['status']}: {(r.get('reason') or '')[:100]} |||||||||")
             continue
-        reshard = ((sec(r.get("reshard_load_s")), diff(r.get("reshard_max_rel_loss_diff")))
-                   if "reshard_refused" not in r else ("refused before any rank starts", "-"))
+        reshard = (sec(r.get("reshard_load_s")), diff(r.get("reshard_max_rel_loss_diff")))
         lines.append(
             f"| {r['name']} | {sec(r['save_blocking_s'])} | {sec(r['save_total_s'])} | {mib(r['bytes_on_disk'])} "
             f"({mib(r['bytes_on_disk_predicted'])}) | {mib(r['rank_bytes_max'])} ({mib(r['rank_bytes_predicted'])}) | "
             f"{mib(r['save_host_added_bytes'])} | {sec(r.get('resume_load_s'))} | "
             f"{diff(r.get('resume_max_rel_loss_diff'))} | {reshard[0]} | {reshard[1]} |")
-    refusals = sorted({r["reshard_refused"] for r in rows if r.get("reshard_refused")})
-    if refusals:
-        lines += ["", "Refused at 1 rank, in one line each:", ""] + [f"- {line}" for line in refusals]
     return "\n".join(lines) + "\n"
 
 

@@ -29,9 +29,9 @@ class DeepSpeedFamily(Family):
     pass_through = ("deepspeed",)  # +backend.deepspeed.<key>=...: DeepSpeed's JSON keys, checked by check.py
     framework = "DeepSpeed"
     checkpoint_format = "DeepSpeed"  # engine.save_checkpoint: the module's states and each rank's ZeRO partitions
-    reshard_fix = ("DeepSpeed loads its ZeRO files at the world size and stage that wrote them; convert the "
-                   "checkpoint with `python -m deepspeed.checkpoint.ds_to_universal --input_folder <it> "
-                   "--output_folder <it>_universal`, which this harness does not yet load")
+    # at another world size the strategy converts the checkpoint with DeepSpeed's ds_to_universal and loads that
+    reshard_fix = ""
+    layout_fix = "DeepSpeed loads a checkpoint at the ZeRO stage and precision that wrote it"
     async_save_refusal = "DeepSpeed's asynchronous checkpoint engines (Nebula, FastPersist) need CUDA or Azure"
     representative = "ds_zero2"
     untraceable = ("the engine moves the module to its device (engine._configure_distributed_model), which torch "

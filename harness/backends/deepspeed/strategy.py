@@ -13,6 +13,7 @@ from typing import Dict, Iterable
 import torch
 from typing_extensions import override
 
+from ...core.checkpoint_dirs import read_marker
 from .json_config import ds_config
 from ...runtime.strategies.base import Strategy
 from .states import classify, placed
@@ -111,14 +112,46 @@ class DeepSpeedStrategy(Strategy):
     def save_checkpoint(self, directory, asynchronous, group):
         # DeepSpeed's own layout under <checkpoints>/<tag>: the module's states and each rank's ZeRO partitions.
         # Its `latest` file is not written: the harness's marker says which checkpoint is complete
-        self.engine.save_checkpoint(str(directory.parent), tag=directory.name, save_latest=False)
+        # universal_checkpoint_info: what DeepSpeed's ds_to_universal requires of the client to convert the
+        # checkpoint to another world size; empty for data parallelism alone (no tensor-parallel patterns)
+        self.engine.save_checkpoint(str(directory.parent), tag=directory.name, save_latest=False,
+                                    client_state={"universal_checkpoint_info": {}})
         return None  # synchronous: DeepSpeed's asynchronous engines (Nebula, FastPersist) need CUDA
 
     @override
     def load_checkpoint(self, directory):
-        path, _ = self.engine.load_checkpoint(str(directory.parent), tag=directory.name)
+        load_dir, tag = directory.parent, directory.name
+        saved_world = read_marker(directory)["world"]
+        if saved_world != self.world_size:
+            # DeepSpeed's ZeRO files load only at the world size that wrote them: its universal checkpoint
+            # (ds_to_universal, arXiv 2406.18820) reshards them, and the engine loads that under the parsed form
+            # of its `checkpoint.load_universal` key, which it reads when it loads
+            load_dir, tag = directory, self._universal(directory)
+            self.engine._config.load_universal_checkpoint = True
+            self.settings["checkpoint"] = {"load_universal": True, "saved_world": saved_world}
+        path, _ = self.engine.load_checkpoint(str(load_dir), tag=tag)
         if path is None:
-            raise RuntimeError(f"DeepSpeed found no checkpoint at {directory}")
+            raise RuntimeError(f"DeepSpeed found no checkpoint at {load_dir / tag}")
+
+    def _universal(self, directory) -> str:
+        """The checkpoint converted by DeepSpeed's ds_to_universal (rank 0, once, in this process: DeepSpeed is
+        loaded already) into <directory>/universal; returns that tag."""
+        import argparse
+        import shutil
+
+        import torch.distributed as dist
+
+        out, done = directory / "universal", directory / "universal.done"
+        if dist.get_rank() == 0 and not done.exists():
+            from deepspeed.checkpoint import ds_to_universal
+
+            shutil.rmtree(out, ignore_errors=True)
+            ds_to_universal.main(argparse.Namespace(
+                input_folder=str(directory), output_folder=str(out), num_extract_workers=1, num_merge_workers=1,
+                keep_temp_folder=False, strict=True, inject_missing_state=False))
+            done.write_text("")
+        dist.barrier()
+        return out.name
 
     @override
     def state_tensors(self) -> Dict[str, Iterable[torch.Tensor]]:
