@@ -1,5 +1,5 @@
 """A run's checkpoint figures, from every rank's saves and resume (runtime/train_state.py), with theory beside
-the bytes (theory/checkpoint_bytes.py through the family).
+the bytes (the family's checkpoint_bytes: theory/checkpoint_bytes.py for DCP).
 
     checkpoint/saves                          how many checkpoints the run completed
     checkpoint/save_blocking_s                the median save's seconds during which training waited (the slowest

@@ -10,7 +10,7 @@ its checkpoint with ds_to_universal (its time is in the load's). Each phase is o
 (launcher/cells.py).
 
 Per row: the median save's seconds that blocked training and until its files were written, the size on disk and
-the bytes the rank that wrote most wrote (theory/checkpoint_bytes.py beside both), the most a rank's host memory rose
+the bytes the rank that wrote most wrote (the family's checkpoint_bytes beside both), the most a rank's host memory rose
 while saving, and for each resume its load seconds, host rise and the largest relative difference of its losses
 from the uninterrupted run's. Writes checkpoint.json and checkpoint.md to --out.
 """

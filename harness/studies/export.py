@@ -13,40 +13,24 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 from typing import Dict, List
 
 import torch
 
+from ..config import families
 from ..config.compose import compose
 from ..core.checkpoint_dirs import is_complete, read_marker
 from ..core.errors import ConfigError
 
 
-def dcp_weights(directory: Path) -> Dict[str, torch.Tensor]:
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory() as tmp:
-        whole = Path(tmp) / "whole.pt"
-        dcp_to_torch_save(str(directory), str(whole))
-        return torch.load(whole, weights_only=False)["model"]
-
-
-def deepspeed_weights(directory: Path) -> Dict[str, torch.Tensor]:
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    return dict(get_fp32_state_dict_from_zero_checkpoint(str(directory.parent), tag=directory.name))
-
-
-READERS = {"DCP": dcp_weights, "DeepSpeed": deepspeed_weights}  # a family's checkpoint_format -> its consolidation
-
-
 def weights(directory: Path) -> Dict[str, torch.Tensor]:
-    """The checkpoint's model weights, whole, in fp32, keyed as the Hugging Face model names them."""
+    """The checkpoint's model weights, whole, in fp32, keyed as the Hugging Face model names them: consolidated
+    by the saving family's own tool (its strategy module's `consolidated_weights`)."""
     if not is_complete(directory):
         raise ConfigError(f"{directory}: no complete checkpoint there (no complete.json)")
-    return READERS[read_marker(directory)["format"]](Path(directory))
+    family = families.get(read_marker(directory)["family"])
+    return family.strategy_module().consolidated_weights(Path(directory))
 
 
 def export(directory: Path, out: Path) -> Path:

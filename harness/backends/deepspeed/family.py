@@ -10,7 +10,6 @@ from typing import List
 from ...config.derive import world_size
 from ...config.families import Difference, Family
 from . import check, theory
-from ...theory.checkpoint_bytes import deepspeed_bytes
 from .jit_ops import BUILDERS
 from .json_config import conflicts, effective_zero, hpz_size
 
@@ -221,7 +220,7 @@ class DeepSpeedFamily(Family):
         return theory.own_estimate(backend, s)
 
     def checkpoint_bytes(self, backend, s):
-        return deepspeed_bytes(backend.zero_stage, s)
+        return theory.checkpoint_bytes(backend.zero_stage, s)
 
     def checkpoint_files(self, directory, rank):
         # each rank's ZeRO partitions; stages 1-2's module states come from rank 0 (data-parallel rank 0)

@@ -200,3 +200,11 @@ def bare_setup(cfg, model, world, params, adam):
         engine.backward(loss)
         engine.step()
     return engine, step
+
+
+def consolidated_weights(directory) -> dict:
+    """A checkpoint's model weights, whole and fp32: every rank's master partition joined by DeepSpeed's own
+    zero_to_fp32 (for `python -m harness.export`)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return dict(get_fp32_state_dict_from_zero_checkpoint(str(directory.parent), tag=directory.name))

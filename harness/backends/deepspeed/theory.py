@@ -211,3 +211,13 @@ def own_estimate(backend, s) -> Optional[Dict[str, float]]:
         s.params, s.largest_param, num_gpus_per_node=s.world, cpu_offload=backend.offload_optimizer,
         cpu_offload_params=backend.offload_params)
     return {"gpu": gpu, "cpu": cpu, "gathered": gathered}
+
+
+def checkpoint_bytes(stage: int, s) -> Dict[str, float]:
+    """What engine.save_checkpoint writes, tensor bytes only: each rank its ZeRO partition of the fp32 master
+    weights and both moments (12T/N, zero_pp_rank_<r>_*_optim_states.pt); stages 1-2 also the module's
+    parameters in the training dtype from rank 0 (Ψp, mp_rank_00_model_states.pt), while stage 3 writes only each
+    rank's bookkeeping there (its parameters are partitions, saved in the optimizer's files)."""
+    partitions = 12 * s.t / s.world
+    module = s.params * s.p if stage < 3 else 0
+    return {"total": module + 12 * s.t, "rank_max": module + partitions}

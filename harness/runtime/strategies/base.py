@@ -241,6 +241,20 @@ class NativeStrategy(Strategy):
         }
 
 
+def dcp_consolidated_weights(directory) -> dict:
+    """A DCP checkpoint's model weights, whole: DCP's own dcp_to_torch_save gathers the sharded state dict (for
+    `python -m harness.export`: DDP's and FSDP2's strategy modules export this as consolidated_weights)."""
+    import tempfile
+    from pathlib import Path
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        whole = Path(tmp) / "whole.pt"
+        dcp_to_torch_save(str(directory), str(whole))
+        return torch.load(whole, weights_only=False)["model"]
+
+
 def bare_step(model, optimizer, grad_clip: float):
     """A hand-written loop's backward and step for a torch optimizer (studies/bare_loop.py's baseline)."""
     def step(loss):
