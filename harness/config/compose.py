@@ -24,26 +24,25 @@ def flat_backends() -> List[str]:
     ZeRO++'s hpZ: Family.is_hybrid) group ranks by node and gain nothing over their flat form on one node:
     single-node sweeps leave them out (the experiments' `glob(*,exclude=[...])` lists them); the multi-node
     drill and `make hybrid` run them."""
-    from omegaconf import OmegaConf
-
     from . import families
 
-    def preset(name: str):  # the file over the schema's defaults: what the backend group composes, in ms
-        return OmegaConf.merge(OmegaConf.structured(schema.BackendConfig),
-                               OmegaConf.load(CONF / "backend" / f"{name}.yaml"))
-
-    presets = {b: preset(b) for b in backends()}
+    presets = {b: backend_preset(b) for b in backends()}
     return [b for b, node in presets.items() if not families.of(node).is_hybrid(node)]
 
 
 def async_saving_backends(names: List[str]) -> List[str]:
     """Those of `names` whose family saves checkpoints asynchronously here (Family.async_save_refusal is empty)."""
-    from omegaconf import OmegaConf
-
     from . import families
 
-    return [b for b in names
-            if not families.of(OmegaConf.load(CONF / "backend" / f"{b}.yaml")).async_save_refusal]
+    return [b for b in names if not families.of(backend_preset(b)).async_save_refusal]
+
+
+def backend_preset(name: str):
+    """conf/backend/<name>.yaml over the schema's defaults: what the backend group composes, in ms."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(OmegaConf.structured(schema.BackendConfig),
+                           OmegaConf.load(CONF / "backend" / f"{name}.yaml"))
 
 
 def hybrid_backends() -> List[str]:

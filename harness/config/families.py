@@ -67,11 +67,10 @@ class Family:
     # why its runtime cannot run on fake tensors (runtime/traced.py), as `make scale-check` found it; "" where it can
     untraceable = ""
     # checkpoints (runtime/train_state.py): what its save writes (a checkpoint resumes under any family that
-    # writes the same format); how one saved at another world size or layout resumes, "" where the format
-    # reshards on load; why train.checkpoint_async cannot run, "" where it can
+    # writes the same format, at any world size: each strategy's load_checkpoint reshards); why a checkpoint of
+    # another layout (checkpoint_layout) cannot load; why train.checkpoint_async cannot run, "" where it can
     checkpoint_format = ""
-    reshard_fix = ""
-    layout_fix = ""  # why a checkpoint of another layout (checkpoint_layout) cannot load
+    layout_fix = ""
     async_save_refusal = ""
 
     THEORY = ("paper_stage", "layout", "phase_terms", "step_transients", "after_backward_buffers", "collectives",

@@ -2,9 +2,8 @@
 checkpoint is found only in the run dir).
 
 A checkpoint resumes under a backend of a family that writes the same format (DCP: DDP and FSDP2 read each
-other's), at the same world size unless the format reshards on load (DCP does, and DeepSpeed's strategy converts its
-ZeRO files with ds_to_universal; a family that cannot says so in `reshard_fix`), in the layout that wrote it
-(DeepSpeed: the same ZeRO stage and precision), and only below train.steps.
+other's), at any world size (DCP reshards on load, and DeepSpeed's strategy converts its ZeRO files with ds_to_universal),
+in the layout that wrote it (DeepSpeed: the same ZeRO stage and precision), and only below train.steps.
 """
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from typing import List
 
 from ..core.checkpoint_dirs import MARKER, is_complete, read_marker
 from ..core.errors import ConfigError
-from . import derive, families
+from . import families
 
 RESUME_WORDS = ("never", "auto")
 
@@ -42,7 +41,6 @@ def resume_problems(cfg, path: Path) -> List[str]:
                 "finished); name a checkpoints/step_<k> dir that has one, or use train.resume=auto"]
     marker, family = read_marker(path), families.of(cfg.backend)
     saved = families.get(marker["family"])
-    world = derive.world_size(cfg)
     if saved.checkpoint_format != family.checkpoint_format:
         return [f"{key}: a {saved.checkpoint_format} checkpoint of {marker['backend']}, and {cfg.backend.name} "
                 f"reads {family.checkpoint_format} ones; resume it with a backend of family {marker['family']}"]
@@ -51,8 +49,6 @@ def resume_problems(cfg, path: Path) -> List[str]:
     if marker.get("layout", layout) != layout:
         out.append(f"{key}: saved by {marker['backend']} ({marker['layout']}), and {cfg.backend.name} loads "
                    f"{layout}; {family.layout_fix or 'it cannot load there'}: resume it with {marker['backend']}")
-    elif marker["world"] != world and family.reshard_fix:
-        out.append(f"{key}: saved at {marker['world']} ranks and this run has {world}; {family.reshard_fix}")
     if marker["step"] >= cfg.train.steps:
         out.append(f"{key}: the checkpoint is at step {marker['step']}, and train.steps={cfg.train.steps} leaves "
                    "nothing to train; raise train.steps")

@@ -116,7 +116,7 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
     train_step = TrainStep(model, strategy, batches, cfg.parallelism.grad_accum, device, inject)
     tokens_per_step = derive.tokens_per_step(cfg, strategy.world_size)
     start = checkpointer.start_step if checkpointer else 0
-    first_timed = start + min(t.warmup_steps, t.steps - start - 1) if start else t.warmup_steps
+    first_timed = start + min(t.warmup_steps, t.steps - start - 1)  # warmup < steps: a fresh run's warmup
     timer = probes.StepTimer(device, first_timed)
     states = probes.StateProbe(first_timed, t.memory_budget_bytes, dist.get_rank(), emulated=device.type == "cpu")
     breakdown = time_profile.StepTime(device, t.breakdown_steps, trace_path)

@@ -31,6 +31,7 @@ from ..core.checkpoint_dirs import MARKER, bytes_on_disk, read_marker, step_dir
 from ..core.rundir import write_json
 from . import probes
 
+
 def _rng_state() -> dict:
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -57,7 +58,6 @@ class Checkpointer:
     saves: List[dict] = field(default_factory=list)
     resumed: Optional[dict] = None
     window_peak: int = 0
-    start_step: int = 0
     _pending: Optional[tuple] = None
     _group: object = None
 
@@ -68,16 +68,21 @@ class Checkpointer:
             # that they never interleave with training's (torch's documented practice for async_save)
             self._group = dist.new_group(backend="gloo")
 
-    def resume(self, path: Optional[Path]) -> int:
-        """Load `path` (model, optimizer, this rank's RNG) and return the step to start from; 0 with no path.
-        At another world size each rank keeps its seeded RNG: no saved stream is its own."""
+    @property
+    def start_step(self) -> int:
+        """The step the loop starts from: the resumed checkpoint's, else 0."""
+        return self.resumed["step"] if self.resumed else 0
+
+    def resume(self, path: Optional[Path]) -> None:
+        """Load `path` (model, optimizer, this rank's RNG), if any. At another world size each rank keeps its
+        seeded RNG: no saved stream is its own."""
         if path is None:
-            return 0
+            return
         path, marker = Path(path), read_marker(path)
         probes.reset_host_peak()
         before = probes.host_rss_bytes()
         started = time.perf_counter()
-        self.strategy.load_checkpoint(path)
+        self.strategy.load_checkpoint(path, marker["world"])
         if marker["world"] == dist.get_world_size():
             torch.set_rng_state(torch.load(path / f"rank{self.rank}.pt")["torch"])
         dist.barrier()
@@ -86,8 +91,6 @@ class Checkpointer:
                         "load_host_added_bytes": probes.host_peak_bytes() - before,
                         # how the framework loaded it, where it says (DeepSpeed: through its universal checkpoint)
                         "framework": dict(self.strategy.settings.get("checkpoint", {}))}
-        self.start_step = marker["step"]
-        return marker["step"]
 
     def after_step(self, step: int, timed: bool) -> bool:
         """Save the state after `step` (so resuming starts at step + 1) when it is due; whether it saved."""

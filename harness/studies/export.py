@@ -26,11 +26,11 @@ from ..core.errors import ConfigError
 
 def weights(directory: Path) -> Dict[str, torch.Tensor]:
     """The checkpoint's model weights, whole, in fp32, keyed as the Hugging Face model names them: consolidated
-    by the saving family's own tool (its strategy module's `consolidated_weights`)."""
+    by the saving family's own tool (its strategy's `consolidated_weights`)."""
     if not is_complete(directory):
         raise ConfigError(f"{directory}: no complete checkpoint there (no complete.json)")
     family = families.get(read_marker(directory)["family"])
-    return family.strategy_module().consolidated_weights(Path(directory))
+    return family.strategy_class().consolidated_weights(Path(directory))
 
 
 def export(directory: Path, out: Path) -> Path:

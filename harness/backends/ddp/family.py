@@ -6,7 +6,6 @@ the last bucket), once per step: micro-batches before the last run under no_sync
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Dict
 
 from ...config.derive import bucket_elements
@@ -14,7 +13,7 @@ from ...config.families import Difference, Family
 from ...config.profiles import NATIVE
 from ...theory.communication import Collective, bucketed
 from ...theory.peak import produced
-from ...theory.checkpoint_bytes import dcp_bytes
+from ...theory.checkpoint_bytes import DCPCheckpoints
 
 NATIVE_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's bucket_cap_mb default
 
@@ -26,11 +25,10 @@ def options(cfg, params: int) -> Dict[str, Any]:
     return {"gradient_as_bucket_view": True, "bucket_cap_mb": bucket_elements(cfg, params) * 4 / 2**20}
 
 
-class DDPFamily(Family):
+class DDPFamily(DCPCheckpoints, Family):
     name = "ddp"
     strategy_class_name = "DDPStrategy"
     framework = "PyTorch"
-    checkpoint_format = "DCP"  # torch.distributed.checkpoint, sharded state dicts: reshards on load
     representative = "ddp"
     untraceable = ("torch cannot move a module whose parameters are fake (nn.Module._apply cannot swap them), and "
                    "DDP's construction reads its parameters' data to check their shapes across ranks; past both, its "
@@ -91,12 +89,6 @@ class DDPFamily(Family):
     def optimizer_bytes(self, backend, s):
         # AdamW reads parameter, gradient and both moments and writes three back (28 B); clipping 12 B
         return {"memory": 40 * s.params}
-
-    def checkpoint_bytes(self, backend, s):
-        return dcp_bytes(s)
-
-    def checkpoint_files(self, directory, rank):
-        return sorted(Path(directory).glob(f"__{rank}_*.distcp"))  # DCP's FileSystemWriter: __<rank>_<n>.distcp
 
     def describe_settings(self, settings):
         d = settings.get("ddp")

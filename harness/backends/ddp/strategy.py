@@ -11,7 +11,7 @@ from typing_extensions import override
 
 from .family import options
 from ...runtime import models
-from ...runtime.strategies.base import NativeStrategy, bare_step, dcp_consolidated_weights
+from ...runtime.strategies.base import NativeStrategy, bare_step
 
 
 class DDPStrategy(NativeStrategy):
@@ -76,8 +76,3 @@ def bare_setup(cfg, model, world, params, adam):
     """DDP as a hand-written loop sets it up, with the profile's options (config/families.py's bare_setup)."""
     ddp = DistributedDataParallel(model, **options(cfg, params))
     return ddp, bare_step(ddp, torch.optim.AdamW(ddp.parameters(), **adam), cfg.optim.grad_clip)
-
-
-def consolidated_weights(directory) -> dict:
-    """The checkpoint's model weights, whole (`python -m harness.export`): DCP's own consolidation."""
-    return dcp_consolidated_weights(directory)

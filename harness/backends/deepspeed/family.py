@@ -28,8 +28,6 @@ class DeepSpeedFamily(Family):
     pass_through = ("deepspeed",)  # +backend.deepspeed.<key>=...: DeepSpeed's JSON keys, checked by check.py
     framework = "DeepSpeed"
     checkpoint_format = "DeepSpeed"  # engine.save_checkpoint: the module's states and each rank's ZeRO partitions
-    # at another world size the strategy converts the checkpoint with DeepSpeed's ds_to_universal and loads that
-    reshard_fix = ""
     layout_fix = "DeepSpeed loads a checkpoint at the ZeRO stage and precision that wrote it"
     async_save_refusal = "DeepSpeed's asynchronous checkpoint engines (Nebula, FastPersist) need CUDA or Azure"
     representative = "ds_zero2"

@@ -13,7 +13,6 @@ from typing import Dict, Iterable
 import torch
 from typing_extensions import override
 
-from ...core.checkpoint_dirs import read_marker
 from .json_config import ds_config
 from ...runtime.strategies.base import Strategy
 from .states import classify, placed
@@ -119,9 +118,8 @@ class DeepSpeedStrategy(Strategy):
         return None  # synchronous: DeepSpeed's asynchronous engines (Nebula, FastPersist) need CUDA
 
     @override
-    def load_checkpoint(self, directory):
+    def load_checkpoint(self, directory, saved_world):
         load_dir, tag = directory.parent, directory.name
-        saved_world = read_marker(directory)["world"]
         if saved_world != self.world_size:
             # DeepSpeed's ZeRO files load only at the world size that wrote them: its universal checkpoint
             # (ds_to_universal, arXiv 2406.18820) reshards them, and the engine loads that under the parsed form
@@ -132,6 +130,14 @@ class DeepSpeedStrategy(Strategy):
         path, _ = self.engine.load_checkpoint(str(load_dir), tag=tag)
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint at {load_dir / tag}")
+
+    @staticmethod
+    @override
+    def consolidated_weights(directory):
+        # every rank's fp32 master partition, joined by DeepSpeed's own zero_to_fp32
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return dict(get_fp32_state_dict_from_zero_checkpoint(str(directory.parent), tag=directory.name))
 
     def _universal(self, directory) -> str:
         """The checkpoint converted by DeepSpeed's ds_to_universal (rank 0, once, in this process: DeepSpeed is
@@ -201,10 +207,3 @@ def bare_setup(cfg, model, world, params, adam):
         engine.step()
     return engine, step
 
-
-def consolidated_weights(directory) -> dict:
-    """A checkpoint's model weights, whole and fp32: every rank's master partition joined by DeepSpeed's own
-    zero_to_fp32 (for `python -m harness.export`)."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    return dict(get_fp32_state_dict_from_zero_checkpoint(str(directory.parent), tag=directory.name))

@@ -7,7 +7,6 @@ them from forward to backward.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ...config.families import Difference, Family
@@ -15,7 +14,7 @@ from ...config.profiles import NATIVE
 from ...config.derive import world_size
 from ...theory.communication import Collective
 from ...theory.shape import ranks_per_node
-from ...theory.checkpoint_bytes import dcp_bytes
+from ...theory.checkpoint_bytes import DCPCheckpoints
 
 
 def root_reshard(cfg) -> Optional[bool]:
@@ -39,11 +38,10 @@ def blocks_reshard_to(cfg, world: int):
     return post_forward if post_forward < shard else bool(cfg.backend.reshard_after_forward)
 
 
-class FSDPFamily(Family):
+class FSDPFamily(DCPCheckpoints, Family):
     name = "fsdp"
     strategy_class_name = "FSDPStrategy"
     framework = "PyTorch"
-    checkpoint_format = "DCP"  # torch.distributed.checkpoint, sharded state dicts: reshards on load
     representative = "fsdp"
     term_names = {"reduce_scatter_input": "FSDP2's reduce-scatter input"}
     differences = (
@@ -218,12 +216,6 @@ class FSDPFamily(Family):
 
     def optimizer_bytes(self, backend, s):
         return {"memory": 40 * s.params / s.shards}
-
-    def checkpoint_bytes(self, backend, s):
-        return dcp_bytes(s)
-
-    def checkpoint_files(self, directory, rank):
-        return sorted(Path(directory).glob(f"__{rank}_*.distcp"))  # DCP's FileSystemWriter: __<rank>_<n>.distcp
 
     def describe_settings(self, settings):
         f = settings.get("fsdp")

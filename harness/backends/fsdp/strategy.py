@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from .family import blocks_reshard_to, degrees, root_reshard
 from ...runtime import models
-from ...runtime.strategies.base import NativeStrategy, bare_step, dcp_consolidated_weights
+from ...runtime.strategies.base import NativeStrategy, bare_step
 
 
 def device_mesh(cfg, world: int, device_type: str):
@@ -90,8 +90,3 @@ def bare_setup(cfg, model, world, params, adam):
         fully_shard(block, mesh=mesh, reshard_after_forward=blocks_reshard_to(cfg, world))
     fully_shard(model, mesh=mesh, **({} if root is None else {"reshard_after_forward": root}))
     return model, bare_step(model, torch.optim.AdamW(model.parameters(), **adam), cfg.optim.grad_clip)
-
-
-def consolidated_weights(directory) -> dict:
-    """The checkpoint's model weights, whole (`python -m harness.export`): DCP's own consolidation."""
-    return dcp_consolidated_weights(directory)

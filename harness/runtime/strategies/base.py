@@ -131,8 +131,14 @@ class Strategy(ABC):
         API; with `asynchronous`, return a Future that completes when the files are written (on `group`)."""
 
     @abstractmethod
-    def load_checkpoint(self, directory) -> None:
-        """Load the model and optimizer state `save_checkpoint` wrote, at this run's world size."""
+    def load_checkpoint(self, directory, saved_world: int) -> None:
+        """Load the model and optimizer state `save_checkpoint` wrote at `saved_world` ranks, at this run's."""
+
+    @staticmethod
+    @abstractmethod
+    def consolidated_weights(directory) -> dict:
+        """A checkpoint's model weights, whole and fp32, keyed as the Hugging Face model names them, by the
+        framework's own consolidation (`python -m harness.export`; in one process, no process group)."""
 
     # -- what this rank holds -----------------------------------------------------------------------
     @abstractmethod
@@ -222,7 +228,7 @@ class NativeStrategy(Strategy):
         return None
 
     @override
-    def load_checkpoint(self, directory):
+    def load_checkpoint(self, directory, saved_world):  # DCP reshards on load, whatever the saved world
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -230,6 +236,20 @@ class NativeStrategy(Strategy):
         dcp.load(state, checkpoint_id=str(directory))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
+
+    @staticmethod
+    @override
+    def consolidated_weights(directory):
+        # DCP's own dcp_to_torch_save gathers the sharded state dict whole
+        import tempfile
+        from pathlib import Path
+
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            whole = Path(tmp) / "whole.pt"
+            dcp_to_torch_save(str(directory), str(whole))
+            return torch.load(whole, weights_only=False)["model"]
 
     @override
     def state_tensors(self):
@@ -239,20 +259,6 @@ class NativeStrategy(Strategy):
             "grads": [p.grad for p in params],
             "optimizer": tensors_in(list(self.optimizer.state.values())),
         }
-
-
-def dcp_consolidated_weights(directory) -> dict:
-    """A DCP checkpoint's model weights, whole: DCP's own dcp_to_torch_save gathers the sharded state dict (for
-    `python -m harness.export`: DDP's and FSDP2's strategy modules export this as consolidated_weights)."""
-    import tempfile
-    from pathlib import Path
-
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory() as tmp:
-        whole = Path(tmp) / "whole.pt"
-        dcp_to_torch_save(str(directory), str(whole))
-        return torch.load(whole, weights_only=False)["model"]
 
 
 def bare_step(model, optimizer, grad_clip: float):
