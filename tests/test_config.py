@@ -63,6 +63,7 @@ def test_schema_rejects_misspelt_keys_wrong_types_and_unknown_options(override):
     (["backend=ds_zero3", "+backend.deepspeed.zero_optimization.stage=1"], "zero_optimization.stage"),
     (["model.num_heads=5"], "model.num_heads"),
     (["data.name=wikipedia"], "data.name"),
+    (["train.preempt_signal=TERM"], "train.preempt_signal"),
 ])
 def test_rules_reject_bad_values_in_one_line_that_names_the_key(overrides, key):
     cfg = make(*overrides)
@@ -218,3 +219,21 @@ def test_composing_a_matrix_at_once_gives_each_runs_own_config():
         assert OmegaConf.to_container(cfg, resolve=True) == OmegaConf.to_container(alone, resolve=True), overrides
     with pytest.raises(Exception, match="train.steps"):
         compose_many([["train.steps=ten"]])  # a wrong type still fails, as Hydra's own set would
+
+
+def test_the_preemption_signal_is_submitits_inside_a_slurm_job_and_a_requeue_resumes_the_same_run():
+    import signal
+
+    from harness.core.preemption import signal_of
+    from harness.launcher.run import _comparable
+    from harness.launcher.slurm import resumed
+
+    assert signal_of("auto", {}) is None  # not a SLURM job: nothing will warn it
+    assert signal_of("auto", {"SLURM_JOB_ID": "7"}) == signal.SIGUSR2
+    assert signal_of("auto", {"SLURM_JOB_ID": "7", "SUBMITIT_PREEMPT_SIGNAL": "USR1"}) == signal.SIGUSR1
+    assert signal_of("none", {"SLURM_JOB_ID": "7"}) is None and signal_of("usr2", {}) == signal.SIGUSR2
+    # submitit requeues the job with these arguments: the same overrides, resuming from the run dir's latest
+    args = (["backend=fsdp", "train.resume=/some/step_4"], "hydra.sweep.dir", 0, "job_id_for_0", {})
+    assert resumed(args) == (["backend=fsdp", "train.resume=auto"], *args[1:])
+    # and a job requeued after its run finished ok finds it done: train.resume is how a run goes on, not what it is
+    assert _comparable(make("train.resume=auto")) == _comparable(make())

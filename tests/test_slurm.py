@@ -133,3 +133,63 @@ def test_a_job_slurm_never_allocates_is_announced_then_recorded_as_a_timeout_row
     job = row["reason"].split("job ")[1].split()[0]
     assert queued(job, slurm_env) == ""  # cancelled: it will not start later behind the sweep's back
     assert took < 90
+
+
+def losses_of(run_dir: Path) -> dict:
+    return {r["step"]: r["loss/loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_a_job_signalled_before_its_time_limit_saves_is_requeued_and_resumes_to_the_same_losses(tmp_path, slurm_env):
+    """A job submitted with SLURM's --signal (submitit's USR2, hydra.launcher.signal_delay_s before the limit)
+    gets USR2 in every process of its step after its 40th step: the signal SLURM sends at that time, sent now
+    with `scancel --signal` (SLURM sends it up to 60 s early, so a timer-driven drill never knows which step it
+    interrupts). The ranks agree on it at a step boundary, save there and stop; the row of that attempt says so;
+    submitit requeues the job with train.resume=auto (a requeued job waits cred_expire=10 s here); the next
+    attempt resumes from the checkpoint and finishes. The sweep's row is ok and reads "resumed from step k",
+    and every step's loss equals an uninterrupted run's, bit for bit."""
+    steps = 120
+    common = [f"train.steps={steps}", "backend=fsdp", *FAST]
+    sweep = tmp_path / "sweeps" / "preempt"
+    proc = subprocess.Popen([*cli_command(), "-m", *common, f"paths.root={tmp_path}", "sweep.name=preempt",
+                             *ON_THIS_CLUSTER, "hydra.launcher.signal_delay_s=90",
+                             # submitit counts a signal within 10 minutes of a limit as a time-out
+                             "hydra.launcher.max_num_timeout=1"],
+                            cwd=REPO, env=slurm_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        run_dir = None
+        while time.time() < deadline:
+            found = [p.parent for p in sweep.glob("*/metrics.jsonl")]
+            if found and len(losses_of(found[0])) >= 40 and job_of(found[0]):
+                run_dir = found[0]
+                break
+            time.sleep(0.2)
+        assert run_dir, list(sweep.glob("*/*"))
+        seen = slurm_env_of(run_dir)
+        task = (f"{seen['SLURM_ARRAY_JOB_ID']}_{seen['SLURM_ARRAY_TASK_ID']}" if "SLURM_ARRAY_JOB_ID" in seen
+                else seen["SLURM_JOB_ID"])
+        subprocess.run(["scancel", "--signal=USR2", task], env=slurm_env, check=True, timeout=30)
+        # the uninterrupted run, on this machine while SLURM holds the requeued job
+        reference = subprocess.run([*cli_command(), *common, f"paths.root={tmp_path}",
+                                    f"hydra.run.dir={tmp_path}/reference"], cwd=REPO,
+                                   env={k: v for k, v in slurm_env.items() if not k.startswith("SLURM_J")},
+                                   capture_output=True, text=True, timeout=300)
+        assert reference.returncode == 0, reference.stderr[-3000:]
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    first = json.loads((run_dir / "attempts" / "1" / "summary.json").read_text())
+    row = json.loads((run_dir / "summary.json").read_text())
+    resumed_from = row["figures"]["checkpoint/resumed_from_step"]
+    print(f"first attempt: {first['status']}: {first['reason']}\nfinal attempt: {row['status']}, resumed from "
+          f"step {resumed_from}; SLURM restarts: {slurm_env_of(run_dir).get('SLURM_RESTART_COUNT')}")
+    assert first["status"] == "failed" and first["reason"].startswith("preempted: SIGUSR2 arrived"), first
+    assert first["figures"]["train/steps_completed"] == resumed_from >= 40
+    assert row["status"] == "ok" and f"resumed from step {resumed_from:.0f}" in " ".join(row["notes"])
+    table = (sweep / "summary.md").read_text()  # the sweep's row
+    assert "| resumed from step |" in table.splitlines()[0] and f"| {resumed_from:.0f} |" in table.splitlines()[2]
+    assert slurm_env_of(run_dir).get("SLURM_RESTART_COUNT") == "1"  # SLURM's own count: requeued once
+    assert "resume: auto" in (run_dir / "config.yaml").read_text()  # submitit requeued it with train.resume=auto
+    trained = {**losses_of(run_dir / "attempts" / "1"), **losses_of(run_dir)}
+    assert trained == losses_of(tmp_path / "reference")  # every step, bit for bit

@@ -124,3 +124,30 @@ def test_backward_scales_step_steps_and_sync_waits_for_the_last_micro_batch(one_
     for component in ("optimizer", "params"):  # on the host exactly when the config offloads it
         offloaded = bool(cfg.backend[f"offload_{component}"])
         assert (f"host_{component}" in keys) == offloaded and (component in keys) != offloaded, keys
+
+
+def test_a_preemption_signal_saves_at_the_next_step_boundary_then_stops(one_rank, tmp_path):
+    """runtime/train_state.py: the signal is noted whenever it comes; the ranks agree after the step, save
+    there (a complete checkpoint) and stop with Preempted, except after the last step, when the run ends anyway."""
+    import signal
+
+    from harness.core.checkpoint_dirs import is_complete, step_dir
+    from harness.runtime.errors import Preempted
+    from harness.runtime.train_state import Checkpointer
+    from harness.runtime.worker import prepare
+
+    cfg = compose(["backend=ddp", "logger=none", "profile=parity"])
+    strategy = prepare(cfg, 0, 1, torch.device("cpu")).strategy
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        checkpointer = Checkpointer(strategy, tmp_path, 0, False, {}, lambda directory, rank: [],
+                                    preempt_signal=signal.SIGUSR2)
+        assert checkpointer.after_step(0, timed=True) is False and not list(tmp_path.iterdir())
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert checkpointer.after_step(1, timed=True, last=True) is False
+        with pytest.raises(Preempted) as stopped:
+            checkpointer.after_step(2, timed=True)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert stopped.value.step == 3 and "SIGUSR2" in str(stopped.value)
+    assert is_complete(step_dir(tmp_path, 3)) and [s["step"] for s in checkpointer.saves] == [3]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List
 
+from ..core import preemption
 from ..core.checkpoint_dirs import MARKER, is_complete, read_marker
 from ..core.errors import ConfigError
 from . import families
@@ -28,6 +29,8 @@ def problems(cfg) -> List[str]:
                    "train.checkpoint_every=<steps>")
     if t.checkpoint_async and family.async_save_refusal:
         out.append(f"train.checkpoint_async=true: {family.async_save_refusal}; drop it for {cfg.backend.name}")
+    if preemption.problem(t.preempt_signal):
+        out.append(preemption.problem(t.preempt_signal))
     if t.resume not in RESUME_WORDS:
         out += resume_problems(cfg, Path(t.resume))
     return out

@@ -167,6 +167,11 @@ class TrainConfig:
     # never | auto (the latest complete checkpoint in this run's dir, if any: a re-run after a crash or a
     # preemption goes on from it) | the path of a checkpoint (checkpoints/step_<k> of any run)
     resume: str = "never"
+    # the signal that asks a run to save a checkpoint at the next step boundary and stop, so that a requeued
+    # job resumes from it (core/preemption.py): auto (inside a SLURM job, the signal submitit asks SLURM to
+    # send before preemption or the time limit, USR2 unless SUBMITIT_PREEMPT_SIGNAL says otherwise; elsewhere
+    # none) | none | USR1 | USR2. While armed, the ranks agree on it once a step, outside the step times
+    preempt_signal: str = "auto"
 
 
 @dataclass

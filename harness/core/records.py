@@ -20,10 +20,11 @@ class Status:
     KILLED = "killed"  # rank only: it exited without writing its outcome (a signal, the OOM killer)
     TERMINATED = "terminated"  # rank only: torchrun stopped it because another rank failed
     RUNNING = "running"  # a table row only: another live launch holds the run dir
+    PREEMPTED = "preempted"  # rank only: it saved on train.preempt_signal and stopped; the run is `failed`
 
     # Worst first: a failed run takes the status of its worst rank. Among equals, a rank that is the cause
     # comes before a rank that failed because of it (RankOutcome.peer).
-    SEVERITY = {OOM: 0, TIMEOUT: 1, KILLED: 2, FAILED: 2, TERMINATED: 4, OK: 5}
+    SEVERITY = {OOM: 0, TIMEOUT: 1, KILLED: 2, FAILED: 2, PREEMPTED: 3, TERMINATED: 4, OK: 5}
     RUN_STATUSES = (OK, FAILED, OOM, TIMEOUT, INVALID)
 
 

@@ -80,6 +80,8 @@ def failure_summary(identity: Identity, run_dir: RunDir, world: int, returncode:
                                     ranks=[o.to_dict() for o in outcomes])
     if worst.status == Status.OK:
         reason = f"launcher exited with code {returncode} after every rank reported ok"
+    elif worst.status == Status.PREEMPTED:  # every rank stopped on purpose, at the same step
+        reason = f"preempted: {worst.reason}"
     else:
         reason = f"{where(worst, nnodes)} {worst.status}: {worst.error} {worst.reason}"
         others = [f"{where(o, nnodes)} {o.status}" for o in outcomes if o is not worst]

@@ -23,12 +23,15 @@ from ..reporting.memory_story import dominant_overhead
 from .environment import environment
 from .nodes import follow, node_rank, owner_lock
 from .ops import ensure_ops
-from .torchrun import launch, rank_env
+from .torchrun import Preemption, launch, rank_env
 
 
 def _comparable(cfg) -> dict:
+    """The config that says what a run is: not `force`, nor `train.resume` (how it goes on: a SLURM job requeued
+    after its run ended finds it done)."""
     out = OmegaConf.to_container(cfg, resolve=True)
     out.pop("force", None)
+    out["train"].pop("resume", None)
     return out
 
 
@@ -109,14 +112,14 @@ def run_one(cfg: DictConfig) -> dict:
         lock.release()
 
 
-def start_ranks(cfg: DictConfig, run_dir: RunDir, notes: list[str]) -> dict:
+def start_ranks(cfg: DictConfig, run_dir: RunDir, notes: list[str], preempt: Preemption) -> dict:
     """The ranks' run, once the DeepSpeed ops it needs are built; a build that failed or timed out is the
     run's result, and no rank starts."""
     blocked = ensure_ops(cfg, run_dir, rank_env(cfg))
     if blocked is not None:
         write_json(run_dir.summary, blocked.to_dict())
         return blocked.to_dict()
-    return launch(cfg, run_dir, notes)
+    return launch(cfg, run_dir, notes, preempt)
 
 
 def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list[str]) -> dict:
@@ -139,8 +142,9 @@ def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list
     write_json(run_dir.env, environment(cfg))
     for note in notes:
         print(f"shardbench: note: {note}", file=sys.stderr, flush=True)
+    preempt = Preemption(cfg)
     try:
-        summary = start_ranks(cfg, run_dir, notes)
+        summary = start_ranks(cfg, run_dir, notes, preempt)
     except KeyboardInterrupt:
         if not run_dir.summary.exists():  # stopped before the ranks started (building DeepSpeed's ops)
             write_json(run_dir.summary, RunSummary.interrupted(derive.identity(cfg)).to_dict())
@@ -160,6 +164,7 @@ def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list
         print(f"shardbench: warning: {warning}", file=sys.stderr, flush=True)
     for error in summary.get("errors") or []:
         print(f"shardbench: figure withheld: {error}", file=sys.stderr, flush=True)
+    preempt.hand_over()  # its row written, a preempted SLURM job is requeued (submitit) and this process exits
     if not in_sweep and summary["status"] != Status.OK:
         sys.exit(1)
     return summary

@@ -8,6 +8,9 @@ after the sweep was submitted is cancelled (`scancel`) and recorded as a `timeou
 the job and SLURM's reason, so the sweep ends with its table rather than a traceback. A running job is the
 run itself, bounded by SLURM's time limit (`hydra.launcher.timeout_min`).
 
+A job that SLURM signals ahead of preemption or its time limit saves a checkpoint and stops (core/preemption.py);
+submitit then requeues it with the arguments `resumed` gives: the same run, with `train.resume=auto`.
+
 The launcher class Hydra instantiates is in hydra_plugins/shardbench_slurm/ (Hydra takes launchers only from
 that namespace); the behaviour is here.
 """
@@ -92,6 +95,14 @@ class AllocationWatch:
         print(one_line(summary, run_dir), flush=True)
         return JobReturn(overrides=list(overrides), cfg=cfg, working_dir=str(run_dir),
                          task_name=cfg.hydra.job.name, status=JobStatus.COMPLETED, _return_value=summary)
+
+
+def resumed(job_args: tuple) -> tuple:
+    """hydra-submitit's job arguments (overrides first) for a requeued job: the same run, going on from the
+    latest checkpoint in its run dir (a run dir's name leaves train.resume out: conf/config.yaml)."""
+    overrides, *rest = job_args
+    kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != "train.resume"]
+    return (kept + ["train.resume=auto"], *rest)
 
 
 @contextmanager

@@ -15,9 +15,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from ..config import derive
+from ..core import preemption
 from ..core.paths import REPO, extensions_dir
 from ..core.records import RunSummary
 from ..core.rundir import RunDir, write_json
@@ -96,12 +97,15 @@ def torchrun_cmd(cfg, run_dir: Path, module: tuple[str, ...] = ()) -> list[str]:
     return cmd + ["-m", *(module or (WORKER, str(run_dir)))]
 
 
-def die_with_parent(parent_pid: int):
+def die_with_parent(parent_pid: int, ignored: Optional[signal.Signals] = None):
     """A preexec for torchrun: the kernel sends it SIGTERM when the launcher dies, however it dies (SIGKILL, the
     OOM killer, a lost session), and torchrun then stops its ranks as on any SIGTERM (Linux PR_SET_PDEATHSIG;
-    elsewhere a no-op, and the ranks' own parent watch in runtime/worker.py still ends them)."""
+    elsewhere a no-op, and the ranks' own parent watch in runtime/worker.py still ends them). torchrun, and the
+    ranks until they handle it, ignore `ignored` (the preemption signal: by default it would kill them)."""
 
     def preexec() -> None:
+        if ignored:
+            signal.signal(ignored, signal.SIG_IGN)
         try:
             import ctypes
 
@@ -161,11 +165,62 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def launch(cfg, run_dir: RunDir, notes: List[str]) -> dict:
+class Preemption:
+    """The preemption signal (train.preempt_signal, core/preemption.py) while the ranks run: noted, and repeated
+    to torchrun's ranks every second until they end (SLURM signals them itself; a rank that was still setting
+    up then ignored it). Once the run's row is written, `hand_over` gives the signal to whoever handled it
+    before: inside a submitit job, submitit, which requeues the job (launcher/slurm.py) and exits."""
+
+    def __init__(self, cfg):
+        self.signal = preemption.signal_of(cfg.train.preempt_signal)
+        self.received, self.previous = False, None
+
+    @contextlib.contextmanager
+    def forwarded_to(self, proc: subprocess.Popen):
+        if not self.signal or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        stop = threading.Event()
+
+        def repeat() -> None:
+            import psutil
+
+            while not stop.is_set():
+                try:
+                    for rank in psutil.Process(proc.pid).children(recursive=True):
+                        rank.send_signal(self.signal)
+                except psutil.Error:
+                    return
+                stop.wait(1.0)
+
+        def on_signal(signum, frame) -> None:
+            if not self.received:
+                self.received = True
+                threading.Thread(target=repeat, name="preempt-forward", daemon=True).start()
+
+        self.previous = signal.signal(self.signal, on_signal)
+        try:
+            yield
+        finally:
+            stop.set()
+            signal.signal(self.signal, self.previous)
+
+    def hand_over(self) -> None:
+        if self.received and callable(self.previous):
+            self.previous(self.signal, None)
+
+
+def launch(cfg, run_dir: RunDir, notes: List[str], preempt: Optional[Preemption] = None) -> dict:
     """Run the ranks to completion and return the run's summary (written to summary.json, with `notes`)."""
     run_dir.ranks.mkdir(parents=True, exist_ok=True)
     with sigterm_as_interrupt():  # a kill of the parent stops the ranks
-        return _launch(cfg, run_dir, notes)
+        return _launch(cfg, run_dir, notes, preempt or Preemption(cfg))
+
+
+def _torchrun(cfg, run_dir: RunDir, log, preempt: Preemption) -> subprocess.Popen:
+    return subprocess.Popen(torchrun_cmd(cfg, run_dir.root), stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=rank_env(cfg), start_new_session=True,
+                            preexec_fn=die_with_parent(os.getpid(), preempt.signal))
 
 
 RESERVE_BYTES = 256 * 1024  # room kept back for the summary of a run that fills the disk
@@ -189,21 +244,20 @@ def disk_full_reason(run_dir: RunDir, min_free_mib: int) -> str:
             f"(paths.min_free_mib={min_free_mib}); ")
 
 
-def _launch(cfg, run_dir: RunDir, notes: List[str]) -> dict:
+def _launch(cfg, run_dir: RunDir, notes: List[str], preempt: Preemption) -> dict:
     reserve = _reserve(run_dir)
     try:
-        return _launch_and_summarise(cfg, run_dir, notes, reserve)
+        return _launch_and_summarise(cfg, run_dir, notes, reserve, preempt)
     finally:
         reserve.unlink(missing_ok=True)
 
 
-def _launch_and_summarise(cfg, run_dir: RunDir, notes: List[str], reserve: Path) -> dict:
+def _launch_and_summarise(cfg, run_dir: RunDir, notes: List[str], reserve: Path, preempt: Preemption) -> dict:
     with open(run_dir.launcher_log, "w") as log:
-        proc = subprocess.Popen(torchrun_cmd(cfg, run_dir.root), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=rank_env(cfg), start_new_session=True,
-                                preexec_fn=die_with_parent(os.getpid()))
+        proc = _torchrun(cfg, run_dir, log, preempt)
         try:
-            returncode = wait_with_progress(proc, cfg, run_dir)
+            with preempt.forwarded_to(proc):
+                returncode = wait_with_progress(proc, cfg, run_dir)
         except BaseException:  # Ctrl-C or a kill of the parent: no rank may outlive it
             _stop_group(proc, grace_s=3.0)  # a user who pressed Ctrl-C is waiting; results are atomic
             proc.wait()
@@ -220,12 +274,12 @@ def _launch_and_summarise(cfg, run_dir: RunDir, notes: List[str], reserve: Path)
 def launch_follower(cfg, run_dir: RunDir, node: int) -> int:
     """A multi-node follower's torchrun (launcher/nodes.py): its output in launcher.node<k>.log, nothing else
     written by this process; no rank outlives it. Returns torchrun's exit code."""
+    preempt = Preemption(cfg)
     with open(run_dir.root / f"launcher.node{node}.log", "w") as log:
-        proc = subprocess.Popen(torchrun_cmd(cfg, run_dir.root), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=rank_env(cfg), start_new_session=True,
-                                preexec_fn=die_with_parent(os.getpid()))
+        proc = _torchrun(cfg, run_dir, log, preempt)
         try:
-            return wait_announcing(proc, cfg, run_dir)
+            with preempt.forwarded_to(proc):
+                return wait_announcing(proc, cfg, run_dir)
         except BaseException:
             _stop_group(proc, grace_s=3.0)
             proc.wait()

@@ -32,6 +32,9 @@ COLUMNS = [
     ("host RSS MiB", lambda s: _mib(s["figures"].get("memory/host_peak_bytes_max")), "{:,.0f}"),
     # where a run saved a checkpoint: the median save's seconds that blocked training (reporting/checkpoint_figures.py)
     ("save s", lambda s: s["figures"].get("checkpoint/save_blocking_s"), "{:.3f}"),
+    # a run that went on from a checkpoint (a re-run with train.resume, a requeued SLURM job): its steps before
+    # that are an earlier attempt's
+    ("resumed from step", lambda s: s["figures"].get("checkpoint/resumed_from_step"), "{:.0f}"),
     ("final loss", lambda s: s["figures"].get("loss/final_loss"), "{:.5f}"),
 ]
 
@@ -79,17 +82,18 @@ def write_tables(sweep_dir: Path, rows: List[dict]) -> str:
 
 
 TEXT_COLUMNS = ("backend", "model", "precision", "status")
-OPTIONAL_COLUMNS = ("save s",)  # shown only where a run has the figure
+OPTIONAL_COLUMNS = ("save s", "resumed from step")  # shown only where a run has the figure
 # headers on two lines, each word short, so that the table fits 100 columns without cutting a value
 CONSOLE_HEADERS = {"step p50 ms": "step p50\nms", "exposed comm %": "exposed\ncomm %", "peak MiB/rank": "peak\nMiB/rank",
                    "peak predicted": "peak\npredicted", "states MiB/rank": "states\nMiB/rank",
                    "states predicted": "states\npredicted", "states error %": "states\nerror %",
-                   "host RSS MiB": "host RSS\nMiB", "final loss": "final\nloss"}
+                   "host RSS MiB": "host RSS\nMiB", "final loss": "final\nloss",
+                   "resumed from step": "resumed\nfrom step"}
 PIPE_WIDTH = 200  # where stdout is no terminal (a log, CI): wide enough for every column on one line
 
 
 # what a narrow terminal leaves out first: the columns that explain the others before the ones that compare runs
-DROP_ORDER = ("save s", "host RSS MiB", "states error %", "states predicted", "states MiB/rank", "exposed comm %",
+DROP_ORDER = ("save s", "resumed from step", "host RSS MiB", "states error %", "states predicted", "states MiB/rank", "exposed comm %",
               "step p50 ms", "peak predicted")
 
 

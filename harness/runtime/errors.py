@@ -26,3 +26,13 @@ class MemoryBudgetExceeded(torch.OutOfMemoryError):
 
 class InjectedFault(RuntimeError):
     """fault.kind=raise."""
+
+
+class Preempted(RuntimeError):
+    """The ranks got train.preempt_signal, saved a checkpoint at a step boundary and stopped
+    (runtime/train_state.py): the run is not finished, and train.resume=auto goes on from `path`."""
+
+    def __init__(self, signal_name: str, step: int, path: str):
+        super().__init__(f"{signal_name} arrived, so the ranks saved the state after step {step} to "
+                         f"{path} and stopped; train.resume=auto goes on from it")
+        self.step = step

@@ -132,7 +132,7 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
         with breakdown.clocked(t.breakdown_steps and timed):
             loss, grad_norm = train_step(step, count_states, t.on_nonfinite)
         sink.log(result.add(step, loss, grad_norm, timer.end(), tokens_per_step, timed))
-        if checkpointer and checkpointer.after_step(step, timed):
+        if checkpointer and checkpointer.after_step(step, timed, last=step == t.steps - 1):
             timer.restart()  # the save is no step's time
     if checkpointer:
         checkpointer.finish()  # an asynchronous save in flight completes

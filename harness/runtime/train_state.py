@@ -12,6 +12,10 @@ rank has finished writing (a barrier), so a save killed half-way leaves the prev
 Checkpoints live beside the attempts a re-run archives (core/rundir.py), so `train.resume=auto` finds them
 after a crash or a preemption.
 
+A run armed with `train.preempt_signal` (core/preemption.py) notes the signal whenever it comes; the ranks
+agree on it after every step (a one-element all-reduce on a gloo group of their own, outside the step times),
+save the state after that step, and stop with `Preempted`.
+
 What each save and load cost is measured here and reported per run: seconds that block training and seconds
 until the files are complete (they differ for DCP's asynchronous save), the host's high-water mark during each,
 and the bytes on disk.
@@ -19,6 +23,7 @@ and the bytes on disk.
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +35,7 @@ import torch.distributed as dist
 from ..core.checkpoint_dirs import MARKER, bytes_on_disk, read_marker, step_dir
 from ..core.rundir import write_json
 from . import probes
+from .errors import Preempted
 
 
 def _rng_state() -> dict:
@@ -55,18 +61,36 @@ class Checkpointer:
     identity: dict
     rank_files: Callable[[Path, int], list]  # the files a rank's save writes (its family's checkpoint_files)
     in_save: Callable[[int], None] = lambda step: None
+    preempt_signal: Optional[signal.Signals] = None  # train.preempt_signal, resolved; None = not armed
     saves: List[dict] = field(default_factory=list)
     resumed: Optional[dict] = None
     window_peak: int = 0
     _pending: Optional[tuple] = None
     _group: object = None
+    _signalled: bool = False
 
     def __post_init__(self):
         self.rank = dist.get_rank()
-        if self.every and self.asynchronous:
+        if (self.every and self.asynchronous) or self.preempt_signal:
             # DCP's asynchronous save plans in a thread with collectives of its own: on a group of its own, so
-            # that they never interleave with training's (torch's documented practice for async_save)
+            # that they never interleave with training's (torch's documented practice for async_save). The
+            # preemption flag goes there too: a CPU tensor, no device sync
             self._group = dist.new_group(backend="gloo")
+        if self.preempt_signal:
+            # until now the signal was ignored (torchrun starts the ranks so); the launcher repeats it every
+            # second while the ranks run, so one sent during setup is not lost
+            signal.signal(self.preempt_signal, self._note_signal)
+
+    def _note_signal(self, signum, frame) -> None:
+        self._signalled = True
+
+    def _preempted(self) -> bool:
+        """Whether any rank has had the signal: every rank asks after the same step, so all stop there."""
+        if not self.preempt_signal:
+            return False
+        flag = torch.tensor([1.0 if self._signalled else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        return bool(flag.item())
 
     @property
     def start_step(self) -> int:
@@ -92,10 +116,13 @@ class Checkpointer:
                         # how the framework loaded it, where it says (DeepSpeed: through its universal checkpoint)
                         "framework": dict(self.strategy.settings.get("checkpoint", {}))}
 
-    def after_step(self, step: int, timed: bool) -> bool:
-        """Save the state after `step` (so resuming starts at step + 1) when it is due; whether it saved."""
+    def after_step(self, step: int, timed: bool, last: bool = False) -> bool:
+        """Save the state after `step` (so resuming starts at step + 1) when it is due; whether it saved. When
+        the ranks have had the preemption signal (and `step` is not the `last`), save now, then raise
+        Preempted."""
         done = step + 1
-        if not self.every or done % self.every:
+        preempted = self._preempted() and not last
+        if not preempted and (not self.every or done % self.every):
             return False
         self.finish()  # the previous asynchronous save completes (and gets its marker) before the next begins
         if timed:
@@ -117,9 +144,11 @@ class Checkpointer:
         if pending is not None:  # the files are written when the future completes, which its callback times
             pending.add_done_callback(lambda _: record.setdefault("written_s", time.perf_counter() - started))
         self._pending = (record, pending, started)
-        if pending is None:
+        if pending is None or preempted:
             self.finish()
         probes.reset_host_peak()
+        if preempted:
+            raise Preempted(self.preempt_signal.name, done, str(directory))
         return True
 
     def finish(self) -> None:

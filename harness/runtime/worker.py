@@ -26,6 +26,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from ..config import derive, families, resume_check, schema
+from ..core import preemption
 from ..core.checkpoint_dirs import to_resume
 from ..core.errors import ConfigError
 from ..core.records import RankOutcome, RankReport, Status
@@ -33,6 +34,7 @@ from ..core.rundir import RunDir, write_json, write_text
 from ..core.waiting import announced
 from ..reporting import run_summary
 from . import data, faults, loop, models, preflight, probes, train_state
+from .errors import Preempted
 from .sink import open_sink
 from .strategies import make_strategy
 
@@ -44,6 +46,8 @@ def classify(exc: BaseException) -> tuple[str, bool]:
     """The status a failure becomes (oom, timeout or failed), and whether it is a peer's symptom."""
     text = f"{type(exc).__name__}: {exc}".lower()
     peer = bool(getattr(exc, "peer", False)) or any(p in text for p in PEER_GONE)
+    if isinstance(exc, Preempted):
+        return Status.PREEMPTED, False
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text:
         return Status.OOM, peer
     if "timed out" in text or "timeout" in type(exc).__name__.lower():
@@ -105,7 +109,8 @@ def checkpointer_for(cfg, run_dir: RunDir, strategy, rank: int) -> train_state.C
                 "sequences_per_step": derive.samples_per_step(cfg)}
     checkpointer = train_state.Checkpointer(strategy, run_dir.checkpoints, t.checkpoint_every, t.checkpoint_async,
                                             identity, family.checkpoint_files,
-                                            in_save=faults.in_save(cfg, rank, run_dir))
+                                            in_save=faults.in_save(cfg, rank, run_dir),
+                                            preempt_signal=preemption.signal_of(t.preempt_signal))
     path = to_resume(t.resume, run_dir.checkpoints)
     found = resume_check.resume_problems(cfg, path) if path is not None and t.resume == "auto" else []
     if found:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A one-machine SLURM cluster for the tests (Debian's slurm-wlm and munge, as root): slurmctld and two slurmd on
 # this host, nodes n1 and n2 (one core each, 127.0.0.1 in /etc/hosts), so that a 2-node job forms; a "debug"
-# partition; job completions in a text file (sacct --completion reads it).
+# partition; job completions in a text file (sacct --completion reads it); a requeued job eligible again after
+# 10 s, not SLURM's default 120 s (cred_expire), so that the preemption drill's requeue is quick.
 #   tests/slurm/cluster.sh start   -> prints `export SLURM_CONF=...` ; exits 3 with a one-line reason if it can't
 #   tests/slurm/cluster.sh stop
 set -euo pipefail
@@ -32,6 +33,8 @@ SlurmctldHost=$host
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# a requeued job may start again cred_expire s later (SLURM's default is 120 s): the preemption drill
+AuthInfo=cred_expire=10
 SlurmctldPort=16817
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool.%n
