@@ -33,12 +33,10 @@ from pathlib import Path
 from typing import List
 
 from ..config import families
-from ..config.compose import compose, hybrid_backends
+from ..config.compose import compose, flat_backends, hybrid_backends
 from ..core.paths import REPO
 from ..core.rundir import write_text
 
-# the flat forms beside every hybrid backend; the first is the reference the losses are set against
-FLAT = ("ddp", "fsdp", "ds_zero3")
 RUN = ["logger=none", "model=tiny_llama", "profile=parity", "train.precision=fp32", "train.steps=8",
        "train.warmup_steps=3", "train.measure_flops=false", "train.breakdown_steps=0",
        "parallelism.nproc_per_node=2", "parallelism.nnodes=2", "parallelism.micro_batch=2"]
@@ -72,8 +70,29 @@ def losses(run_dir: Path) -> list:
     return [json.loads(line)["loss/loss"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def flat_forms() -> List[str]:
+    """The reference (the default backend, which replicates: DDP) and the flat form of every hybrid backend:
+    the first backend, in name order, of its family and ZeRO stage that groups no ranks by node."""
+    default = compose([]).backend
+    out = [default.name]
+    flat = [compose([f"backend={b}"]).backend for b in flat_backends()]
+    for name in hybrid_backends():
+        node = compose([f"backend={name}"]).backend
+        stage = families.of(node).paper_stage(node)
+        form = next(b.name for b in flat if b.family == node.family and families.of(b).paper_stage(b) == stage)
+        if form not in out:
+            out.append(form)
+    return out
+
+
+def quantisable(names: List[str]) -> List[str]:
+    """Those of `names` whose config has quantised collectives to turn on (ZeRO++'s qwZ and qgZ)."""
+    nodes = [compose([f"backend={b}"]).backend for b in names]
+    return [b.name for b in nodes if "quantized_weights" in families.of(b).fields]
+
+
 def measure(root: Path, extra: List[str]) -> List[dict]:
-    releases = {b: release(b) for b in (*FLAT, *hybrid_backends())}
+    releases = {b: release(b) for b in (*flat_forms(), *hybrid_backends())}
     # the backends that keep what they gather on a model this small run again releasing it (module docstring)
     cells = [(b, b, []) for b in releases] + [(f"{b} released", b, o) for b, o in releases.items() if o]
     out = []
@@ -109,9 +128,9 @@ def predicted() -> List[dict]:
         overrides = [f"model={model}", "parallelism=gpu8", f"parallelism.nnodes={nodes}", "train.precision=bf16"]
         cfg = compose(overrides)
         rates = rates_for(cfg, 8 * nodes)
-        quantised = [{**r, "backend": "ds_zeropp +qwZ +qgZ"} for r in rows(
+        quantised = [{**r, "backend": f"{r['backend']} +qwZ +qgZ"} for r in rows(
             [*overrides, "backend.quantized_weights=true", "backend.quantized_gradients=true"], rates=rates,
-            names=["ds_zeropp"])]
+            names=quantisable(hybrid_backends()))]
         for r in rows(overrides, rates=rates) + quantised:
             out.append({"model": model, "nodes": nodes, "world": r["world"], "backend": r["backend"],
                         "states": r["device_bytes"], "peak": r["peak_bytes"],
