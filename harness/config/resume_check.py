@@ -29,8 +29,8 @@ def problems(cfg) -> List[str]:
                    "train.checkpoint_every=<steps>")
     if t.checkpoint_async and family.async_save_refusal:
         out.append(f"train.checkpoint_async=true: {family.async_save_refusal}; drop it for {cfg.backend.name}")
-    if preemption.problem(t.preempt_signal):
-        out.append(preemption.problem(t.preempt_signal))
+    if signal_problem := preemption.problem(t.preempt_signal):
+        out.append(signal_problem)
     if t.resume not in RESUME_WORDS:
         out += resume_problems(cfg, Path(t.resume))
     return out

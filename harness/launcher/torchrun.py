@@ -210,11 +210,11 @@ class Preemption:
             self.previous(self.signal, None)
 
 
-def launch(cfg, run_dir: RunDir, notes: List[str], preempt: Optional[Preemption] = None) -> dict:
+def launch(cfg, run_dir: RunDir, notes: List[str], preempt: Preemption) -> dict:
     """Run the ranks to completion and return the run's summary (written to summary.json, with `notes`)."""
     run_dir.ranks.mkdir(parents=True, exist_ok=True)
     with sigterm_as_interrupt():  # a kill of the parent stops the ranks
-        return _launch(cfg, run_dir, notes, preempt or Preemption(cfg))
+        return _launch(cfg, run_dir, notes, preempt)
 
 
 def _torchrun(cfg, run_dir: RunDir, log, preempt: Preemption) -> subprocess.Popen:

@@ -93,8 +93,8 @@ PIPE_WIDTH = 200  # where stdout is no terminal (a log, CI): wide enough for eve
 
 
 # what a narrow terminal leaves out first: the columns that explain the others before the ones that compare runs
-DROP_ORDER = ("save s", "resumed from step", "host RSS MiB", "states error %", "states predicted", "states MiB/rank", "exposed comm %",
-              "step p50 ms", "peak predicted")
+DROP_ORDER = ("save s", "resumed from step", "host RSS MiB", "states error %", "states predicted", "states MiB/rank",
+              "exposed comm %", "step p50 ms", "peak predicted")
 
 
 def console_table(rows: List[dict], width: int):

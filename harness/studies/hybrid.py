@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import List
 
 from ..config import families
-from ..config.compose import compose, flat_backends, hybrid_backends
+from ..config.compose import backend_preset, compose, flat_backends, hybrid_backends
 from ..core.paths import REPO
 from ..core.rundir import write_text
 
@@ -73,11 +73,9 @@ def losses(run_dir: Path) -> list:
 def flat_forms() -> List[str]:
     """The reference (the default backend, which replicates: DDP) and the flat form of every hybrid backend:
     the first backend, in name order, of its family and ZeRO stage that groups no ranks by node."""
-    default = compose([]).backend
-    out = [default.name]
-    flat = [compose([f"backend={b}"]).backend for b in flat_backends()]
-    for name in hybrid_backends():
-        node = compose([f"backend={name}"]).backend
+    out = [compose([]).backend.name]
+    flat = [backend_preset(b) for b in flat_backends()]
+    for node in map(backend_preset, hybrid_backends()):
         stage = families.of(node).paper_stage(node)
         form = next(b.name for b in flat if b.family == node.family and families.of(b).paper_stage(b) == stage)
         if form not in out:
@@ -87,8 +85,7 @@ def flat_forms() -> List[str]:
 
 def quantisable(names: List[str]) -> List[str]:
     """Those of `names` whose config has quantised collectives to turn on (ZeRO++'s qwZ and qgZ)."""
-    nodes = [compose([f"backend={b}"]).backend for b in names]
-    return [b.name for b in nodes if "quantized_weights" in families.of(b).fields]
+    return [b for b in names if "quantized_weights" in families.of(backend_preset(b)).fields]
 
 
 def measure(root: Path, extra: List[str]) -> List[dict]:
@@ -123,14 +120,14 @@ def predicted() -> List[dict]:
     from .advise import rates_for
     from .estimate import rows
 
-    out = []
+    out, quantised_backends = [], quantisable(hybrid_backends())
     for model, nodes in SHAPES:
         overrides = [f"model={model}", "parallelism=gpu8", f"parallelism.nnodes={nodes}", "train.precision=bf16"]
         cfg = compose(overrides)
         rates = rates_for(cfg, 8 * nodes)
         quantised = [{**r, "backend": f"{r['backend']} +qwZ +qgZ"} for r in rows(
             [*overrides, "backend.quantized_weights=true", "backend.quantized_gradients=true"], rates=rates,
-            names=quantisable(hybrid_backends()))]
+            names=quantised_backends)]
         for r in rows(overrides, rates=rates) + quantised:
             out.append({"model": model, "nodes": nodes, "world": r["world"], "backend": r["backend"],
                         "states": r["device_bytes"], "peak": r["peak_bytes"],
