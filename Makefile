@@ -46,8 +46,10 @@ report: install ## rebuild a finished sweep's summary.csv and report: make repor
 run: install warm ## one run: make run ARGS="backend=ds_zero3 model=tiny_gpt2"
 	$(PY) -m harness.train $(ARGS)
 
-estimate: install ## predict memory and comm for every backend, no training: make estimate ARGS="model=llama_7b parallelism=gpu8"
-	$(PY) -m harness.estimate $(ARGS)
+ESTIMATE_MODELS ?= qwen2_5_0_5b mistral_7b llama3_8b
+estimate: install ## predict memory and comm for every backend, no training: the published-model presets on 8 GPUs in bf16, or make estimate ARGS="model=llama_7b parallelism=gpu8"
+	@if [ -n "$(ARGS)" ]; then $(PY) -m harness.estimate $(ARGS); else \
+	  for m in $(ESTIMATE_MODELS); do $(PY) -m harness.estimate model=$$m parallelism=gpu8 train.precision=bf16 || exit 1; done; fi
 
 bench: install warm ## harness overhead: step time vs a hand-written loop (DDP, FSDP, ZeRO-2) -> results/bench/
 	$(PY) -m harness.bench $(ARGS)

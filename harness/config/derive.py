@@ -32,7 +32,11 @@ def apply_global_batch(cfg) -> None:
 def fit_to_model(cfg, overrides) -> list[str]:
     """A preset's seq_len (parallelism=gpu1 asks 2048) above the model's positions is capped to
     model.max_positions, with a note, so that every model runs with every preset. A seq_len the user set on
-    the command line (`overrides`) is left as asked, for the rules to refuse."""
+    the command line (`overrides`) is left as asked, for the rules to refuse. First, a model.hf_config sets
+    the model's fields (config/hf_models.py)."""
+    from . import hf_models
+
+    hf_models.fill(cfg.model, overrides)
     par, m = cfg.parallelism, cfg.model
     asked = any(o.lstrip("+~").split("=", 1)[0] == "parallelism.seq_len" for o in overrides)
     if asked or par.seq_len <= m.max_positions:

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import List
 
+from .hf_models import DEFAULTS
+
 # the checkpoint's config.json key -> (our ModelConfig field, its value when ours is unset)
 FIELDS = {
     "llama": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
@@ -67,15 +69,16 @@ def checkpoint_problems(m) -> List[str]:
     if not any((path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
         return [f"{where}: no model.safetensors or its shard index; save with save_pretrained's safetensors"]
     theirs = json.loads((path / "config.json").read_text())
-    if theirs.get("model_type") != m.family:
-        return [f"{where}: a {theirs.get('model_type')} checkpoint, but model={m.name} is a {m.family}; pick a "
-                f"{theirs.get('model_type')} preset"]
+    kind = m.model_type or m.family
+    if theirs.get("model_type") != kind:
+        return [f"{where}: a {theirs.get('model_type')} checkpoint, but model={m.name} is a {kind}; pick a "
+                f"{theirs.get('model_type')} preset, or pass model.hf_config={m.pretrained_path}"]
     for key, field in FIELDS[m.family].items():
         want = theirs.get(key)
         if want is None and field == "intermediate_size":
             continue  # GPT-2's n_inner null: its 4h default, as ours
         if key == "tie_word_embeddings" and want is None:
-            want = True  # transformers' default
+            want = DEFAULTS["tie_word_embeddings"][kind]  # transformers' default for the model type
         if want != ours(m, field):
             return [f"{where}: its {key} is {want}, model={m.name} has {field}={ours(m, field)}; pick the "
                     f"checkpoint's preset or override model.{field}={want}"]

@@ -14,7 +14,7 @@ from typing import Callable, List
 from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import ConfigError
-from . import derive, families, finetune_check, resume_check, schema
+from . import derive, families, finetune_check, hf_models, resume_check, schema
 from .schema import CHOICES
 
 __all__ = ["ConfigError", "check", "problems", "output_problems"]
@@ -223,7 +223,7 @@ def _show(value) -> str:
 def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[str]:
     """Every violated rule, as `key=value: problem; fix`. Unknown keys, then values of the wrong kind, are
     reported alone: the rules after them assume a config of the schema's shape with values of the right kind."""
-    return unknown_key_rules(cfg) or value_rules(cfg) or [
+    return unknown_key_rules(cfg) or value_rules(cfg) or hf_models.problems(cfg) or [
         *shape_rules(cfg), *device_rules(cfg, cuda_devices), *batch_rules(cfg), *run_rules(cfg), *backend_rules(cfg),
         *finetune_check.problems(cfg), *resume_check.problems(cfg)]
 

@@ -67,7 +67,11 @@ BackendConfig = _backend_config()
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    family: str = MISSING  # llama | gpt2
+    family: str = MISSING  # the shape the theory knows: llama (also Mistral, Qwen2) | gpt2
+    # a Hugging Face config.json (or its dir) that sets the fields below and builds the model
+    # (config/hf_models.py): llama, mistral, qwen2 or gpt2; a relative path is also looked for under conf/model/
+    hf_config: Optional[str] = None
+    model_type: Optional[str] = None  # config.json's model_type (set from hf_config); None = family
     vocab_size: int = 256
     hidden_size: int = 64
     num_layers: int = 2

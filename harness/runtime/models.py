@@ -16,7 +16,15 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 
 def hf_config(m):
-    """The transformers config for a `ModelConfig`."""
+    """The transformers config for a `ModelConfig`: from its model.hf_config file (config/hf_models.py) when
+    it names one, else built from our fields."""
+    if m.hf_config:
+        from transformers import AutoConfig
+
+        from ..config import hf_models
+
+        kwargs = hf_models.transformers_config(m)
+        return AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     if m.family == "llama":
         return LlamaConfig(
             vocab_size=m.vocab_size,
@@ -54,6 +62,15 @@ def hf_config(m):
 _CLASSES = {"llama": LlamaForCausalLM, "gpt2": GPT2LMHeadModel}
 
 
+def causal_lm_class(m, config):
+    """Our own presets' classes; a model.hf_config's, by its model_type, through transformers' auto mapping."""
+    if not m.hf_config:
+        return _CLASSES[m.family]
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM._model_mapping[type(config)]
+
+
 def build(m, device: torch.device | str | None = None, workload=None) -> nn.Module:
     """Construct the model, on `device` or under the caller's context (meta, or deepspeed.zero.Init), with
     LoRA adapters when `workload` asks. Its weights are whatever construction left: the caller writes them.
@@ -63,7 +80,7 @@ def build(m, device: torch.device | str | None = None, workload=None) -> nn.Modu
     cfg = hf_config(m)
     cfg._attn_implementation = "sdpa"
     with torch.device(device) if device is not None else contextlib.nullcontext():
-        model = _CLASSES[m.family](cfg)
+        model = causal_lm_class(m, cfg)(cfg)
         return adapt(model, workload) if workload is not None and workload.name == "lora" else model
 
 
@@ -100,7 +117,7 @@ def describe_workload(cfg, counts: dict) -> dict:
         lora = lora_config(cfg.workload)
         from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULT_TARGETS
 
-        targets = lora.target_modules or DEFAULT_TARGETS[cfg.model.family]  # what get_peft_model resolves
+        targets = lora.target_modules or DEFAULT_TARGETS[cfg.model.model_type or cfg.model.family]  # what get_peft_model resolves
         out.update(r=lora.r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
                    target_modules=sorted(targets))
     return out

@@ -1,0 +1,143 @@
+"""A model from a Hugging Face config.json (`model.hf_config=<dir or file>`), read before any rank starts.
+
+The theory (memory, FLOPs, communication) covers two shapes: the Llama block (RMSNorm, RoPE, grouped-query
+attention, SwiGLU), which Mistral and Qwen2 share, and GPT-2's. A config of either shape fills the `model`
+fields the theory reads (its sizes) from the file; the ranks build the model from the file itself, so that
+everything the theory does not need (norm epsilon, RoPE scaling, Qwen2's q/k/v biases) is as the file says.
+Whatever the file holds beyond what the theory covers is refused in one line that names it: a mixture of
+experts, a head width other than hidden/heads, a sliding window shorter than the sequence.
+
+A relative path is looked for from the working directory, then under conf/model/ (the presets' configs in
+conf/model/hf/). Nothing is downloaded. Pure json: no torch, no transformers.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+from ..core.paths import CONF
+
+# config.json's model_type -> the shape the theory knows it as (model.family)
+MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"}
+
+# the config.json key -> our ModelConfig field, by shape
+FIELDS = {
+    "llama": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
+              "num_attention_heads": "num_heads", "num_key_value_heads": "num_kv_heads",
+              "intermediate_size": "intermediate_size", "max_position_embeddings": "max_positions",
+              "tie_word_embeddings": "tie_embeddings", "rope_theta": "rope_theta"},
+    "gpt2": {"vocab_size": "vocab_size", "n_embd": "hidden_size", "n_layer": "num_layers", "n_head": "num_heads",
+             "n_inner": "intermediate_size", "n_positions": "max_positions", "tie_word_embeddings": "tie_embeddings"},
+}
+# transformers' defaults where a config.json leaves the key out
+DEFAULTS = {"tie_word_embeddings": {"llama": False, "mistral": False, "qwen2": False, "gpt2": True},
+            "rope_theta": {"llama": 10000.0, "mistral": 10000.0, "qwen2": 10000.0}}
+# keys that only a mixture-of-experts config sets
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+
+
+def locate(path: str) -> Optional[Path]:
+    """The config.json that `path` (a file, or a dir holding config.json) names, or None."""
+    for base in (Path(path), CONF / "model" / path):
+        found = base / "config.json" if base.is_dir() else base
+        if found.is_file():
+            return found.resolve()
+    return None
+
+
+def load(path: str) -> Optional[dict]:
+    found = locate(path)
+    try:
+        return json.loads(found.read_text()) if found else None
+    except (OSError, ValueError):
+        return None
+
+
+def rope_theta(config: dict, model_type: str):
+    """transformers 5 writes RoPE's base inside `rope_parameters`; earlier versions at the top level."""
+    nested = (config.get("rope_parameters") or {}).get("rope_theta")
+    return config.get("rope_theta", nested if nested is not None else DEFAULTS["rope_theta"].get(model_type))
+
+
+def values(config: dict) -> dict:
+    """Our ModelConfig fields from a supported config.json."""
+    model_type = config["model_type"]
+    shape = MODEL_TYPES[model_type]
+    out = {"family": shape, "model_type": model_type}
+    for key, field in FIELDS[shape].items():
+        value = rope_theta(config, model_type) if key == "rope_theta" else config.get(key)
+        if value is None:
+            value = DEFAULTS.get(key, {}).get(model_type)
+        if value is None and field in ("num_kv_heads", "intermediate_size"):
+            continue  # left unset: the family's own default (num_heads; GPT-2's 4h)
+        if value is not None:
+            out[field] = value
+    return out
+
+
+def _set_on_command_line(overrides, field: str) -> bool:
+    return any(o.lstrip("+~").split("=", 1)[0] == f"model.{field}" for o in overrides)
+
+
+def fill(model, overrides) -> None:
+    """Set the model's fields from model.hf_config, except those the command line sets (`model.num_layers=2`
+    on a Llama-3-8B preset shrinks it). A config given on the command line names the model after its dir,
+    unless model.name is set too. An unreadable or unsupported file is left for `problems` to refuse."""
+    if not model.hf_config:
+        return
+    config = load(model.hf_config)
+    if not config or config.get("model_type") not in MODEL_TYPES:
+        return
+    for field, value in values(config).items():
+        if not _set_on_command_line(overrides, field):
+            model[field] = value
+    if _set_on_command_line(overrides, "hf_config") and not _set_on_command_line(overrides, "name"):
+        found = locate(model.hf_config)
+        model.name = found.parent.name if found.name == "config.json" else found.stem
+
+
+def problems(cfg) -> List[str]:
+    """What the theory cannot cover in model.hf_config, one line each."""
+    m = cfg.model
+    if not m.hf_config:
+        return []
+    where = f"model.hf_config={m.hf_config}"
+    if locate(m.hf_config) is None:
+        return [f"{where}: no config.json there; pass a local model dir or its config.json (nothing is downloaded)"]
+    config = load(m.hf_config)
+    if config is None:
+        return [f"{where}: not a readable JSON config"]
+    model_type = config.get("model_type")
+    moe = [k for k in MOE_KEYS if config.get(k)]
+    if moe:
+        return [f"{where}: a mixture-of-experts model ({moe[0]}={config[moe[0]]}); the memory, FLOPs and "
+                f"communication theory covers dense MLPs only"]
+    if model_type not in MODEL_TYPES:
+        return [f"{where}: model_type {model_type!r} is not covered by the theory, which knows the Llama block "
+                f"(llama, mistral, qwen2) and GPT-2's (gpt2)"]
+    out = []
+    head_dim = config.get("head_dim")
+    if head_dim and head_dim * m.num_heads != m.hidden_size:
+        out.append(f"{where}: head_dim={head_dim} is not hidden_size/num_attention_heads "
+                   f"({m.hidden_size}/{m.num_heads}); the activation theory assumes it is")
+    window = config.get("sliding_window") if config.get("use_sliding_window", model_type == "mistral") else None
+    if window and cfg.parallelism.seq_len > window:
+        out.append(f"{where}: its sliding_window={window} is shorter than parallelism.seq_len="
+                   f"{cfg.parallelism.seq_len}; the theory counts full causal attention, so keep seq_len <= {window}")
+    return out
+
+
+def transformers_config(m) -> dict:
+    """The keyword arguments of the transformers config the ranks build: the file's, with our fields over them
+    (a command-line override wins) and what every run needs (no dropout, no KV cache)."""
+    config = {k: v for k, v in load(m.hf_config).items()
+              if k not in ("architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path")}
+    shape = MODEL_TYPES[config["model_type"]]
+    for key, field in FIELDS[shape].items():
+        if m[field] is not None and not (key == "rope_theta" and "rope_parameters" in config):
+            config[key] = m[field]
+    if key_rope := config.get("rope_parameters"):
+        config["rope_parameters"] = {**key_rope, "rope_theta": m.rope_theta}
+    dropouts = ("attention_dropout",) if shape == "llama" else ("resid_pdrop", "embd_pdrop", "attn_pdrop")
+    return {**config, **{k: 0.0 for k in dropouts}, "use_cache": False}

@@ -1,0 +1,57 @@
+"""A model from a Hugging Face config.json: the published presets build to their published sizes, the file's
+sizes fill the model's fields (a command-line override still wins), and what the theory lacks is refused."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.config import rules
+from harness.config.compose import compose
+from harness.runtime import models
+
+# parameter counts as published on each model's card (Qwen2.5-0.5B: 0.49B; Mistral-7B-v0.1: 7.24B;
+# Meta-Llama-3-8B: 8.03B); exact figures from the released safetensors indexes
+PUBLISHED = {"qwen2_5_0_5b": 494_032_768, "mistral_7b": 7_241_732_096, "llama3_8b": 8_030_261_248}
+
+
+@pytest.mark.parametrize("preset", PUBLISHED)
+def test_the_published_model_presets_build_to_their_published_parameter_counts(preset):
+    cfg = compose([f"model={preset}"])
+    assert models.param_count(cfg.model)["total"] == PUBLISHED[preset]
+    assert rules.problems(cfg, lambda: 0) == []
+
+
+def test_the_file_sets_the_model_fields_the_theory_reads_and_the_command_line_still_wins():
+    cfg = compose(["model=llama3_8b", "model.num_layers=2"])
+    m = cfg.model
+    assert (m.family, m.model_type, m.hidden_size, m.num_kv_heads, m.vocab_size, m.rope_theta) == \
+        ("llama", "llama", 4096, 8, 128256, 500000.0)
+    assert m.num_layers == 2 and models.hf_config(m).num_hidden_layers == 2
+    qwen = compose(["model=tiny_qwen2"]).model
+    built = models.build(qwen, device="meta")
+    assert type(built).__name__ == "Qwen2ForCausalLM" and qwen.tie_embeddings
+    assert built.model.layers[0].self_attn.q_proj.bias is not None  # Qwen2's q/k/v biases, from its class
+    # a config given on the command line names the run's model after its dir
+    assert compose(["model.hf_config=conf/model/hf/tiny_mistral"]).model.name == "tiny_mistral"
+
+
+def write(tmp_path, **config):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("config, says", [
+    ({"model_type": "mixtral", "num_local_experts": 8, "hidden_size": 64}, "mixture-of-experts"),
+    ({"model_type": "gemma", "hidden_size": 64}, "'gemma' is not covered"),
+    ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 32}, "head_dim=32"),
+    ({"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4, "sliding_window": 32},
+     "sliding_window=32"),
+])
+def test_what_the_theory_lacks_is_refused_in_one_line_before_any_rank_starts(tmp_path, config, says):
+    cfg = compose([f"model.hf_config={write(tmp_path, **config)}"])
+    with pytest.raises(rules.ConfigError) as err:
+        rules.check(cfg, lambda: 0)
+    assert says in str(err.value) and "\n" not in str(err.value)
+    missing = compose(["model.hf_config=/nonexistent/dir"])
+    assert "no config.json there" in rules.problems(missing, lambda: 0)[0]
