@@ -10,7 +10,7 @@ What each backend must do, asserted by what its config says it does (not by its 
 - a backend that defers gradient sync issues no reduction before the last micro-batch (the profiler's view of
   the collectives); one that partitions gradients (ZeRO-2/3) reduces every micro-batch, by design;
 - `state_tensors()` names components the memory model knows, offloaded ones with the `host_` prefix exactly
-  when the config offloads them.
+  when the config offloads them (DeepSpeed's offload_* fields, FSDP2's cpu_offload).
 A backend that shards parameters (FSDP2) issues no reduce-scatter on one rank, so that its last micro-batch
 does reduce is held by the 2-rank test_grad_accumulation.py.
 """
@@ -122,7 +122,8 @@ def test_backward_scales_step_steps_and_sync_waits_for_the_last_micro_batch(one_
     known = set(STATE_COMPONENTS) | {f"host_{c}" for c in STATE_COMPONENTS} | {"buffers"}
     assert keys <= known, keys - known
     for component in ("optimizer", "params"):  # on the host exactly when the config offloads it
-        offloaded = bool(cfg.backend[f"offload_{component}"])
+        # DeepSpeed's offload_optimizer / offload_params; FSDP2's CPUOffloadPolicy moves both
+        offloaded = bool(cfg.backend[f"offload_{component}"] or cfg.backend.cpu_offload)
         assert (f"host_{component}" in keys) == offloaded and (component in keys) != offloaded, keys
 
 

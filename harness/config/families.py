@@ -133,7 +133,13 @@ class Family:
     def missing_grads(self, backend, s, persistent: bool = False) -> float:
         """Gradient state that does not exist before backward makes it (set to None after each step), with one
         micro-batch a step: minus the layout's gradients."""
-        return 0.0 if persistent or s.grad_accum > 1 else -self.layout(backend, s)["grads"]
+        if persistent or s.grad_accum > 1:
+            return 0.0
+        layout = self.layout(backend, s)
+        if "grads" in layout:
+            return -layout["grads"]
+        # offloaded gradients: on a CPU run the host is the memory the peak counts; on a GPU they are not in it
+        return -layout.get("host_grads", 0.0) if s.device == "cpu" else 0.0
 
     # --- theory (theory/memory.py, peak.py, communication.py, time.py dispatch here) ---
     def paper_stage(self, backend) -> int:

@@ -49,7 +49,9 @@ class FSDPFamily(DCPCheckpoints, Family):
                    "after forward", "backend.reshard_after_forward, as the blocks", "torch `fully_shard` docs"),
     )
     layout_notes = {"fsdp": "FSDP2 with MixedPrecisionPolicy keeps fp32 sharded parameters, gradients and Adam "
-                            "states (16Ψ/N); the 16-bit gathered copies are transient."}
+                            "states (16Ψ/N); the 16-bit gathered copies are transient. fsdp_offload "
+                            "(CPUOffloadPolicy) keeps all 16Ψ/N on the host and steps AdamW there: the device "
+                            "holds only what it gathers."}
 
     ranged_fields = ("shard_degree", "reshard_degree")
 
@@ -95,7 +97,9 @@ class FSDPFamily(DCPCheckpoints, Family):
     def layout(self, backend, s):
         params = s.shard_params or s.params / s.shards
         trained = s.shard_trainable or s.t / s.shards
-        return {"params": 4 * params, "grads": 4 * trained, "optimizer": 8 * trained}
+        out = {"params": 4 * params, "grads": 4 * trained, "optimizer": 8 * trained}
+        # CPUOffloadPolicy keeps every sharded state on the host; what reaches the device is transient
+        return {f"host_{k}": v for k, v in out.items()} if backend.cpu_offload else out
 
     def phase_terms(self, backend, s, phase, k):
         """Sharded gradients do not exist before the first reduce-scatter (set to None). Full shard keeps the root
@@ -105,7 +109,7 @@ class FSDPFamily(DCPCheckpoints, Family):
         prefetch): two blocks beside the root. Grad-op keeps every parameter gathered, p·Ψ. The head's and the
         block's last matmul's unsharded gradients (in the parameter dtype) wait for their reduce-scatter."""
         p, root, block = s.p, s.root_params, s.block_params
-        out = {"grads_not_yet_allocated": self.missing_grads(backend, s)}
+        out = {"grads_not_yet_allocated": self.missing_grads(backend, s), "offload_staging": offload_staging(backend, s)}
         # partial resharding: each block through its forward and not yet through its backward keeps a
         # 1/post_forward_world copy of its parameters in the parameter dtype (none at the end of forward for
         # the last block, still gathered)
@@ -172,14 +176,19 @@ class FSDPFamily(DCPCheckpoints, Family):
     def step_transients(self, backend, s):
         # torch's AdamW on the local shards: foreach one temporary per tensor, single-tensor two of the largest
         local, largest = s.t / s.shards, -(-s.largest_t // s.shards)
+        if backend.cpu_offload and s.device != "cpu":
+            return {}  # offloaded: AdamW steps the host shards, its temporaries on the host, none on the device
         return {"optimizer_temporaries": 4 * local if s.foreach else 2 * 4 * largest}
 
     def after_backward_buffers(self, backend, s):
         """FSDP2 keeps a reduce-scatter's fp32 input until the next reduce-scatter is issued, so the last ones (the
         first block's, the root's) outlive backward, and in 16 bits the root's gathered parameters may too; gloo's
-        reduce_scatter also clones its input."""
+        reduce_scatter also clones its input, and its thread may let go of a block's unsharded gradients late."""
+        # a block's unsharded gradients, the reduce-scatter's copy-in source, in the parameter dtype: seen alive
+        # after backward in 2 of 16 bf16 tiny_llama/tiny_mistral cells, 92,424 bytes = 2 x 46,208 (a block) + 8
         return {"a block's reduce-scatter input (FSDP2 keeps it until the next)": 4.0 * s.block_t,
                 "its gloo clone": 4.0 * s.block_t if s.device == "cpu" else 0.0,
+                "a block's unsharded gradients (the copy-in's source)": s.p * s.block_t,
                 "the root's reduce-scatter input": 4.0 * max(s.t - s.blocks * s.block_t, 0),
                 "the root's gathered parameters": s.p * s.root_params}
 
@@ -222,9 +231,20 @@ class FSDPFamily(DCPCheckpoints, Family):
         if f is None:
             return ""
         root = f["root_reshard_after_forward"]
+        offload = "; CPUOffloadPolicy" if f.get("offload_policy") == "CPUOffloadPolicy" else ""
         return (f"blocks reshard_after_forward {f['blocks_reshard_after_forward']}; root "
                 f"{'FSDP2 default (unsharded)' if root is None else root}; "
-                f"param_dtype {f['mp_param_dtype']}; reduce_dtype {f['mp_reduce_dtype']}")
+                f"param_dtype {f['mp_param_dtype']}; reduce_dtype {f['mp_reduce_dtype']}{offload}")
+
+
+def offload_staging(backend, s) -> float:
+    """Under CPUOffloadPolicy on a GPU, each unit's fp32 host shard is copied to the device before its all-gather
+    and freed after it: the root's and two blocks' (the one gathered, the next prefetched). On a CPU run the copy
+    is the host tensor itself (`.to(cpu)` copies nothing). The GPU term is derived from FSDP2's code, not yet
+    measured: no GPU has run it."""
+    if not backend.cpu_offload or s.device == "cpu":
+        return 0.0
+    return 4.0 * (s.root_params + 2 * s.block_params) / s.shards
 
 
 def post_forward_shard(s) -> float:

@@ -17,3 +17,7 @@ class Fields:
     # the analogue of ZeRO++'s hpZ), at the cost of 1/reshard_degree of each block held from forward to backward
     partial_reshard: bool = False
     reshard_degree: int = 0  # 0 = the ranks per node
+    # FSDP2's CPUOffloadPolicy: the sharded parameters, their gradients and the optimizer state live on the host,
+    # and the optimizer steps there; each unit's shard is copied to the device for its all-gather and each
+    # reduced gradient shard copied back (torch's own offload, beside DeepSpeed's ZeRO-Offload)
+    cpu_offload: bool = False

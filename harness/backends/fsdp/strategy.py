@@ -13,7 +13,7 @@ import contextlib
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from typing_extensions import override
 
 from .family import blocks_reshard_to, degrees, root_reshard
@@ -46,19 +46,33 @@ class FSDPStrategy(NativeStrategy):
         mp = MixedPrecisionPolicy(
             param_dtype=None if self.precision == "fp32" else self.dtype, reduce_dtype=torch.float32
         )
+        # pinned host memory speeds the copies to and from a GPU (FSDP2's default); there is none on a CPU run
+        offload = (CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.backend.cpu_offload
+                   else OffloadPolicy())
         reshard, root = blocks_reshard_to(self.cfg, self.world_size), root_reshard(self.cfg)
         compiled = models.compile_blocks(model) if self.cfg.train.compile else 0  # before sharding: torchtitan's order
         for block in models.blocks(model):
-            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+            fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
         # native leaves the root to FSDP2 (None: kept unsharded after forward, its gather not exposed)
-        fully_shard(model, mesh=mesh, mp_policy=mp, **({} if root is None else {"reshard_after_forward": root}))
+        fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload,
+                    **({} if root is None else {"reshard_after_forward": root}))
         self.settings = {"fsdp": {"blocks_reshard_after_forward": reshard, "root_reshard_after_forward": root,
                                   "mp_param_dtype": str(mp.param_dtype), "mp_reduce_dtype": str(mp.reduce_dtype),
                                   "blocks": len(models.blocks(model)), "mesh": list(mesh.mesh.shape),
-                                  "shard_group": shard, "post_forward_group": post_forward}}
+                                  "shard_group": shard, "post_forward_group": post_forward,
+                                  "offload_policy": type(offload).__name__,
+                                  "pin_memory": getattr(offload, "pin_memory", None)}}
         if compiled:
             self.settings["compile"] = {"compiled_blocks": compiled}
-        if self.construction == "meta":
+        if self.backend.cpu_offload:
+            # the shards stay on the host, where CPUOffloadPolicy keeps them (torchtitan materialises an offloaded
+            # model on the CPU too); only the buffers (RoPE's frequencies) go to the device, where the forward runs
+            if self.construction == "meta":
+                model.to_empty(device="cpu")
+            for module in model.modules():
+                for name, buffer in module.named_buffers(recurse=False):
+                    module._buffers[name] = buffer.to(self.device)
+        elif self.construction == "meta":
             model.to_empty(device=self.device)  # allocate only this rank's shards (and the buffers)
         else:
             model.to(self.device)
@@ -66,6 +80,11 @@ class FSDPStrategy(NativeStrategy):
         self.model = model
         self._build_optimizer(optim_cfg)
         return model
+
+    @override
+    def state_tensors(self):
+        states = super().state_tensors()  # under CPUOffloadPolicy every sharded state lives on the host
+        return {f"host_{k}": v for k, v in states.items()} if self.backend.cpu_offload else states
 
     @override
     def memory_tracker(self):
