@@ -122,8 +122,38 @@ LORA = (*FINETUNE, "parallelism.grad_accum=3", "model.init=host", "workload=lora
 
 
 @pytest.fixture(scope="session")
-def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs):
-    """The LoRA, bf16 and resharding sweeps, all on 2 ranks, as the cells of one launch: one start-up, not three."""
+def user_corpus(tmp_path_factory) -> Path:
+    """A user's own data: a JSONL file of real text (the docstrings of the standard library's top-level modules,
+    under a field of their own name) and a plain-text file, as data=files reads them."""
+    import ast
+    import json
+    import sysconfig
+
+    root = tmp_path_factory.mktemp("corpus")
+    docs = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:120]:
+        try:
+            doc = ast.get_docstring(ast.parse(path.read_text()))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        if doc:
+            docs.append(doc)
+    (root / "docstrings.jsonl").write_text("".join(json.dumps({"content": d}) + "\n" for d in docs[:-8]))
+    (root / "notes.txt").write_text("\n\n".join(docs[-8:]))
+    return root
+
+
+# what a user of accelerate or torchtitan trains: a Qwen2-shaped model from its config.json, their own files,
+# a warm-up and cosine schedule, and an eval loss on the held-out split (every 3 steps and after the last)
+USER = ("model=tiny_qwen2", "data=files", "data.text_field=content", "optim.schedule=cosine",
+        "optim.warmup_steps=2", "train.eval_every=3", "train.steps=8", "train.warmup_steps=2", "profile=parity",
+        "train.measure_flops=false", "train.breakdown_steps=0")
+
+
+@pytest.fixture(scope="session")
+def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus):
+    """The LoRA, bf16, resharding and user-data sweeps, all on 2 ranks, as the cells of one launch: one start-up,
+    not four."""
     def reshard(backend: str) -> tuple:
         # the fp32 sweep's 3-rank checkpoint resumed at 2 ranks x 3 micro-batches: the same 6 sequences a step
         # (DCP reshards on load; DeepSpeed's strategy converts its checkpoint with ds_to_universal first)
@@ -141,6 +171,7 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs):
         # FSDP2 on the meta device and ZeRO-3 under zero.Init must initialise the tied model as the host builds
         # do (runtime/initial_weights.py). FLOPs are tested on the fp32 sweep (test_parity): off saves ~1 s a run
         "bf16": ("model=tiny_gpt2", "train.precision=bf16", "model.init=meta", "train.measure_flops=false"),
+        "user": (*USER, f"data.files=[{user_corpus}/docstrings.jsonl,{user_corpus}/notes.txt]"),
     })
 
 
@@ -157,3 +188,8 @@ def lora_runs(two_rank_sweeps):
 @pytest.fixture(scope="session")
 def bf16_runs(two_rank_sweeps):
     return two_rank_sweeps["bf16"]
+
+
+@pytest.fixture(scope="session")
+def user_runs(two_rank_sweeps):
+    return two_rank_sweeps["user"]

@@ -1,8 +1,8 @@
-"""The memory model against measured peaks (harness/studies/memory_check.py): every backend on half of tiny_llama,
-tiny_gpt2 x fp32, bf16 x activation checkpointing off, on (memory_check.matrix's half fraction, alternating from
-backend to backend, so that each of the 8 combinations runs on 4 backends; 32 cells of `make memory-check`'s 64,
-2 gloo ranks, profile=parity) in one launch, and a states-dominated shape on 4 ranks where the backends' peaks
-rank as theory ranks them."""
+"""The memory model against measured peaks (harness/studies/memory_check.py): every backend on a quarter of
+tiny_llama, tiny_gpt2, tiny_qwen2 (from its config.json), tiny_mistral (likewise) x fp32, bf16 x activation
+checkpointing off, on (memory_check.matrix's Latin square: each backend runs each model once and each precision
+x checkpointing pair once, shifted from backend to backend; 4 cells a backend, 2 gloo ranks, profile=parity) in
+one launch, and a states-dominated shape on 4 ranks where the backends' peaks rank as theory ranks them."""
 from __future__ import annotations
 
 import pytest
@@ -16,8 +16,8 @@ REPEATS = 3  # profiled steps per cell: the lowest per rank (gloo can hold a buf
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
-    cells = memory_check.matrix(BACKENDS, ["tiny_llama", "tiny_gpt2"], ["fp32", "bf16"], [False, True],
-                                half=True)
+    cells = memory_check.matrix(BACKENDS, ["tiny_llama", "tiny_gpt2", "tiny_qwen2", "tiny_mistral"],
+                                ["fp32", "bf16"], [False, True], half=True)
     rows = memory_check.run_cells(cells, ["profile=parity"], REPEATS, tmp_path_factory.mktemp("memory_check"))
     print(memory_check.render(rows, 10, "tests/test_memory_check.py"))
     return rows

@@ -14,7 +14,7 @@ from typing import Callable, List
 from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import ConfigError
-from . import derive, families, finetune_check, hf_models, resume_check, schema
+from . import data_check, derive, families, finetune_check, hf_models, resume_check, schema
 from .schema import CHOICES
 
 __all__ = ["ConfigError", "check", "problems", "output_problems"]
@@ -26,7 +26,7 @@ POSITIVE = ("train.steps", "parallelism.micro_batch", "parallelism.grad_accum", 
             "model.hidden_size", "model.num_layers", "model.num_heads", "model.max_positions",
             "logger.init_timeout_s", "dist.rendezvous_timeout_s", "ops.build_timeout_s",
             "sweep.allocation_timeout_s", "model.rope_theta", "data.max_corpus_bytes", "train.memory_steps",
-            "optim.lr", "optim.eps")
+            "optim.lr", "optim.eps", "data.eval_batches")
 NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_batch": "0 = off",
                 "paths.min_free_mib": "0 = off", "train.memory_budget_bytes": "0 = no budget",
                 "model.meta_above_params": "0 = on the meta device whenever the backend can build there",
@@ -35,11 +35,14 @@ NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_
                 "optim.weight_decay": "0 = none", "optim.grad_clip": "0 = no clipping",
                 "fault.rank": "a rank", "fault.step": "a step",
                 "parallelism.intra_node_gbps": "0 = the device's stated default",
-                "parallelism.inter_node_gbps": "0 = the device's stated default"}
+                "parallelism.inter_node_gbps": "0 = the device's stated default",
+                "train.eval_every": "0 = no eval loss", "optim.warmup_steps": "0 = no learning-rate warm-up",
+                "optim.min_lr_ratio": "0 = decay to zero"}
 BELOW_ONE = ("optim.beta1", "optim.beta2")  # Adam's decay rates: in [0, 1)
 POSITIVE_WHEN_SET = ("model.num_kv_heads", "model.intermediate_size")  # None = the family's default
 RANGED_ELSEWHERE = {"workload.lora_rank": "finetune_check", "workload.lora_alpha": "finetune_check",
-                    "train.warmup_steps": "shape_rules", "dist.master_port": "value_rules"}
+                    "train.warmup_steps": "shape_rules", "dist.master_port": "value_rules",
+                    "data.eval_fraction": "data_check"}
 
 
 def ranged_elsewhere() -> dict:
@@ -225,7 +228,7 @@ def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[s
     reported alone: the rules after them assume a config of the schema's shape with values of the right kind."""
     return unknown_key_rules(cfg) or value_rules(cfg) or hf_models.problems(cfg) or [
         *shape_rules(cfg), *device_rules(cfg, cuda_devices), *batch_rules(cfg), *run_rules(cfg), *backend_rules(cfg),
-        *finetune_check.problems(cfg), *resume_check.problems(cfg)]
+        *finetune_check.problems(cfg), *resume_check.problems(cfg), *data_check.problems(cfg)]
 
 
 def check(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> None:

@@ -29,7 +29,8 @@ CHOICES = {
     "parallelism.device": ("cpu", "cuda"),
     "train.precision": ("fp32", "bf16", "fp16"),
     "train.on_nonfinite": ("stop", "continue"),
-    "data.name": ("stdlib", "synthetic"),
+    "data.name": ("stdlib", "synthetic", "files"),
+    "optim.schedule": ("constant", "cosine"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
     "fault.kind": FAULT_KINDS,
     "workload.name": ("full", "lora"),
@@ -176,6 +177,9 @@ class TrainConfig:
     # send before preemption or the time limit, USR2 unless SUBMITIT_PREEMPT_SIGNAL says otherwise; elsewhere
     # none) | none | USR1 | USR2. While armed, the ranks agree on it once a step, outside the step times
     preempt_signal: str = "auto"
+    # the mean loss over data.eval_batches held-out micro-batches a rank, every this many steps and after the
+    # last, outside the step times (runtime/loop.py); 0 = never
+    eval_every: int = 0
 
 
 @dataclass
@@ -197,12 +201,27 @@ class OptimConfig:
     eps: float = 1e-8
     weight_decay: float = 0.1
     grad_clip: float = 1.0
+    # the learning rate at each step, set by the harness in every backend alike (runtime/schedule.py):
+    # constant, or cosine decay to min_lr_ratio x lr at train.steps; either after a linear warm-up
+    schedule: str = "constant"
+    warmup_steps: int = 0  # linear warm-up of the learning rate (train.warmup_steps is the timing's)
+    min_lr_ratio: float = 0.1
 
 
 @dataclass
 class DataConfig:
-    name: str = "stdlib"  # stdlib: the Python standard library's source, byte-level; synthetic: random tokens
+    # stdlib: the Python standard library's source, byte-level; synthetic: random tokens; files: yours
+    name: str = "stdlib"
     max_corpus_bytes: int = 16_000_000
+    # data=files (runtime/user_data.py): local text files (one document each) or JSONL (.jsonl/.json, one a
+    # line, its text under text_field), globs allowed, read in the order given by Hugging Face datasets offline
+    files: List[str] = field(default_factory=list)
+    text_field: str = "text"
+    tokenizer: Optional[str] = None  # a local tokenizer dir (save_pretrained's tokenizer.json); None = bytes
+    # the held-out split the eval loss reads (train.eval_every): files, the last fraction of the documents;
+    # stdlib, this fraction of max_corpus_bytes more of the library, after the training bytes
+    eval_fraction: float = 0.05
+    eval_batches: int = 4  # held-out micro-batches a rank evaluates each time
 
 
 @dataclass

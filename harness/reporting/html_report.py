@@ -63,7 +63,8 @@ GROUPS = [
         ("host added MiB", lambda f: _scale(f.get("checkpoint/save_host_added_bytes"), 1 / MiB), "{:.1f}", "min"),
         ("load s", lambda f: f.get("checkpoint/load_s"), "{:.3f}", "min"),
         ("resumed from step", lambda f: f.get("checkpoint/resumed_from_step"), "{:.0f}", None)]),
-    ("loss", [("final", lambda f: f.get("loss/final_loss"), "{:.5f}", None)]),
+    ("loss", [("final", lambda f: f.get("loss/final_loss"), "{:.5f}", None),
+              ("held-out", lambda f: f.get("loss/final_eval_loss"), "{:.5f}", None)]),
 ]
 OPTIONAL_GROUPS = ("checkpoint",)  # a sweep whose runs have none of these figures is shown without the group
 

@@ -173,7 +173,12 @@ def loss_curves(rows: Labelled, sweep_dir: Path, out_dir: Path) -> Optional[Path
         return None
     (ref_label, ref), others = curves[0], curves[1:]
     fig, (left, right) = pyplot().subplots(1, 2, figsize=(12, 4.5))
-    left.plot(list(ref), list(ref.values()), marker=".", color="0.3")
+    left.plot(list(ref), list(ref.values()), marker=".", color="0.3", label="training")
+    held_out = {x["step"]: x["eval/loss"] for x in RunDir(sweep_dir / rows[0][0]["run_dir"]).read_metrics()
+                if x.get("eval/loss") is not None}
+    if held_out:  # train.eval_every: the held-out split's loss at its steps
+        left.plot(list(held_out), list(held_out.values()), marker="o", color="C3", label="held-out (eval)")
+        left.legend(fontsize=7)
     left.set(xlabel="step", ylabel="loss (mean over ranks)", title=f"Loss of {ref_label}")
     for lab, losses in others:
         steps = [s for s in losses if s in ref]

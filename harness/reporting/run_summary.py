@@ -57,6 +57,8 @@ def throughput(cfg, ranks: List[RankReport]) -> Dict[str, float]:
         "loss/first_loss": records[0]["loss/loss"],
         # only above 0 under train.on_nonfinite=continue (else the first one ends the run as failed)
         "loss/nonfinite_steps": sum(not math.isfinite(r["loss/loss"]) for r in records),
+        **({"loss/final_eval_loss": evals[-1]} if (evals := [r["eval/loss"] for r in records if "eval/loss" in r])
+           else {}),
     }
 
 

@@ -36,6 +36,8 @@ COLUMNS = [
     # that are an earlier attempt's
     ("resumed from step", lambda s: s["figures"].get("checkpoint/resumed_from_step"), "{:.0f}"),
     ("final loss", lambda s: s["figures"].get("loss/final_loss"), "{:.5f}"),
+    # the held-out split's loss after the last step (train.eval_every)
+    ("eval loss", lambda s: s["figures"].get("loss/final_eval_loss"), "{:.5f}"),
 ]
 
 
@@ -82,18 +84,18 @@ def write_tables(sweep_dir: Path, rows: List[dict]) -> str:
 
 
 TEXT_COLUMNS = ("backend", "model", "precision", "status")
-OPTIONAL_COLUMNS = ("save s", "resumed from step")  # shown only where a run has the figure
+OPTIONAL_COLUMNS = ("save s", "resumed from step", "eval loss")  # shown only where a run has the figure
 # headers on two lines, each word short, so that the table fits 100 columns without cutting a value
 CONSOLE_HEADERS = {"step p50 ms": "step p50\nms", "exposed comm %": "exposed\ncomm %", "peak MiB/rank": "peak\nMiB/rank",
                    "peak predicted": "peak\npredicted", "states MiB/rank": "states\nMiB/rank",
                    "states predicted": "states\npredicted", "states error %": "states\nerror %",
                    "host RSS MiB": "host RSS\nMiB", "final loss": "final\nloss",
-                   "resumed from step": "resumed\nfrom step"}
+                   "resumed from step": "resumed\nfrom step", "eval loss": "eval\nloss"}
 PIPE_WIDTH = 200  # where stdout is no terminal (a log, CI): wide enough for every column on one line
 
 
 # what a narrow terminal leaves out first: the columns that explain the others before the ones that compare runs
-DROP_ORDER = ("save s", "resumed from step", "host RSS MiB", "states error %", "states predicted", "states MiB/rank",
+DROP_ORDER = ("save s", "resumed from step", "eval loss", "host RSS MiB", "states error %", "states predicted", "states MiB/rank",
               "exposed comm %", "step p50 ms", "peak predicted")
 
 

@@ -7,6 +7,7 @@ callable.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..config import derive
-from . import memory_profile, probes, time_profile
+from . import memory_profile, probes, schedule, time_profile
 from .collective_count import CollectiveCounter
 from .time_profile import phase
 from .errors import NonFiniteLoss
@@ -38,9 +39,9 @@ class LoopResult:
     time_breakdown: Optional[dict] = None  # seconds per part of a step (time_profile.StepTime), or None
     collectives: Optional[List[dict]] = None  # one step's collectives (collective_count.CollectiveCounter)
 
-    def add(self, step: int, loss: float, grad_norm, step_s: float, tokens: int, timed: bool) -> dict:
+    def add(self, step: int, loss: float, grad_norm, step_s: float, tokens: int, timed: bool, lr: float) -> dict:
         """One logged step's record; a timed step's time joins the window's."""
-        record = {"step": step, "loss/loss": loss, "loss/grad_norm": float(grad_norm),
+        record = {"step": step, "loss/loss": loss, "loss/grad_norm": float(grad_norm), "optim/lr": lr,
                   "throughput/step_time_s": step_s, "throughput/tokens_per_s": tokens / step_s,
                   "warmup": not timed}
         if timed:
@@ -63,24 +64,38 @@ def global_mean_loss(loss_sum: torch.Tensor, count: int, step: int, on_nonfinite
 @dataclass
 class TrainStep:
     """One optimizer step: `grad_accum` micro-batches of forward and backward (gradients reduced on the last
-    one only), a hook after the last backward (where model states are counted), the strategy's step, and the
-    mean loss over all ranks (which the memory-profiled steps skip). Every step the loop runs, timed or
-    measured, is this one."""
+    one only), a hook after the last backward (where model states are counted), the step's learning rate
+    (runtime/schedule.py), the strategy's step, and the mean loss over all ranks (which the memory-profiled
+    steps skip). Every step the loop runs, timed or measured, is this one."""
     model: torch.nn.Module
     strategy: object
     batches: object
     grad_accum: int
     device: torch.device
+    lr_at: Callable[[int], float]
     inject: Injector = no_fault
+
+    def loss_of(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with self.strategy.autocast():
+            logits = self.model(input_ids=inputs).logits
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
     def micro_batch_loss(self, step: int, micro: int) -> torch.Tensor:
         # a function of its own, so that the logits are freed when it returns, not held through backward
         inputs, targets = self.batches.get(step, micro)
         with phase("forward"):
-            with self.strategy.autocast():
-                logits = self.model(input_ids=inputs).logits
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            loss = self.loss_of(inputs, targets)
         return self.inject(step, loss) if micro == 0 else loss  # the identity unless fault.kind is set
+
+    @torch.no_grad()
+    def eval_loss(self, batches: int) -> float:
+        """The mean loss over `batches` held-out micro-batches of every rank: forward only, through the same
+        wrapped model (its hooks gather what it shards), one all-reduce."""
+        total = torch.zeros((), device=self.device)
+        for batch in range(batches):
+            total += self.loss_of(*self.batches.eval_batch(batch))
+        dist.all_reduce(total)
+        return total.item() / (batches * self.strategy.world_size)
 
     def __call__(self, step: int, after_backward: Callable[[], None] = lambda: None,
                  on_nonfinite: str = "continue", mean_loss: bool = True) -> Tuple[float, torch.Tensor]:
@@ -94,6 +109,7 @@ class TrainStep:
                 loss_sum += loss.detach()
             after_backward()
             with phase("optimizer"):
+                self.strategy.set_learning_rate(self.lr_at(step))
                 grad_norm = self.strategy.step()
             loss = (global_mean_loss(loss_sum, self.grad_accum * self.strategy.world_size, step, on_nonfinite)
                     if mean_loss else math.nan)
@@ -107,13 +123,15 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
     """Run `train.steps` logged steps, the ones after `train.warmup_steps` timed (and on CPU clocked by phase,
     runtime/time_profile.py); `sink.log(record)` receives each step's record (rank 0 writes it). A run resumed
     at step k (`checkpointer`, runtime/train_state.py) runs steps k.. and warms up again, for as many steps as a
-    fresh run but leaving at least one timed; the checkpointer saves between steps, outside their times. Then, untimed
+    fresh run but leaving at least one timed; the checkpointer saves between steps, outside their times, and so
+    does the eval loss every `train.eval_every` steps and after the last. Then, untimed
     and unlogged, taking the data the next steps would: with `train.count_collectives` one whose collectives
     are counted by group (runtime/collective_count.py), `train.breakdown_steps` under torch's profiler for the
     rest of the time breakdown (and the Chrome trace at `trace_path`), `train.memory_steps` under the memory
     profiler, and (CUDA, `snapshot_path`) one under the allocator's history."""
     t = cfg.train
-    train_step = TrainStep(model, strategy, batches, cfg.parallelism.grad_accum, device, inject)
+    train_step = TrainStep(model, strategy, batches, cfg.parallelism.grad_accum, device,
+                           functools.partial(schedule.learning_rate, cfg.optim, t.steps), inject)
     tokens_per_step = derive.tokens_per_step(cfg, strategy.world_size)
     start = checkpointer.start_step if checkpointer else 0
     first_timed = start + min(t.warmup_steps, t.steps - start - 1)  # warmup < steps: a fresh run's warmup
@@ -131,7 +149,11 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
 
         with breakdown.clocked(t.breakdown_steps and timed):
             loss, grad_norm = train_step(step, count_states, t.on_nonfinite)
-        sink.log(result.add(step, loss, grad_norm, timer.end(), tokens_per_step, timed))
+        record = result.add(step, loss, grad_norm, timer.end(), tokens_per_step, timed, train_step.lr_at(step))
+        if t.eval_every and ((step + 1) % t.eval_every == 0 or step == t.steps - 1):
+            record["eval/loss"] = train_step.eval_loss(cfg.data.eval_batches)
+            timer.restart()  # the eval is no step's time
+        sink.log(record)
         if checkpointer and checkpointer.after_step(step, timed, last=step == t.steps - 1):
             timer.restart()  # the save is no step's time
     if checkpointer:
@@ -155,7 +177,7 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
                 profiler.step()
         result.time_breakdown = breakdown.parts(result.timed_step_s)
     if t.profile_memory:
-        memory = memory_profile.StepMemory(strategy, device, dataset=(batches.corpus,), by_kind=t.peak_by_kind)
+        memory = memory_profile.StepMemory(strategy, device, dataset=batches.tensors(), by_kind=t.peak_by_kind)
         steps = [next(extra) for _ in range(max(t.memory_steps, 1))]
         for step in steps:
             with memory.profiled():

@@ -27,6 +27,7 @@ what differs on CUDA (AdamW's foreach default) is the theory's alone.
 """
 from __future__ import annotations
 
+import functools
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import families
+from . import schedule
 from .collective_count import CollectiveCounter
 
 # the tracker's kinds, mapped onto the theory's (theory/memory.layout's components, and the transients)
@@ -107,7 +109,8 @@ def trace(cfg, world: int, steps: int = 2) -> Trace:
                 return inputs.to(device), targets.to(device)
 
             batches.get = get
-            step = TrainStep(ready.model, ready.strategy, batches, cfg.parallelism.grad_accum, device)
+            step = TrainStep(ready.model, ready.strategy, batches, cfg.parallelism.grad_accum, device,
+                             functools.partial(schedule.learning_rate, cfg.optim, cfg.train.steps))
             for i in range(steps - 1):  # untracked: creates the optimizer state and warms DTensor's caches
                 step(i, mean_loss=False)
             tracker, counter, states = ready.strategy.memory_tracker(), CollectiveCounter(), {}

@@ -1,6 +1,6 @@
 """`make memory-check`: the memory model against measured peaks, over a matrix of runs, in one launch.
 
-    python -m harness.memory_check [--models tiny_llama,tiny_gpt2] [--precisions fp32,bf16]
+    python -m harness.memory_check [--models tiny_llama,tiny_gpt2,tiny_qwen2,tiny_mistral] [--precisions fp32,bf16]
         [--checkpointing off,on] [--backends ddp,fsdp,...] [--repeats 3] [--tolerance 10] [--out DIR] [overrides]
     python -m harness.memory_check --states-dominated --backends ddp,ds_zero1,ds_zero2,ds_zero3,fsdp --repeats 2
 
@@ -60,17 +60,19 @@ def states_dominated_cells(backends: List[str]) -> List[list]:
 
 def matrix(backends: List[str], models_: List[str], precisions: List[str], checkpointing: List[bool],
            half: bool = False) -> List[list]:
-    """Every backend x model x precision x checkpointing; with `half`, each backend on half of the other three
-    factors' combinations (a 2^(3-1) fraction: each level of each factor twice, each pair of two factors' levels
-    once), the halves alternating from backend to backend, so that every combination still runs on half of the
-    backends. `make test` runs the half (32 cells); `make memory-check` the whole (64)."""
+    """Every backend x model x precision x checkpointing; with `half`, each backend on a fraction of the other
+    three factors' combinations, shifted from backend to backend so that every combination still runs on some
+    backends. Two models: a 2^(3-1) fraction (each level of each factor twice, each pair of two factors' levels
+    once). Four models: a Latin square, each backend running each model once and each precision x checkpointing
+    pair once. `make test` runs the fraction (4 cells a backend); `make memory-check` the whole."""
     out = []
     for m_i, m in enumerate(models_):
         for p_i, p in enumerate(precisions):
             for c_i, c in enumerate(checkpointing):
+                pair = (p_i + c_i) if len(models_) <= 2 else (2 * p_i + c_i)
                 out += [[f"backend={b}", f"model={m}", f"train.precision={p}",
                          f"train.activation_checkpointing={str(c).lower()}"]
-                        for b_i, b in enumerate(backends) if not half or (m_i + p_i + c_i + b_i) % 2 == 0]
+                        for b_i, b in enumerate(backends) if not half or (m_i + pair + b_i) % len(models_) == 0]
     return out
 
 
@@ -186,7 +188,7 @@ def render(rows: List[dict], tolerance: float, command: str) -> str:
 def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default=",".join(all_backends()))
-    parser.add_argument("--models", default="tiny_llama,tiny_gpt2")
+    parser.add_argument("--models", default="tiny_llama,tiny_gpt2,tiny_qwen2,tiny_mistral")
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--checkpointing", default="off,on")
     parser.add_argument("--repeats", type=int, default=3, help="profiled memory steps per cell")

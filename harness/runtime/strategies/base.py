@@ -124,6 +124,12 @@ class Strategy(ABC):
     def step(self) -> torch.Tensor:
         """Clip gradients, step the optimizer, zero gradients. Returns the pre-clip global grad norm."""
 
+    def set_learning_rate(self, lr: float) -> None:
+        """The next step's learning rate (runtime/schedule.py), on the optimizer that steps: a framework's
+        wrapper (DeepSpeed's ZeRO optimizers) reads its inner optimizer's groups."""
+        for group in self.torch_optimizer().param_groups:
+            group["lr"] = lr
+
     # -- checkpoints (runtime/train_state.py) ---------------------------------------------------------
     @abstractmethod
     def save_checkpoint(self, directory, asynchronous: bool, group):
