@@ -145,9 +145,9 @@ def user_corpus(tmp_path_factory) -> Path:
 
 # what a user of accelerate or torchtitan trains: a Qwen2-shaped model from its config.json, their own files,
 # a warm-up and cosine schedule, and an eval loss on the held-out split (every 3 steps and after the last)
+# (its memory is checked in tests/test_memory_check.py's matrix: no profiled steps here)
 USER = ("model=tiny_qwen2", "data=files", "data.text_field=content", "optim.schedule=cosine",
-        "optim.warmup_steps=2", "train.eval_every=3", "train.steps=8", "train.warmup_steps=2", "profile=parity",
-        "train.measure_flops=false", "train.breakdown_steps=0")
+        "optim.warmup_steps=2", "train.eval_every=3", "train.steps=8", "train.warmup_steps=2", "profile=parity")
 
 
 @pytest.fixture(scope="session")
@@ -171,7 +171,7 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus):
         # FSDP2 on the meta device and ZeRO-3 under zero.Init must initialise the tied model as the host builds
         # do (runtime/initial_weights.py). FLOPs are tested on the fp32 sweep (test_parity): off saves ~1 s a run
         "bf16": ("model=tiny_gpt2", "train.precision=bf16", "model.init=meta", "train.measure_flops=false"),
-        "user": (*USER, f"data.files=[{user_corpus}/docstrings.jsonl,{user_corpus}/notes.txt]"),
+        "user": cheap(*USER, f"data.files=[{user_corpus}/docstrings.jsonl,{user_corpus}/notes.txt]"),
     })
 
 
