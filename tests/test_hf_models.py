@@ -36,6 +36,18 @@ def test_the_file_sets_the_model_fields_the_theory_reads_and_the_command_line_st
     assert compose(["model.hf_config=conf/model/hf/tiny_mistral"]).model.name == "tiny_mistral"
 
 
+def test_a_config_saved_by_transformers_5_builds_at_another_depth(tmp_path):
+    # transformers 5 writes RoPE's base inside rope_parameters and one layer_types entry per layer
+    saved = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 176, "num_attention_heads": 4,
+             "num_hidden_layers": 2, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512,
+             "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}, "tie_word_embeddings": True,
+             "layer_types": ["full_attention"] * 2, "dtype": "float32"}
+    cfg = compose([f"model.hf_config={write(tmp_path, **saved)}", "model.num_layers=3"])
+    assert cfg.model.rope_theta == 1e6 and cfg.model.num_layers == 3
+    built = models.hf_config(cfg.model)
+    assert built.num_hidden_layers == 3 and len(built.layer_types) == 3
+
+
 def write(tmp_path, **config):
     (tmp_path / "config.json").write_text(json.dumps(config))
     return str(tmp_path)

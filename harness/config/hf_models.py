@@ -139,5 +139,7 @@ def transformers_config(m) -> dict:
             config[key] = m[field]
     if key_rope := config.get("rope_parameters"):
         config["rope_parameters"] = {**key_rope, "rope_theta": m.rope_theta}
+    if len(config.get("layer_types") or ()) not in (0, m.num_layers):
+        del config["layer_types"]  # written per layer by transformers 5; a changed depth takes its default again
     dropouts = ("attention_dropout",) if shape == "llama" else ("resid_pdrop", "embd_pdrop", "attn_pdrop")
     return {**config, **{k: 0.0 for k in dropouts}, "use_cache": False}
