@@ -97,3 +97,10 @@ def test_the_learning_rate_warms_up_linearly_then_follows_half_a_cosine_to_its_f
 def test_bad_data_and_schedule_settings_are_refused_in_one_line(overrides, says):
     problems = rules.problems(compose(overrides), lambda: 0)
     assert problems and says in problems[0] and "\n" not in problems[0]
+
+
+def test_a_jsonl_without_the_text_field_is_refused_naming_the_keys_it_has(corpus):
+    root, _ = corpus
+    problems = rules.problems(compose(["data=files", f"data.files=[{root}/a.jsonl]"]), lambda: 0)
+    assert problems == [f"data.text_field=text: {root}/a.jsonl's first record has no such key (it has body); set "
+                        "data.text_field to the key of the text"]

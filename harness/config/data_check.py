@@ -29,6 +29,21 @@ def vocab_size_of(directory) -> int:
     return Tokenizer.from_file(str(Path(directory) / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
 
 
+def _first_record(path: str) -> dict:
+    """The first JSON object of a JSONL file (its keys name the fields), or {} when there is none."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    return {}
+                return record if isinstance(record, dict) else {}
+    return {}
+
+
 def problems(cfg) -> List[str]:
     d, out = cfg.data, []
     if cfg.train.eval_every and d.name == "synthetic":
@@ -46,6 +61,10 @@ def problems(cfg) -> List[str]:
     missing = [f for f in found if not Path(f).is_file()]
     if missing or not found:
         return out + [f"data.files: {missing[0] if missing else d.files[0]} matches no file"]
+    for path in (f for f in found if Path(f).suffix in JSON_SUFFIXES):
+        if (field := d.text_field) not in (first := _first_record(path)):
+            return out + [f"data.text_field={field}: {path}'s first record has no such key (it has "
+                          f"{', '.join(sorted(first)) or 'none'}); set data.text_field to the key of the text"]
     if d.tokenizer and not (Path(d.tokenizer) / "tokenizer.json").is_file():
         return out + [f"data.tokenizer={d.tokenizer}: no tokenizer.json there; pass a local tokenizer dir "
                       "(save_pretrained's), or leave it unset for byte-level tokens"]

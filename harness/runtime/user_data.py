@@ -9,6 +9,7 @@ the same files and gets the same streams, whatever the backend: data.py packs th
 """
 from __future__ import annotations
 
+import itertools
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -54,7 +55,7 @@ def streams(files: Tuple[str, ...], text_field: str, tokenizer, eval_fraction: f
     if len(docs) > 1:
         held = max(1, round(eval_fraction * len(docs))) if eval_fraction > 0 else 0
         train, evaluate = docs[:len(docs) - held], docs[len(docs) - held:]
-        flat = [sum(train, []), sum(evaluate, [])]
+        flat = [list(itertools.chain.from_iterable(train)), list(itertools.chain.from_iterable(evaluate))]
     else:
         whole = docs[0] if docs else []
         cut = len(whole) - int(eval_fraction * len(whole))
