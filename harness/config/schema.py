@@ -131,8 +131,9 @@ class TrainConfig:
     activation_checkpointing: bool = False
     on_nonfinite: str = "stop"  # stop: a NaN/inf loss ends the run as failed | continue
     measure_flops: bool = True  # count FLOPs once with FlopCounterMode on a meta-device copy
-    # one extra step after the timed window whose collectives are counted by op, size and group (which link
-    # they cross: comm/measured_* against comm/predicted_*); neither timed nor logged
+    # two extra steps after the timed window, neither timed nor logged: one whose collectives are counted by op,
+    # size and group (which link they cross: comm/measured_* against comm/predicted_*) and ops by phase, one
+    # whose Python lines are (runtime/work_count.py): the time model's input
     count_collectives: bool = True
     # peak tensor memory by kind, from torch's memory profiler on one extra step after the timed window
     # (runtime/memory_profile.py); that step is neither timed nor logged

@@ -100,6 +100,8 @@ class RankReport:
     # runtime.collective_count: every collective of one extra step, by op, size and group's ranks; None = not
     # counted (train.count_collectives=false)
     collectives: Optional[List[dict]] = None
+    # runtime.work_count: one step's ops, Python lines and collectives by phase (the time model's input)
+    work: Optional[dict] = None
     # runtime.train_state: this rank's saves (seconds blocking and in all, host peak, bytes on disk on rank 0)
     # and the checkpoint it resumed from (seconds to load, host peak); None = no checkpointing
     checkpoint: Optional[dict] = None

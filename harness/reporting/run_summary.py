@@ -183,7 +183,7 @@ def figures(cfg, ranks: List[RankReport], flop_counts: dict) -> dict:
     if "comm/measured_bytes_per_step" in out and predicted["comm/predicted_bytes_per_step"]:
         out["comm/bytes_error_pct"] = 100 * (out["comm/measured_bytes_per_step"]
                                              / predicted["comm/predicted_bytes_per_step"] - 1)
-    out.update(time_model(cfg, ranks, flop_counts, out))
+    out.update(time_model(cfg, ranks, out))
     out.update(checkpoint(cfg, ranks))
     return out
 

@@ -4,14 +4,18 @@ rank, the bytes counted in one step by the link they cross, and the time model's
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import platform
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
+from ..core.paths import REPO
 from ..core.records import RankReport
 from ..theory.communication import counted_by_link
+from ..theory.op_costs import HOST_TERMS, DeviceCosts, HostCosts, predict_counted, work_totals
 from ..theory.shape import ranks_per_node, shape_of
-from ..theory.time import PARTS, CommTable, Rates, predict_parts
+from ..theory.time import PARTS, CommTable
 
 
 def time_breakdown(ranks: List[RankReport]) -> Dict[str, float]:
@@ -56,36 +60,127 @@ def collectives_table(cfg) -> list:
         return []
 
 
-def time_model(cfg, ranks: List[RankReport], flop_counts: dict, measured: dict) -> Dict[str, float]:
-    """The predicted parts of a step (theory/time.py) and each part's error against the measured one."""
-    if not flop_counts.get("counted") or not ranks[0].measured_copy_gbps:
+def machine(device: str) -> str:
+    """What a device-costs file was measured on: the CPU's model and cores, or the GPU's name."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cuda (no GPU here)"
+    model = ""
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{model or platform.processor() or 'cpu'}, {cores()} cores"
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def device_costs(record: dict, host: Optional[dict] = "file", tight: Optional[list] = None) -> DeviceCosts:
+    """DeviceCosts from a device-costs record (studies/device_costs.py): the rates measured at the largest
+    world with a core per rank, every world's busy collectives (the tight-loop `tight` rows where those have
+    none), and the host costs (`host`: the record's, or None for none)."""
+    worlds = {int(w): v for w, v in record["worlds"].items()}
+    spare = [w for w in worlds if w <= cores()] or sorted(worlds)
+    rates = worlds[max(spare)]
+    rows = [r for w in worlds.values() for r in w["collectives"]] + list(tight or [])
+    h = record.get("host") if host == "file" else host
+    if h and any(t not in h for t in HOST_TERMS):  # measured by an older model: its terms are not these
+        h = None
+    return DeviceCosts(matmul_tflops=rates["matmul_tflops"], copy_gbps=rates["copy_gbps"],
+                       host=HostCosts(**{t: h[t] for t in HOST_TERMS}, source=h.get("source", "")) if h else None,
+                       comm=CommTable(rows, record["device"], max(worlds)), device=record["device"], cores=cores(),
+                       copy_gbps_by_size=[tuple(x) for x in rates.get("copy_gbps_by_size", [])],
+                       source=f"results/device_costs/{record['device']}.json ({record['machine']}, {record['measured']})")
+
+
+def load_device_costs(cfg) -> Tuple[Optional[DeviceCosts], str]:
+    """This device's costs (results/device_costs/<device>.json under paths.root, else the repository's), or
+    None and why not: none measured, or measured on another machine."""
+    device = cfg.parallelism.device
+    for root in (Path(cfg.paths.root), REPO / "results"):
+        path = root / "device_costs" / f"{device}.json"
+        if path.exists():
+            record = json.loads(path.read_text())
+            if record.get("machine") != machine(device):
+                return None, f"{path} was measured on {record.get('machine')}, not this {machine(device)}"
+            return device_costs(record, tight=collectives_table(cfg)), ""
+    return None, f"no results/device_costs/{device}.json: `make device-costs` measures this device's costs"
+
+
+def slowest_rank(ranks: List[RankReport]) -> RankReport:
+    """The rank whose measured step was slowest (time_breakdown's), else rank 0."""
+    timed = [r for r in ranks if r.time_breakdown]
+    return max(timed, key=lambda r: r.time_breakdown["step"]) if timed else ranks[0]
+
+
+def slowest_work(run_dir) -> dict:
+    """The counted work of a finished run's slowest rank (ranks/report.json)."""
+    ranks = [RankReport.from_dict(r) for r in json.loads(run_dir.reports.read_text())["ranks"]]
+    return slowest_rank(ranks).work or {}
+
+
+def time_model(cfg, ranks: List[RankReport], measured: dict) -> Dict[str, float]:
+    """The predicted parts of a step, priced from the slowest rank's counted work at this device's costs
+    (theory/op_costs.py), with each part's terms and its error against the measured one."""
+    work = slowest_rank(ranks).work
+    if not work:
         return {}
     world, par = len(ranks), cfg.parallelism
-    rates = Rates(tflops=statistics.fmean(r.measured_peak_tflops for r in ranks),
-                  mem_gbps=statistics.fmean(r.measured_copy_gbps for r in ranks),
-                  comm=CommTable(collectives_table(cfg), par.device, world, par.intra_node_gbps, par.inter_node_gbps),
-                  device=par.device)
-    flops_per_step = flop_counts["counted"] * par.micro_batch * par.seq_len * par.grad_accum
-    parts = predict_parts(cfg.backend, shape_of(cfg, world, ranks[0].params), flops_per_step, rates,
-                          cfg.train.activation_checkpointing)
+    costs, why = load_device_costs(cfg)
+    if costs is None or costs.host is None:  # the run's own rates, no host term: a lower bound, said so
+        costs = DeviceCosts(matmul_tflops={cfg.train.precision: statistics.fmean(r.measured_peak_tflops for r in ranks)},
+                            copy_gbps=statistics.fmean(r.measured_copy_gbps for r in ranks), host=None,
+                            comm=CommTable(collectives_table(cfg), par.device, world), device=par.device,
+                            cores=cores(), notes=[why or "the device costs hold no host costs"])
+    parts = predict_counted(cfg.backend, shape_of(cfg, world, ranks[0].params), work, costs, par.nproc_per_node)
     out = {f"time/{k}_predicted_s": v for k, v in parts.items()}
-    out["time/collectives_measured"] = float(rates.comm.measured)
-    for part in ("forward", "backward", "optimizer", "comm_exposed", "comm_total"):
+    out["time/host_costed"] = float(costs.host is not None)  # 0: a lower bound (time_notes says why)
+    for part in ("forward", "backward", "optimizer", "other", "comm_exposed", "comm_total"):
         if f"time/{part}_s" in measured and parts[part] > 0:
             out[f"time/{part}_error_pct"] = 100 * (measured[f"time/{part}_s"] - parts[part]) / parts[part]
     if "time/profiled_step_s" in measured:
         out["time/step_error_pct"] = 100 * (measured["time/profiled_step_s"] - parts["step"]) / parts["step"]
+    for phase, totals in work_totals(work).items():
+        out.update({f"work/{phase}_{k}": float(v) for k, v in totals.items() if k in ("compute", "graph", "engine", "view", "alloc",
+                                                                                      "dtensor", "marker", "lines")})
+    out["work/collectives"] = float(sum(c["count"] for c in work.get("collectives", [])))
     return out
 
 
+TERM_NAMES = {"host": "the host's cost per op", "lines": "the host's cost per Python line",
+              "matmul": "matmul FLOPs at the measured rate", "memory": "bytes at the measured copy bandwidth"}
+
+
+def miss_cause(figures: dict, part: str) -> str:
+    """What a missed part's prediction rests on most: the term that makes most of it, or for communication
+    the collectives' count and per-call price."""
+    if part in ("comm_exposed", "comm_total"):
+        n = figures.get("work/collectives", 0)
+        waiting = figures.get("time/comm_waiting_for_cores_predicted_s", 0)
+        extra = f", {waiting * 1e3:.2f} ms of it waiting for a core" if waiting and part == "comm_exposed" else ""
+        return f"{n:.0f} collectives at their per-call time in busy processes{extra}"
+    terms = {t: figures.get(f"time/{part}_{t}_predicted_s", 0.0) for t in TERM_NAMES}
+    total = sum(terms.values()) or 1.0
+    top = max(terms, key=terms.get)
+    return f"{100 * terms[top] / total:.0f}% of it {TERM_NAMES[top]}"
+
+
 def time_notes(figures: dict) -> List[str]:
-    """Every part the time model misses by more than 30%, named (`other` is not modelled: not a miss)."""
+    """Every part the time model misses by more than 30% (measured against predicted), named with what its
+    prediction rests on."""
     misses = [f"{part} {figures[f'time/{part}_s'] * 1e3:.2f} ms measured, {figures[f'time/{part}_predicted_s'] * 1e3:.2f} "
-              f"predicted ({figures[f'time/{part}_error_pct']:+.0f}%)"
-              for part in ("forward", "backward", "optimizer", "comm_exposed", "comm_total")
+              f"predicted ({figures[f'time/{part}_error_pct']:+.0f}%; {miss_cause(figures, part)})"
+              for part in ("forward", "backward", "optimizer", "other", "comm_exposed")
               if abs(figures.get(f"time/{part}_error_pct", 0)) > 30]
-    if not misses:
-        return []
-    source = ("this machine's collectives table" if figures.get("time/collectives_measured")
-              else "the stated default link (no `make collectives` result for this device and world size)")
-    return [f"time: the model misses by over 30% on {'; '.join(misses)} (communication from {source})"]
+    out = [f"time: the model misses by over 30% on {'; '.join(misses)}"] if misses else []
+    if figures.get("time/host_costed") == 0.0:
+        out.append("time: predicted from the roofline and the collectives only, a lower bound: this machine has no "
+                   "host costs per op and per Python line (`make device-costs` measures them)")
+    return out

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .time_profile import current_phase
+
 # c10d's collectives (the dispatcher ops a ProcessGroup call becomes), by nccl-tests' names
 C10D_OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
             "_allgather_base_": "all_gather", "allgather_": "all_gather",
@@ -50,9 +52,13 @@ def group_ranks(args) -> Optional[Tuple[int, ...]]:
     return None
 
 
+def is_collective(func) -> bool:
+    return func.namespace in ("c10d", "_c10d_functional") and func._opname in C10D_OPS
+
+
 class CollectiveCounter(TorchDispatchMode):
     """Every c10d collective issued while active: (op, whole-buffer bytes as nccl-tests counts them, the
-    group's global ranks) -> count. The whole buffer is the output of an all-gather and the input of a
+    group's global ranks, the step's phase that issued it) -> count. The whole buffer is the output of an all-gather and the input of a
     reduce-scatter (the larger side), the tensor itself for an all-reduce or broadcast."""
 
     def __init__(self):
@@ -61,16 +67,16 @@ class CollectiveCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.namespace in ("c10d", "_c10d_functional") and func._opname in C10D_OPS:
+        if is_collective(func):
             op = C10D_OPS[func._opname]
             ranks = group_ranks(args) or tuple(range(dist.get_world_size()))
             # all_gather's output and reduce_scatter's input are args[0] or args[1]: the larger is the buffer
             tensors = [a for a in args[:2] if isinstance(a, (torch.Tensor, list, tuple))]
-            self.calls[(op, max((_nbytes(t) for t in tensors), default=0), ranks)] += 1
+            self.calls[(op, max((_nbytes(t) for t in tensors), default=0), ranks, current_phase())] += 1
         return func(*args, **kwargs)
 
     def rows(self) -> List[dict]:
-        """One row per (op, size, group): `group` its size, `ranks` its global ranks."""
-        return [{"op": op, "size_bytes": b, "group": len(ranks), "ranks": list(ranks), "count": n}
-                for (op, b, ranks), n in sorted(self.calls.items())]
+        """One row per (op, size, group, phase): `group` its size, `ranks` its global ranks."""
+        return [{"op": op, "size_bytes": b, "group": len(ranks), "ranks": list(ranks), "phase": phase, "count": n}
+                for (op, b, ranks, phase), n in sorted(self.calls.items())]
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..config import derive
-from . import memory_profile, probes, schedule, time_profile
+from . import memory_profile, probes, schedule, time_profile, work_count
 from .collective_count import CollectiveCounter
 from .time_profile import phase
 from .errors import NonFiniteLoss
@@ -38,6 +38,7 @@ class LoopResult:
     memory_profile: Optional[dict] = None  # peak tensor bytes by kind (memory_profile.StepMemory), or None
     time_breakdown: Optional[dict] = None  # seconds per part of a step (time_profile.StepTime), or None
     collectives: Optional[List[dict]] = None  # one step's collectives (collective_count.CollectiveCounter)
+    work: Optional[dict] = None  # one step's ops, Python lines and collectives by phase (work_count.Work)
 
     def add(self, step: int, loss: float, grad_norm, step_s: float, tokens: int, timed: bool, lr: float) -> dict:
         """One logged step's record; a timed step's time joins the window's."""
@@ -126,7 +127,8 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
     fresh run but leaving at least one timed; the checkpointer saves between steps, outside their times, and so
     does the eval loss every `train.eval_every` steps and after the last. Then, untimed
     and unlogged, taking the data the next steps would: with `train.count_collectives` one whose collectives
-    are counted by group (runtime/collective_count.py), `train.breakdown_steps` under torch's profiler for the
+    are counted by group (runtime/collective_count.py) and ops by phase, and one whose Python lines are
+    (runtime/work_count.py), `train.breakdown_steps` under torch's profiler for the
     rest of the time breakdown (and the Chrome trace at `trace_path`), `train.memory_steps` under the memory
     profiler, and (CUDA, `snapshot_path`) one under the allocator's history."""
     t = cfg.train
@@ -165,10 +167,9 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
     result.host_peak_reset = timer.host_peak_reset
     result.model_states, result.unclassified = states.states, states.unclassified
     extra = itertools.count(t.steps)
-    if t.count_collectives:  # first: the counted step is an ordinary one, with every collective of a step
+    if t.count_collectives:  # first: the counted steps are ordinary ones, with every collective of a step
         counter = CollectiveCounter()
-        with counter:
-            train_step(next(extra))
+        result.work = work_count.count(lambda: train_step(next(extra)), counter).to_dict()
         result.collectives = counter.rows()
     if t.breakdown_steps:
         with breakdown.profiled() as profiler:

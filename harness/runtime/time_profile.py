@@ -62,21 +62,41 @@ class PhaseClock:
         return out
 
 
+_ACTIVE: List[str] = []  # the phases the training thread is inside, outermost first
+
+
+def current_phase() -> str:
+    """The innermost of PHASES the training thread is in, else `other` (inside a step, between its phases, or
+    outside any step): what runtime/work_count.py files an op, a Python line or a collective under."""
+    for name in reversed(_ACTIVE):
+        if name in PHASES:
+            return name
+    return "other"
+
+
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
     """A named range in the profiler's timeline and, while a PhaseClock runs, on its clocks. The step's own
-    phase is recorded when it ends, so its phases are added to it first (a step's entry opens on `step`)."""
+    phase is recorded when it ends, so its phases are added to it first (a step's entry opens on `step`). The
+    phase is current (`current_phase`) exactly while its clocks run: the range's own entry and exit belong to
+    the enclosing phase, for the work counter as for the clocks."""
     clock = PhaseClock.running
     with torch.profiler.record_function(PREFIX + name):
         if clock is None:
-            yield
+            _ACTIVE.append(name)
+            try:
+                yield
+            finally:
+                _ACTIVE.pop()
             return
         if name == "step":
             clock.steps.append({})
         wall, cpu = time.perf_counter(), time.thread_time()
+        _ACTIVE.append(name)
         try:
             yield
         finally:
+            _ACTIVE.pop()
             clock.steps[-1].setdefault(name, [0.0, 0.0])
             clock.steps[-1][name][0] += time.perf_counter() - wall
             clock.steps[-1][name][1] += time.thread_time() - cpu

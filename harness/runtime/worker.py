@@ -159,6 +159,7 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
             optimizer=strategy.optimizer_name, init=strategy.construction, params=counts,
             measured_peak_tflops=measured_peak, tensor_peak=result.memory_profile,
             time_breakdown=result.time_breakdown, measured_copy_gbps=copy_gbps, collectives=result.collectives,
+            work=result.work,
             checkpoint={"saves": checkpointer.saves, "resumed": checkpointer.resumed})
         gathered = [None] * world
         dist.all_gather_object(gathered, report)

@@ -49,41 +49,68 @@ class CommTable:
     """Seconds for one collective of a given size over a group of ranks, inside a node or across nodes:
     measured rows (op, ranks, size_bytes, time_s, and nnodes where they crossed nodes) for that group size,
     level and device, else the α-β default of that level (`intra_gbps`, `inter_gbps`: the config's bandwidths,
-    0 = the stated defaults)."""
+    0 = the stated defaults). Rows measured inside busy processes (`busy`, studies/device_costs.py) carry the
+    gap of host work before each call (`gap_s`), and replace a group's tight-loop rows: a call is then priced
+    at its own gap, between the two measured gaps around it (linear in the gap's logarithm, clamped to the
+    measured ones)."""
 
     def __init__(self, rows: List[dict], device: str, world: int, intra_gbps: float = 0.0,
                  inter_gbps: float = 0.0):
-        self.by_op: Dict[tuple, List[tuple]] = {}
+        self.by_op: Dict[tuple, Dict[Optional[float], List[tuple]]] = {}
+        busy = {(r["op"], r["ranks"], r.get("nnodes", 1) > 1) for r in rows if r.get("busy")}
         for r in rows:
             if r.get("device", "cpu") == device and r.get("ranks"):
                 key = (r["op"], r["ranks"], r.get("nnodes", 1) > 1)
-                self.by_op.setdefault(key, []).append((r["size_bytes"], r["time_s"]))
-        for points in self.by_op.values():
-            points.sort()
+                if key in busy and not r.get("busy"):
+                    continue
+                gap = r.get("gap_s") if r.get("busy") else None
+                self.by_op.setdefault(key, {}).setdefault(gap, []).append((r["size_bytes"], r["time_s"]))
+        for curves in self.by_op.values():
+            for points in curves.values():
+                points.sort()
         # (latency, bus bandwidth) of each level: the config's bandwidth where set, else the stated default
         self.links = {crosses: (table[device][0], gbps * 1e9 if gbps else table[device][1])
                       for crosses, table, gbps in ((False, DEFAULT_LINK, intra_gbps),
                                                    (True, DEFAULT_INTER_NODE_LINK, inter_gbps))}
         self.world = world
+        self.busy_worlds = {ranks for (_, ranks, _), curves in self.by_op.items() if any(g for g in curves)}
         self.measured = any(ranks == world for _, ranks, _ in self.by_op)
         latency, busbw = self.links[False]
         self.source = ("measured (results/collectives, log-log interpolation)" if self.measured else
                        f"default: {latency * 1e6:.0f} µs + size / {busbw / 1e9:g} GB/s bus bandwidth")
 
-    def seconds(self, op: str, size: float, ranks: int = 0, crosses: bool = False) -> float:
+    def seconds(self, op: str, size: float, ranks: int = 0, crosses: bool = False,
+                gap: Optional[float] = None) -> float:
         ranks = ranks or self.world
-        points = self.by_op.get((op, ranks, crosses))
-        if not points:
+        curves = self.by_op.get((op, ranks, crosses))
+        if not curves:
             latency, busbw = self.links[crosses]
             return latency + size * bus_factor(op, ranks) / busbw
-        sizes = [s for s, _ in points]
-        i = min(max(bisect.bisect_left(sizes, size), 1), len(points) - 1)
-        (s0, t0), (s1, t1) = points[i - 1], points[i]
-        if size <= s0:  # below the smallest size: latency-bound, the smallest size's time
-            return t0
-        # log-log between the neighbours; past the largest, the same slope (bandwidth-bound by then)
-        slope = math.log(t1 / t0) / math.log(s1 / s0)
-        return t0 * (size / s0) ** slope
+        gaps = sorted(g for g in curves if g)
+        if not gaps:
+            return _along_size(curves[None], size)
+        g = min(max(gap or gaps[0], gaps[0]), gaps[-1])
+        i = min(max(bisect.bisect_left(gaps, g), 1), len(gaps) - 1) if len(gaps) > 1 else 0
+        lo, hi = gaps[max(i - 1, 0)], gaps[i]
+        t_lo, t_hi = _along_size(curves[lo], size), _along_size(curves[hi], size)
+        if hi == lo:
+            return t_lo
+        w = math.log(g / lo) / math.log(hi / lo)
+        return t_lo + w * (t_hi - t_lo)
+
+
+def _along_size(points: List[tuple], size: float) -> float:
+    """log-log between the measured sizes around `size`; below the smallest, its time (latency-bound); past
+    the largest, the last slope (bandwidth-bound by then)."""
+    if len(points) == 1:
+        return points[0][1]
+    sizes = [s for s, _ in points]
+    i = min(max(bisect.bisect_left(sizes, size), 1), len(points) - 1)
+    (s0, t0), (s1, t1) = points[i - 1], points[i]
+    if size <= s0:
+        return t0
+    slope = math.log(t1 / t0) / math.log(s1 / s0)
+    return t0 * (size / s0) ** slope
 
 
 @dataclass(frozen=True)

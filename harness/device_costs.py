@@ -1,0 +1,10 @@
+"""`python -m harness.device_costs`: this device's costs for the time model, measured once.
+
+The code is in harness/studies/device_costs.py; this file is only the command.
+"""
+import sys
+
+from harness.studies.device_costs import main
+
+if __name__ == "__main__":
+    sys.exit(main())

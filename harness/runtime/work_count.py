@@ -1,0 +1,194 @@
+"""What one training step asks of the host and the device, counted by phase (forward, backward, optimizer,
+other): the time model's input (theory/time.py), for a real rank (runtime/loop.py's counted steps) and for a
+replayed one at any world size (runtime/replay.py).
+
+- `OpCounter`, a TorchDispatchMode: every aten op the step dispatches, with its FLOPs (torch's own
+  flop_registry, as FlopCounterMode counts them) and the bytes it reads and writes (its tensor arguments and
+  results, as torch's runtime estimator counts them), filed by kind:
+  - `compute`: an op that does work on data;
+  - `graph`: the same, recorded by autograd for backward (grad mode on and an input that needs a gradient:
+    the forward's ops), which costs the host a node of the graph besides the op;
+  - `engine`: the same, run by autograd's engine inside a node of the graph (the backward's ops), which costs
+    the engine's bookkeeping besides the op;
+  - `marker`: a profiler range's entry or exit (the loop's phase markers, runtime/time_profile.phase);
+  - `view`: a view or a reshape, which moves no data (torch's `_VIEW_OPS`, or any op whose schema says it
+    returns a view);
+  - `alloc`: an allocation without initialisation (`empty*`), which touches no memory;
+  - `dtensor`: an op on DTensors (FSDP2's optimizer), which pays DTensor's sharding propagation besides the
+    op on its local shard (whose FLOPs and bytes are the ones counted).
+  The FSDP2 hooks and DeepSpeed's parameter fetches and releases are ops like any other here: they are
+  counted in the phase that runs them.
+- `LineCounter`: the Python lines the training thread executes in each phase (sys.settrace): the host work
+  between the ops (the model's Python, the hooks' bookkeeping, the optimizer's loop).
+
+The two run in separate steps, because each would count the other's own work.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._runtime_estimation import _VIEW_OPS
+from torch.utils.flop_counter import flop_registry
+
+from ..theory.op_costs import REUSE_DISTANCES
+from .collective_count import is_collective
+from .time_profile import current_phase
+
+ALLOC_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+
+
+def _local(x):
+    """A DTensor's local shard (what this rank computes on), anything else as it is."""
+    return x._local_tensor if type(x).__name__ == "DTensor" else x
+
+
+def _nbytes(leaves) -> int:
+    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+
+
+def kind_of(func, leaves) -> str:
+    packet = func._overloadpacket
+    if func.namespace == "profiler":
+        return "marker"
+    if packet in _VIEW_OPS or func.is_view:
+        return "view"
+    if packet.__name__ in ALLOC_OPS:
+        return "alloc"
+    if any(type(x).__name__ == "DTensor" for x in leaves):
+        return "dtensor"
+    if torch._C._current_autograd_node() is not None:
+        return "engine"
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
+        return "graph"
+    return "compute"
+
+
+class OpCounter(TorchDispatchMode):
+    """Every aten op dispatched while active: (phase, kind, op, dtype, FLOPs, bytes, cold bytes) -> count.
+
+    Cold bytes: of the bytes an op reads and writes, those of operands whose memory was last touched more than
+    REUSE_DISTANCES bytes of traffic ago (one figure for each distance), which the caches of a device whose
+    capacity is that distance no longer hold. Memory is known by its address, so an output the allocator
+    places where a freed tensor was counts as that tensor's memory, as the caches see it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: collections.Counter = collections.Counter()
+        self.traffic = 0  # bytes every counted op has read and written so far
+        self.touched: Dict[int, int] = {}  # address -> the traffic when it was last touched
+
+    def cold_bytes(self, tensors) -> tuple:
+        cold = [0] * len(REUSE_DISTANCES)
+        for t in tensors:
+            size = t.numel() * t.element_size()
+            if not size:
+                continue
+            address = t.untyped_storage().data_ptr()
+            distance = self.traffic - self.touched.get(address, -(1 << 62))
+            for i, limit in enumerate(REUSE_DISTANCES):
+                cold[i] += size if distance > limit else 0
+            self.touched[address] = self.traffic
+            self.traffic += size
+        return tuple(cold)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if is_collective(func):  # priced as communication (theory/time.py), not as an op
+            return out
+        leaves = pytree.tree_leaves((args, kwargs))
+        kind = kind_of(func, leaves)
+        flops = nbytes = 0
+        dtype, cold = "", (0,) * len(REUSE_DISTANCES)
+        if kind in ("compute", "graph", "engine", "dtensor"):
+            local_args, local_kwargs, local_out = pytree.tree_map(_local, (args, kwargs, out))
+            if func._overloadpacket in flop_registry:
+                try:
+                    flops = int(flop_registry[func._overloadpacket](*local_args, **local_kwargs, out_val=local_out))
+                except Exception:  # noqa: BLE001 - a formula that cannot read these arguments counts no FLOPs
+                    flops = 0
+            ins = [t for t in pytree.tree_leaves((local_args, local_kwargs)) if isinstance(t, torch.Tensor)]
+            outs = [t for t in pytree.tree_leaves(local_out) if isinstance(t, torch.Tensor)]
+            nbytes = _nbytes(ins) + _nbytes(outs)
+            cold = self.cold_bytes(ins + outs)
+            dtype = str(outs[0].dtype).replace("torch.", "") if outs else ""
+        self.calls[(current_phase(), kind, str(func.name()), dtype, flops, nbytes, cold)] += 1
+        return out
+
+
+_OWN_FILES = (__file__, os.path.join(os.path.dirname(__file__), "mirror_group.py"))
+_UNCOUNTED = [0]  # > 0 while the replay's mirror group stands in for a peer: its Python is no rank's work
+
+
+@contextlib.contextmanager
+def uncounted() -> Iterator[None]:
+    """Lines run inside are not counted (runtime/mirror_group.py's collectives, which gloo runs in C++)."""
+    _UNCOUNTED[0] += 1
+    try:
+        yield
+    finally:
+        _UNCOUNTED[0] -= 1
+
+
+class LineCounter:
+    """Python lines executed on this thread while active, by phase. Lines of this module, and lines run
+    `uncounted()`, are not counted."""
+
+    def __init__(self):
+        self.lines: collections.Counter = collections.Counter()
+        self._previous = None
+
+    def _local(self, frame, event, arg):
+        if event == "line" and not _UNCOUNTED[0]:
+            self.lines[current_phase()] += 1
+        return self._local
+
+    def _global(self, frame, event, arg):
+        return None if frame.f_code.co_filename in _OWN_FILES else self._local
+
+    def __enter__(self):
+        self._previous = sys.gettrace()
+        sys.settrace(self._global)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(self._previous)
+
+
+@dataclass
+class Work:
+    """One step's counted work: op rows [phase, kind, op, dtype, flops, bytes, cold bytes, count]
+    (theory/op_costs.OpRow), Python lines by phase,
+    and the collectives (runtime/collective_count.py's rows, each with the phase that issued it)."""
+
+    ops: List[list] = field(default_factory=list)
+    lines: Dict[str, int] = field(default_factory=dict)
+    collectives: List[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"ops": self.ops, "lines": self.lines, "collectives": self.collectives}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Work":
+        return cls(ops=d.get("ops", []), lines=d.get("lines", {}), collectives=d.get("collectives", []))
+
+
+def count(step, collective_counter) -> Work:
+    """Run `step()` twice: once under the op counter and `collective_counter` (a CollectiveCounter, or the
+    replay's mirror group's log), once under the line counter."""
+    ops = OpCounter()
+    with collective_counter, ops:
+        step()
+    lines = LineCounter()
+    with lines:
+        step()
+    return Work(ops=[[*key[:6], list(key[6]), n] for key, n in sorted(ops.calls.items())], lines=dict(lines.lines),
+                collectives=collective_counter.rows())

@@ -1,0 +1,135 @@
+"""`make device-costs`: what this device costs the time model (theory/op_costs.py), measured once and kept in
+results/device_costs/<device>.json, as `make collectives` keeps its table.
+
+    python -m harness.device_costs [--worlds 2,3,4] [--backends ddp,...] [--no-calibrate] [--out results/device_costs]
+
+1. At each world size, every rank at once (device_costs_worker.py): the matmul rate in fp32 and bf16, the copy
+   bandwidth, and each collective's per-call time inside busy processes, 4 B to 16 MiB.
+2. The host's costs, calibrated on 2-rank tiny_llama runs only (fp32, every flat backend, one launch of cells,
+   each run twice and the least disturbed of the two kept, as `make time-check` does):
+   each run's counted work (runtime/work_count.py) and its measured breakdown (runtime/time_profile.py) give,
+   per part of its step, the measured seconds less the part's roofline time at the rates of step 1; the
+   seconds per compute op, per view or allocation, per DTensor op and per Python line that best explain every
+   part of every run together (least squares on the relative error, none negative) are the host's costs. They
+   are properties of this host and this software stack, shared by every backend and model: one set of four
+   numbers for all of them, solved from runs of one model on two ranks, then used to predict every other run.
+
+The file records the machine it was measured on (CPU model and cores, or the GPU's name); a run elsewhere does
+not use it (reporting/time_and_comm.device_costs says so in the run's notes).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+from ..config.compose import compose, flat_backends
+from ..core.paths import REPO
+from ..core.rundir import RunDir, write_json, write_text
+from ..launcher.cells import run_cells
+from ..launcher.torchrun import rank_env, torchrun_cmd
+from ..reporting.time_and_comm import device_costs, machine, slowest_work
+from ..theory.op_costs import HOST_TERMS, calibrate, calibration_rows, PARTS_COUNTED
+
+WORKER = "harness.studies.device_costs_worker"
+# the calibration runs: tiny_llama on 2 ranks in fp32, 25 steps of which 20 timed (clocked by phase)
+CALIBRATION = ["model=tiny_llama", "train.precision=fp32", "parallelism.nproc_per_node=2", "logger=none",
+               "train.steps=25", "train.warmup_steps=5", "train.profile_memory=false"]
+
+
+def measure_world(world: int, device: str, out: Path) -> dict:
+    cfg = compose([f"parallelism.nproc_per_node={world}", f"parallelism.device={device}", "logger=none"])
+    target = out / f"world{world}.json"
+    with open(out / f"world{world}.log", "w") as log:
+        subprocess.run(torchrun_cmd(cfg, out, module=(WORKER, str(target), device)), cwd=REPO, env=rank_env(cfg),
+                       stdout=log, stderr=subprocess.STDOUT, check=True)
+    return json.loads(target.read_text())
+
+
+def calibrate_host(backends: List[str], out: Path, rates: dict, repeats: int = 2) -> dict:
+    """Run the calibration cells and solve the host costs; the rows and each part's fit beside them."""
+    from .time_check import least_disturbed, repeated
+
+    sweep = out / "calibration"
+    summaries = run_cells(sweep, repeated([(b, [f"backend={b}"]) for b in backends], repeats), common=CALIBRATION,
+                          report=False)
+    costs = device_costs(rates, host=None)
+    rows, labels = [], []
+    for name in backends:
+        key, summary, _ = least_disturbed(summaries, name, repeats)
+        if summary["status"] != "ok":
+            raise RuntimeError(f"calibration run {name} failed: {summary['reason']}")
+        work = slowest_work(RunDir(sweep / key))
+        measured = {p: summary["figures"][f"time/{p}_s"] for p in PARTS_COUNTED}
+        for row, part in zip(calibration_rows(work, measured, costs), [p for p in PARTS_COUNTED if measured[p] > 0]):
+            rows.append(row)
+            labels.append(f"{name} {part}")
+    solved = calibrate(rows)
+    fit = []
+    for (units, target, seconds), label in zip(rows, labels):
+        predicted = seconds - target + sum(u * c for u, c in zip(units, solved))
+        fit.append({"part": label, "measured_s": seconds, "predicted_s": predicted,
+                    "error_pct": 100 * (predicted - seconds) / seconds, "units": units})
+    return {**dict(zip(HOST_TERMS, solved)), "fit": fit,
+            "source": f"calibrated on 2-rank tiny_llama fp32 runs of {len(backends)} backends ({len(rows)} parts), "
+                      f"{datetime.date.today().isoformat()}"}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.device_costs", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worlds", default="2,3,4")
+    ap.add_argument("--backends", default="", help="calibration backends (default: every flat backend)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--no-calibrate", action="store_true", help="keep the file's host costs; measure the rest")
+    ap.add_argument("--out", default=str(REPO / "results" / "device_costs"))
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{args.device}.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    worlds: Dict[str, dict] = dict(old.get("worlds", {}))  # a world not measured again keeps its rows
+    for world in (int(w) for w in args.worlds.split(",")):
+        worlds[str(world)] = measure_world(world, args.device, out)
+        print(f"world {world}: matmul fp32 {worlds[str(world)]['matmul_tflops']['fp32'] * 1e3:.1f} GFLOP/s a rank, "
+              f"copy {worlds[str(world)]['copy_gbps']:.1f} GB/s, {len(worlds[str(world)]['collectives'])} collectives")
+    record = {"device": args.device, "machine": machine(args.device), "python": platform.python_version(),
+              "measured": datetime.date.today().isoformat(), "worlds": worlds, "host": old.get("host")}
+    if not args.no_calibrate:
+        backends = args.backends.split(",") if args.backends else flat_backends()
+        record["host"] = calibrate_host(backends, out, record)
+        h = record["host"]
+        print("host costs: " + ", ".join(f"{t} {h[t] * 1e6:.3f} µs" for t in HOST_TERMS))
+    write_json(path, record)
+    write_text(out / f"{args.device}.md", describe(record))
+    print(f"wrote {path}")
+    return 0
+
+
+def describe(record: dict) -> str:
+    lines = [f"# Device costs: {record['machine']}", "", f"Measured {record['measured']} (`make device-costs`).", ""]
+    gaps = sorted({r.get("gap_s", 0) for w in record["worlds"].values() for r in w["collectives"]})
+    lines += ["| world | matmul fp32 GFLOP/s | matmul bf16 GFLOP/s | copy GB/s | "
+              + " | ".join(f"4 B all-reduce after {g * 1e3:g} ms, µs" for g in gaps) + " | 1 MiB all-reduce after "
+              f"{gaps[0] * 1e3:g} ms, µs |", "|---:|---:|---:|---:|" + "---:|" * (len(gaps) + 1)]
+    for world, w in sorted(record["worlds"].items()):
+        ar = {(r["size_bytes"], r.get("gap_s", 0)): r["time_s"] for r in w["collectives"] if r["op"] == "all_reduce"}
+        small = min(s for s, _ in ar)
+        lines.append(f"| {world} | {w['matmul_tflops']['fp32'] * 1e3:.1f} | {w['matmul_tflops']['bf16'] * 1e3:.1f} | "
+                     f"{w['copy_gbps']:.1f} | " + " | ".join(f"{ar.get((small, g), 0) * 1e6:.0f}" for g in gaps)
+                     + f" | {ar.get((1 << 20, gaps[0]), 0) * 1e6:.0f} |")
+    h = record.get("host")
+    if h:
+        lines += ["", f"Host costs ({h['source']}): " + ", ".join(f"{t} {h[t] * 1e6:.3f} µs" for t in HOST_TERMS), "",
+                  "| part | measured ms | fitted ms | error |", "|---|---:|---:|---:|"]
+        lines += [f"| {f['part']} | {f['measured_s'] * 1e3:.2f} | {f['predicted_s'] * 1e3:.2f} | {f['error_pct']:+.0f}% |"
+                  for f in h["fit"]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

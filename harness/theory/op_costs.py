@@ -1,0 +1,266 @@
+"""The step-time model: the parts of a step predicted from its counted work (runtime/work_count.py) priced at
+this device's measured costs (studies/device_costs.py), beside the measured breakdown (runtime/time_profile.py).
+
+- forward, backward, optimizer, other: every op the phase dispatches costs the host a fixed time for its kind
+  (`HostCosts`) and the device its roofline time, the larger of its FLOPs at the matmul rate of its dtype and
+  its bytes at the bandwidth of a copy of that many bytes (the caches hold a small op's operands); every Python line the
+  training thread runs costs the host a fixed time too. On CPU the host is the device, so the two add; on CUDA
+  the host launches while the GPU runs, so a phase takes the larger of the two sums (stated, not yet measured
+  on a GPU).
+- communication: every counted collective, at the per-call time this device measured for its op, group size
+  and size inside busy processes, after as much host work as the step runs before it (the collectives table,
+  theory/time.CommTable; `gaps_before`).
+- exposed communication, the overlap rule: a collective the backend's theory says hides behind compute
+  (theory/communication.py's `hidden_by`) does, except the largest one, for as long as that compute lasts;
+  everything else waits. On CPU a collective runs on gloo's threads, which need a core: with no core to spare
+  (as many ranks as cores) nothing hides. With more ranks than cores, a rank also waits for peers the
+  scheduler has taken off a core; a table measured in busy processes at that world holds that wait, and
+  without one each step's CPU time is taken to stretch by ranks / cores, the stretch joining the exposed part.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, NamedTuple, Optional
+
+from .communication import collectives as theory_collectives
+from .shape import Shape
+from .time import CommTable
+
+PHASES = ("forward", "backward", "optimizer")
+PARTS_COUNTED = PHASES + ("other",)  # the parts whose work is counted and priced
+KINDS = ("compute", "graph", "engine", "view", "alloc", "dtensor", "marker")
+# what the calibration solves for: views and allocations share one cost (neither touches data, and a step has
+# too few allocations to tell them apart); a collective costs its caller host time too (the call, the wait,
+# the wake-up), apart from the time it is blocked, which is communication's
+HOST_TERMS = ("compute", "graph", "engine", "light", "dtensor", "marker", "line", "collective")
+DTYPE_OF_RATE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+REUSE_DISTANCES = (1 << 20, 1 << 22, 1 << 24)  # runtime/work_count.py counts cold bytes at each of these
+
+
+class OpRow(NamedTuple):
+    """One row of a Work's ops: `count` ops alike in every other field. `cold` holds, for each of
+    REUSE_DISTANCES, the bytes whose memory was last touched further back than that (work_count.OpCounter)."""
+
+    phase: str
+    kind: str
+    op: str
+    dtype: str
+    flops: int
+    nbytes: int
+    cold: tuple
+    count: int
+
+
+def op_rows(work: dict) -> Iterator[OpRow]:
+    for row in work.get("ops", []):
+        yield OpRow(*row[:6], tuple(row[6]), row[7])
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """Seconds of host time per counted unit, whatever the op computes."""
+
+    compute: float
+    graph: float  # an op autograd records
+    engine: float  # an op autograd's engine runs (backward)
+    light: float  # a view or an allocation
+    dtensor: float  # a DTensor op (its sharding propagation; its local op's roofline is priced apart)
+    marker: float  # a profiler range's entry or exit
+    line: float  # a Python line
+    collective: float  # a collective call's host side on the calling thread
+    source: str = ""
+
+    def of(self, kind: str) -> float:
+        return self.light if kind in ("view", "alloc") else getattr(self, kind)
+
+
+@dataclass
+class DeviceCosts:
+    """What this device measured once (results/device_costs/<device>.json): matmul rate by precision, copy
+    bandwidth, host costs (None: not calibrated here), cores, and the collectives table built from its rows."""
+
+    matmul_tflops: Dict[str, float]
+    copy_gbps: float  # a copy too large for the caches
+    host: Optional[HostCosts]
+    comm: CommTable
+    device: str = "cpu"
+    cores: int = 0
+    source: str = ""
+    notes: List[str] = field(default_factory=list)
+    copy_gbps_by_size: List[tuple] = field(default_factory=list)  # (bytes copied, GB/s), sorted by size
+
+    def cache_bytes(self) -> int:
+        """What the caches hold, read off the copy curve: the largest copy that still ran at least twice as fast
+        as the largest one (0 without a curve: every byte is priced at copy_gbps)."""
+        curve = self.copy_gbps_by_size
+        fast = [size for size, gbps in curve if gbps >= 2 * curve[-1][1]] if curve else []
+        return max(fast) if fast else 0
+
+    def bandwidth(self, nbytes: float) -> float:
+        """GB/s for an op that reads and writes `nbytes` in all: the copy of that many bytes, between the
+        measured sizes (linear in the size's logarithm), the largest copy's past them, copy_gbps without a
+        curve."""
+        curve = self.copy_gbps_by_size
+        if not curve:
+            return self.copy_gbps
+        if nbytes <= curve[0][0]:
+            return curve[0][1]
+        for (s0, g0), (s1, g1) in zip(curve, curve[1:]):
+            if nbytes <= s1:
+                return g0 + (g1 - g0) * math.log(nbytes / s0) / math.log(s1 / s0)
+        return curve[-1][1]
+
+
+def work_totals(work: dict) -> Dict[str, Dict[str, float]]:
+    """By counted part: the count of each kind of op, Python lines, FLOPs and bytes."""
+    blank = {**{k: 0 for k in KINDS}, "lines": 0, "flops": 0, "bytes": 0}
+    out = {p: {**blank, "lines": work.get("lines", {}).get(p, 0)} for p in PARTS_COUNTED}
+    for r in op_rows(work):
+        row = out.setdefault(r.phase, dict(blank))
+        row[r.kind] += r.count
+        row["flops"] += r.flops * r.count
+        row["bytes"] += r.nbytes * r.count
+    return out
+
+
+def op_seconds(r: OpRow, costs: DeviceCosts) -> Dict[str, float]:
+    """One op's host time and roofline time, the roofline split into its matmul-bound and memory-bound side.
+    Its bytes: those the caches still hold at the bandwidth of a copy of the op's size (up to the caches'
+    capacity), the cold ones at the bandwidth of a copy past the caches."""
+    host = costs.host.of(r.kind) if costs.host else 0.0
+    if r.kind in ("view", "alloc", "marker"):
+        return {"host": host, "matmul": 0.0, "memory": 0.0}
+    rate = costs.matmul_tflops.get(DTYPE_OF_RATE.get(r.dtype, "fp32")) or costs.matmul_tflops.get("fp32", 0.0)
+    compute = r.flops / (rate * 1e12) if rate else 0.0
+    cache = costs.cache_bytes()
+    at = [i for i, d in enumerate(REUSE_DISTANCES) if d <= cache]
+    cold = r.cold[at[-1]] if at and r.cold else r.nbytes
+    hot_gbps, cold_gbps = costs.bandwidth(min(r.nbytes, cache or r.nbytes)), costs.copy_gbps
+    memory = ((r.nbytes - cold) / (hot_gbps * 1e9) if hot_gbps else 0.0) + (cold / (cold_gbps * 1e9) if cold_gbps else 0.0)
+    return {"host": host, "matmul": compute if compute >= memory else 0.0, "memory": memory if memory > compute else 0.0}
+
+
+def priced_phases(work: dict, costs: DeviceCosts) -> Dict[str, Dict[str, float]]:
+    """Seconds per counted part, with its terms: `host` (ops), `lines`, `matmul` and `memory` (roofline), and
+    `total` as this device combines them."""
+    out = {p: {"host": 0.0, "lines": 0.0, "matmul": 0.0, "memory": 0.0} for p in PARTS_COUNTED}
+    for r in op_rows(work):
+        for term, seconds in op_seconds(r, costs).items():
+            out.setdefault(r.phase, {"host": 0.0, "lines": 0.0, "matmul": 0.0, "memory": 0.0})[term] += seconds * r.count
+    for phase, lines in work.get("lines", {}).items():
+        if phase in out:
+            out[phase]["lines"] = lines * (costs.host.line if costs.host else 0.0)
+    for c in work.get("collectives", []):
+        if c.get("phase") in out and costs.host:
+            out[c["phase"]]["host"] += c["count"] * costs.host.collective
+    for terms in out.values():
+        host, device = terms["host"] + terms["lines"], terms["matmul"] + terms["memory"]
+        terms["total"] = host + device if costs.device == "cpu" else max(host, device)
+    return out
+
+
+def hiding_rule(backend, s: Shape) -> Dict[str, Optional[str]]:
+    """For each collective op, the compute it may hide behind in this backend, from its theory's list (the
+    largest of that op's buffers decides: the loss's 4-byte all-reduce is never hidden, DDP's buckets are)."""
+    rule: Dict[str, tuple] = {}
+    for c in theory_collectives(backend, s):
+        if c.size_bytes > rule.get(c.op, (0, None))[0]:
+            rule[c.op] = (c.size_bytes, c.hidden_by)
+    return {op: hidden for op, (_, hidden) in rule.items()}
+
+
+def gaps_before(work: dict, parts: Dict[str, float]) -> Dict[str, float]:
+    """The host work before each collective, by the phase that issues it: the phases run in order, and a
+    phase's collectives share its time and that of the phases before it that issued none (the work counter
+    keeps counts, not the order within a phase: a phase's collectives are taken as evenly spread)."""
+    issued = {p: 0 for p in PARTS_COUNTED}
+    for c in work.get("collectives", []):
+        if c.get("phase") in issued:
+            issued[c["phase"]] += c["count"]
+    out, since = {}, 0.0
+    for p in PARTS_COUNTED:
+        since += parts[p]
+        if issued[p]:
+            out[p] = since / issued[p]
+            since = 0.0
+    return out
+
+
+def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts, ranks_on_host: int) -> Dict[str, float]:
+    """Seconds per part of one rank's step from its counted work, with each part's terms (`*_host_s`, ...), the
+    communication total, and the step."""
+    phases = priced_phases(work, costs)
+    parts = {p: phases[p]["total"] for p in PARTS_COUNTED}
+    cpu_total = sum(parts.values())
+    rule = hiding_rule(backend, s)
+    can_hide = costs.device != "cpu" or (costs.cores and ranks_on_host < costs.cores)
+    windows = {"backward": parts["backward"], "forward+backward": parts["forward"] + parts["backward"]}
+    gaps = gaps_before(work, parts)
+    total, exposed, hidden_groups = 0.0, 0.0, {}
+    per_node = s.ranks_per_node or s.world
+    for c in work.get("collectives", []):
+        ranks = c.get("ranks") or list(range(c["group"]))
+        crosses = len({r // per_node for r in ranks}) > 1
+        one = costs.comm.seconds(c["op"], c["size_bytes"], c["group"], crosses, gaps.get(c.get("phase")))
+        total += one * c["count"]
+        hidden_by = rule.get(c["op"]) if c.get("phase") in ("forward", "backward") and can_hide else None
+        if hidden_by is None or c["size_bytes"] <= 8:
+            exposed += one * c["count"]
+        else:
+            hidden_groups.setdefault(hidden_by, []).append((one, one * c["count"]))
+    for hidden_by, items in hidden_groups.items():
+        spent = sum(t for _, t in items)
+        exposed += max(max(one for one, _ in items), spent - windows[hidden_by])
+    # a table measured inside busy processes at this world holds the wait for descheduled peers already
+    oversubscribed = costs.device == "cpu" and costs.cores and s.world not in costs.comm.busy_worlds
+    stretch = max(0.0, ranks_on_host / costs.cores - 1.0) if oversubscribed else 0.0
+    out = {**parts, "comm_exposed": exposed + stretch * cpu_total, "comm_total": total,
+           "comm_waiting_for_cores": stretch * cpu_total}
+    out["step"] = sum(out[p] for p in (*PARTS_COUNTED, "comm_exposed"))
+    for p in PARTS_COUNTED:
+        for term in ("host", "lines", "matmul", "memory"):
+            out[f"{p}_{term}"] = phases[p][term]
+    return out
+
+
+def calibration_rows(work: dict, measured: Dict[str, float], costs: DeviceCosts) -> List[tuple]:
+    """One row per counted part of a calibration run: (its host units, in HOST_TERMS' order, the measured
+    seconds less the part's roofline time, the measured seconds)."""
+    roofline = {p: t["matmul"] + t["memory"] for p, t in priced_phases(work, costs).items()}
+    column = {k: HOST_TERMS.index("light" if k in ("view", "alloc") else k) for k in KINDS}
+    units = {p: [0.0] * len(HOST_TERMS) for p in PARTS_COUNTED}
+    for r in op_rows(work):
+        if r.phase in units:
+            units[r.phase][column[r.kind]] += r.count
+    for phase, lines in work.get("lines", {}).items():
+        if phase in units:
+            units[phase][HOST_TERMS.index("line")] = float(lines)
+    for c in work.get("collectives", []):
+        if c.get("phase") in units:
+            units[c["phase"]][HOST_TERMS.index("collective")] += c["count"]
+    return [(units[p], measured[p] - roofline[p], measured[p]) for p in PARTS_COUNTED if measured.get(p, 0) > 0]
+
+
+def calibrate(rows: List[tuple]) -> List[float]:
+    """Host costs (seconds per unit of each of HOST_TERMS) that best explain `rows`, by least
+    squares on the relative error of each part (so that a 2 ms phase counts as much as a 40 ms one), none
+    below zero: a term whose free solution is negative is dropped and the rest solved again."""
+    import numpy as np
+
+    units = np.array([r[0] for r in rows], dtype=float)
+    target = np.array([r[1] for r in rows], dtype=float)
+    weight = 1.0 / np.array([r[2] for r in rows], dtype=float)
+    active = [j for j in range(units.shape[1]) if units[:, j].any()]
+    while True:
+        a = units[:, active] * weight[:, None]
+        solution, *_ = np.linalg.lstsq(a, target * weight, rcond=None)
+        if (solution >= 0).all() or not active:
+            break
+        active = [j for j, v in zip(active, solution) if v >= 0]
+    out = [0.0] * units.shape[1]
+    for j, v in zip(active, solution):
+        out[j] = float(v)
+    return out

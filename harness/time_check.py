@@ -1,0 +1,10 @@
+"""`python -m harness.time_check`: the time model against measured steps, part by part.
+
+The code is in harness/studies/time_check.py; this file is only the command.
+"""
+import sys
+
+from harness.studies.time_check import main
+
+if __name__ == "__main__":
+    sys.exit(main())
