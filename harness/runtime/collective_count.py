@@ -58,8 +58,11 @@ def is_collective(func) -> bool:
 
 class CollectiveCounter(TorchDispatchMode):
     """Every c10d collective issued while active: (op, whole-buffer bytes as nccl-tests counts them, the
-    group's global ranks, the step's phase that issued it) -> count. The whole buffer is the output of an all-gather and the input of a
-    reduce-scatter (the larger side), the tensor itself for an all-reduce or broadcast."""
+    group's global ranks, the step's phase that issued it) -> count. The whole buffer is the output of an
+    all-gather and the input of a reduce-scatter (the larger side), the tensor itself for an all-reduce or
+    broadcast. Not seen: a collective DTensor issues inside its own dispatch, while this mode is off for the
+    op it handles (FSDP2's gradient-norm all-reduce, 4 bytes; the replay's mirror group logs it,
+    runtime/mirror_group.py)."""
 
     def __init__(self):
         super().__init__()
