@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare sweep report run estimate bench advise memory-check scale-check hybrid checkpoint gpu-check capacity collectives finetune faults browser test test-drills test-all clean lock
+.PHONY: help install warm demo compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-check capacity collectives finetune faults browser test test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -69,6 +69,15 @@ hybrid: install warm ## hybrid sharding: every hybrid backend beside ddp, fsdp, 
 
 checkpoint: install warm ## checkpoints: every backend saves small_llama (sync, and DCP async), resumes at 2 ranks and reshards to 1: seconds, bytes against theory, host memory -> results/checkpoint/
 	$(PY) -m harness.checkpoint_costs $(ARGS)
+
+device-costs: install warm ## the time model's device costs, once per machine: rates, copy curve, collectives in busy processes at 2-4 ranks, host costs calibrated on 2-rank tiny_llama runs -> results/device_costs/
+	$(PY) -m harness.device_costs $(ARGS)
+
+time-check: install warm ## the time model against measured steps: every backend x tiny_llama, small_llama, tiny_gpt2 x fp32, bf16 on 2 ranks, each part within 30% or named -> results/time_check/
+	$(PY) -m harness.time_check $(ARGS)
+
+time-extrapolate: install warm ## the time model predicts runs it was not calibrated on (3 and 4 ranks, small_llama), before they run, then runs them -> results/time_model/
+	$(PY) -m harness.time_extrapolate $(ARGS)
 
 capacity: install warm ## largest model per backend under a budget: make capacity ARGS="--budget-mib 256 logger=none" -> results/capacity/
 	$(PY) -m harness.capacity $(ARGS)

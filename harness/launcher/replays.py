@@ -21,9 +21,10 @@ from .torchrun import rank_env
 MODULE = "harness.runtime.replay"
 
 
-def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2) -> Dict[str, dict]:
-    """{name: {"ok": True, "work": Work dict} or {"ok": False, "error": ...}} for every config."""
-    directory = Path(directory)
+def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank: int = 0) -> Dict[str, dict]:
+    """{name: {"ok": True, "work": Work dict} or {"ok": False, "error": ...}} for every config, as its rank
+    `rank` counts it."""
+    directory = Path(directory) / f"rank{rank}"
     todo: Dict[str, str] = {}
     for name, cfg in configs.items():
         text = OmegaConf.to_yaml(cfg, resolve=True)
@@ -50,6 +51,7 @@ def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2) -> D
             env = rank_env(configs[share[0]])
             env["OMP_NUM_THREADS"] = "1"
             env["MASTER_PORT"] = str(29511 + i)
+            env["SHARDBENCH_REPLAY_RANK"] = str(rank)
             procs.append((batch, [sys.executable, "-m", MODULE, str(batch)], env))
         started: Dict[Path, subprocess.Popen] = {}
         for batch, cmd, env in procs:  # `jobs` at a time

@@ -153,11 +153,12 @@ def time_breakdown(ok: Labelled, out_dir: Path) -> Optional[Path]:
                 ax.barh(row, ms, left=left, color=colours(j), label=part.replace("_", " ") if i == 0 and row == 0 else None)
                 left += ms
             if suffix == "_predicted_s" and "time/step_predicted_s" not in f:
-                ax.text(0, row, " no prediction (FLOPs not measured)", va="center", fontsize=7)
+                ax.text(0, row, " no prediction (no counted work: train.count_collectives=false)", va="center", fontsize=7)
     ax.set_yticks([x for i in range(len(ok)) for x in (2 * i, 2 * i + 1)],
                   [f"{lab} {side}" for _, lab in ok for side in ("measured", "predicted")], fontsize=7)
     ax.invert_yaxis()
-    ax.set(xlabel="ms per step (rank with the slowest step); 'other' is not modelled",
+    ax.set(xlabel="ms per step (rank with the slowest step); predicted: the step's counted work at the device's "
+                  "measured costs (theory/op_costs.py)",
            title="Where the step time goes: measured and predicted")
     ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.09))
     return _save(fig, out_dir / "time_breakdown.png")

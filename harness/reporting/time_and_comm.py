@@ -120,10 +120,11 @@ def slowest_rank(ranks: List[RankReport]) -> RankReport:
     return max(timed, key=lambda r: r.time_breakdown["step"]) if timed else ranks[0]
 
 
-def slowest_work(run_dir) -> dict:
-    """The counted work of a finished run's slowest rank (ranks/report.json)."""
+def slowest_work(run_dir, rank: Optional[int] = None) -> dict:
+    """The counted work of a finished run's slowest rank (ranks/report.json), or of rank `rank`."""
     ranks = [RankReport.from_dict(r) for r in json.loads(run_dir.reports.read_text())["ranks"]]
-    return slowest_rank(ranks).work or {}
+    chosen = slowest_rank(ranks) if rank is None else next(r for r in ranks if r.rank == rank)
+    return chosen.work or {}
 
 
 def time_model(cfg, ranks: List[RankReport], measured: dict) -> Dict[str, float]:

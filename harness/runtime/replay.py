@@ -1,11 +1,13 @@
-"""Rank 0 of a run at any world size, replayed in one process over the mirror process group
+"""One rank of a run at any world size (rank 0 unless SHARDBENCH_REPLAY_RANK says), replayed in one process over the mirror process group
 (runtime/mirror_group.py) on real tensors: the work its step asks of the host and the device, counted as a real
 rank counts it (runtime/work_count.py), without starting the run. The time model prices that work
 (theory/op_costs.py): a prediction for a world, a model or a backend not yet run.
 
     python -m harness.runtime.replay <dir>     # every <dir>/<name>.yaml (a resolved run config) -> <dir>/<name>.json
 
-The rank is built as a run builds it (runtime/worker.prepare), trains `train.steps` steps through the loop's
+Ranks can differ in their work (ZeRO-1/2's partitions hold different parameters, the last one the padding), so
+a prediction replays the first and the last rank and takes the slower (studies/time_extrapolation.py). The
+rank is built as a run builds it (runtime/worker.prepare), trains `train.steps` steps through the loop's
 own step (so that what a framework settles in its first steps, DDP's bucket order or ZeRO-3's prefetch trace,
 is settled), then runs the two counted steps. It needs the model to fit this host: the work of a model too large
 for it is not counted (the time model then falls back on its roofline lower bound, theory/time.py).
@@ -29,22 +31,22 @@ from . import mirror_group, schedule, work_count
 from .loop import TrainStep
 
 
-def start(world: int) -> None:
-    """The mirror process group of `world` ranks, this process its rank 0 (once a process: the configs it
+def start(world: int, rank: int = 0) -> None:
+    """The mirror process group of `world` ranks, this process its rank `rank` (once a process: the configs it
     replays share it, as the cells of a launch share theirs, so that a framework's cached groups stay valid)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
-    dist.init_process_group(mirror_group.NAME, store=FakeStore(), rank=0, world_size=world)
+    dist.init_process_group(mirror_group.NAME, store=FakeStore(), rank=rank, world_size=world)
 
 
 def replay(cfg) -> dict:
-    """The counted work of rank 0 of `cfg`'s world (Work.to_dict()), over the process group `start` made."""
+    """The counted work of this process's rank of `cfg`'s world (Work.to_dict()), over the group `start` made."""
     from .worker import prepare
 
     device = torch.device("cpu")
-    ready = prepare(cfg, 0, dist.get_world_size(), device)
+    ready = prepare(cfg, dist.get_rank(), dist.get_world_size(), device)
     step = TrainStep(ready.model, ready.strategy, ready.batches, cfg.parallelism.grad_accum, device,
                      functools.partial(schedule.learning_rate, cfg.optim, cfg.train.steps))
     for i in range(max(cfg.train.steps, 2)):
@@ -65,7 +67,7 @@ def main(directory: Path) -> int:
     worlds = {world_size(cfg) for cfg in configs}
     if len(worlds) != 1:
         raise SystemExit(f"replay: the configs in {directory} ask {sorted(worlds)} ranks; one world a process")
-    start(worlds.pop())
+    start(worlds.pop(), int(os.environ.get("SHARDBENCH_REPLAY_RANK", "0")))
     for path, cfg in zip(paths, configs):
         torch.nn.functional.linear = linear  # ZeRO-3 replaces it for modules built after it (cells_worker.py)
         try:

@@ -10,9 +10,10 @@ that every candidate does the same optimizer work per step; grad_accum follows f
 
 Stage 1, theory (nothing runs): each candidate's device peak (theory/predict.py: states, buffers, and the
 largest of the step's four moments' activations and transients, theory/peak.py) must fit the device with
-`--margin` to spare (default 10%, the memory model's tolerance), and its step time comes from the time model
-(theory/time.py: FLOPs / this device's measured matmul peak, collectives over `make collectives`' table or
-the stated default link, the backend's overlap rule). `--dry-run` prints that table and stops.
+`--margin` to spare (default 10%, the memory model's tolerance), and the step time of each that fits comes
+from the time model (theory/op_costs.py: the candidate replayed for a few steps in one process, its counted
+work priced at this device's measured costs; studies/advise_time.py), else from the roofline lower bound
+(theory/time.py), as the plan says. `--dry-run` prints that table and stops.
 
 Stage 2, measurement: each backend's fastest predicted candidate that fits is run for 10 steps (8 timed)
 under `train.memory_budget_bytes` (a smaller card, emulated: on CPU the budget bounds the profiled peak of
@@ -36,6 +37,7 @@ from typing import Dict, List, Optional
 
 from ..config.compose import compose
 from ..config.derive import tokens_per_step, world_size
+from . import advise_time
 from .capacity import device_bytes, run_probe
 
 GIB = 2**30
@@ -89,7 +91,7 @@ class Plan:
     precision: str
     device: str
     profile: str
-    rates: Dict[str, float] = field(default_factory=dict)
+    rates: Dict[str, object] = field(default_factory=dict)  # the roofline's rates, and how step times were predicted
     candidates: List[Candidate] = field(default_factory=list)
 
     @property
@@ -157,6 +159,7 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     out = Plan(overrides, budget, margin, batch, world, base.model.name, base.train.precision, par.device, base.profile,
                rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps,
                       "collectives_measured": float(rates.comm.measured), "flops_per_token": flops_per_token})
+    fitting = {}  # the candidates that fit, by name: their step times come from their counted work
     for backend in backends:
         # one composition per backend (a config group); the candidates' batch and checkpointing are set on a
         # copy, as their overrides would set them (a composition costs about 0.5 s, and there are 6 a backend)
@@ -178,6 +181,9 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                     predicted_tokens_per_s=tokens_per_step(cfg, world) / step, fits=peak * (1 + margin) <= budget,
                     predicted_states_bytes=theory["memory/model_states_device_predicted_bytes"],
                     family=cfg.backend.family))
+                if out.candidates[-1].fits:
+                    fitting[out.candidates[-1].name] = cfg
+    advise_time.price(out, fitting, base, counts)
     out.candidates.sort(key=lambda c: c.predicted_step_s)
     return out
 

@@ -145,7 +145,7 @@ def theory_table(p: Plan) -> List[str]:
 def print_plan(p: Plan) -> None:
     print(f"advise: {p.model}, {p.world} {p.device} ranks, {p.precision}, global batch {p.global_batch}, "
           f"budget {size(p.budget_bytes)} per rank ({p.margin:.0%} margin); {len(p.fitting)} of "
-          f"{len(p.candidates)} candidates predicted to fit")
+          f"{len(p.candidates)} candidates predicted to fit; step times: {p.rates.get('time_model', 'roofline')}")
     print("\n".join(theory_table(p)), flush=True)
 
 
@@ -168,10 +168,11 @@ def write(p: Plan, result: dict, out: Path, command: str) -> None:
     speed = [c.tokens_per_s / c.predicted_tokens_per_s for c in p.candidates if c.status == "ok" and c.tokens_per_s]
     lines += ["## Theory", "",
               f"Peak memory: theory/predict.py; measured against predicted over the probes that trained: median "
-              f"{statistics.median(errors) if errors else float('nan'):+.1f}%. Step time: theory/time.py with this "
-              f"device's measured matmul peak ({rates['matmul_tflops']:.3g} TFLOP/s) and copy bandwidth "
-              f"({rates['copy_gbps']:.3g} GB/s), {rates['flops_per_token']:,.0f} FLOPs per token (FlopCounterMode), "
-              f"collectives from {'this machine' if rates['collectives_measured'] else 'the stated default link'}"
+              f"{statistics.median(errors) if errors else float('nan'):+.1f}%. Step time: "
+              f"{rates.get('time_model', 'roofline lower bound')}; the roofline with this device's measured matmul "
+              f"peak ({rates['matmul_tflops']:.3g} TFLOP/s) and copy bandwidth ({rates['copy_gbps']:.3g} GB/s), "
+              f"{rates['flops_per_token']:,.0f} FLOPs per token (FlopCounterMode), collectives from "
+              f"{'this machine' if rates['collectives_measured'] else 'the stated default link'}"
               f"; measured ÷ predicted tokens/s: median {statistics.median(speed) if speed else float('nan'):.2f} "
               "(theory orders the candidates; the probes decide).", "", *theory_table(p), "",
               "![advice](advice.png)", ""]

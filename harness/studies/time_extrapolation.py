@@ -6,14 +6,15 @@ device_costs/, `make device-costs`), it predicts runs it has never seen, before 
 Targets, every flat backend, fp32: tiny_llama on 3 and on 4 ranks (on this 2-core host: a rank without a
 core of its own), and small_llama (24x the parameters) on 2.
 
-1. Predict. Each target's rank 0 is replayed in one process over the mirror process group
-   (runtime/replay.py), which counts its step's work without the run; the work is priced at the device's costs
-   (theory/op_costs.py). The predictions are written to predictions.json, with the time, before any target runs.
+1. Predict. Each target's first and last rank are replayed, each in one process over the mirror process group
+   (runtime/replay.py), which counts a rank's step's work without the run; the work is priced at the device's
+   costs (theory/op_costs.py), and the slower rank is the prediction. The predictions are written to
+   predictions.json, with the time, before any target runs.
 2. Run. One launch per world size (cells), each target --repeats times, the least disturbed run kept
    (studies/time_check.py says why).
 3. Compare, part by part: forward, backward, optimizer, other, exposed communication, and the step. Beside
-   it, the work the replay counted against the work the real run counted (ops, lines, collectives): how far
-   the prediction's input was from the run's own.
+   it, the work the replay counted against the work the real run's same rank counted (ops, lines,
+   collectives): how far the prediction's input was from the run's own.
 
 Writes extrapolation.{md,json}; exits 1 only if a target fails to run.
 """
@@ -53,22 +54,32 @@ def work_difference(replayed: dict, real: dict) -> Dict[str, float]:
 
 
 def predict(names: Dict[str, List[str]], overrides: List[str], costs, out: Path) -> Dict[str, dict]:
-    """Replay every target and price its work; {name: {"parts": predicted seconds, "work": counted}}."""
+    """Replay every target's first and last rank and price their work; the slower is the prediction (a step
+    goes at its slowest rank's pace): {name: {"parts": predicted seconds, "work": counted, "rank": which}}."""
     from ..runtime import models
 
     configs = {name: compose([*CELL, *cell, *overrides]) for name, cell in names.items()}
     safe = {name: name.replace("/", "-").replace("@", "-at-") for name in configs}
-    replays = replay_work({safe[n]: c for n, c in configs.items()}, out / "replays")
+    by_world: Dict[int, Dict[str, object]] = {}
+    for name, cfg in configs.items():
+        by_world.setdefault(cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes, {})[safe[name]] = cfg
+    replays = {0: replay_work({safe[n]: c for n, c in configs.items()}, out / "replays")}
+    for world, group in by_world.items():
+        replays.setdefault(world - 1, {}).update(replay_work(group, out / "replays", rank=world - 1))
     predicted = {}
     for name, cfg in configs.items():
-        result = replays[safe[name]]
-        if not result["ok"]:
-            predicted[name] = {"error": result["error"]}
-            continue
         world = cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes
         shape = shape_of(cfg, world, models.param_count(cfg.model, cfg.workload))
-        predicted[name] = {"parts": predict_counted(cfg.backend, shape, result["work"], costs, cfg.parallelism.nproc_per_node),
-                           "work": result["work"]}
+        options = []
+        for rank in (0, world - 1):
+            result = replays[rank][safe[name]]
+            if not result["ok"]:
+                predicted[name] = {"error": result["error"]}
+                break
+            parts = predict_counted(cfg.backend, shape, result["work"], costs, cfg.parallelism.nproc_per_node)
+            options.append({"parts": parts, "work": result["work"], "rank": rank})
+        else:
+            predicted[name] = max(options, key=lambda o: o["parts"]["step"])
     return predicted
 
 
@@ -127,7 +138,8 @@ def compare(name: str, backend: str, target: str, summary: dict, steps: List[flo
         measured = f["time/profiled_step_s"] if part == "step" else f[f"time/{part}_s"]
         row["parts"][part] = {"measured_s": measured, "predicted_s": parts[part],
                               "error_pct": 100 * (measured - parts[part]) / parts[part]}
-    row["work_difference_pct"] = work_difference(predicted["work"], slowest_work(RunDir(run_dir)))
+    row["work_difference_pct"] = work_difference(predicted["work"], slowest_work(RunDir(run_dir), predicted["rank"]))
+    row["replayed_rank"] = predicted["rank"]
     row["misses"] = [f"{p} {v['error_pct']:+.0f}%" for p, v in row["parts"].items()
                      if p != "step" and abs(v["error_pct"]) > tolerance]
     return row

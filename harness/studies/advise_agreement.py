@@ -1,0 +1,71 @@
+"""How often the advisor's dry run picks what its real runs picked: every committed advice (results/advise/*/
+advice.json) planned again, theory only, with today's time model (studies/advise_time.py), and its first choice
+set beside the measured winner, and beside the first choice of the plan the advice was made with.
+
+    python -m harness.advise_agreement [--advice results/advise] [--out results/advise/agreement.md]
+
+A choice agrees on the backend (the question a user asks: which strategy) and on the candidate (backend,
+micro-batch and checkpointing). The measured winner is among the candidates that were probed, which the plan of
+the day chose; a dry-run first choice that was never probed is said so, not counted against it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import List
+
+from ..core.paths import REPO
+from ..core.rundir import write_text
+from .advise import plan
+
+
+def first_fitting(candidates: List[dict]) -> dict:
+    fitting = [c for c in candidates if c["fits"]]
+    return min(fitting, key=lambda c: c["predicted_step_s"])
+
+
+def compare(advice: dict) -> dict:
+    """One advice: the measured winner, the plan-of-the-day's first choice, today's dry run's."""
+    p = advice["plan"]
+    backends = sorted({c["backend"] for c in p["candidates"]})
+    today = plan(p["overrides"], p["budget_bytes"], p["global_batch"], backends, p["margin"])
+    ours = min(today.fitting, key=lambda c: c.predicted_step_s)
+    then = first_fitting(p["candidates"])
+    winner = advice.get("winner")
+    probed = {c["name"] for c in p["candidates"] if c.get("status")}
+    return {"advice": advice["command"], "winner": winner, "then": then["name"], "today": ours.name,
+            "today_backend_agrees": bool(winner) and ours.backend == winner.split("-mb")[0],
+            "then_backend_agrees": bool(winner) and then["backend"] == winner.split("-mb")[0],
+            "today_agrees": ours.name == winner, "then_agrees": then["name"] == winner,
+            "today_probed": ours.name in probed, "time_model": today.rates.get("time_model", "")}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.advise_agreement", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--advice", default=str(REPO / "results" / "advise"))
+    ap.add_argument("--out", default=str(REPO / "results" / "advise" / "agreement.md"))
+    args = ap.parse_args(argv)
+    rows = [compare(json.loads(path.read_text())) for path in sorted(Path(args.advice).glob("*/advice.json"))]
+    n = len(rows)
+    count = lambda key: sum(r[key] for r in rows)  # noqa: E731
+    lines = ["# The advisor's dry run against its measured winners", "",
+             f"`python -m harness.advise_agreement`: {n} committed advice(s) in {args.advice}, each planned again "
+             "with today's time model, theory only.", "",
+             f"- today's dry run: the winner's backend {count('today_backend_agrees')} of {n}, the winning candidate "
+             f"{count('today_agrees')} of {n}",
+             f"- the plan the advice was made with: the winner's backend {count('then_backend_agrees')} of {n}, the "
+             f"winning candidate {count('then_agrees')} of {n}", "",
+             "| advice | measured winner | dry run then | dry run today | today's first was probed |",
+             "|---|---|---|---|---|"]
+    lines += [f"| `{r['advice']}` | {r['winner']} | {r['then']} | {r['today']} | {'yes' if r['today_probed'] else 'no'} |"
+              for r in rows]
+    lines += ["", "Step times today: " + "; ".join(sorted({r["time_model"] for r in rows})), ""]
+    write_text(Path(args.out), "\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
