@@ -32,11 +32,12 @@ def test_a_step_is_counted_by_phase_kind_flops_and_bytes():
     model, x = torch.nn.Linear(8, 4, bias=False), torch.randn(2, 8)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     work = work_count.count(lambda: step_of(model, optimizer, x), mirror_group.CallLog()).to_dict()
-    rows = [dict(zip(("phase", "kind", "op", "dtype", "flops", "nbytes", "cold", "count"), r)) for r in work["ops"]]
+    rows = [dict(zip(("phase", "kind", "op", "dtype", "flops", "nbytes", "elements", "cold", "count"), r))
+            for r in work["ops"]]
     forward_mm = [r for r in rows if r["phase"] == "forward" and r["op"] == "aten::mm"]
     # the forward's matmul: recorded by autograd, 2 x 2 x 8 x 4 FLOPs, its operands and result in bytes
     assert forward_mm == [{**forward_mm[0], "kind": "graph", "flops": 2 * 2 * 8 * 4, "count": 1,
-                           "nbytes": 4 * (2 * 8 + 8 * 4 + 2 * 4)}]
+                           "nbytes": 4 * (2 * 8 + 8 * 4 + 2 * 4), "elements": 2 * 4}]
     assert forward_mm[0]["cold"] == [forward_mm[0]["nbytes"]] * 3  # nothing touched before: every byte is cold
     # autograd's engine runs the backward's ops, but for the loss's seed gradient, made before it starts
     backward = {(r["kind"], r["op"]) for r in rows if r["phase"] == "backward" and r["kind"] != "view"}
@@ -89,8 +90,8 @@ def test_the_mirror_group_answers_as_if_every_peer_held_this_ranks_tensors(mirro
 
 
 def costs(host=None, rows=(), cores=2, **kw) -> DeviceCosts:
-    return DeviceCosts(matmul_tflops={"fp32": 1e-3}, copy_gbps=1.0, host=host, comm=CommTable(list(rows), "cpu", 2),
-                       cores=cores, **kw)
+    return DeviceCosts(matmul_tflops={"fp32": 1e-3}, copy_gbps=1.0, elementwise={"fp32": 1e9, "bf16": 1e8}, host=host,
+                       comm=CommTable(list(rows), "cpu", 2), cores=cores, **kw)
 
 
 def work(ops=(), lines=None, collectives=()) -> dict:
@@ -99,16 +100,19 @@ def work(ops=(), lines=None, collectives=()) -> dict:
 
 def test_pricing_adds_host_and_roofline_on_cpu():
     host = HostCosts(**{t: 0.0 for t in HOST_TERMS} | {"graph": 1e-5, "line": 1e-7, "collective": 1e-4})
-    w = work([("forward", "graph", "aten::mm", "float32", 2_000_000, 1_000, [1_000] * 3, 3),  # matmul-bound
-              ("backward", "engine", "aten::add", "float32", 0, 4_000_000, [4_000_000] * 3, 1)],  # memory-bound
+    w = work([("forward", "graph", "aten::mm", "float32", 2_000_000, 1_000, 100, [1_000] * 3, 3),  # matmul-bound
+              ("backward", "engine", "aten::add", "float32", 0, 4_000_000, 10, [4_000_000] * 3, 1),  # memory-bound
+              ("backward", "engine", "aten::mul", "bfloat16", 0, 600, 100_000, [600] * 3, 1)],  # elementwise-bound
              lines={"forward": 100},
              collectives=[{"op": "all_reduce", "size_bytes": 4, "group": 2, "phase": "forward", "count": 2}])
     phases = priced_phases(w, costs(host))
     # 3 ops: 3 x 10 µs of host, 3 x 2 ms of matmul at 1 GFLOP/s; 100 lines at 0.1 µs; 2 collectives' host side
     assert phases["forward"]["host"] == pytest.approx(3e-5 + 2e-4)
-    assert phases["forward"]["matmul"] == pytest.approx(6e-3) and phases["forward"]["lines"] == pytest.approx(1e-5)
+    assert phases["forward"]["arithmetic"] == pytest.approx(6e-3) and phases["forward"]["lines"] == pytest.approx(1e-5)
     assert phases["forward"]["total"] == pytest.approx(3e-5 + 2e-4 + 6e-3 + 1e-5)
     assert phases["backward"]["memory"] == pytest.approx(4e-3)  # 4 MB at 1 GB/s, no cache curve: all cold
+    # 100,000 bf16 results at 1e8 a second: their arithmetic, not their 600 bytes, sets the pace
+    assert phases["backward"]["arithmetic"] == pytest.approx(1e-3)
     on_gpu = priced_phases(w, costs(host, device="cuda"))
     assert on_gpu["forward"]["total"] == pytest.approx(6e-3)  # the host launches while the device runs
 
@@ -117,8 +121,8 @@ def test_cached_bytes_are_priced_at_the_copy_of_their_size():
     c = costs(copy_gbps_by_size=[(1 << 16, 8.0), (1 << 20, 8.0), (1 << 22, 8.0), (1 << 26, 1.0)])
     c.copy_gbps = 1.0
     assert c.cache_bytes() == 1 << 22  # the largest copy at least twice the largest's rate
-    warm = work([("optimizer", "compute", "aten::add_", "float32", 0, 1 << 20, [1 << 20, 0, 0], 1)])
-    cold = work([("optimizer", "compute", "aten::add_", "float32", 0, 1 << 20, [1 << 20, 1 << 20, 1 << 20], 1)])
+    warm = work([("optimizer", "compute", "aten::add_", "float32", 0, 1 << 20, 1, [1 << 20, 0, 0], 1)])
+    cold = work([("optimizer", "compute", "aten::add_", "float32", 0, 1 << 20, 1, [1 << 20, 1 << 20, 1 << 20], 1)])
     t_warm, t_cold = (priced_phases(w, c)["optimizer"]["memory"] for w in (warm, cold))
     assert t_cold == pytest.approx((1 << 20) / 1e9) and t_warm == pytest.approx(t_cold / 8)
 

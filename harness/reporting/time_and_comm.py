@@ -94,6 +94,7 @@ def device_costs(record: dict, host: Optional[dict] = "file", tight: Optional[li
     if h and any(t not in h for t in HOST_TERMS):  # measured by an older model: its terms are not these
         h = None
     return DeviceCosts(matmul_tflops=rates["matmul_tflops"], copy_gbps=rates["copy_gbps"],
+                       elementwise=rates.get("elementwise_per_s", {}), attention=rates.get("attention", {}),
                        host=HostCosts(**{t: h[t] for t in HOST_TERMS}, source=h.get("source", "")) if h else None,
                        comm=CommTable(rows, record["device"], max(worlds)), device=record["device"], cores=cores(),
                        copy_gbps_by_size=[tuple(x) for x in rates.get("copy_gbps_by_size", [])],
@@ -137,7 +138,7 @@ def time_model(cfg, ranks: List[RankReport], measured: dict) -> Dict[str, float]
     costs, why = load_device_costs(cfg)
     if costs is None or costs.host is None:  # the run's own rates, no host term: a lower bound, said so
         costs = DeviceCosts(matmul_tflops={cfg.train.precision: statistics.fmean(r.measured_peak_tflops for r in ranks)},
-                            copy_gbps=statistics.fmean(r.measured_copy_gbps for r in ranks), host=None,
+                            copy_gbps=statistics.fmean(r.measured_copy_gbps for r in ranks), elementwise={}, host=None,
                             comm=CommTable(collectives_table(cfg), par.device, world), device=par.device,
                             cores=cores(), notes=[why or "the device costs hold no host costs"])
     parts = predict_counted(cfg.backend, shape_of(cfg, world, ranks[0].params), work, costs, par.nproc_per_node)
@@ -156,7 +157,7 @@ def time_model(cfg, ranks: List[RankReport], measured: dict) -> Dict[str, float]
 
 
 TERM_NAMES = {"host": "the host's cost per op", "lines": "the host's cost per Python line",
-              "matmul": "matmul FLOPs at the measured rate", "memory": "bytes at the measured copy bandwidth"}
+              "arithmetic": "its arithmetic at the measured matmul or elementwise rate", "memory": "bytes at the measured copy bandwidth"}
 
 
 def miss_cause(figures: dict, part: str) -> str:

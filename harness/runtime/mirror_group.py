@@ -9,7 +9,9 @@ rank holds:
 - all-reduce: a sum is N times the tensor, an average (or a max, a min) the tensor itself;
 - all-gather: N copies of this rank's shard;
 - reduce-scatter: this rank's chunk, N times over for a sum;
-- broadcast: unchanged.
+- broadcast: unchanged (the root's tensor is this rank's: a check that compares this rank's state with what
+  rank 0 broadcasts, as ZeRO-3 does with its module order, fails on a rank past 0 when rank 0's value differs
+  from the other ranks', as DeepSpeed's placeholder -1 does).
 
 So a replayed rank trains on finite numbers through the same code as a real one (DeepSpeed's and FSDP2's
 gathered parameters are this rank's shard repeated, not the model; the numbers are not the point, the work

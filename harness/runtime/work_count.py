@@ -45,6 +45,19 @@ from .time_profile import current_phase
 ALLOC_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
 
 
+def attention_flops(func, args) -> int:
+    """FLOPs of CPU attention (`_scaled_dot_product_flash_attention_for_cpu` and its backward), for which torch's
+    flop_registry has no formula, by torch's own sdpa formulas: (query, key, value) forward, (grad_out, query,
+    key, value) backward."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    name = func._overloadpacket.__name__
+    shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+    if not name.startswith("_scaled_dot_product") or len(shapes) < 3:
+        return 0
+    return sdpa_backward_flop_count(*shapes[:4]) if name.endswith("backward") else sdpa_flop_count(*shapes[:3])
+
+
 def _local(x):
     """A DTensor's local shard (what this rank computes on), anything else as it is."""
     return x._local_tensor if type(x).__name__ == "DTensor" else x
@@ -72,7 +85,8 @@ def kind_of(func, leaves) -> str:
 
 
 class OpCounter(TorchDispatchMode):
-    """Every aten op dispatched while active: (phase, kind, op, dtype, FLOPs, bytes, cold bytes) -> count.
+    """Every aten op dispatched while active: (phase, kind, op, dtype, FLOPs, bytes, elements written, cold
+    bytes) -> count.
 
     Cold bytes: of the bytes an op reads and writes, those of operands whose memory was last touched more than
     REUSE_DISTANCES bytes of traffic ago (one figure for each distance), which the caches of a device whose
@@ -106,7 +120,7 @@ class OpCounter(TorchDispatchMode):
             return out
         leaves = pytree.tree_leaves((args, kwargs))
         kind = kind_of(func, leaves)
-        flops = nbytes = 0
+        flops = nbytes = elements = 0
         dtype, cold = "", (0,) * len(REUSE_DISTANCES)
         if kind in ("compute", "graph", "engine", "dtensor"):
             local_args, local_kwargs, local_out = pytree.tree_map(_local, (args, kwargs, out))
@@ -115,12 +129,14 @@ class OpCounter(TorchDispatchMode):
                     flops = int(flop_registry[func._overloadpacket](*local_args, **local_kwargs, out_val=local_out))
                 except Exception:  # noqa: BLE001 - a formula that cannot read these arguments counts no FLOPs
                     flops = 0
+            flops = flops or attention_flops(func, local_args)
             ins = [t for t in pytree.tree_leaves((local_args, local_kwargs)) if isinstance(t, torch.Tensor)]
             outs = [t for t in pytree.tree_leaves(local_out) if isinstance(t, torch.Tensor)]
             nbytes = _nbytes(ins) + _nbytes(outs)
+            elements = sum(t.numel() for t in outs)
             cold = self.cold_bytes(ins + outs)
             dtype = str(outs[0].dtype).replace("torch.", "") if outs else ""
-        self.calls[(current_phase(), kind, str(func.name()), dtype, flops, nbytes, cold)] += 1
+        self.calls[(current_phase(), kind, str(func.name()), dtype, flops, nbytes, elements, cold)] += 1
         return out
 
 
@@ -165,7 +181,7 @@ class LineCounter:
 
 @dataclass
 class Work:
-    """One step's counted work: op rows [phase, kind, op, dtype, flops, bytes, cold bytes, count]
+    """One step's counted work: op rows [phase, kind, op, dtype, flops, bytes, elements, cold bytes, count]
     (theory/op_costs.OpRow), Python lines by phase,
     and the collectives (runtime/collective_count.py's rows, each with the phase that issued it)."""
 
@@ -190,5 +206,5 @@ def count(step, collective_counter) -> Work:
     lines = LineCounter()
     with lines:
         step()
-    return Work(ops=[[*key[:6], list(key[6]), n] for key, n in sorted(ops.calls.items())], lines=dict(lines.lines),
+    return Work(ops=[[*key[:7], list(key[7]), n] for key, n in sorted(ops.calls.items())], lines=dict(lines.lines),
                 collectives=collective_counter.rows())

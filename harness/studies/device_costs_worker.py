@@ -5,6 +5,9 @@
   bytes) of copies from 64 KiB, which the caches hold, to 64 MiB, which they do not: the median of 15
   timings, not the best, since a step runs at the host's usual pace (this shared host's best and median
   differ by up to 1.6x);
+- the rate of an elementwise product in fp32 and bf16, results per second (on a CPU without 16-bit vector
+  arithmetic a bf16 element costs what an fp32 one does, and its conversions);
+- causal attention's fixed cost and FLOP rate, forward and backward, in fp32 and bf16 (attention_costs);
 - each collective's per-call time inside busy processes: every call comes after a gap of host work (small ops
   and their Python, as a step runs between two collectives), the ranks free-running as in a step, and the
   time is what the calling thread spends blocked in the call (its wall time less its CPU time, as the step's
@@ -95,6 +98,44 @@ def copy_gbps(device, nbytes: int = 1 << 26) -> float:
     return 2 * src.nbytes / median_seconds(lambda: dst.copy_(src), device) / 1e9
 
 
+def elementwise_rate(device, precision: str, numel: int = 1 << 18) -> float:
+    """Results per second of a product of two tensors of `numel` elements (1 MiB in fp32: in the caches)."""
+    import torch
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    a, b = torch.randn(numel, device=device).to(dtype), torch.randn(numel, device=device).to(dtype)
+    return numel / median_seconds(lambda: a * b, device)
+
+
+ATTENTION_SHAPES = ((2, 4, 64, 16), (2, 4, 64, 64), (2, 4, 128, 32), (2, 8, 256, 64))  # batch, heads, seq, dim
+
+
+def attention_costs(device, precision: str) -> dict:
+    """Causal scaled-dot-product attention, forward and backward apart: (fixed seconds, FLOP/s) fitted to its
+    time at ATTENTION_SHAPES, FLOPs by torch's sdpa formulas (torch's flop_registry has none for the CPU
+    kernels, whose efficiency is nothing like a matmul's: here the bf16 backward ran 10x slower than fp32's)."""
+    import numpy as np
+    import torch
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    rows = {"forward": [], "backward": []}
+    for shape in ATTENTION_SHAPES:
+        q, k, v = (torch.randn(*shape, device=device).to(dtype).requires_grad_() for _ in range(3))
+        attend = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+        grad = torch.randn_like(attend())
+        forward = median_seconds(attend, device)
+        both = median_seconds(lambda: attend().backward(grad), device)
+        rows["forward"].append((sdpa_flop_count(shape, shape, shape), forward))
+        rows["backward"].append((sdpa_backward_flop_count(shape, shape, shape, shape), max(both - forward, 0.0)))
+    out = {}
+    for direction, points in rows.items():
+        flops, seconds = np.array(points).T
+        (per_flop, fixed), *_ = np.linalg.lstsq(np.stack([flops, np.ones_like(flops)], 1), seconds, rcond=None)
+        out[direction] = [max(float(fixed), 0.0), 1.0 / per_flop if per_flop > 0 else float(flops.max() / seconds.max())]
+    return out
+
+
 def run(out: Path, device_type: str) -> None:
     import torch
     import torch.distributed as dist
@@ -108,6 +149,8 @@ def run(out: Path, device_type: str) -> None:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rates = {p: matmul_tflops(device, p, 8192 if device.type == "cuda" else 1024) for p in ("fp32", "bf16")}
     rates["copy_gbps"] = copy_gbps(device)
+    rates.update({f"elementwise_{p}": elementwise_rate(device, p) for p in ("fp32", "bf16")})
+    attention = {p: attention_costs(device, p) for p in ("fp32", "bf16")}
     copy_curve = [[size, copy_gbps(device, size)] for size in COPY_SIZES]
     x = torch.ones(256, device=device)
     units = {gap: units_for(gap, x) for gap in GAPS}
@@ -117,7 +160,7 @@ def run(out: Path, device_type: str) -> None:
             nbytes, call = call_of(op, size, n, device, dist)
             for gap in GAPS:
                 blocked = []
-                iters = max(12, min(60, int(0.3 / gap)))
+                iters = max(40, min(150, int(0.6 / gap)))
                 for i in range(iters + 3):
                     x = busy_work(x, units[gap])
                     probes.device_sync(device)
@@ -130,13 +173,15 @@ def run(out: Path, device_type: str) -> None:
                 dist.all_reduce(mean, op=dist.ReduceOp.MAX)  # the slowest rank's mean, as a step waits for it
                 rows.append({"op": op, "ranks": n, "size_bytes": nbytes, "gap_s": gap, "time_s": mean.item(),
                              "device": device.type, "busy": True, "iters": iters})
-    measured = torch.tensor([rates["fp32"], rates["bf16"], rates["copy_gbps"]] + [g for _, g in copy_curve],
-                            dtype=torch.float64)
+    measured = torch.tensor([rates["fp32"], rates["bf16"], rates["copy_gbps"], rates["elementwise_fp32"],
+                             rates["elementwise_bf16"]] + [g for _, g in copy_curve], dtype=torch.float64)
     dist.all_reduce(measured, op=dist.ReduceOp.MIN)
     if rank == 0:
         out.write_text(json.dumps({"ranks": n, "matmul_tflops": {"fp32": measured[0].item(), "bf16": measured[1].item()},
                                    "copy_gbps": measured[2].item(),
-                                   "copy_gbps_by_size": [[size, g.item()] for (size, _), g in zip(copy_curve, measured[3:])],
+                                   "elementwise_per_s": {"fp32": measured[3].item(), "bf16": measured[4].item()},
+                                   "attention": attention,  # rank 0's
+                                   "copy_gbps_by_size": [[size, g.item()] for (size, _), g in zip(copy_curve, measured[5:])],
                                    "collectives": rows}, indent=1))
     dist.barrier()
     dist.destroy_process_group()

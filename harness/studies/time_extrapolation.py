@@ -73,13 +73,16 @@ def predict(names: Dict[str, List[str]], overrides: List[str], costs, out: Path)
         options = []
         for rank in (0, world - 1):
             result = replays[rank][safe[name]]
-            if not result["ok"]:
-                predicted[name] = {"error": result["error"]}
+            if result["ok"]:
+                parts = predict_counted(cfg.backend, shape, result["work"], costs, cfg.parallelism.nproc_per_node)
+                options.append({"parts": parts, "work": result["work"], "rank": rank})
+            elif rank == 0:
                 break
-            parts = predict_counted(cfg.backend, shape, result["work"], costs, cfg.parallelism.nproc_per_node)
-            options.append({"parts": parts, "work": result["work"], "rank": rank})
-        else:
-            predicted[name] = max(options, key=lambda o: o["parts"]["step"])
+        # a rank past 0 fails where a framework checks its state against rank 0's by a broadcast (ZeRO-3's
+        # module order), which the mirror group cannot answer with rank 0's value: rank 0's work stands alone
+        predicted[name] = (max(options, key=lambda o: o["parts"]["step"]) if options
+                           else {"error": replays[0][safe[name]]["error"]})
+        predicted[name]["ranks_replayed"] = [o["rank"] for o in options]
     return predicted
 
 
@@ -140,6 +143,7 @@ def compare(name: str, backend: str, target: str, summary: dict, steps: List[flo
                               "error_pct": 100 * (measured - parts[part]) / parts[part]}
     row["work_difference_pct"] = work_difference(predicted["work"], slowest_work(RunDir(run_dir), predicted["rank"]))
     row["replayed_rank"] = predicted["rank"]
+    row["ranks_replayed"] = predicted["ranks_replayed"]
     row["misses"] = [f"{p} {v['error_pct']:+.0f}%" for p, v in row["parts"].items()
                      if p != "step" and abs(v["error_pct"]) > tolerance]
     return row
@@ -152,7 +156,8 @@ def report(rows: List[dict], totals: dict, tolerance: float, costs, args: str) -
              "Milliseconds per step on the slowest rank, measured / predicted (measured against predicted), bold "
              f"beyond {tolerance:.0f}%. Predicted from the replayed rank's work (runtime/replay.py) before the run; "
              "measured: the least disturbed of the repeats. 'work' is how far the replay's counts were from the real "
-             "run's (ops, Python lines, collectives).", "",
+             "run's same rank (ops, Python lines, collectives), and which of the first and last ranks were replayed "
+             "and gave the prediction (the slower).", "",
              f"**{totals['within']} of {totals['parts']} parts within {tolerance:.0f}%; steps {totals['steps_within']} "
              f"of {totals['steps']}.**", "",
              "| backend | target | " + " | ".join(p.replace("_", " ") for p in (*PARTS, "step"))
@@ -168,7 +173,8 @@ def report(rows: List[dict], totals: dict, tolerance: float, costs, args: str) -
             mark = "**" if abs(p["error_pct"]) > tolerance and part != "step" else ""
             cells.append(f"{p['measured_s'] * 1e3:.2f} / {p['predicted_s'] * 1e3:.2f} {mark}({p['error_pct']:+.0f}%){mark}")
         w = r["work_difference_pct"]
-        cells.append(f"{w['ops']:+.1f}% / {w['lines']:+.1f}% / {w['collectives']:+.0f}%")
+        cells.append(f"{w['ops']:+.1f}% / {w['lines']:+.1f}% / {w['collectives']:+.0f}% (rank {r['replayed_rank']} of "
+                     f"{', '.join(map(str, r['ranks_replayed']))} replayed)")
         cells.append(", ".join(f"{t * 1e3:.1f}" for t in r["repeat_steps_s"]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

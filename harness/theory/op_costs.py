@@ -2,9 +2,12 @@
 this device's measured costs (studies/device_costs.py), beside the measured breakdown (runtime/time_profile.py).
 
 - forward, backward, optimizer, other: every op the phase dispatches costs the host a fixed time for its kind
-  (`HostCosts`) and the device its roofline time, the larger of its FLOPs at the matmul rate of its dtype and
-  its bytes at the bandwidth of a copy of that many bytes (the caches hold a small op's operands); every Python line the
-  training thread runs costs the host a fixed time too. On CPU the host is the device, so the two add; on CUDA
+  (`HostCosts`) and the device its roofline time, the larger of its work and its bytes. The work: its FLOPs at
+  the matmul rate of its dtype (attention at its own measured fixed cost and rate), else its results at the
+  rate of an elementwise product of its dtype (on this CPU a bf16 element costs about what an fp32 one does,
+  not half). The bytes: at the bandwidth of a copy of that many bytes while the caches still hold them, of a
+  copy past the caches when they do not. Every Python line the training thread runs costs the host a fixed
+  time too. On CPU the host is the device, so the two add; on CUDA
   the host launches while the GPU runs, so a phase takes the larger of the two sums (stated, not yet measured
   on a GPU).
 - communication: every counted collective, at the per-call time this device measured for its op, group size
@@ -50,13 +53,14 @@ class OpRow(NamedTuple):
     dtype: str
     flops: int
     nbytes: int
+    elements: int  # of its results
     cold: tuple
     count: int
 
 
 def op_rows(work: dict) -> Iterator[OpRow]:
     for row in work.get("ops", []):
-        yield OpRow(*row[:6], tuple(row[6]), row[7])
+        yield OpRow(*row[:7], tuple(row[7]), row[8])
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class DeviceCosts:
 
     matmul_tflops: Dict[str, float]
     copy_gbps: float  # a copy too large for the caches
+    elementwise: Dict[str, float]  # results per second of an elementwise product, by precision (fp32, bf16)
     host: Optional[HostCosts]
     comm: CommTable
     device: str = "cpu"
@@ -91,6 +96,8 @@ class DeviceCosts:
     source: str = ""
     notes: List[str] = field(default_factory=list)
     copy_gbps_by_size: List[tuple] = field(default_factory=list)  # (bytes copied, GB/s), sorted by size
+    # causal attention's (fixed seconds, FLOP/s) by precision and direction: its own kernels, not a matmul's pace
+    attention: Dict[str, Dict[str, list]] = field(default_factory=dict)
 
     def cache_bytes(self) -> int:
         """What the caches hold, read off the copy curve: the largest copy that still ran at least twice as fast
@@ -127,29 +134,37 @@ def work_totals(work: dict) -> Dict[str, Dict[str, float]]:
 
 
 def op_seconds(r: OpRow, costs: DeviceCosts) -> Dict[str, float]:
-    """One op's host time and roofline time, the roofline split into its matmul-bound and memory-bound side.
+    """One op's host time and roofline time, the roofline split into its arithmetic-bound and memory-bound side.
     Its bytes: those the caches still hold at the bandwidth of a copy of the op's size (up to the caches'
     capacity), the cold ones at the bandwidth of a copy past the caches."""
     host = costs.host.of(r.kind) if costs.host else 0.0
     if r.kind in ("view", "alloc", "marker"):
-        return {"host": host, "matmul": 0.0, "memory": 0.0}
-    rate = costs.matmul_tflops.get(DTYPE_OF_RATE.get(r.dtype, "fp32")) or costs.matmul_tflops.get("fp32", 0.0)
-    compute = r.flops / (rate * 1e12) if rate else 0.0
+        return {"host": host, "arithmetic": 0.0, "memory": 0.0}
+    precision = DTYPE_OF_RATE.get(r.dtype, "fp32")
+    attention = costs.attention.get(precision, {}).get("backward" if r.op.endswith("backward") else "forward")
+    if r.flops and attention and r.op.startswith("aten::_scaled_dot_product"):
+        compute = attention[0] + r.flops / attention[1]
+    elif r.flops:  # a matmul, a convolution: torch's flop_registry counts them
+        rate = costs.matmul_tflops.get(precision) or costs.matmul_tflops.get("fp32", 0.0)
+        compute = r.flops / (rate * 1e12) if rate else 0.0
+    else:  # elementwise: a 16-bit element costs this CPU an fp32 one and two conversions, not half the bytes
+        rate = costs.elementwise.get(precision) or costs.elementwise.get("fp32", 0.0)
+        compute = r.elements / rate if rate else 0.0
     cache = costs.cache_bytes()
     at = [i for i, d in enumerate(REUSE_DISTANCES) if d <= cache]
     cold = r.cold[at[-1]] if at and r.cold else r.nbytes
     hot_gbps, cold_gbps = costs.bandwidth(min(r.nbytes, cache or r.nbytes)), costs.copy_gbps
     memory = ((r.nbytes - cold) / (hot_gbps * 1e9) if hot_gbps else 0.0) + (cold / (cold_gbps * 1e9) if cold_gbps else 0.0)
-    return {"host": host, "matmul": compute if compute >= memory else 0.0, "memory": memory if memory > compute else 0.0}
+    return {"host": host, "arithmetic": compute if compute >= memory else 0.0, "memory": memory if memory > compute else 0.0}
 
 
 def priced_phases(work: dict, costs: DeviceCosts) -> Dict[str, Dict[str, float]]:
-    """Seconds per counted part, with its terms: `host` (ops), `lines`, `matmul` and `memory` (roofline), and
+    """Seconds per counted part, with its terms: `host` (ops), `lines`, `arithmetic` and `memory` (roofline), and
     `total` as this device combines them."""
-    out = {p: {"host": 0.0, "lines": 0.0, "matmul": 0.0, "memory": 0.0} for p in PARTS_COUNTED}
+    out = {p: {"host": 0.0, "lines": 0.0, "arithmetic": 0.0, "memory": 0.0} for p in PARTS_COUNTED}
     for r in op_rows(work):
         for term, seconds in op_seconds(r, costs).items():
-            out.setdefault(r.phase, {"host": 0.0, "lines": 0.0, "matmul": 0.0, "memory": 0.0})[term] += seconds * r.count
+            out.setdefault(r.phase, {"host": 0.0, "lines": 0.0, "arithmetic": 0.0, "memory": 0.0})[term] += seconds * r.count
     for phase, lines in work.get("lines", {}).items():
         if phase in out:
             out[phase]["lines"] = lines * (costs.host.line if costs.host else 0.0)
@@ -157,7 +172,7 @@ def priced_phases(work: dict, costs: DeviceCosts) -> Dict[str, Dict[str, float]]
         if c.get("phase") in out and costs.host:
             out[c["phase"]]["host"] += c["count"] * costs.host.collective
     for terms in out.values():
-        host, device = terms["host"] + terms["lines"], terms["matmul"] + terms["memory"]
+        host, device = terms["host"] + terms["lines"], terms["arithmetic"] + terms["memory"]
         terms["total"] = host + device if costs.device == "cpu" else max(host, device)
     return out
 
@@ -221,7 +236,7 @@ def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts, ranks_on_
            "comm_waiting_for_cores": stretch * cpu_total}
     out["step"] = sum(out[p] for p in (*PARTS_COUNTED, "comm_exposed"))
     for p in PARTS_COUNTED:
-        for term in ("host", "lines", "matmul", "memory"):
+        for term in ("host", "lines", "arithmetic", "memory"):
             out[f"{p}_{term}"] = phases[p][term]
     return out
 
@@ -229,7 +244,7 @@ def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts, ranks_on_
 def calibration_rows(work: dict, measured: Dict[str, float], costs: DeviceCosts) -> List[tuple]:
     """One row per counted part of a calibration run: (its host units, in HOST_TERMS' order, the measured
     seconds less the part's roofline time, the measured seconds)."""
-    roofline = {p: t["matmul"] + t["memory"] for p, t in priced_phases(work, costs).items()}
+    roofline = {p: t["arithmetic"] + t["memory"] for p, t in priced_phases(work, costs).items()}
     column = {k: HOST_TERMS.index("light" if k in ("view", "alloc") else k) for k in KINDS}
     units = {p: [0.0] * len(HOST_TERMS) for p in PARTS_COUNTED}
     for r in op_rows(work):
