@@ -36,9 +36,15 @@ def test_dry_run_prunes_and_a_pruned_candidate_really_runs_out_of_memory(tmp_pat
     plan = json.loads((tmp_path / "dry" / "plan.json").read_text())
     candidates = plan["candidates"]
     assert not list((tmp_path / "dry").glob("probes/*"))  # theory only: nothing ran
-    # every backend x micro-batch (1, 2: global batch 4 over 2 ranks) x checkpointing, fastest predicted first
-    assert len(candidates) == 8 * 2 * 2
-    assert [c["predicted_step_s"] for c in candidates] == sorted(c["predicted_step_s"] for c in candidates)
+    # every backend x micro-batch (1, 2: global batch 4 over 2 ranks) x checkpointing: those predicted to fit
+    # first (their steps from their replayed, counted work), then the rest (the roofline bound), each fastest first
+    from harness.config.compose import flat_backends
+    assert len(candidates) == len(flat_backends()) * 2 * 2
+    assert [c["fits"] for c in candidates] == sorted((c["fits"] for c in candidates), reverse=True)
+    for group in (True, False):
+        steps = [c["predicted_step_s"] for c in candidates if c["fits"] == group]
+        assert steps == sorted(steps)
+    assert "counted work" in plan["rates"]["time_model"]
     for c in candidates:  # grad_accum follows from the micro-batch, so every candidate steps on 4 sequences
         assert c["micro_batch"] * c["grad_accum"] * 2 == 4
         assert c["fits"] == (c["predicted_peak_bytes"] * 1.1 <= BUDGET_BYTES)

@@ -140,7 +140,7 @@ def rates_for(cfg, world: int):
 
 def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Optional[int], backends: List[str],
          margin: float) -> Plan:
-    """Stage 1: every candidate with its predicted peak and step time, fastest first."""
+    """Stage 1: every candidate with its predicted peak and step time, those that fit first, fastest first."""
     from ..runtime import models
     from ..runtime.probes import count_flops_per_token
     from ..theory.predict import predict
@@ -184,7 +184,8 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                 if out.candidates[-1].fits:
                     fitting[out.candidates[-1].name] = cfg
     advise_time.price(out, fitting, base, counts)
-    out.candidates.sort(key=lambda c: c.predicted_step_s)
+    # those that fit first, by their counted work's step; then the rest, by the roofline bound
+    out.candidates.sort(key=lambda c: (not c.fits, c.predicted_step_s))
     return out
 
 
