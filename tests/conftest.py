@@ -118,7 +118,7 @@ def resumed_runs(tmp_path_factory, fp32_runs, llama_checkpoint):
 
 # the LoRA sweep's overrides but its world
 LORA = (*FINETUNE, "parallelism.grad_accum=3", "model.init=host", "workload=lora", "train.measure_flops=false",
-        "train.breakdown_steps=0", "train.profile_memory=false")
+        "train.breakdown_steps=0", "train.profile_memory=false", "train.count_collectives=false")
 
 
 @pytest.fixture(scope="session")

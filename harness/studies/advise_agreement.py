@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import List
@@ -61,7 +62,8 @@ def main(argv=None) -> int:
              "|---|---|---|---|---|"]
     lines += [f"| `{r['advice']}` | {r['winner']} | {r['then']} | {r['today']} | {'yes' if r['today_probed'] else 'no'} |"
               for r in rows]
-    lines += ["", "Step times today: " + "; ".join(sorted({r["time_model"] for r in rows})), ""]
+    models = sorted({re.sub(r"of \d+ replayed candidates", "of the replayed candidates", r["time_model"]) for r in rows})
+    lines += ["", "Step times today: " + "; ".join(models), ""]
     write_text(Path(args.out), "\n".join(lines))
     print("\n".join(lines))
     return 0

@@ -38,9 +38,9 @@ from ..theory.peak import PHASES, after_backward_buffers, explain_unaccounted
 from ..theory.shape import shape_of
 from ..theory.predict import predict
 
-# the short run each cell is: no time breakdown, FLOPs or W&B; the peak from the step's allocations
+# the short run each cell is: no time breakdown, FLOPs, counted work or W&B; the peak from the step's allocations
 CELL = ["logger=none", "train.steps=2", "train.warmup_steps=1", "train.breakdown_steps=0",
-        "train.measure_flops=false", "train.peak_by_kind=false"]
+        "train.measure_flops=false", "train.peak_by_kind=false", "train.count_collectives=false"]
 
 
 # a states-dominated shape: small_llama (3.0M parameters) on 4 ranks, one 16-token sequence a rank, fp32 (where

@@ -72,6 +72,16 @@ def compared(summary: dict, tolerance: float) -> dict:
     return row
 
 
+def part_cells(parts: Dict[str, dict], tolerance: float) -> List[str]:
+    """A row's cells for each part and the step: measured / predicted ms (error), bold past the tolerance."""
+    cells = []
+    for part in (*PARTS, "step"):
+        p = parts[part]
+        mark = "**" if abs(p["error_pct"]) > tolerance and part != "step" else ""
+        cells.append(f"{p['measured_s'] * 1e3:.2f} / {p['predicted_s'] * 1e3:.2f} {mark}({p['error_pct']:+.0f}%){mark}")
+    return cells
+
+
 def table(rows: List[dict], tolerance: float) -> List[str]:
     head = ("| backend | model | precision | ranks | " + " | ".join(p.replace("_", " ") for p in (*PARTS, "step"))
             + " | repeats' steps, ms |")
@@ -82,11 +92,7 @@ def table(rows: List[dict], tolerance: float) -> List[str]:
         if not r["parts"]:
             out.append("| " + " | ".join(cells) + f" | {r['status']}: {r.get('reason', '')} |" + " |" * (len(PARTS) + 1))
             continue
-        for part in (*PARTS, "step"):
-            p = r["parts"][part]
-            mark = "**" if abs(p["error_pct"]) > tolerance and part != "step" else ""
-            cells.append(f"{p['measured_s'] * 1e3:.2f} / {p['predicted_s'] * 1e3:.2f} {mark}({p['error_pct']:+.0f}%){mark}")
-        out.append("| " + " | ".join(cells + tail) + " |")
+        out.append("| " + " | ".join(cells + part_cells(r["parts"], tolerance) + tail) + " |")
     return out
 
 
@@ -101,6 +107,15 @@ def summarise(rows: List[dict], tolerance: float) -> Dict[str, object]:
     return {"all": count(rows), "held_out": count(held_out)}
 
 
+def calibrated_costs(overrides: List[str], command: str):
+    """This device's costs with host costs, or None, having said in one line why not and what to run."""
+    costs, why = load_device_costs(compose(overrides))
+    if costs is None or costs.host is None:
+        print(f"{command}: {why or 'the device costs hold no host costs'}; run `make device-costs` first")
+        return None
+    return costs
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.time_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="tiny_llama,small_llama,tiny_gpt2")
@@ -110,9 +125,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=REPEATS)
     ap.add_argument("--out", default=str(REPO / "results" / "time_check"))
     args, overrides = ap.parse_known_args(argv)
-    costs, why = load_device_costs(compose(overrides))
-    if costs is None or costs.host is None:
-        print(f"time-check: {why or 'the device costs hold no host costs'}; run `make device-costs` first")
+    costs = calibrated_costs(overrides, "time-check")
+    if costs is None:
         return 2
     backends = args.backends.split(",") if args.backends else flat_backends()
     cells = [(f"{m}-{p}-{b}", [f"backend={b}", f"model={m}", f"train.precision={p}"])

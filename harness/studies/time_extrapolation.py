@@ -31,10 +31,10 @@ from ..core.paths import REPO
 from ..core.rundir import RunDir, write_json, write_text
 from ..launcher.cells import run_cells
 from ..launcher.replays import replay_work
-from ..reporting.time_and_comm import load_device_costs, slowest_work
+from ..reporting.time_and_comm import slowest_work
 from ..theory.op_costs import predict_counted, work_totals
 from ..theory.shape import shape_of
-from .time_check import CELL, PARTS, REPEATS, least_disturbed, repeated
+from .time_check import CELL, PARTS, REPEATS, calibrated_costs, least_disturbed, part_cells, repeated
 
 TARGETS = {"tiny_llama@3": ["model=tiny_llama", "parallelism.nproc_per_node=3"],
            "tiny_llama@4": ["model=tiny_llama", "parallelism.nproc_per_node=4"],
@@ -94,9 +94,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerance", type=float, default=30.0)
     ap.add_argument("--out", default=str(REPO / "results" / "time_model"))
     args, overrides = ap.parse_known_args(argv)
-    costs, why = load_device_costs(compose(overrides))
-    if costs is None or costs.host is None:
-        print(f"time-extrapolate: {why or 'the device costs hold no host costs'}; run `make device-costs` first")
+    costs = calibrated_costs(overrides, "time-extrapolate")
+    if costs is None:
         return 2
     out = Path(args.out)
     backends = args.backends.split(",") if args.backends else flat_backends()
@@ -168,10 +167,7 @@ def report(rows: List[dict], totals: dict, tolerance: float, costs, args: str) -
         if not r["parts"]:
             lines.append("| " + " | ".join(cells) + f" | {r['status']}: {r.get('reason', '')} |" + " |" * (len(PARTS) + 2))
             continue
-        for part in (*PARTS, "step"):
-            p = r["parts"][part]
-            mark = "**" if abs(p["error_pct"]) > tolerance and part != "step" else ""
-            cells.append(f"{p['measured_s'] * 1e3:.2f} / {p['predicted_s'] * 1e3:.2f} {mark}({p['error_pct']:+.0f}%){mark}")
+        cells += part_cells(r["parts"], tolerance)
         w = r["work_difference_pct"]
         cells.append(f"{w['ops']:+.1f}% / {w['lines']:+.1f}% / {w['collectives']:+.0f}% (rank {r['replayed_rank']} of "
                      f"{', '.join(map(str, r['ranks_replayed']))} replayed)")
