@@ -167,7 +167,8 @@ def miss_cause(figures: dict, part: str) -> str:
         n = figures.get("work/collectives", 0)
         waiting = figures.get("time/comm_waiting_for_cores_predicted_s", 0)
         extra = f", {waiting * 1e3:.2f} ms of it waiting for a core" if waiting and part == "comm_exposed" else ""
-        return f"{n:.0f} collectives at their per-call time in busy processes{extra}"
+        few = "; a step of few calls pays their long-tailed time unevenly" if n < 10 else ""
+        return f"{n:.0f} collectives at their per-call time in busy processes{extra}{few}"
     terms = {t: figures.get(f"time/{part}_{t}_predicted_s", 0.0) for t in TERM_NAMES}
     total = sum(terms.values()) or 1.0
     top = max(terms, key=terms.get)
@@ -181,7 +182,8 @@ def time_notes(figures: dict) -> List[str]:
               f"predicted ({figures[f'time/{part}_error_pct']:+.0f}%; {miss_cause(figures, part)})"
               for part in ("forward", "backward", "optimizer", "other", "comm_exposed")
               if abs(figures.get(f"time/{part}_error_pct", 0)) > 30]
-    out = [f"time: the model misses by over 30% on {'; '.join(misses)}"] if misses else []
+    out = [f"time: the model misses by over 30% on {'; '.join(misses)} (the misses this model is known for, and "
+           "their causes where known: experiments/time_model/README.md)"] if misses else []
     if figures.get("time/host_costed") == 0.0:
         out.append("time: predicted from the roofline and the collectives only, a lower bound: this machine has no "
                    "host costs per op and per Python line (`make device-costs` measures them)")
