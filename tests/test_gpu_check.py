@@ -96,3 +96,28 @@ def test_report_only_writes_the_results_from_runs_already_there(tmp_path):
     assert code == 0 and json.loads((out / "check.json").read_text())["oom"]["status"] == "oom"
     assert "| llama_1b | fsdp | ok |" in (out / "check.md").read_text()
     assert (out / "gpu_gpt2_summary.csv").read_text().count("gpt2_124m") == len(gpu_check.sweep_backends("gpu_gpt2"))
+
+
+def test_the_time_table_sets_each_part_beside_its_prediction_and_counts_those_within_30_pct(tmp_path):
+    from harness.studies import gpu_time
+
+    runs = good(tmp_path)
+    f = runs[("gpu_gpt2", "ddp")]["figures"]
+    for part, measured, predicted in (("forward", 10e-3, 9e-3), ("backward", 20e-3, 10e-3), ("optimizer", 2e-3, 2e-3),
+                                      ("other", 1e-3, 1.2e-3)):
+        f.update({f"time/{part}_s": measured, f"time/{part}_predicted_s": predicted,
+                  f"time/{part}_host_predicted_s": predicted / 2, f"time/{part}_arithmetic_predicted_s": predicted})
+    f.update({"time/comm_exposed_s": 0.0, "time/comm_exposed_predicted_s": 0.0, "time/profiled_step_s": 33e-3,
+              "time/step_predicted_s": 22.2e-3, "throughput/step_time_p50_s": 30e-3})
+    text = gpu_time.render(write_runs(tmp_path, runs), "NVIDIA H200", "results/device_costs/cuda.json")
+    assert "**3 of 4 parts within 30%** over 1 runs." in text  # backward's +100% is the miss
+    assert "| gpt2_124m/ddp | backward | 20.00 | 10.00 | +100% | 5.00 | 10.00 |" in text
+    assert "| gpt2_124m/ddp | timed step (p50, no profiler) | 30.00 | 22.20 | +35% |" in text
+    assert "comm_exposed" not in text  # nothing predicted to wait: no row
+    assert "Runs without a prediction: " in text  # every other backend had none
+
+
+def test_chosen_backends_run_in_the_order_given_and_offload_never_on_llama_1b():
+    only = ["fsdp", "ds_zero3_offload", "ddp"]
+    assert gpu_check.sweep_backends("gpu_gpt2", only) == only
+    assert gpu_check.sweep_backends("gpu_llama", only) == ["fsdp", "ddp"]

@@ -117,6 +117,32 @@ def test_pricing_adds_host_and_roofline_on_cpu():
     assert on_gpu["forward"]["total"] == pytest.approx(6e-3)  # the host launches while the device runs
 
 
+def test_on_cuda_a_phase_is_its_kernels_and_the_device_waits_where_the_host_is_behind():
+    """The host launches while the device runs: a phase's part is its kernels' time (each at least the shortest
+    kernel's), and `other` is the device waiting on the host, phase by phase, plus the kernels between phases."""
+    from omegaconf import OmegaConf
+    from harness.theory.shape import Shape
+
+    host = HostCosts(**{t: 0.0 for t in HOST_TERMS} | {"compute": 1e-5, "graph": 1e-5, "engine": 1e-5})
+    c = costs(host, device="cuda", kernel_s=2e-6,
+              matmul_curve={"fp32": [[1e6, 1e-3], [1e9, 1e-2]]})  # 1 GFLOP/s at 1 MFLOP, 10 at 1 GFLOP
+    w = work([("forward", "graph", "aten::add", "float32", 0, 8, 2, [8] * 3, 100),  # 100 tiny kernels: host-bound
+              ("backward", "engine", "aten::mm", "float32", 10**9, 8, 2, [8] * 3, 1),  # one 0.1 s matmul
+              ("optimizer", "compute", "aten::_local_scalar_dense", "float32", 0, 8, 1, [8] * 3, 1),  # a sync
+              ("other", "compute", "aten::add", "float32", 0, 8, 2, [8] * 3, 1)])
+    phases = priced_phases(w, c)
+    assert phases["forward"]["arithmetic"] == pytest.approx(100 * 2e-6)  # the floor: 2 µs each, not ~0
+    assert phases["backward"]["arithmetic"] == pytest.approx(1e9 / 1e10)  # the curve's rate at its size
+    assert c.matmul_rate("fp32", 10**7.5) == pytest.approx(5.5e-3)  # halfway on a log scale
+    out = predict_counted(OmegaConf.create({"family": "ddp"}), Shape(params=100, world=1, precision="fp32"), w, c, 1)
+    assert out["forward"] == pytest.approx(2e-4) and out["backward"] == pytest.approx(0.1)
+    # 1 ms of forward launches (the device idles 0.8 ms of it) and the last one's kernel, the matmul's 100 ms,
+    # the sync's kernel, which the host waits for, then 10 µs of host before the last kernel and that kernel
+    step = 1e-3 + 2e-6 + 0.1 + 2e-6 + 1e-5 + 2e-6
+    assert out["step"] == pytest.approx(step)
+    assert out["other"] == pytest.approx(step - 2e-4 - 0.1 - 2e-6)
+
+
 def test_cached_bytes_are_priced_at_the_copy_of_their_size():
     c = costs(copy_gbps_by_size=[(1 << 16, 8.0), (1 << 20, 8.0), (1 << 22, 8.0), (1 << 26, 1.0)])
     c.copy_gbps = 1.0

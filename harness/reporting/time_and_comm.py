@@ -98,7 +98,18 @@ def device_costs(record: dict, host: Optional[dict] = "file", tight: Optional[li
                        host=HostCosts(**{t: h[t] for t in HOST_TERMS}, source=h.get("source", "")) if h else None,
                        comm=CommTable(rows, record["device"], max(worlds)), device=record["device"], cores=cores(),
                        copy_gbps_by_size=[tuple(x) for x in rates.get("copy_gbps_by_size", [])],
+                       matmul_curve=rates.get("matmul_curve", {}), kernel_s=rates.get("kernel_s", 0.0),
                        source=f"results/device_costs/{record['device']}.json ({record['machine']}, {record['measured']})")
+
+
+def device_costs_source(device: str) -> str:
+    """What the repository's device-costs file of `device` is: where and when it was measured, or ''."""
+    try:
+        record = json.loads((REPO / "results" / "device_costs" / f"{device}.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    host = (record.get("host") or {}).get("source", "no host costs")
+    return f"results/device_costs/{device}.json, {record.get('machine')}, {record.get('measured')}; host costs {host}"
 
 
 def load_device_costs(cfg) -> Tuple[Optional[DeviceCosts], str]:

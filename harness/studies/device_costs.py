@@ -14,6 +14,9 @@ results/device_costs/<device>.json, as `make collectives` keeps its table.
    part of every run together (least squares on the relative error, none negative) are the host's costs. They
    are properties of this host and this software stack, shared by every backend and model: one set of four
    numbers for all of them, solved from runs of one model on two ranks, then used to predict every other run.
+   On CUDA (`--device cuda`, world 1 by default: a lent machine has one GPU) nothing is fitted: the host's
+   cost of each kind of op is measured op by op, and the device's side timed on the device
+   (device_costs_cuda.py).
 
 The file records the machine it was measured on (CPU model and cores, or the GPU's name); a run elsewhere does
 not use it (reporting/time_and_comm.device_costs says so in the run's notes).
@@ -101,7 +104,7 @@ def calibrate_host(backends: List[str], out: Path, rates: dict, repeats: int = 2
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.device_costs", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--worlds", default="2,3,4")
+    ap.add_argument("--worlds", default="", help="world sizes (default: 2,3,4 on CPU, 1 on CUDA)")
     ap.add_argument("--backends", default="", help="calibration backends (default: every flat backend)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-calibrate", action="store_true", help="keep the file's host costs; measure the rest")
@@ -112,14 +115,18 @@ def main(argv=None) -> int:
     path = out / f"{args.device}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     worlds: Dict[str, dict] = dict(old.get("worlds", {}))  # a world not measured again keeps its rows
-    for world in (int(w) for w in args.worlds.split(",")):
+    for world in (int(w) for w in (args.worlds or ("1" if args.device == "cuda" else "2,3,4")).split(",")):
         worlds[str(world)] = measure_world(world, args.device, out)
         worlds[str(world)]["collectives"] = smoothed(worlds[str(world)]["collectives"])
         print(f"world {world}: matmul fp32 {worlds[str(world)]['matmul_tflops']['fp32'] * 1e3:.1f} GFLOP/s a rank, "
               f"copy {worlds[str(world)]['copy_gbps']:.1f} GB/s, {len(worlds[str(world)]['collectives'])} collectives")
     record = {"device": args.device, "machine": machine(args.device), "python": platform.python_version(),
               "measured": datetime.date.today().isoformat(), "worlds": worlds, "host": old.get("host")}
-    if not args.no_calibrate:
+    measured_host = next((w["host"] for w in worlds.values() if w.get("host")), None)
+    if measured_host:  # CUDA: the host's costs measured op by op (device_costs_cuda.py), never fitted
+        record["host"] = {**measured_host, "source": f"measured op by op on {record['machine']} "
+                                                     f"(studies/device_costs_cuda.py), {record['measured']}"}
+    elif not args.no_calibrate:
         backends = args.backends.split(",") if args.backends else flat_backends()
         record["host"] = calibrate_host(backends, out, record)
         h = record["host"]
@@ -147,12 +154,17 @@ def describe(record: dict) -> str:
     if curve:
         lines += ["", "Copy bandwidth by size at 2 ranks (read + write, GB/s): "
                   + ", ".join(f"{size / 2**20:g} MiB {g:.1f}" for size, g in curve)]
+    cuda = record["worlds"].get("1", {})
+    if cuda.get("matmul_curve"):
+        lines += ["", f"Shortest kernel {cuda['kernel_s'] * 1e6:.2f} µs of device time. Square matmuls, TFLOP/s by size: "
+                  + "; ".join(f"{p} " + ", ".join(f"{round((f / 2) ** (1 / 3))}: {t:.0f}" for f, t in curve)
+                              for p, curve in cuda["matmul_curve"].items())]
     h = record.get("host")
     if h:
         lines += ["", f"Host costs ({h['source']}): " + ", ".join(f"{t} {h[t] * 1e6:.3f} µs" for t in HOST_TERMS), "",
                   "| part | measured ms | fitted ms | error |", "|---|---:|---:|---:|"]
         lines += [f"| {f['part']} | {f['measured_s'] * 1e3:.2f} | {f['predicted_s'] * 1e3:.2f} | {f['error_pct']:+.0f}% |"
-                  for f in h["fit"]]
+                  for f in h.get("fit", [])]
     return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,9 @@
 """One rank of `make device-costs`, started by torchrun: `python -m harness.studies.device_costs_worker <out.json>
 <device>`. Every rank measures at once, so that each shares the host as a rank of a run does:
 
-- the matmul rate (1024^3 on CPU, 8192^3 on CUDA, fp32 and bf16) and the copy bandwidth (read plus write
+On CUDA the rates, and the host's costs per op, come from device_costs_cuda.py instead; the collectives as here.
+
+- the matmul rate (1024^3, fp32 and bf16) and the copy bandwidth (read plus write
   bytes) of copies from 64 KiB, which the caches hold, to 64 MiB, which they do not: the median of 15
   timings, not the best, since a step runs at the host's usual pace (this shared host's best and median
   differ by up to 1.6x);
@@ -147,11 +149,20 @@ def run(out: Path, device_type: str) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    rates = {p: matmul_tflops(device, p, 8192 if device.type == "cuda" else 1024) for p in ("fp32", "bf16")}
-    rates["copy_gbps"] = copy_gbps(device)
-    rates.update({f"elementwise_{p}": elementwise_rate(device, p) for p in ("fp32", "bf16")})
-    attention = {p: attention_costs(device, p) for p in ("fp32", "bf16")}
-    copy_curve = [[size, copy_gbps(device, size)] for size in COPY_SIZES]
+    if device.type == "cuda":  # the host and the device apart, timed on the device (device_costs_cuda.py)
+        from .device_costs_cuda import measure
+
+        cuda = measure()
+        rates = {**{p: cuda["matmul_tflops"][p] for p in ("fp32", "bf16")}, "copy_gbps": cuda["copy_gbps"],
+                 **{f"elementwise_{p}": cuda["elementwise_per_s"][p] for p in ("fp32", "bf16")}}
+        attention, copy_curve = cuda["attention"], cuda["copy_gbps_by_size"]
+    else:
+        cuda = {}
+        rates = {p: matmul_tflops(device, p, 1024) for p in ("fp32", "bf16")}
+        rates["copy_gbps"] = copy_gbps(device)
+        rates.update({f"elementwise_{p}": elementwise_rate(device, p) for p in ("fp32", "bf16")})
+        attention = {p: attention_costs(device, p) for p in ("fp32", "bf16")}
+        copy_curve = [[size, copy_gbps(device, size)] for size in COPY_SIZES]
     x = torch.ones(256, device=device)
     units = {gap: units_for(gap, x) for gap in GAPS}
     rows = []
@@ -160,7 +171,7 @@ def run(out: Path, device_type: str) -> None:
             nbytes, call = call_of(op, size, n, device, dist)
             for gap in GAPS:
                 blocked = []
-                iters = max(40, min(150, int(0.6 / gap)))
+                iters = max(40, min(150, int(0.6 / gap))) if device.type == "cpu" else 20
                 for i in range(iters + 3):
                     x = busy_work(x, units[gap])
                     probes.device_sync(device)
@@ -182,7 +193,10 @@ def run(out: Path, device_type: str) -> None:
                                    "elementwise_per_s": {"fp32": measured[3].item(), "bf16": measured[4].item()},
                                    "attention": attention,  # rank 0's
                                    "copy_gbps_by_size": [[size, g.item()] for (size, _), g in zip(copy_curve, measured[5:])],
-                                   "collectives": rows}, indent=1))
+                                   "collectives": rows,
+                                   # CUDA only: the matmul rate by size, the shortest kernel, the host's costs
+                                   **{k: cuda[k] for k in ("matmul_curve", "kernel_s", "host") if k in cuda}},
+                                  indent=1))
     dist.barrier()
     dist.destroy_process_group()
 

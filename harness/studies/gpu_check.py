@@ -60,13 +60,15 @@ def offloading() -> Dict[str, bool]:
     return {b: bool(compose([f"backend={b}"]).backend.get("offload_optimizer")) for b in flat_backends()}
 
 
-def sweep_backends(sweep: str) -> List[str]:
+def sweep_backends(sweep: str, only: List[str] | None = None) -> List[str]:
     """gpt2_124m: every backend, offloading ones first (a time limit cuts the end of a sweep, never them);
-    llama_1b: every backend that keeps its states on the GPU."""
+    llama_1b: every backend that keeps its states on the GPU; of them, those in `only`, in its order, where given."""
     offloads = offloading()
     if sweep == "gpu_gpt2":
-        return sorted(offloads, key=lambda b: not offloads[b])
-    return [b for b, off in offloads.items() if not off]
+        chosen = sorted(offloads, key=lambda b: not offloads[b])
+    else:
+        chosen = [b for b, off in offloads.items() if not off]
+    return [b for b in only if b in chosen] if only else chosen
 
 
 def slug(name: str) -> str:
@@ -146,22 +148,27 @@ def environment() -> dict:
             "device": torch.cuda.get_device_name(0), "devices": torch.cuda.device_count()}
 
 
-def run_sweeps(root, sweeps: List[str], overrides: List[str], budget_s: float, started: float) -> None:
+def run_sweeps(root, sweeps: List[str], overrides: List[str], budget_s: float, started: float,
+               only: List[str] | None = None, oom: bool = True) -> None:
     """Each backend of each sweep as a run of its own (`python -m harness.train`), then the OOM. Not cells of one
     launch: on CUDA a cell leaves device memory behind for the next (measured on an H100: llama_1b ds_zero3 64.21
     GiB allocated as the fourth cell against 31.98 GiB as a run; results/gpu/*/cells_vs_runs.md)."""
-    for name in sweeps:
-        for backend in sweep_backends(name):  # one run at a time: a time limit stops cleanly between runs
-            left = budget_s - (time.time() - started)
-            if left < 60:
-                print(f"gpu-check: {left:.0f} s left, {name}/{backend} not run", flush=True)
-                continue
-            try:
-                subprocess.run([sys.executable, "-m", "harness.train", f"backend={backend}", *SWEEPS[name], *COMMON,
-                                *overrides, f"paths.root={root}", f"hydra.run.dir={root}/{name}/{backend}"],
-                               cwd=REPO, timeout=max(left, 120))
-            except subprocess.TimeoutExpired:
-                print(f"gpu-check: {name}/{backend} outlasted the budget; its run dir keeps what it wrote", flush=True)
+    # the sweeps' runs interleaved by backend, so that a time limit leaves every model some backends
+    order = [(name, b) for i in range(len(offloading())) for name in sweeps
+             for b in sweep_backends(name, only)[i:i + 1]]
+    for name, backend in order:  # one run at a time: a time limit stops cleanly between runs
+        left = budget_s - (time.time() - started)
+        if left < 60:
+            print(f"gpu-check: {left:.0f} s left, {name}/{backend} not run", flush=True)
+            continue
+        try:
+            subprocess.run([sys.executable, "-m", "harness.train", f"backend={backend}", *SWEEPS[name], *COMMON,
+                            *overrides, f"paths.root={root}", f"hydra.run.dir={root}/{name}/{backend}"],
+                           cwd=REPO, timeout=max(left, 120))
+        except subprocess.TimeoutExpired:
+            print(f"gpu-check: {name}/{backend} outlasted the budget; its run dir keeps what it wrote", flush=True)
+    if not oom:
+        return
     try:
         subprocess.run([sys.executable, "-m", "harness.train", *OOM, *COMMON, *overrides, f"paths.root={root}",
                         f"hydra.run.dir={root}/oom"], cwd=REPO, timeout=180)
@@ -190,6 +197,11 @@ def write_results(root, out, env: dict) -> List[dict]:
     write_json(out / "check.json", {"checks": results, "oom": oom})
     text = render(results, rows, env["device"], env)
     write_text(out / "check.md", text)
+    if any("time/forward_predicted_s" in r.get("figures", {}) for r in rows):
+        from ..reporting.time_and_comm import device_costs_source
+        from .gpu_time import render as render_time
+
+        write_text(out / "time_model.md", render_time(rows, env["device"], device_costs_source("cuda")))
     print(text)
     return results
 
@@ -204,7 +216,13 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--runs", default=str(REPO / "results" / "runs" / "gpu_check"), help="where the runs go")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: write the results from the runs already under --runs (and its env.json)")
+    parser.add_argument("--backends", default="", help="only these backends (comma-separated)")
+    parser.add_argument("--no-oom", action="store_true", help="inject no CUDA OOM")
+    parser.add_argument("--device-costs", action="store_true",
+                        help="first measure this GPU's costs for the time model (`python -m harness.device_costs "
+                             "--device cuda`, about a minute), so that every run's step is predicted from them")
     args, overrides = parser.parse_known_args(argv)
+    only = [b for b in args.backends.split(",") if b]
     root = Path(args.runs).resolve()
     started = time.time()
     if args.report_only:
@@ -221,16 +239,21 @@ def main(argv: List[str] | None = None) -> int:
         # where the runs' ranks look for them (launcher/torchrun.rank_env), so that they are built once
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
         t = time.time()
-        for op, owner in families.jit_op_owners().items():  # CPU Adam builds here (g++); shm comm is CPU-only
-            owner.load_jit_op(op)
+        sweeps = args.sweep or list(SWEEPS)
+        if any(offloading()[b] for name in sweeps for b in sweep_backends(name, only)):
+            for op, owner in families.jit_op_owners().items():  # CPU Adam builds here (g++); shm comm is CPU-only
+                owner.load_jit_op(op)
         env["jit_ops_build_s"] = round(time.time() - t, 1)
         print(f"gpu-check: JIT ops ready in {env['jit_ops_build_s']} s", flush=True)
-        sweeps = args.sweep or list(SWEEPS)
+        if args.device_costs:
+            t = time.time()
+            subprocess.run([sys.executable, "-m", "harness.device_costs", "--device", "cuda"], cwd=REPO, check=False)
+            env["device_costs_s"] = round(time.time() - t, 1)
         for name in sweeps:
             shutil.rmtree(root / name, ignore_errors=True)
         root.mkdir(parents=True, exist_ok=True)
         write_json(root / "env.json", env)
-        run_sweeps(root, sweeps, overrides, args.budget_s, started)
+        run_sweeps(root, sweeps, overrides, args.budget_s, started, only, oom=not args.no_oom)
     out = (REPO / args.out / slug(env["device"])).resolve()
     results = write_results(root, out, env)
     print(f"gpu-check: {sum(c['ok'] for c in results)} of {len(results)} checks passed in "

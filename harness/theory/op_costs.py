@@ -7,9 +7,9 @@ this device's measured costs (studies/device_costs.py), beside the measured brea
   rate of an elementwise product of its dtype (on this CPU a bf16 element costs about what an fp32 one does,
   not half). The bytes: at the bandwidth of a copy of that many bytes while the caches still hold them, of a
   copy past the caches when they do not. Every Python line the training thread runs costs the host a fixed
-  time too. On CPU the host is the device, so the two add; on CUDA
-  the host launches while the GPU runs, so a phase takes the larger of the two sums (stated, not yet measured
-  on a GPU).
+  time too. On CPU the host is the device, so the two add. On CUDA the host launches while the GPU runs: a
+  phase is its kernels' device time (each at least the shortest kernel's), and the step follows the two
+  clocks phase by phase (`device_walk`), the device waiting wherever the host is behind; that wait is `other`.
 - communication: every counted collective, at the per-call time this device measured for its op, group size
   and size inside busy processes, after as much host work as the step runs before it (the collectives table,
   theory/time.CommTable; `gaps_before`).
@@ -98,6 +98,23 @@ class DeviceCosts:
     copy_gbps_by_size: List[tuple] = field(default_factory=list)  # (bytes copied, GB/s), sorted by size
     # causal attention's (fixed seconds, FLOP/s) by precision and direction: its own kernels, not a matmul's pace
     attention: Dict[str, Dict[str, list]] = field(default_factory=dict)
+    # CUDA: [FLOPs of one matmul, TFLOP/s] by precision (a small matmul runs far below a large one's pace), and
+    # the device time of the shortest kernel, the floor under every op that launches one
+    matmul_curve: Dict[str, List[list]] = field(default_factory=dict)
+    kernel_s: float = 0.0
+
+    def matmul_rate(self, precision: str, flops: float) -> float:
+        """TFLOP/s of a matmul of `flops`: along the measured curve (linear in the FLOPs' logarithm), its ends
+        past it; the one measured rate where there is no curve."""
+        curve = self.matmul_curve.get(precision) or self.matmul_curve.get("fp32")
+        if not curve:
+            return self.matmul_tflops.get(precision) or self.matmul_tflops.get("fp32", 0.0)
+        if flops <= curve[0][0]:
+            return curve[0][1]
+        for (f0, r0), (f1, r1) in zip(curve, curve[1:]):
+            if flops <= f1:
+                return r0 + (r1 - r0) * math.log(flops / f0) / math.log(f1 / f0)
+        return curve[-1][1]
 
     def cache_bytes(self) -> int:
         """What the caches hold, read off the copy curve: the largest copy that still ran at least twice as fast
@@ -145,7 +162,7 @@ def op_seconds(r: OpRow, costs: DeviceCosts) -> Dict[str, float]:
     if r.flops and attention and r.op.startswith("aten::_scaled_dot_product"):
         compute = attention[0] + r.flops / attention[1]
     elif r.flops:  # a matmul, a convolution: torch's flop_registry counts them
-        rate = costs.matmul_tflops.get(precision) or costs.matmul_tflops.get("fp32", 0.0)
+        rate = costs.matmul_rate(precision, r.flops)
         compute = r.flops / (rate * 1e12) if rate else 0.0
     else:  # elementwise: a 16-bit element costs this CPU an fp32 one and two conversions, not half the bytes
         rate = costs.elementwise.get(precision) or costs.elementwise.get("fp32", 0.0)
@@ -155,6 +172,8 @@ def op_seconds(r: OpRow, costs: DeviceCosts) -> Dict[str, float]:
     cold = r.cold[at[-1]] if at and r.cold else r.nbytes
     hot_gbps, cold_gbps = costs.bandwidth(min(r.nbytes, cache or r.nbytes)), costs.copy_gbps
     memory = ((r.nbytes - cold) / (hot_gbps * 1e9) if hot_gbps else 0.0) + (cold / (cold_gbps * 1e9) if cold_gbps else 0.0)
+    if costs.kernel_s and (r.elements or r.flops):  # a GPU kernel takes its launch's floor however little it does
+        compute = max(compute, costs.kernel_s)
     return {"host": host, "arithmetic": compute if compute >= memory else 0.0, "memory": memory if memory > compute else 0.0}
 
 
@@ -204,11 +223,35 @@ def gaps_before(work: dict, parts: Dict[str, float]) -> Dict[str, float]:
     return out
 
 
+SYNC_OPS = ("aten::_local_scalar_dense",)  # reading a value back (`.item()`): the host waits for the device
+
+
+def device_walk(phases: Dict[str, Dict[str, float]], syncing: set, exposed: float, kernel_s: float) -> float:
+    """A CUDA step's wall time: the host launches each phase's ops in turn while the device runs their kernels
+    back to back, so a phase's kernels end no sooner than the device is free and no sooner than the host has
+    launched the last of them and it has run (`kernel_s`, the shortest kernel); a phase that reads a value back
+    (`syncing`) holds the host until its kernels are done.
+    Communication that nothing hides (`exposed`) waits at the end, and the step ends on the device (the loop
+    synchronises after the loss)."""
+    host_t = device_t = 0.0
+    for p in PARTS_COUNTED:
+        host_t += phases[p]["host"] + phases[p]["lines"]
+        kernels = phases[p]["arithmetic"] + phases[p]["memory"]
+        device_t = max(device_t + kernels, host_t + (kernel_s if kernels else 0.0))
+        if p in syncing:
+            host_t = device_t
+    return device_t + exposed
+
+
 def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts, ranks_on_host: int) -> Dict[str, float]:
     """Seconds per part of one rank's step from its counted work, with each part's terms (`*_host_s`, ...), the
-    communication total, and the step."""
+    communication total, and the step. On CUDA a phase is its kernels' device time (as the profiler measures
+    it: runtime/time_profile.py) and `other` the rest of the step (`device_walk`): the device waiting on the
+    host, and the kernels launched between phases."""
     phases = priced_phases(work, costs)
-    parts = {p: phases[p]["total"] for p in PARTS_COUNTED}
+    on_device = costs.device != "cpu"
+    parts = {p: (phases[p]["arithmetic"] + phases[p]["memory"]) if on_device else phases[p]["total"]
+             for p in PARTS_COUNTED}
     cpu_total = sum(parts.values())
     rule = hiding_rule(backend, s)
     can_hide = costs.device != "cpu" or (costs.cores and ranks_on_host < costs.cores)
@@ -234,6 +277,10 @@ def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts, ranks_on_
     stretch = max(0.0, ranks_on_host / costs.cores - 1.0) if oversubscribed else 0.0
     out = {**parts, "comm_exposed": exposed + stretch * cpu_total, "comm_total": total,
            "comm_waiting_for_cores": stretch * cpu_total}
+    if on_device:
+        syncing = {r.phase for r in op_rows(work) if r.op in SYNC_OPS}
+        step = device_walk(phases, syncing, exposed, costs.kernel_s)
+        out["other"] = step - exposed - sum(parts[p] for p in PHASES)
     out["step"] = sum(out[p] for p in (*PARTS_COUNTED, "comm_exposed"))
     for p in PARTS_COUNTED:
         for term in ("host", "lines", "arithmetic", "memory"):
