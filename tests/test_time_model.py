@@ -250,3 +250,16 @@ def test_a_replayed_rank_counts_the_work_its_real_run_counted(bf16_runs, tmp_pat
         assert not calls[1] - calls[0], backend
         expected = [("all_reduce", "optimizer", 1)] if backend == "fsdp" else []  # the norms, one a gradient
         assert [(op, phase, n) for (op, _, phase), n in only_replayed.items()] == expected, (backend, only_replayed)
+
+
+def test_grouped_query_attention_counts_the_flops_of_as_many_key_value_heads_as_query_heads():
+    """llama_1b's 32 query heads share 8 key/value heads: torch's sdpa formulas assert equal heads, so the
+    counter gives the key/value shapes the query's heads, the work a grouped-query kernel does."""
+    from types import SimpleNamespace
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    q, kv = torch.empty(2, 32, 256, 64, device="meta"), torch.empty(2, 8, 256, 64, device="meta")
+    forward = SimpleNamespace(_overloadpacket=SimpleNamespace(__name__="_scaled_dot_product_flash_attention"))
+    backward = SimpleNamespace(_overloadpacket=SimpleNamespace(__name__="_scaled_dot_product_flash_attention_backward"))
+    assert work_count.attention_flops(forward, (q, kv, kv)) == sdpa_flop_count(q.shape, q.shape, q.shape) > 0
+    assert work_count.attention_flops(backward, (q, q, kv, kv)) == sdpa_backward_flop_count(*[q.shape] * 4) > 0

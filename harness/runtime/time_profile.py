@@ -140,6 +140,12 @@ def subtract(a: List[Interval], b: List[Interval]) -> List[Interval]:
     return out
 
 
+def is_annotation(event) -> bool:
+    """A record_function range as the GPU timeline shows it, not work the device did."""
+    flag = getattr(event, "is_user_annotation", None)
+    return bool(flag()) if flag else event.name().startswith(PREFIX)
+
+
 def is_comm(name: str) -> bool:
     """gloo's worker spans, the c10d calls, and NCCL's kernels (`ncclDevKernel_...`, `nccl:all_reduce`)."""
     return name.startswith(("gloo:", "c10d::", "record_param_comms")) or "nccl" in name.lower()
@@ -157,7 +163,11 @@ class Timeline:
                 self.ranges.setdefault(e.name()[len(PREFIX):], []).append(span(e))
         self.on_device = device_type == "cuda"
         if self.on_device:
-            kernels = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA]
+            # the device's work: kernels, copies and fills; not the GPU-side spans of record_function ranges
+            # (`gpu_user_annotation`: the loop's phases, the optimizer's step), which cover a phase from its first
+            # kernel to its last, idle gaps and all
+            kernels = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA
+                       and not is_annotation(e)]
             launches = {e.correlation_id(): e.start_ns() for e in events
                         if e.device_type() == torch.autograd.DeviceType.CPU and e.correlation_id()}
             self.compute_by_launch = [(launches.get(e.linked_correlation_id() or e.correlation_id()), span(e))

@@ -46,16 +46,26 @@ ALLOC_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_str
 
 
 def attention_flops(func, args) -> int:
-    """FLOPs of CPU attention (`_scaled_dot_product_flash_attention_for_cpu` and its backward), for which torch's
-    flop_registry has no formula, by torch's own sdpa formulas: (query, key, value) forward, (grad_out, query,
-    key, value) backward."""
+    """FLOPs of attention where torch's flop_registry has no formula (the CPU kernels,
+    `_scaled_dot_product_flash_attention_for_cpu` and its backward) or its formula refuses the shapes (grouped
+    key/value heads on CUDA), by torch's own sdpa formulas: (query, key, value) forward, (grad_out, query, key,
+    value) backward."""
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     name = func._overloadpacket.__name__
     shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
     if not name.startswith("_scaled_dot_product") or len(shapes) < 3:
         return 0
-    return sdpa_backward_flop_count(*shapes[:4]) if name.endswith("backward") else sdpa_flop_count(*shapes[:3])
+    backward = name.endswith("backward")
+    q = shapes[1] if backward else shapes[0]
+    # grouped-query attention (llama_1b: 32 query heads, 8 key/value heads): every query head attends to its
+    # group's keys and values, so the work is that of as many key and value heads as query heads; torch's
+    # formulas assert equal heads
+    shapes = [(*s[:-3], q[-3], *s[-2:]) if len(s) == len(q) == 4 and s[-3] != q[-3] else s for s in shapes[:4]]
+    try:
+        return sdpa_backward_flop_count(*shapes[:4]) if backward else sdpa_flop_count(*shapes[:3])
+    except AssertionError:  # a layout the formulas do not read: no FLOPs counted, its host cost still is
+        return 0
 
 
 def _local(x):

@@ -180,12 +180,13 @@ def run(out: Path, device_type: str) -> None:
                     probes.device_sync(device)
                     if i >= 3:
                         blocked.append((time.perf_counter() - wall) - (time.thread_time() - cpu))
-                mean = torch.tensor([statistics.fmean(blocked)], dtype=torch.float64)
+                mean = torch.tensor([statistics.fmean(blocked)], dtype=torch.float64, device=device)  # NCCL: on the GPU
                 dist.all_reduce(mean, op=dist.ReduceOp.MAX)  # the slowest rank's mean, as a step waits for it
                 rows.append({"op": op, "ranks": n, "size_bytes": nbytes, "gap_s": gap, "time_s": mean.item(),
                              "device": device.type, "busy": True, "iters": iters})
     measured = torch.tensor([rates["fp32"], rates["bf16"], rates["copy_gbps"], rates["elementwise_fp32"],
-                             rates["elementwise_bf16"]] + [g for _, g in copy_curve], dtype=torch.float64)
+                             rates["elementwise_bf16"]] + [g for _, g in copy_curve], dtype=torch.float64,
+                            device=device)
     dist.all_reduce(measured, op=dist.ReduceOp.MIN)
     if rank == 0:
         out.write_text(json.dumps({"ranks": n, "matmul_tflops": {"fp32": measured[0].item(), "bf16": measured[1].item()},
