@@ -263,3 +263,14 @@ def test_grouped_query_attention_counts_the_flops_of_as_many_key_value_heads_as_
     backward = SimpleNamespace(_overloadpacket=SimpleNamespace(__name__="_scaled_dot_product_flash_attention_backward"))
     assert work_count.attention_flops(forward, (q, kv, kv)) == sdpa_flop_count(q.shape, q.shape, q.shape) > 0
     assert work_count.attention_flops(backward, (q, q, kv, kv)) == sdpa_backward_flop_count(*[q.shape] * 4) > 0
+
+
+def test_a_collective_that_costs_nothing_at_some_size_is_priced_without_dividing_by_zero():
+    """One rank on NCCL: a busy all-reduce blocks 0 µs at some sizes (the first H200 run's llama_1b/ddp failed on
+    the logarithm of 0)."""
+    rows = [{"op": "all_reduce", "ranks": 1, "size_bytes": size, "gap_s": 1e-4, "time_s": t, "busy": True,
+             "device": "cuda"}
+            for size, t in ((4, 0.0), (1024, 0.0), (1 << 20, 2e-6))]
+    table = CommTable(rows, "cuda", 1)
+    assert table.seconds("all_reduce", 512, 1) == 0.0
+    assert 0.0 < table.seconds("all_reduce", 1 << 19, 1) < 2e-6

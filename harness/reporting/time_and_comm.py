@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import traceback
 import platform
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -152,7 +153,11 @@ def time_model(cfg, ranks: List[RankReport], measured: dict) -> Dict[str, float]
                             copy_gbps=statistics.fmean(r.measured_copy_gbps for r in ranks), elementwise={}, host=None,
                             comm=CommTable(collectives_table(cfg), par.device, world), device=par.device,
                             cores=cores(), notes=[why or "the device costs hold no host costs"])
-    parts = predict_counted(cfg.backend, shape_of(cfg, world, ranks[0].params), work, costs, par.nproc_per_node)
+    try:
+        parts = predict_counted(cfg.backend, shape_of(cfg, world, ranks[0].params), work, costs, par.nproc_per_node)
+    except Exception:  # noqa: BLE001 - a defect of the model must not cost a finished run its measured figures
+        traceback.print_exc()
+        return {"time/model_failed": 1.0}
     out = {f"time/{k}_predicted_s": v for k, v in parts.items()}
     out["time/host_costed"] = float(costs.host is not None)  # 0: a lower bound (time_notes says why)
     for part in ("forward", "backward", "optimizer", "other", "comm_exposed", "comm_total"):
@@ -195,6 +200,9 @@ def time_notes(figures: dict) -> List[str]:
               if abs(figures.get(f"time/{part}_error_pct", 0)) > 30]
     out = [f"time: the model misses by over 30% on {'; '.join(misses)} (the misses this model is known for, and "
            "their causes where known: experiments/time_model/README.md)"] if misses else []
+    if figures.get("time/model_failed"):
+        out.append("time: the time model failed on this step's counted work (its traceback is in the launcher's "
+                   "log); the measured breakdown stands")
     if figures.get("time/host_costed") == 0.0:
         out.append("time: predicted from the roofline and the collectives only, a lower bound: this machine has no "
                    "host costs per op and per Python line (`make device-costs` measures them)")

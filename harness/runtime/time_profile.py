@@ -152,30 +152,53 @@ def is_comm(name: str) -> bool:
 
 
 class Timeline:
-    """The profiled events reduced to what the breakdown needs, in nanoseconds: the loop's phase ranges and
-    the communication intervals; on CUDA also the compute kernels, each with the host time it was launched
-    at (on CPU the phases come from the PhaseClock, so only communication's total is read from here)."""
+    """The profiled events reduced to what the breakdown needs, in nanoseconds: the loop's phase ranges as the
+    host ran them and the communication intervals; on CUDA also the device's work (kernels, copies, fills),
+    each with the host time it was launched at (on CPU the phases come from the PhaseClock, so only
+    communication's total is read from here). From torch's profiler (`from_kineto`) or from the Chrome trace it
+    exported (`from_chrome`), so that a committed trace can be measured again."""
 
-    def __init__(self, events, device_type: str):
-        self.ranges: Dict[str, List[Interval]] = {}
+    def __init__(self, ranges: Dict[str, List[Interval]], comm: List[Interval],
+                 compute_by_launch: Optional[List[Tuple[Optional[int], Interval]]] = None):
+        self.ranges, self.comm = ranges, union(comm)
+        self.on_device = compute_by_launch is not None
+        self.compute_by_launch = compute_by_launch or []
+        self.exposed = subtract(self.comm, union([iv for _, iv in self.compute_by_launch])) if self.on_device else []
+
+    @classmethod
+    def from_kineto(cls, events, device_type: str) -> "Timeline":
+        cpu = torch.autograd.DeviceType.CPU
+        ranges: Dict[str, List[Interval]] = {}
+        for e in events:  # the host's side of each range: its GPU-side span is not when the host was in it
+            if e.name().startswith(PREFIX) and e.device_type() == cpu:
+                ranges.setdefault(e.name()[len(PREFIX):], []).append(span(e))
+        if device_type != "cuda":
+            return cls(ranges, [span(e) for e in events if is_comm(e.name())])
+        # the device's work: kernels, copies and fills; not the GPU-side spans of record_function ranges
+        # (`gpu_user_annotation`: the loop's phases, the optimizer's step), which cover a phase from its first
+        # kernel to its last, idle gaps and all
+        kernels = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA and not is_annotation(e)]
+        launches = {e.correlation_id(): e.start_ns() for e in events if e.device_type() == cpu and e.correlation_id()}
+        return cls(ranges, [span(e) for e in kernels if is_comm(e.name())],
+                   [(launches.get(e.linked_correlation_id() or e.correlation_id()), span(e))
+                    for e in kernels if not is_comm(e.name())])
+
+    @classmethod
+    def from_chrome(cls, trace: dict) -> "Timeline":
+        """The same from a CUDA run's Chrome trace (`train.profile=true`: <run>/traces/rank<R>.json.gz), whose
+        times are in µs: host ranges are `user_annotation`, the device's work `kernel`, `gpu_memcpy` and
+        `gpu_memset`, each linked to its launch by `args.correlation`."""
+        events = trace.get("traceEvents", [])
+        ns = lambda e: (int(e["ts"] * 1e3), int((e["ts"] + e.get("dur", 0)) * 1e3))  # noqa: E731
+        ranges: Dict[str, List[Interval]] = {}
         for e in events:
-            if e.name().startswith(PREFIX):
-                self.ranges.setdefault(e.name()[len(PREFIX):], []).append(span(e))
-        self.on_device = device_type == "cuda"
-        if self.on_device:
-            # the device's work: kernels, copies and fills; not the GPU-side spans of record_function ranges
-            # (`gpu_user_annotation`: the loop's phases, the optimizer's step), which cover a phase from its first
-            # kernel to its last, idle gaps and all
-            kernels = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA
-                       and not is_annotation(e)]
-            launches = {e.correlation_id(): e.start_ns() for e in events
-                        if e.device_type() == torch.autograd.DeviceType.CPU and e.correlation_id()}
-            self.compute_by_launch = [(launches.get(e.linked_correlation_id() or e.correlation_id()), span(e))
-                                      for e in kernels if not is_comm(e.name())]
-            self.comm = union([span(e) for e in kernels if is_comm(e.name())])
-            self.exposed = subtract(self.comm, union([iv for _, iv in self.compute_by_launch]))
-        else:
-            self.comm = union([span(e) for e in events if is_comm(e.name())])
+            if e.get("cat") == "user_annotation" and e.get("name", "").startswith(PREFIX):
+                ranges.setdefault(e["name"][len(PREFIX):], []).append(ns(e))
+        launches = {e["args"]["correlation"]: ns(e)[0] for e in events
+                    if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+        work = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+        return cls(ranges, [ns(e) for e in work if is_comm(e["name"])],
+                   [(launches.get(e.get("args", {}).get("correlation")), ns(e)) for e in work if not is_comm(e["name"])])
 
     def step(self, window: Interval) -> Dict[str, float]:
         """One step's communication total and wall time (seconds); on CUDA every part of it."""
@@ -231,7 +254,7 @@ class StepTime:
         def ready(prof) -> None:
             if self.trace_path:
                 prof.export_chrome_trace(self.trace_path)
-            self.timeline = Timeline(prof.profiler.kineto_results.events(), self.device.type)
+            self.timeline = Timeline.from_kineto(prof.profiler.kineto_results.events(), self.device.type)
 
         with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=self.steps),
                      on_trace_ready=ready) as prof:

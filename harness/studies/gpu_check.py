@@ -42,6 +42,7 @@ from ..config import families
 
 from ..core.paths import REPO, extensions_dir
 from ..core.rundir import write_json, write_text
+from . import gpu_time
 
 COMMON = ["parallelism=gpu1", "train.precision=bf16", "logger=none", "train.steps=10", "train.warmup_steps=3",
           "train.breakdown_steps=1"]
@@ -197,11 +198,14 @@ def write_results(root, out, env: dict) -> List[dict]:
     write_json(out / "check.json", {"checks": results, "oom": oom})
     text = render(results, rows, env["device"], env)
     write_text(out / "check.md", text)
-    if any("time/forward_predicted_s" in r.get("figures", {}) for r in rows):
+    costs_file = REPO / "results" / "device_costs" / "cuda.json"
+    record = json.loads(costs_file.read_text()) if costs_file.exists() else None
+    timed = [gpu_time.refresh(r, root / name / r["run_dir"], record) for name, sweep_rows in by_sweep.items()
+             for r in sweep_rows]
+    if any("time/forward_predicted_s" in r["figures"] for r in timed):
         from ..reporting.time_and_comm import device_costs_source
-        from .gpu_time import render as render_time
 
-        write_text(out / "time_model.md", render_time(rows, env["device"], device_costs_source("cuda")))
+        write_text(out / "time_model.md", gpu_time.render(timed, env["device"], device_costs_source("cuda")))
     print(text)
     return results
 

@@ -113,6 +113,8 @@ def _along_size(points: List[tuple], size: float) -> float:
     (s0, t0), (s1, t1) = points[i - 1], points[i]
     if size <= s0:
         return t0
+    if t0 <= 0 or t1 <= 0:  # a curve that touches 0 (one rank: NCCL has nothing to wait for): linear
+        return max(t0 + (t1 - t0) * (size - s0) / (s1 - s0), 0.0)
     slope = math.log(t1 / t0) / math.log(s1 / s0)
     return t0 * (size / s0) ** slope
 
