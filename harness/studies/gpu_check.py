@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gzip
 import json
 import os
 import re
@@ -206,6 +207,13 @@ def write_results(root, out, env: dict) -> List[dict]:
         from ..reporting.time_and_comm import device_costs_source
 
         write_text(out / "time_model.md", gpu_time.render(timed, env["device"], device_costs_source("cuda")))
+        traced = [(f"{r['model']}/{r['backend']}", root / name / r["run_dir"]) for name, sweep_rows in by_sweep.items()
+                  for r in sweep_rows]
+        traced = [(label, json.loads(gzip.open(d / "traces" / "rank0.json.gz").read()),
+                   json.loads((d / "ranks" / "report.json").read_text())["ranks"][0].get("work") or {})
+                  for label, d in traced if (d / "traces" / "rank0.json.gz").exists() and (d / "ranks" / "report.json").exists()]
+        if traced and record:
+            write_text(out / "time_by_op.md", gpu_time.render_by_op(traced, record))
     print(text)
     return results
 

@@ -94,3 +94,79 @@ def render(rows: List[dict], device: str, source: str) -> str:
     if missing:
         lines += ["", "Runs without a prediction: " + ", ".join(missing)]
     return "\n".join(lines) + "\n"
+
+
+def _base(name: str) -> str:
+    """An aten op without its overload (`aten::mul.Tensor` -> `aten::mul`): the trace names ops without one."""
+    return name.split(".")[0]
+
+
+def launcher(chain: List[str], counted) -> str:
+    """Of the ops enclosing a kernel's launch (outermost first), the one the work counter counted for it: the
+    innermost counted one (autocast's `addmm` wraps the `_to_copy` that casts its weight, and both are counted),
+    except a `copy_` that `_to_copy` runs, which the counter sees as the `_to_copy`."""
+    names = [_base(n) for n in chain]
+    for i in range(len(names) - 1, -1, -1):
+        if names[i] in counted:
+            if names[i] == "aten::copy_" and i and names[i - 1] == "aten::_to_copy":
+                return "aten::_to_copy"
+            return names[i]
+    return names[-1] if names else "?"
+
+
+def by_op(trace: dict, work: dict, record: dict, phase: str) -> List[tuple]:
+    """[(op, kernels, measured s, counted ops, predicted s)] of one phase: each kernel of the Chrome trace set
+    against the op that launched it (`launcher`), beside the op's predicted kernel time. Where a phase's miss
+    comes from, op by op."""
+    import bisect
+    import collections
+
+    from ..reporting.time_and_comm import device_costs
+    from ..runtime.time_profile import PREFIX
+    from ..theory.op_costs import op_rows, op_seconds
+
+    costs = device_costs(record)
+    predicted = collections.defaultdict(lambda: [0, 0.0])
+    for r in op_rows(work):
+        if r.phase == phase:
+            s = op_seconds(r, costs)
+            predicted[_base(r.op)][0] += r.count
+            predicted[_base(r.op)][1] += (s["arithmetic"] + s["memory"]) * r.count
+    events = trace.get("traceEvents", [])
+    inside = [(e["ts"], e["ts"] + e["dur"]) for e in events
+              if e.get("cat") == "user_annotation" and e.get("name") == PREFIX + phase]
+    ops = collections.defaultdict(list)  # thread -> its ops by start
+    for e in events:
+        if e.get("cat") == "cpu_op":
+            ops[e["tid"]].append((e["ts"], e["ts"] + e.get("dur", 0), e["name"]))
+    for spans in ops.values():
+        spans.sort()
+    launches = {e["args"]["correlation"]: (e["ts"], e["tid"]) for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    measured = collections.defaultdict(lambda: [0, 0.0])
+    for e in events:
+        launch = launches.get(e.get("args", {}).get("correlation")) if e.get("cat") in (
+            "kernel", "gpu_memcpy", "gpu_memset") else None
+        if not launch or not any(a <= launch[0] < b for a, b in inside):
+            continue
+        spans = ops[launch[1]]
+        chain = [n for a, b, n in spans[:bisect.bisect_right(spans, (launch[0], float("inf"), ""))]
+                 if a <= launch[0] <= b]  # enclosing ops, outermost first
+        name = launcher(chain, predicted)
+        measured[name][0] += 1
+        measured[name][1] += e["dur"] / 1e6
+    names = set(measured) | set(predicted)
+    return sorted(((n, measured[n][0], measured[n][1], predicted[n][0], predicted[n][1]) for n in names),
+                  key=lambda row: -abs(row[2] - row[4]))
+
+
+def render_by_op(runs: List[tuple], record: dict, top: int = 6) -> str:
+    """time_by_op.md: for each run (label, trace, work) and phase, the ops whose kernels miss most."""
+    lines = ["# Where each part's miss comes from, op by op", "",
+             by_op.__doc__.split("\n\n")[0].replace("\n    ", " ").strip(), "",
+             "| run | phase | op | kernels | measured ms | counted ops | predicted ms |", "|---|---|---|---:|---:|---:|---:|"]
+    for label, trace, work in runs:
+        for phase in PARTS[:3]:
+            for name, kernels, m, n, p in by_op(trace, work, record, phase)[:top]:
+                lines.append(f"| {label} | {phase} | {name} | {kernels} | {m * 1e3:.2f} | {n} | {p * 1e3:.2f} |")
+    return "\n".join(lines) + "\n"
