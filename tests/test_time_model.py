@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 
 from harness.runtime import mirror_group, time_profile, work_count
-from harness.theory.op_costs import (DeviceCosts, HostCosts, HOST_TERMS, calibrate, gaps_before, predict_counted,
+from harness.theory.calibration import calibrate
+from harness.theory.op_costs import (DeviceCosts, HostCosts, HOST_TERMS, gaps_before, predict_counted,
                                      priced_phases, work_totals)
 from harness.theory.time import CommTable
 

@@ -38,7 +38,8 @@ from ..core.rundir import RunDir, write_json, write_text
 from ..launcher.cells import run_cells
 from ..launcher.torchrun import rank_env, torchrun_cmd
 from ..reporting.time_and_comm import device_costs, machine, slowest_work
-from ..theory.op_costs import HOST_TERMS, PARTS_COUNTED, calibrate, calibration_rows
+from ..theory.calibration import calibrate, calibration_rows
+from ..theory.op_costs import HOST_TERMS, PARTS_COUNTED
 
 WORKER = "harness.studies.device_costs_worker"
 # the calibration runs: tiny_llama on 2 ranks in fp32, 25 steps of which 20 timed (clocked by phase)

@@ -3,6 +3,8 @@ on one H100 (45 to 75 s a run: 8.5 minutes for gpt2_124m with the CPU Adam build
 
     python -m harness.gpu_check [--out results/gpu] [--budget-s 540] [--sweep gpu_gpt2] [overrides...]
     python -m harness.gpu_check --report-only [--runs DIR]    # the results again, from runs already there
+    python -m harness.gpu_check --device-costs --backends ddp,fsdp --no-oom    # the time model's check, first
+                                                              # timing this GPU's costs (`make device-costs`)
 
 Where one command may last 10 minutes, run it once per `--sweep`: each keeps the other's runs.
 
@@ -16,7 +18,9 @@ Where one command may last 10 minutes, run it once per `--sweep`: each keeps the
    each within 2% of their median (bf16: DDP's autocast against 16-bit parameters); MFU in (0, 100]; the allocator's peak within the memory
    model's tolerance of the predicted peak;
 6. writes results/gpu/<device>/: summary.csv and summary.md of every run, each sweep's report.html and
-   plots, env.json (versions, device) and check.md.
+   plots, env.json (versions, device) and check.md; where the runs were priced (`--device-costs`),
+   time_model.md (each part measured against predicted, studies/gpu_time.py) and, from runs with traces
+   (`train.profile=true`), time_by_op.md.
 
 It needs deepspeed, hydra-core, omegaconf, pydantic and friends beside the image's torch and transformers:
 without a network, the wheels `../shared/tools/device-wheels.sh` builds (README, "On a GPU machine"). One
