@@ -103,16 +103,6 @@ def device_costs(record: dict, host: Optional[dict] = "file", tight: Optional[li
                        source=f"results/device_costs/{record['device']}.json ({record['machine']}, {record['measured']})")
 
 
-def device_costs_source(device: str) -> str:
-    """What the repository's device-costs file of `device` is: where and when it was measured, or ''."""
-    try:
-        record = json.loads((REPO / "results" / "device_costs" / f"{device}.json").read_text())
-    except (OSError, ValueError):
-        return ""
-    host = (record.get("host") or {}).get("source", "no host costs")
-    return f"results/device_costs/{device}.json, {record.get('machine')}, {record.get('measured')}; host costs {host}"
-
-
 def load_device_costs(cfg) -> Tuple[Optional[DeviceCosts], str]:
     """This device's costs (results/device_costs/<device>.json under paths.root, else the repository's), or
     None and why not: none measured, or measured on another machine."""

@@ -9,7 +9,8 @@ are measured apart:
     far below the large one's pace, and a step's matmuls are of every size;
   - the copy bandwidth by size, 64 KiB to 1 GiB, the largest past every cache (read plus write bytes);
   - an elementwise product's rate at 64 Mi elements (memory-bound on a GPU: its bytes set its time);
-  - causal flash attention's fixed cost and FLOP rate, forward and backward, at a step's shapes;
+  - causal flash attention's fixed cost and FLOP rate, forward and backward, at a step's shapes
+    (ATTENTION_SHAPES, fitted by device_costs_worker.attention_costs with `device_seconds` as its clock);
   - the shortest kernel (`kernel_s`): what a kernel that touches nothing costs the device, the floor under
     every op's roofline.
 - the host's side (`host_costs`): the seconds the training thread spends on each kind of op the work counter
@@ -87,29 +88,6 @@ def kernel_seconds() -> float:
     """The device time of the shortest kernel: an in-place add on one element, back to back."""
     x = torch.zeros(1, device=DEVICE)
     return device_seconds(lambda: x.add_(1), reps=500)
-
-
-def attention_costs(precision: str) -> Dict[str, list]:
-    """Causal sdpa, forward and backward apart: (fixed seconds, FLOP/s) fitted to ATTENTION_SHAPES, FLOPs by
-    torch's sdpa formulas (what runtime/work_count.py counts for these ops)."""
-    import numpy as np
-    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
-
-    rows = {"forward": [], "backward": []}
-    for shape in ATTENTION_SHAPES:
-        q, k, v = (torch.randn(*shape, device=DEVICE).to(DTYPES[precision]).requires_grad_() for _ in range(3))
-        attend = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-        grad = torch.randn_like(attend())
-        forward = device_seconds(attend, reps=5)
-        both = device_seconds(lambda: attend().backward(grad), reps=5)
-        rows["forward"].append((sdpa_flop_count(shape, shape, shape), forward))
-        rows["backward"].append((sdpa_backward_flop_count(shape, shape, shape, shape), max(both - forward, 1e-9)))
-    out = {}
-    for direction, points in rows.items():
-        flops, seconds = np.array(points).T
-        (per_flop, fixed), *_ = np.linalg.lstsq(np.stack([flops, np.ones_like(flops)], 1), seconds, rcond=None)
-        out[direction] = [max(float(fixed), 0.0), 1.0 / per_flop if per_flop > 0 else float(flops.max() / seconds.max())]
-    return out
 
 
 def host_seconds(fn: Callable[[], object], reps: int = 2000) -> float:
@@ -203,11 +181,10 @@ def host_costs(group=None) -> Dict[str, float]:
 
 
 def measure() -> dict:
-    """Everything above, as device_costs_worker records it."""
+    """Everything above but attention, as device_costs_worker records it."""
     curves = {p: matmul_curve(p) for p in DTYPES}
     copies = copy_curve()
     return {"matmul_tflops": {p: max(t for _, t in curve) for p, curve in curves.items()}, "matmul_curve": curves,
             "copy_gbps": copies[-1][1], "copy_gbps_by_size": copies,
             "elementwise_per_s": {p: elementwise_rate(p) for p in DTYPES},
-            "attention": {p: attention_costs(p) for p in DTYPES},
             "kernel_s": kernel_seconds(), "host": host_costs()}

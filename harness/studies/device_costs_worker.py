@@ -112,22 +112,24 @@ def elementwise_rate(device, precision: str, numel: int = 1 << 18) -> float:
 ATTENTION_SHAPES = ((2, 4, 64, 16), (2, 4, 64, 64), (2, 4, 128, 32), (2, 8, 256, 64))  # batch, heads, seq, dim
 
 
-def attention_costs(device, precision: str) -> dict:
+def attention_costs(device, precision: str, shapes=ATTENTION_SHAPES, seconds=None) -> dict:
     """Causal scaled-dot-product attention, forward and backward apart: (fixed seconds, FLOP/s) fitted to its
     time at ATTENTION_SHAPES, FLOPs by torch's sdpa formulas (torch's flop_registry has none for the CPU
-    kernels, whose efficiency is nothing like a matmul's: here the bf16 backward ran 10x slower than fp32's)."""
+    kernels, whose efficiency is nothing like a matmul's: here the bf16 backward ran 10x slower than fp32's).
+    `seconds(fn)` times a call (median_seconds on this device by default; device_costs_cuda times on the GPU)."""
     import numpy as np
     import torch
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
     rows = {"forward": [], "backward": []}
-    for shape in ATTENTION_SHAPES:
+    seconds = seconds or (lambda fn: median_seconds(fn, device))
+    for shape in shapes:
         q, k, v = (torch.randn(*shape, device=device).to(dtype).requires_grad_() for _ in range(3))
         attend = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
         grad = torch.randn_like(attend())
-        forward = median_seconds(attend, device)
-        both = median_seconds(lambda: attend().backward(grad), device)
+        forward = seconds(attend)
+        both = seconds(lambda: attend().backward(grad))
         rows["forward"].append((sdpa_flop_count(shape, shape, shape), forward))
         rows["backward"].append((sdpa_backward_flop_count(shape, shape, shape, shape), max(both - forward, 0.0)))
     out = {}
@@ -150,9 +152,11 @@ def run(out: Path, device_type: str) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if device.type == "cuda":  # the host and the device apart, timed on the device (device_costs_cuda.py)
-        from .device_costs_cuda import measure
+        from .device_costs_cuda import ATTENTION_SHAPES as CUDA_SHAPES, device_seconds, measure
 
         cuda = measure()
+        cuda["attention"] = {p: attention_costs(device, p, CUDA_SHAPES, lambda fn: device_seconds(fn, reps=5))
+                             for p in ("fp32", "bf16")}
         rates = {**{p: cuda["matmul_tflops"][p] for p in ("fp32", "bf16")}, "copy_gbps": cuda["copy_gbps"],
                  **{f"elementwise_{p}": cuda["elementwise_per_s"][p] for p in ("fp32", "bf16")}}
         attention, copy_curve = cuda["attention"], cuda["copy_gbps_by_size"]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gzip
+import itertools
 import json
 import os
 import re
@@ -160,8 +160,8 @@ def run_sweeps(root, sweeps: List[str], overrides: List[str], budget_s: float, s
     launch: on CUDA a cell leaves device memory behind for the next (measured on an H100: llama_1b ds_zero3 64.21
     GiB allocated as the fourth cell against 31.98 GiB as a run; results/gpu/*/cells_vs_runs.md)."""
     # the sweeps' runs interleaved by backend, so that a time limit leaves every model some backends
-    order = [(name, b) for i in range(len(offloading())) for name in sweeps
-             for b in sweep_backends(name, only)[i:i + 1]]
+    per_sweep = [[(name, b) for b in sweep_backends(name, only)] for name in sweeps]
+    order = [run for turn in itertools.zip_longest(*per_sweep) for run in turn if run]
     for name, backend in order:  # one run at a time: a time limit stops cleanly between runs
         left = budget_s - (time.time() - started)
         if left < 60:
@@ -204,20 +204,8 @@ def write_results(root, out, env: dict) -> List[dict]:
     text = render(results, rows, env["device"], env)
     write_text(out / "check.md", text)
     costs_file = REPO / "results" / "device_costs" / "cuda.json"
-    record = json.loads(costs_file.read_text()) if costs_file.exists() else None
-    timed = [gpu_time.refresh(r, root / name / r["run_dir"], record) for name, sweep_rows in by_sweep.items()
-             for r in sweep_rows]
-    if any("time/forward_predicted_s" in r["figures"] for r in timed):
-        from ..reporting.time_and_comm import device_costs_source
-
-        write_text(out / "time_model.md", gpu_time.render(timed, env["device"], device_costs_source("cuda")))
-        traced = [(f"{r['model']}/{r['backend']}", root / name / r["run_dir"]) for name, sweep_rows in by_sweep.items()
-                  for r in sweep_rows]
-        traced = [(label, json.loads(gzip.open(d / "traces" / "rank0.json.gz").read()),
-                   json.loads((d / "ranks" / "report.json").read_text())["ranks"][0].get("work") or {})
-                  for label, d in traced if (d / "traces" / "rank0.json.gz").exists() and (d / "ranks" / "report.json").exists()]
-        if traced and record:
-            write_text(out / "time_by_op.md", gpu_time.render_by_op(traced, record))
+    gpu_time.write(out, [(r, root / name / r["run_dir"]) for name, sweep_rows in by_sweep.items() for r in sweep_rows],
+                   json.loads(costs_file.read_text()) if costs_file.exists() else None, env["device"])
     print(text)
     return results
 

@@ -19,33 +19,38 @@ PARTS = ("forward", "backward", "optimizer", "other", "comm_exposed")
 BOUND = 30  # percent, as `make time-check` holds each part
 
 
-def refresh(row: dict, run_dir: Path, record: Optional[dict]) -> dict:
-    """The row with its time figures taken again from its run dir: the measured parts from its Chrome trace
-    (runtime/time_profile.Timeline.from_chrome, as the loop measures them now), and the predicted ones from its
-    counted work (ranks/report.json) priced at the device-costs `record` (results/device_costs/cuda.json), the
-    timed steps' median from the report where the summary has none. So a run whose breakdown was measured
+def read_run(run_dir: Path) -> tuple:
+    """(its rank-0 Chrome trace, its ranks' reports), each None where the run dir has none."""
+    from ..core.records import RankReport
+
+    trace, report = run_dir / "traces" / "rank0.json.gz", run_dir / "ranks" / "report.json"
+    return (json.loads(gzip.open(trace).read()) if trace.exists() else None,
+            [RankReport.from_dict(r) for r in json.loads(report.read_text())["ranks"]] if report.exists() else None)
+
+
+def refresh(row: dict, run_dir: Path, record: Optional[dict], trace: Optional[dict], ranks: Optional[list]) -> dict:
+    """The row with its time figures taken again from what its run dir holds: the measured parts from its Chrome
+    `trace` (runtime/time_profile.Timeline.from_chrome, as the loop measures them now), and the predicted ones
+    from its `ranks`' counted work priced at the device-costs `record` (results/device_costs/cuda.json), the
+    timed steps' median from the reports where the summary has none. So a run whose breakdown was measured
     under an older rule, or whose prediction failed, is set beside the model as it stands."""
     figures = dict(row.get("figures") or {})
-    trace = run_dir / "traces" / "rank0.json.gz"
-    if trace.exists():
+    if trace:
         from ..runtime.time_profile import Timeline
 
-        timeline = Timeline.from_chrome(json.loads(gzip.open(trace).read()))
+        timeline = Timeline.from_chrome(trace)
         windows = sorted(timeline.ranges.get("step", []))
         if windows:
             parts = timeline.step(windows[-1])
             figures.update({f"time/{k}_s": v for k, v in parts.items() if k != "step"})
             figures["time/profiled_step_s"] = parts["step"]
-    report = run_dir / "ranks" / "report.json"
-    if record and report.exists():
+    if record and ranks:
         from omegaconf import OmegaConf
 
-        from ..core.records import RankReport
         from ..reporting.time_and_comm import device_costs, slowest_rank
         from ..theory.op_costs import predict_counted
         from ..theory.shape import shape_of
 
-        ranks = [RankReport.from_dict(r) for r in json.loads(report.read_text())["ranks"]]
         cfg = OmegaConf.load(run_dir / "config.yaml")
         work = slowest_rank(ranks).work
         if work:
@@ -55,6 +60,27 @@ def refresh(row: dict, run_dir: Path, record: Optional[dict]) -> dict:
         if "throughput/step_time_p50_s" not in figures and ranks[0].timed_step_s:
             figures["throughput/step_time_p50_s"] = statistics.median(ranks[0].timed_step_s)
     return {**row, "figures": figures}
+
+
+def write(out: Path, runs: List[tuple], record: Optional[dict], device: str) -> None:
+    """time_model.md and, for runs with a trace, time_by_op.md under `out`, from (row, run dir) pairs, each run
+    dir read once."""
+    from ..core.rundir import write_text
+    from ..reporting.time_and_comm import device_costs
+
+    timed, traced = [], []
+    for row, run_dir in runs:
+        trace, ranks = read_run(run_dir)
+        timed.append(refresh(row, run_dir, record, trace, ranks))
+        if trace and ranks and record:
+            traced.append((f"{row['model']}/{row['backend']}", trace, ranks[0].work or {}))
+    if not any("time/forward_predicted_s" in r["figures"] for r in timed):
+        return
+    costs = device_costs(record) if record else None
+    source = f"{costs.source}; host costs {costs.host.source if costs.host else 'none'}" if costs else ""
+    write_text(out / "time_model.md", render(timed, device, source))
+    if traced:
+        write_text(out / "time_by_op.md", render_by_op(traced, record))
 
 
 def error(measured: float, predicted: float) -> float:

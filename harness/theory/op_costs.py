@@ -81,6 +81,17 @@ class HostCosts:
         return self.light if kind in ("view", "alloc") else getattr(self, kind)
 
 
+def along_log(curve, x: float) -> float:
+    """A measured curve [(x, y), ...] sorted by x, read at `x`: linear in x's logarithm between the points, the
+    end points' values past them."""
+    if x <= curve[0][0]:
+        return curve[0][1]
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * math.log(x / x0) / math.log(x1 / x0)
+    return curve[-1][1]
+
+
 @dataclass
 class DeviceCosts:
     """What this device measured once (results/device_costs/<device>.json): matmul rate by precision, copy
@@ -109,12 +120,7 @@ class DeviceCosts:
         curve = self.matmul_curve.get(precision) or self.matmul_curve.get("fp32")
         if not curve:
             return self.matmul_tflops.get(precision) or self.matmul_tflops.get("fp32", 0.0)
-        if flops <= curve[0][0]:
-            return curve[0][1]
-        for (f0, r0), (f1, r1) in zip(curve, curve[1:]):
-            if flops <= f1:
-                return r0 + (r1 - r0) * math.log(flops / f0) / math.log(f1 / f0)
-        return curve[-1][1]
+        return along_log(curve, flops)
 
     def cache_bytes(self) -> int:
         """What the caches hold, read off the copy curve: the largest copy that still ran at least twice as fast
@@ -127,15 +133,7 @@ class DeviceCosts:
         """GB/s for an op that reads and writes `nbytes` in all: the copy of that many bytes, between the
         measured sizes (linear in the size's logarithm), the largest copy's past them, copy_gbps without a
         curve."""
-        curve = self.copy_gbps_by_size
-        if not curve:
-            return self.copy_gbps
-        if nbytes <= curve[0][0]:
-            return curve[0][1]
-        for (s0, g0), (s1, g1) in zip(curve, curve[1:]):
-            if nbytes <= s1:
-                return g0 + (g1 - g0) * math.log(nbytes / s0) / math.log(s1 / s0)
-        return curve[-1][1]
+        return along_log(self.copy_gbps_by_size, nbytes) if self.copy_gbps_by_size else self.copy_gbps
 
 
 def work_totals(work: dict) -> Dict[str, Dict[str, float]]:
