@@ -79,7 +79,7 @@ def test_deepspeed_pass_through_keys_that_agree_or_are_new_are_accepted():
     assert validate.problems(cfg, no_cuda) == []
     from harness.backends.deepspeed.json_config import ds_config
 
-    merged = ds_config(cfg, world_size=2, params=125_248)
+    merged = ds_config(cfg, 2, params=125_248)
     assert merged["zero_optimization"]["round_robin_gradients"] is True
     assert merged["zero_optimization"]["stage"] == 2 and merged["train_batch_size"] == 4
 

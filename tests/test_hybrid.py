@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from harness.config import rules
 from harness.config.compose import compose, flat_backends, hybrid_backends
+from harness.config.mesh import Mesh
 from harness.core.paths import CONF
 from harness.runtime import models
 from harness.theory.communication import counted_by_link
@@ -94,7 +95,7 @@ def test_counted_bytes_split_by_whether_the_group_spans_nodes():
     rows = [{"op": "all_gather", "size_bytes": 800, "group": 2, "ranks": [2, 3], "count": 3},  # node 1 only
             {"op": "all_reduce", "size_bytes": 400, "group": 2, "ranks": [1, 3], "count": 1},  # nodes 0 and 1
             {"op": "all_reduce", "size_bytes": 4, "group": 1, "ranks": [0], "count": 5}]  # sends nothing
-    assert counted_by_link(rows, ranks_per_node=2) == {"intra_node": 3 * 800 / 2, "inter_node": 400.0}
+    assert counted_by_link(rows, Mesh(per_node=2, nodes=2)) == {"intra_node": 3 * 800 / 2, "inter_node": 400.0}
 
 
 @pytest.mark.parametrize("overrides, says", [

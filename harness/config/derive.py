@@ -4,17 +4,24 @@ from __future__ import annotations
 import os
 
 from ..core.records import Identity
+from .mesh import mesh_of
 
 
 def world_size(cfg) -> int:
-    """Data-parallel ranks over every node."""
-    return cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes
+    """Ranks over every node (the mesh's world: config/mesh.py)."""
+    return mesh_of(cfg).world
+
+
+def dp_size(cfg) -> int:
+    """Data-parallel ranks: the world divided by the tensor-parallel degree (config/mesh.py)."""
+    return mesh_of(cfg).dp
 
 
 def samples_per_step(cfg, world: int | None = None) -> int:
-    """Sequences per optimizer step over all ranks and micro-batches."""
+    """Sequences per optimizer step over every data-parallel rank and micro-batch (the ranks of one
+    tensor-parallel group read the same sequences). `world`: the ranks, when not the config's."""
     par = cfg.parallelism
-    return par.micro_batch * par.grad_accum * (world or world_size(cfg))
+    return par.micro_batch * par.grad_accum * mesh_of(cfg, world).dp
 
 
 def tokens_per_step(cfg, world: int | None = None) -> int:
@@ -23,10 +30,10 @@ def tokens_per_step(cfg, world: int | None = None) -> int:
 
 def apply_global_batch(cfg) -> None:
     """Derive parallelism.grad_accum from parallelism.global_batch, when it is set (config/rules.py has
-    checked that micro_batch x world size divides it)."""
+    checked that micro_batch x data-parallel ranks divides it)."""
     par = cfg.parallelism
     if par.global_batch:
-        par.grad_accum = par.global_batch // (par.micro_batch * world_size(cfg))
+        par.grad_accum = par.global_batch // (par.micro_batch * dp_size(cfg))
 
 
 def fit_to_model(cfg, overrides) -> list[str]:
@@ -72,7 +79,8 @@ def identity(cfg) -> Identity:
 
 
 def run_name(cfg) -> str:
-    return f"{cfg.backend.name}-{cfg.model.name}-n{world_size(cfg)}-{cfg.train.precision}"
+    tp = f"-tp{cfg.parallelism.tp}" if cfg.parallelism.tp > 1 else ""
+    return f"{cfg.backend.name}-{cfg.model.name}-n{world_size(cfg)}{tp}-{cfg.train.precision}"
 
 
 def wandb_mode(requested: str) -> str:

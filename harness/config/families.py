@@ -110,6 +110,26 @@ class Family:
         (DeepSpeed's ZeRO stage and precision); "" where any run of the format loads it."""
         return ""
 
+    def mesh_request(self, backend):
+        """What the backend asks of the data-parallel ranks (a config/mesh.DPRequest); None: it shards or
+        replicates over all of them, with no post-forward group."""
+        return None
+
+    def tensor_parallel_layout(self, cfg) -> Tuple[bool, bool]:
+        """(sequence parallel, loss parallel) as this family runs tensor parallelism: PyTorch's plan as the
+        config asks (runtime/tensor_parallel.py)."""
+        par = cfg.parallelism
+        return bool(par.sequence_parallel), bool(par.loss_parallel)
+
+    def tensor_plan(self, cfg) -> str:
+        """Whose tensor-parallel plan splits the model (theory/tensor_plan.PLANS): PyTorch's, as
+        runtime/tensor_parallel.py applies it."""
+        return "torch"
+
+    def tensor_parallel_refusal(self, cfg) -> str:
+        """Why this backend cannot run with parallelism.tp > 1, one line; "" where it can."""
+        return ""
+
     def is_hybrid(self, backend) -> bool:
         """Whether the backend shards or gathers in groups smaller than the world (HSDP, partial resharding,
         ZeRO++'s hpZ): on one node it gains nothing over its flat form, so single-node sweeps leave it out

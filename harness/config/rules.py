@@ -26,7 +26,7 @@ POSITIVE = ("train.steps", "parallelism.micro_batch", "parallelism.grad_accum", 
             "model.hidden_size", "model.num_layers", "model.num_heads", "model.max_positions",
             "logger.init_timeout_s", "dist.rendezvous_timeout_s", "ops.build_timeout_s",
             "sweep.allocation_timeout_s", "model.rope_theta", "data.max_corpus_bytes", "train.memory_steps",
-            "optim.lr", "optim.eps", "data.eval_batches")
+            "optim.lr", "optim.eps", "data.eval_batches", "parallelism.tp")
 NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_batch": "0 = off",
                 "paths.min_free_mib": "0 = off", "train.memory_budget_bytes": "0 = no budget",
                 "model.meta_above_params": "0 = on the meta device whenever the backend can build there",
@@ -166,22 +166,58 @@ def notes(cfg) -> List[str]:
 
 
 def batch_rules(cfg) -> List[str]:
-    """A pinned global batch must split evenly into micro-batches over the ranks."""
-    par, world = cfg.parallelism, derive.world_size(cfg)
+    """A pinned global batch must split evenly into micro-batches over the data-parallel ranks."""
+    par, dp = cfg.parallelism, derive.dp_size(cfg)
     if not par.global_batch:
         return []
-    per_micro = par.micro_batch * world
+    per_micro = par.micro_batch * dp
     derived = par.global_batch // per_micro
+    ranks = "world size" if dp == derive.world_size(cfg) else "data-parallel ranks"
     if par.global_batch % per_micro:
         near = max(per_micro, round(par.global_batch / per_micro) * per_micro)
         return [f"parallelism.global_batch={par.global_batch}: not divisible by micro_batch {par.micro_batch}"
-                f" x world size {world} = {per_micro}; use a multiple of {per_micro} (e.g. {near}) or "
+                f" x {ranks} {dp} = {per_micro}; use a multiple of {per_micro} (e.g. {near}) or "
                 "change parallelism.micro_batch"]
     if par.grad_accum not in (1, derived):
         return [f"parallelism.grad_accum={par.grad_accum}: contradicts parallelism.global_batch="
-                f"{par.global_batch}, which gives grad_accum {derived} at this micro-batch and world size; "
+                f"{par.global_batch}, which gives grad_accum {derived} at this micro-batch and {ranks}; "
                 "set only one of them"]
     return []
+
+
+def tensor_rules(cfg) -> List[str]:
+    """Tensor parallelism stays inside a node, gives each rank whole attention heads, and needs a model whose
+    attention the plans know (theory/tensor_plan.py) and a family that runs it."""
+    par, m = cfg.parallelism, cfg.model
+    tp = par.tp
+    if tp == 1:
+        return []
+    divisors = lambda n: ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)  # noqa: E731
+    out = []
+    if par.nproc_per_node % tp:
+        out.append(f"parallelism.tp={tp}: must divide the {par.nproc_per_node} ranks of a node "
+                   f"(parallelism.nproc_per_node; tensor parallelism stays inside a node); use one of "
+                   f"{divisors(par.nproc_per_node)}")
+    if m.family != "llama":
+        out.append(f"parallelism.tp={tp}: model {m.name} ({m.model_type or m.family}) has no tensor-parallel plan: "
+                   "its attention is one fused q|k|v projection (GPT-2's c_attn), which torch's styles, "
+                   "transformers' base_model_tp_plan and DeepSpeed's AutoTP presets do not split; use a llama, "
+                   "mistral or qwen2 model, or parallelism.tp=1")
+    kv = m.num_kv_heads or m.num_heads
+    if m.num_heads % tp or kv % tp:
+        common = [d for d in range(1, min(m.num_heads, kv) + 1) if m.num_heads % d == 0 and kv % d == 0]
+        out.append(f"parallelism.tp={tp}: must divide model.num_heads={m.num_heads} and model.num_kv_heads={kv} "
+                   f"(each rank takes whole heads); use one of {', '.join(map(str, common))}")
+    if cfg.workload.name != "full":
+        out.append(f"parallelism.tp={tp}: workload={cfg.workload.name} is not sharded by the tensor-parallel plans "
+                   "(peft's adapters wrap the projections they split); use workload=full or parallelism.tp=1")
+    try:
+        refusal = families.of(cfg.backend).tensor_parallel_refusal(cfg)
+    except ConfigError:
+        refusal = ""  # an unknown family is backend_rules' to say
+    if refusal:
+        out.append(f"parallelism.tp={tp}: {refusal}")
+    return out
 
 
 def run_rules(cfg) -> List[str]:
@@ -227,7 +263,8 @@ def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[s
     """Every violated rule, as `key=value: problem; fix`. Unknown keys, then values of the wrong kind, are
     reported alone: the rules after them assume a config of the schema's shape with values of the right kind."""
     return unknown_key_rules(cfg) or value_rules(cfg) or hf_models.problems(cfg) or [
-        *shape_rules(cfg), *device_rules(cfg, cuda_devices), *batch_rules(cfg), *run_rules(cfg), *backend_rules(cfg),
+        *shape_rules(cfg), *tensor_rules(cfg), *device_rules(cfg, cuda_devices), *batch_rules(cfg), *run_rules(cfg),
+        *backend_rules(cfg),
         *finetune_check.problems(cfg), *resume_check.problems(cfg), *data_check.problems(cfg)]
 
 

@@ -115,6 +115,16 @@ class ParallelismConfig:
     # it (apply_global_batch), so it must be a multiple of micro_batch x world size. 0 = not pinned.
     global_batch: int = 0
     seq_len: int = 64
+    # tensor parallelism (config/mesh.py): each data-parallel rank is `tp` consecutive ranks of one node, which
+    # split every block's matmuls (attention's q/k/v and the MLP's gate/up by columns, their outputs by rows) and
+    # see the same micro-batches; data parallelism runs over the world / tp others. 1 = none
+    tp: int = 1
+    # tp > 1, PyTorch's plan (DDP, FSDP2): the norms and the residual stream between blocks sharded on the
+    # sequence (torchtitan's default), else replicated on every tensor-parallel rank
+    sequence_parallel: bool = True
+    # tp > 1, PyTorch's plan: the logits stay sharded on the vocabulary into a parallel cross-entropy
+    # (torch's loss_parallel, torchtitan's default), else gathered whole on every tensor-parallel rank
+    loss_parallel: bool = True
     # each link's bus bandwidth in GB/s each way, for the time model's collectives (theory/time.py); 0 = the
     # stated default for the device: on CUDA an H100 node's NVLink (450) and one 400 Gb/s InfiniBand NIC a GPU
     # (50), on CPU gloo over loopback (1). A measured `make collectives` table replaces them where it has rows

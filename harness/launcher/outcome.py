@@ -12,6 +12,7 @@ import re
 from typing import Dict, List
 
 from ..config import derive
+from ..config.mesh import Mesh, mesh_of
 from ..core.records import Identity, RankOutcome, RankReport, RunSummary, Status
 from ..core.rundir import RunDir, read_json, write_json
 from ..reporting.run_summary import summary_of_finished_run
@@ -24,14 +25,15 @@ def exit_codes(log_text: str) -> Dict[int, int]:
             for m in re.finditer(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", log_text)}
 
 
-def rank_outcomes(run_dir: RunDir, world: int, per_node: int | None = None) -> List[RankOutcome]:
-    """Every rank's outcome, on every node (their files share the run dir); a rank without one was killed."""
+def rank_outcomes(run_dir: RunDir, mesh: Mesh) -> List[RankOutcome]:
+    """Every rank's outcome, on every node of the run's mesh (their files share the run dir); a rank without one
+    was killed."""
     log = run_dir.launcher_log.read_text(errors="replace") if run_dir.launcher_log.exists() else ""
     codes = exit_codes(log)
     outcomes = []
-    for rank in range(world):
+    for rank in range(mesh.world):
         found = read_json(run_dir.rank_outcome(rank))
-        node = rank // per_node if per_node else None
+        node = mesh.node_of(rank)
         outcomes.append(RankOutcome.from_dict(found) if found else RankOutcome.killed(rank, codes.get(rank), node))
     return outcomes
 
@@ -70,9 +72,9 @@ def figures_reached(run_dir: RunDir, worst: RankOutcome) -> dict:
     return out
 
 
-def failure_summary(identity: Identity, run_dir: RunDir, world: int, returncode: int, per_node: int | None = None,
-                    nnodes: int = 1, rendezvous_timeout_s: int = 0) -> RunSummary:
-    outcomes = rank_outcomes(run_dir, world, per_node)
+def failure_summary(identity: Identity, run_dir: RunDir, mesh: Mesh, returncode: int,
+                    rendezvous_timeout_s: int = 0) -> RunSummary:
+    outcomes, nnodes = rank_outcomes(run_dir, mesh), mesh.nodes
     worst = min(outcomes, key=RankOutcome.sort_key)
     missing = rendezvous_timeout(run_dir, outcomes, nnodes, rendezvous_timeout_s)
     if missing:
@@ -110,12 +112,10 @@ def finished_summary(cfg, run_dir: RunDir, outcomes: List[RankOutcome], notes: L
 def summarise(cfg, run_dir: RunDir, returncode: int, notes: List[str], reason_prefix: str = "") -> dict:
     """Write and return the run's summary.json: its figures when every rank finished, else the failure the
     rank outcomes tell (`reason_prefix` first, e.g. a full disk)."""
-    p = cfg.parallelism
-    world = derive.world_size(cfg)
-    summary = finished_summary(cfg, run_dir, rank_outcomes(run_dir, world, p.nproc_per_node), notes)
+    mesh = mesh_of(cfg)
+    summary = finished_summary(cfg, run_dir, rank_outcomes(run_dir, mesh), notes)
     if summary is None:
-        summary = failure_summary(derive.identity(cfg), run_dir, world, returncode, p.nproc_per_node, p.nnodes,
-                                  cfg.dist.rendezvous_timeout_s)
+        summary = failure_summary(derive.identity(cfg), run_dir, mesh, returncode, cfg.dist.rendezvous_timeout_s)
         summary.reason = reason_prefix + summary.reason
     write_json(run_dir.summary, summary.to_dict())
     return summary.to_dict()

@@ -15,6 +15,7 @@ from typing import Dict
 
 from omegaconf import OmegaConf
 
+from ..config.derive import world_size
 from ..core.paths import REPO
 from .torchrun import rank_env
 
@@ -36,8 +37,7 @@ def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank
         # one world size a process (runtime/replay.py), each world's configs split over up to `jobs` processes
         by_world: Dict[int, list] = {}
         for name in todo:
-            par = configs[name].parallelism
-            by_world.setdefault(par.nproc_per_node * par.nnodes, []).append(name)
+            by_world.setdefault(world_size(configs[name]), []).append(name)
         per_world = max(1, jobs // len(by_world))
         shares = [names[i::per_world] for names in by_world.values() for i in range(min(per_world, len(names)))]
         procs = []

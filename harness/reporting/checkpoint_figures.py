@@ -29,7 +29,7 @@ def checkpoint(cfg, ranks: List[RankReport]) -> Dict[str, float]:
     if saves[0]:
         slowest = lambda key: [max(s[i][key] for s in saves) for i in range(len(saves[0]))]  # noqa: E731
         last = saves[0][-1]
-        predicted = families.of(cfg.backend).checkpoint_bytes(cfg.backend, shape_of(cfg, len(ranks), ranks[0].params))
+        predicted = families.of(cfg.backend).checkpoint_bytes(cfg.backend, shape_of(cfg, None, ranks[0].params))
         out.update({
             "checkpoint/saves": len(saves[0]),
             "checkpoint/save_blocking_s": statistics.median(slowest("blocking_s")),

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List
 
+from ..config.mesh import Mesh
 from ..core.records import Identity, RunSummary, Status
 from ..core.rundir import RunDir, read_json
 from ..core.runlock import describe, holder
@@ -38,7 +39,8 @@ def without_summary(run_dir: RunDir, config: Dict[str, object]) -> dict | None:
     launcher was lost (an attempt started and nobody holds the lock). None for a dir that is no run."""
     ranks, nodes = config.get("parallelism.nproc_per_node"), config.get("parallelism.nnodes")
     ident = Identity(str(config.get("backend.name", "?")), str(config.get("model.name", "?")),
-                     ranks * nodes if ranks and nodes else None, config.get("train.precision"))
+                     Mesh(per_node=ranks, nodes=nodes).world if ranks and nodes else None,
+                     config.get("train.precision"))
     held = holder(run_dir.root)
     if held is not None:
         return RunSummary(Status.RUNNING, f"running elsewhere: {describe(held)}", **vars(ident)).to_dict()

@@ -37,7 +37,7 @@ def over_ranks(values: List[float], key: str) -> Dict[str, float]:
 
 
 def throughput(cfg, ranks: List[RankReport]) -> Dict[str, float]:
-    world = len(ranks)
+    world = derive.world_size(cfg)  # every rank: a figure "per device" divides by it
     tokens, samples = derive.tokens_per_step(cfg, world), derive.samples_per_step(cfg, world)
     step_s = [max(r.timed_step_s[i] for r in ranks) for i in range(len(ranks[0].timed_step_s))]
     window_s = sum(step_s)
@@ -177,7 +177,7 @@ def figures(cfg, ranks: List[RankReport], flop_counts: dict) -> dict:
     out.update(memory(cfg, ranks))
     out.update(time_breakdown(ranks))
     out.update(communication(cfg, ranks))
-    predicted = predict(cfg, len(ranks), ranks[0].params)
+    predicted = predict(cfg, None, ranks[0].params)
     out.update(predicted)
     out.update(errors(out, predicted))
     if "comm/measured_bytes_per_step" in out and predicted["comm/predicted_bytes_per_step"]:
@@ -194,7 +194,7 @@ def unaccounted_explanation(cfg, figures: dict, ranks: List[RankReport]) -> dict
     pct, unaccounted = figures.get("memory/unaccounted_pct"), figures.get("memory/unaccounted_bytes")
     if not pct or unaccounted is None:
         return {}
-    candidates = after_backward_buffers(cfg.backend, shape_of(cfg, len(ranks), ranks[0].params))
+    candidates = after_backward_buffers(cfg.backend, shape_of(cfg, None, ranks[0].params))
     names = explain_unaccounted(candidates, unaccounted, 0.02 * abs(unaccounted * 100 / pct))
     return {"names": names, "bytes": sum(candidates[n] for n in names)} if names else {}
 

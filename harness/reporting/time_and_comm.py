@@ -15,7 +15,8 @@ from ..core.paths import REPO
 from ..core.records import RankReport
 from ..theory.communication import counted_by_link
 from ..theory.op_costs import HOST_TERMS, DeviceCosts, HostCosts, predict_counted, work_totals
-from ..theory.shape import ranks_per_node, shape_of
+from ..config.mesh import mesh_of
+from ..theory.shape import shape_of
 from ..theory.time import PARTS, CommTable
 
 
@@ -42,8 +43,8 @@ def communication(cfg, ranks: List[RankReport]) -> Dict[str, float]:
     counted = [r for r in ranks if r.collectives is not None]
     if not counted:
         return {}
-    per_node = ranks_per_node(cfg, len(ranks))  # as the theory splits its own bytes
-    split = [counted_by_link(r.collectives, per_node) for r in counted]
+    mesh = mesh_of(cfg)  # as the theory splits its own bytes
+    split = [counted_by_link(r.collectives, mesh) for r in counted]
     most = max(split, key=lambda b: b["intra_node"] + b["inter_node"])
     return {"comm/measured_bytes_per_step": most["intra_node"] + most["inter_node"],
             "comm/measured_intra_node_bytes_per_step": most["intra_node"],
@@ -136,7 +137,7 @@ def time_model(cfg, ranks: List[RankReport], measured: dict) -> Dict[str, float]
     work = slowest_rank(ranks).work
     if not work:
         return {}
-    world, par = len(ranks), cfg.parallelism
+    world, par = mesh_of(cfg).world, cfg.parallelism
     costs, why = load_device_costs(cfg)
     if costs is None or costs.host is None:  # the run's own rates, no host term: a lower bound, said so
         costs = DeviceCosts(matmul_tflops={cfg.train.precision: statistics.fmean(r.measured_peak_tflops for r in ranks)},
@@ -144,7 +145,7 @@ def time_model(cfg, ranks: List[RankReport], measured: dict) -> Dict[str, float]
                             comm=CommTable(collectives_table(cfg), par.device, world), device=par.device,
                             cores=cores(), notes=[why or "the device costs hold no host costs"])
     try:
-        parts = predict_counted(cfg.backend, shape_of(cfg, world, ranks[0].params), work, costs, par.nproc_per_node)
+        parts = predict_counted(cfg.backend, shape_of(cfg, None, ranks[0].params), work, costs, par.nproc_per_node)
     except Exception:  # noqa: BLE001 - a defect of the model must not cost a finished run its measured figures
         traceback.print_exc()
         return {"time/model_failed": 1.0}

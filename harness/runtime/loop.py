@@ -23,6 +23,7 @@ from .collective_count import CollectiveCounter
 from .time_profile import phase
 from .errors import NonFiniteLoss
 from .faults import Injector, no_fault
+from .strategies.base import local_tensor
 from .train_state import Checkpointer
 
 
@@ -51,11 +52,12 @@ class LoopResult:
         return record
 
 
-def global_mean_loss(loss_sum: torch.Tensor, count: int, step: int, on_nonfinite: str) -> float:
-    """One scalar collective per step: the mean loss over all ranks and micro-batches. A non-finite mean
-    stops the run (unless on_nonfinite=continue), saying whether this rank's own loss was the cause."""
+def global_mean_loss(loss_sum: torch.Tensor, count: int, step: int, on_nonfinite: str, group=None) -> float:
+    """One scalar collective per step: the mean loss over the data-parallel ranks (`group`; every rank without
+    tensor parallelism) and micro-batches. A non-finite mean stops the run (unless on_nonfinite=continue), saying
+    whether this rank's own loss was the cause."""
     local = loss_sum.clone()
-    dist.all_reduce(loss_sum)
+    dist.all_reduce(loss_sum, group=group)
     value = loss_sum.item() / count
     if not math.isfinite(value) and on_nonfinite == "stop":
         raise NonFiniteLoss(step, peer=math.isfinite(local.item()))
@@ -79,7 +81,8 @@ class TrainStep:
     def loss_of(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with self.strategy.autocast():
             logits = self.model(input_ids=inputs).logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        with self.strategy.loss_context():  # loss parallel: the logits sharded on the vocabulary
+            return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
     def micro_batch_loss(self, step: int, micro: int) -> torch.Tensor:
         # a function of its own, so that the logits are freed when it returns, not held through backward
@@ -95,8 +98,8 @@ class TrainStep:
         total = torch.zeros((), device=self.device)
         for batch in range(batches):
             total += self.loss_of(*self.batches.eval_batch(batch))
-        dist.all_reduce(total)
-        return total.item() / (batches * self.strategy.world_size)
+        dist.all_reduce(total, group=self.strategy.dp_group())
+        return total.item() / (batches * self.strategy.data_parallel_ranks)
 
     def __call__(self, step: int, after_backward: Callable[[], None] = lambda: None,
                  on_nonfinite: str = "continue", mean_loss: bool = True) -> Tuple[float, torch.Tensor]:
@@ -105,15 +108,15 @@ class TrainStep:
             for micro in range(self.grad_accum):
                 with self.strategy.sync_context(last=micro == self.grad_accum - 1):
                     loss = self.micro_batch_loss(step, micro)
-                    with phase("backward"):
+                    with phase("backward"), self.strategy.loss_context():
                         self.strategy.backward(loss)
-                loss_sum += loss.detach()
+                loss_sum += local_tensor(loss.detach())  # a DTensor under loss parallel: its (whole) value
             after_backward()
             with phase("optimizer"):
                 self.strategy.set_learning_rate(self.lr_at(step))
                 grad_norm = self.strategy.step()
-            loss = (global_mean_loss(loss_sum, self.grad_accum * self.strategy.world_size, step, on_nonfinite)
-                    if mean_loss else math.nan)
+            loss = (global_mean_loss(loss_sum, self.grad_accum * self.strategy.data_parallel_ranks, step,
+                                     on_nonfinite, self.strategy.dp_group()) if mean_loss else math.nan)
             probes.device_sync(self.device)
         return loss, grad_norm
 

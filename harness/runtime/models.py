@@ -14,6 +14,8 @@ from omegaconf import OmegaConf
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from ..theory.tensor_plan import aggregate
+
 
 def hf_config(m):
     """The transformers config for a `ModelConfig`: from its model.hf_config file (config/hf_models.py) when
@@ -159,7 +161,9 @@ def compile_blocks(model: nn.Module) -> int:
 
 def param_count(m, workload=None) -> dict:
     """Exact parameter counts from a meta-device build: total, trainable, embedding (input), per block (and
-    its trainable part), largest tensor (and largest trainable one)."""
+    its trainable part), largest tensor (and largest trainable one), what the backward touches first (the head,
+    the block's last matmul) and what autocast copies (matmul weights); and every parameter's record
+    (`tensors`), from which theory/tensor_plan.py counts one tensor-parallel rank's shard."""
     return _param_count(OmegaConf.to_yaml(m), OmegaConf.to_yaml(workload) if workload is not None else "")
 
 
@@ -167,22 +171,33 @@ def param_count(m, workload=None) -> dict:
 def _param_count(model_yaml: str, workload_yaml: str) -> dict:
     workload = OmegaConf.create(workload_yaml) if workload_yaml else None
     model = build(OmegaConf.create(model_yaml), device="meta", workload=workload)
-    total = sum(p.numel() for p in model.parameters())
-    trainable = [p.numel() for p in model.parameters() if p.requires_grad]
-    emb = model.get_input_embeddings().weight.numel()
-    per_block = sum(p.numel() for p in blocks(model)[0].parameters())
-    # the largest single tensor sizes DeepSpeed's offload staging buffers and ZeRO-3's gathered working set
-    largest = max(p.numel() for p in model.parameters())
-    # every tensor's size (tied ones once): ZeRO-3 keeps those under its persistence threshold whole
-    sizes = [p.numel() for p in model.parameters()]
-    block_trainable = sum(p.numel() for p in blocks(model)[0].parameters() if p.requires_grad)
-    # (first dimension, elements per row, trains) of every tensor: FSDP2 pads the first dimension to the world
-    rows = [(len(p), p[0].numel(), p.requires_grad) if p.dim() and len(p) else (1, p.numel(), p.requires_grad)
-            for p in model.parameters()]
-    return {"total": total, "embedding": emb, "per_block": per_block, "largest_param": largest, "sizes": sizes,
-            "rows": rows,
-            "trainable": sum(trainable), "per_block_trainable": block_trainable,
-            "largest_trainable": max(trainable, default=0), **_backward_order(model)}
+    tensors = parameter_records(model)
+    return {**aggregate(tensors), "tensors": tensors}
+
+
+def parameter_records(model: nn.Module) -> list:
+    """[name, shape, trains, tags] of every parameter (a tied one once, under its first name), the tags saying
+    what the memory model needs about where it sits (theory/tensor_plan.aggregate): the first block's
+    (`block0`) and its last matmul's (`block_out`), the blocks' (`block`), the head's (`head`: the modules after
+    the last block, final norm and output layer, which the backward touches first), every matmul weight
+    (`matmul`: what autocast copies), the output layer's weight (`output`) and the input embedding's
+    (`input`)."""
+    block_list = blocks(model)
+    first = {id(p) for p in block_list[0].parameters()}
+    inside = {id(p) for b in block_list for p in b.parameters()}
+    order = list(model.modules())
+    after = order[order.index(block_list[-1]) + 1:]
+    head = {id(p) for m in after for p in m.parameters(recurse=False) if id(p) not in inside}
+    out_matmul = {id(p) for p in _matmuls(block_list[0])[-1].parameters()}
+    matmul = {id(m.weight) for m in _matmuls(model)}
+    output, embedding = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    tags = {"block0": first, "block": inside, "head": head, "block_out": out_matmul & first, "matmul": matmul,
+            "output": {id(output)}, "input": {id(embedding)}}
+    records = []
+    for name, p in model.named_parameters():  # tied parameters once, as model.parameters() yields them
+        records.append([base_name(name), list(p.shape), p.requires_grad,
+                        [tag for tag, ids in tags.items() if id(p) in ids]])
+    return records
 
 
 def _matmuls(module: nn.Module) -> list[nn.Module]:
@@ -190,21 +205,3 @@ def _matmuls(module: nn.Module) -> list[nn.Module]:
     not peft's adapter pieces."""
     return [m for name, m in module.named_modules() if type(m).__name__ in ("Linear", "Conv1D")
             and "lora_" not in name]
-
-
-def _backward_order(model: nn.Module) -> dict:
-    """The counts the memory model needs about what a backward touches first (theory/memory.py): the head (the
-    modules after the last block: final norm and output layer, tied or not), which produces the first
-    gradients; the block's last matmul, its first weight gradient; and what autocast copies (every matmul's
-    weight, the output layer's included)."""
-    block_list = blocks(model)
-    inside = {id(p) for b in block_list for p in b.parameters()}
-    order = list(model.modules())
-    after = order[order.index(block_list[-1]) + 1:]
-    head = [p for m in after for p in m.parameters(recurse=False) if id(p) not in inside]
-    out = _matmuls(block_list[0])[-1]
-    return {"head": sum(p.numel() for p in head),
-            "head_trainable": sum(p.numel() for p in head if p.requires_grad),
-            "block_out_trainable": sum(p.numel() for p in out.parameters() if p.requires_grad),
-            "matmul_weights": sum(m.weight.numel() for m in _matmuls(model)),
-            "head_matmul_weights": model.get_output_embeddings().weight.numel()}

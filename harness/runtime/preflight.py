@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from ..config.mesh import mesh_of
 from ..theory.predict import predict
 from .errors import MemoryBudgetExceeded
 
@@ -48,12 +49,11 @@ def refuse_what_cannot_fit(cfg, counts: dict) -> None:
     """Raise MemoryBudgetExceeded (recorded as `oom`) when the predicted peak cannot fit; see the module doc."""
     if not cfg.train.refuse_predicted_oom:
         return
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    figures = predict(cfg, world, counts)
+    figures = predict(cfg, None, counts)  # at the run's own mesh (config/mesh.py)
     on_cuda = cfg.parallelism.device == "cuda"
     # CPU: every tensor, offloaded states included, is in the host's memory; CUDA: what the device holds
     need = figures["memory/device_peak_predicted_bytes" if on_cuda else "memory/tensor_peak_predicted_bytes"]
-    ranks = 1 if on_cuda else int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    ranks = 1 if on_cuda else mesh_of(cfg).per_node
     have, where = available(cfg.parallelism.device, int(os.environ.get("LOCAL_RANK", 0)))
     reason = shortfall(need, ranks, have, where)
     if reason:

@@ -115,7 +115,10 @@ class OpCounter(TorchDispatchMode):
             size = t.numel() * t.element_size()
             if not size:
                 continue
-            address = t.untyped_storage().data_ptr()
+            try:
+                address = t.untyped_storage().data_ptr()
+            except RuntimeError:  # no storage Python can read (a view loss_parallel's custom op makes): its
+                continue  # bytes are still in nbytes, only their reuse distance is unknown
             distance = self.traffic - self.touched.get(address, -(1 << 62))
             for i, limit in enumerate(REUSE_DISTANCES):
                 cold[i] += size if distance > limit else 0

@@ -94,8 +94,12 @@ def prepare(cfg, rank: int, world: int, device: torch.device) -> Prepared:
         models.enable_activation_checkpointing(model)
     model.train()
     model = strategy.setup(model, cfg.optim)
-    settings = {**strategy.effective_settings(), "workload": models.describe_workload(cfg, counts)}
-    batches = data.Batches(cfg.data, cfg.parallelism, cfg.model.vocab_size, cfg.train.seed, rank, world, device)
+    settings = {**strategy.effective_settings(), "workload": models.describe_workload(cfg, counts),
+                "mesh": {**strategy.mesh.degrees(), "describe": strategy.mesh.describe()}}
+    strategy.dp_group()  # made now, on every rank at once (collective), not at the first loss
+    # the ranks of one tensor-parallel group read their data-parallel rank's micro-batches
+    batches = data.Batches(cfg.data, cfg.parallelism, cfg.model.vocab_size, cfg.train.seed,
+                           strategy.mesh.coordinates(rank)["dp"], strategy.mesh.dp, device)
     return Prepared(counts, strategy, model, settings, batches)
 
 
@@ -191,6 +195,8 @@ def start(cfg, run_dir: RunDir) -> tuple[int, int, torch.device]:
     """Rank, world size and device from torchrun's environment; the device selected (and on CUDA capped to
     train.memory_budget_bytes); the process group started (a wait for the other ranks the parent announces)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != derive.world_size(cfg):  # torchrun started what the mesh (config/mesh.py) lays out, or a defect
+        raise RuntimeError(f"torchrun started {world} ranks; the run's mesh holds {derive.world_size(cfg)}")
     device = torch.device("cpu")
     if cfg.parallelism.device == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))

@@ -12,20 +12,24 @@ import sys
 import time
 from pathlib import Path
 
+from ..config.mesh import Mesh
 from .collectives import OPS, bandwidths, sizes
 
 
 def levels(n: int, per_node: int, rank: int, dist) -> list:
-    """(name, process group or None for the world, ranks in it, nodes it spans) for this rank. Every rank
+    """(name, process group or None for the world, ranks in it, nodes it spans) for this rank: the world, and on
+    several nodes the mesh's groups of one node's ranks and of one rank a node (config/mesh.py). Every rank
     creates every group (torch's new_group is collective), and keeps its own."""
-    out = [("world", None, n, n // per_node if 1 < per_node < n and n % per_node == 0 else 1)]
     if not 1 < per_node < n or n % per_node:
-        return out
-    nodes = n // per_node
-    intra = [dist.new_group(list(range(k * per_node, (k + 1) * per_node))) for k in range(nodes)]
-    across = [dist.new_group(list(range(j, n, per_node))) for j in range(per_node)]
-    return out + [("intra_node", intra[rank // per_node], per_node, 1),
-                  ("inter_node", across[rank % per_node], nodes, nodes)]
+        return [("world", None, n, 1)]
+    mesh = Mesh(per_node=per_node, nodes=n // per_node)
+    out = [("world", None, n, mesh.nodes)]
+    for level, name in (("intra_node", "dp_node"), ("inter_node", "dp_nodes")):
+        groups = mesh.groups(name)
+        handles = [dist.new_group(ranks) for ranks in groups]
+        mine = next(h for h, ranks in zip(handles, groups) if rank in ranks)
+        out.append((level, mine, mesh.size(name), len({mesh.node_of(r) for r in mesh.ranks(name, rank)})))
+    return out
 
 
 def run(out_dir: Path, max_mib: float, device_type: str, per_node: int = 0, fixed_iters: int = 0) -> None:

@@ -87,7 +87,7 @@ def saved_activations(cfg, par, shape, checkpointing: bool) -> float:
     """What one micro-batch's forward keeps for backward under this backend's precision regime."""
     reg = activations.regime(cfg.backend, shape.precision)
     return activations.saved(activations.parts(cfg.model, par, reg, checkpointing, shape.matmul_weights,
-                                               shape.head_matmul_weights))
+                                               shape.head_matmul_weights, shape.mesh))
 
 
 def fits(peak_bytes: float, device_gib: float, margin: float = FIT_MARGIN) -> bool:

@@ -24,6 +24,7 @@ skips it (--fresh starts over). Writes scale_check.{md,json} and exits 1 if a tr
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from ..config.compose import compose
+from ..config.mesh import per_node_overrides
 from ..core.paths import REPO, extensions_dir
 from ..core.rundir import write_json, write_text
 
@@ -68,10 +70,15 @@ def traceable() -> Tuple[List[str], Dict[str, str]]:
     return ok, others
 
 
+@functools.lru_cache(maxsize=1)
+def gpu_node_ranks() -> int:
+    """A GPU node's ranks: the gpu8 preset's (conf/parallelism/gpu8.yaml)."""
+    return compose(["parallelism=gpu8"]).parallelism.nproc_per_node
+
+
 def world_overrides(world: int) -> List[str]:
-    """A world of `world` ranks as nodes of up to 8 (a GPU node's)."""
-    per_node = min(world, 8)
-    return [f"parallelism.nproc_per_node={per_node}", f"parallelism.nnodes={world // per_node}"]
+    """A world of `world` ranks as nodes of a GPU node's ranks (config/mesh.py lays them out)."""
+    return per_node_overrides(world, gpu_node_ranks())
 
 
 def cell_overrides(model: str, backend: str, world: int, precision: str, checkpointing: bool,
@@ -130,7 +137,8 @@ def compare(row: dict) -> dict:
     from ..theory.communication import collectives, counted_by_link
     from ..theory.peak import PHASES
     from ..theory.predict import predict
-    from ..theory.shape import ranks_per_node, shape_of
+    from ..config.mesh import mesh_of
+    from ..theory.shape import shape_of
 
     cfg = compose(row["overrides"])
     world = row["world"]
@@ -139,7 +147,7 @@ def compare(row: dict) -> dict:
     states, states_pred = sum(row["states_traced"].values()), pred["memory/model_states_predicted_bytes"]
     peak, peak_pred = row["peak_traced"].get("total", 0), pred["memory/tensor_peak_predicted_bytes"]
     sent, sent_pred = traced_bytes_per_step(row["collectives_traced"]), pred["comm/predicted_bytes_per_step"]
-    by_link = counted_by_link(row["collectives_traced"], ranks_per_node(cfg, world))
+    by_link = counted_by_link(row["collectives_traced"], mesh_of(cfg, world))
     moment = max((p for p in PHASES if f"memory/peak_at_{p}_predicted_bytes" in pred),
                  key=lambda p: pred[f"memory/peak_at_{p}_predicted_bytes"])
     return {**row, "params": counts["total"],

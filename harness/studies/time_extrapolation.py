@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from ..config.compose import compose, flat_backends
+from ..config.derive import world_size
 from ..core.paths import REPO
 from ..core.rundir import RunDir, write_json, write_text
 from ..launcher.cells import run_cells
@@ -62,13 +63,13 @@ def predict(names: Dict[str, List[str]], overrides: List[str], costs, out: Path)
     safe = {name: name.replace("/", "-").replace("@", "-at-") for name in configs}
     by_world: Dict[int, Dict[str, object]] = {}
     for name, cfg in configs.items():
-        by_world.setdefault(cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes, {})[safe[name]] = cfg
+        by_world.setdefault(world_size(cfg), {})[safe[name]] = cfg
     replays = {0: replay_work({safe[n]: c for n, c in configs.items()}, out / "replays")}
     for world, group in by_world.items():
         replays.setdefault(world - 1, {}).update(replay_work(group, out / "replays", rank=world - 1))
     predicted = {}
     for name, cfg in configs.items():
-        world = cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes
+        world = world_size(cfg)
         shape = shape_of(cfg, world, models.param_count(cfg.model, cfg.workload))
         options = []
         for rank in (0, world - 1):

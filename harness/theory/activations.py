@@ -36,6 +36,16 @@ Per token, with h the width, h_kv the key/value width (GQA), i the MLP width, a 
 With activation checkpointing (non-reentrant, one block at a time) a block keeps only its input: the residual
 stream, in p (fp32 under autocast).
 
+Under tensor parallelism (PyTorch's plan, runtime/tensor_parallel.py; DeepSpeed's AutoTP) one rank keeps 1/tp
+of what its attention heads and its MLP columns make: q, k, v, the attention output and log-sum-exp, the four
+SwiGLU tensors and the product's two gradients. The input the column-split projections read is whole on every
+rank: replicated, or all-gathered from the sequence shards and kept whole by the projections (torch's
+SequenceParallel keeps the gathered tensor for backward, where Megatron-LM gathers it again). Sequence
+parallelism divides by tp what the norms keep and the residual stream (a checkpointed block's input); loss
+parallel divides the log-softmax and the logits' gradients. This is Korthikanti et al.'s section 4.2 per-layer
+count, sbh(10 + 24/t) without sequence parallelism and sbh·34/t with it for GPT's layer, redone for SwiGLU,
+GQA and what torch keeps: the terms above, for Llama's block.
+
 The moments the peak model uses (theory/peak.py):
 - end of forward, before the output layer: everything kept but the log-softmax;
 - start of backward: everything kept, plus the two fp32 V-sized gradients the loss's backward makes while the
@@ -62,29 +72,39 @@ def _widths(model):
     return h, h_kv, i, model.num_heads, model.vocab_size
 
 
-def block_bytes_per_token(model, reg: str) -> float:
+def splits(mesh) -> tuple:
+    """(what the heads' and columns' tensors divide by, what the norms and the residual stream divide by, what
+    the logits divide by) on `mesh` (config/mesh.py; None: no tensor parallelism)."""
+    if mesh is None or mesh.tp == 1:
+        return 1, 1, 1
+    return mesh.tp, mesh.tp if mesh.sequence_parallel else 1, mesh.tp if mesh.loss_parallel else 1
+
+
+def block_bytes_per_token(model, reg: str, mesh=None) -> float:
     """Bytes one block keeps for backward, per token (the module docstring says what each term is)."""
     h, h_kv, i, a, _ = _widths(model)
+    tp, seq, _ = splits(mesh)
     if model.family == "llama":
         if reg == "autocast":
-            return 2 * (8 * h + 4) + 5 * 2 * h + 2 * (2 * h + 2 * h_kv) + 4 * a + 4 * 2 * i
+            return 2 * (8 * h + 4) / seq + 5 * 2 * h + (2 * (2 * h + 2 * h_kv) + 4 * a + 4 * 2 * i) / tp
         p = 4 if reg == "fp32" else 2
-        return 2 * (4 * h + 4 + p * h) + 2 * p * h + p * (2 * h + 2 * h_kv) + 4 * a + 4 * p * i
+        return 2 * (4 * h + 4 + p * h) / seq + 2 * p * h + (p * (2 * h + 2 * h_kv) + 4 * a + 4 * p * i) / tp
     if reg == "autocast":
         return 2 * (4 * h + 8) + 2 * 2 * h + 2 * 4 * h + 4 * a + 5 * 2 * i
     p = 4 if reg == "fp32" else 2
     return 2 * (p * h + 2 * p) + 2 * p * h + 4 * p * h + 4 * a + 5 * p * i
 
 
-def outside_bytes_per_token(model, reg: str) -> float:
+def outside_bytes_per_token(model, reg: str, mesh=None) -> float:
     """Bytes kept outside the blocks per token: final norm, output layer input, input ids, log-softmax."""
     h, _, _, _, vocab = _widths(model)
+    _, seq, logits = splits(mesh)
     p = 4 if reg == "fp32" else 2
     if model.family == "llama":
         norm = 8 * h + 4 if reg == "autocast" else 4 * h + 4 + p * h
     else:
         norm = 4 * h + 8 if reg == "autocast" else p * h + 2 * p
-    return norm + p * h + 8 + 4 * vocab
+    return norm / seq + p * h + 8 + 4 * vocab / logits
 
 
 def per_sequence_bytes(model, par, reg: str) -> float:
@@ -102,7 +122,7 @@ def residual_bytes(reg: str) -> int:
 
 
 def parts(model, par, reg: str, checkpointing: bool, matmul_weights: int = 0,
-          head_matmul_weights: int = 0) -> Dict[str, float]:
+          head_matmul_weights: int = 0, mesh=None) -> Dict[str, float]:
     """The pieces of one micro-batch's activation memory on one rank, in bytes (module docstring):
 
     - `block`: what one block keeps (recomputed whole inside its backward under checkpointing);
@@ -113,21 +133,25 @@ def parts(model, par, reg: str, checkpointing: bool, matmul_weights: int = 0,
     - `per_sequence`: rotary cos/sin or position ids;
     - `mlp_grads`: the two i-sized gradients of the MLP product's backward;
     - `copies`, `head_copy`, `block_copies`: autocast's 16-bit weight copies, all, the output layer's, one
-      block's (`matmul_weights`: every Linear/Conv1D weight, the output layer's included, tied or not).
+      block's (`matmul_weights`: every Linear/Conv1D weight, the output layer's included, tied or not; under
+      tensor parallelism the rank's shards of them).
+
+    `mesh` (config/mesh.py): under tensor parallelism, one rank's part (module docstring).
     """
     tokens = par.seq_len * par.micro_batch
     h, _, i, _, vocab = _widths(model)
+    tp, seq, logits = splits(mesh)
     a = 4 if reg == "fp32" else 2
     autocast = reg == "autocast"
     return {
         "layers": model.num_layers, "checkpointing": checkpointing,
-        "block": tokens * block_bytes_per_token(model, reg),
-        "block_input": tokens * residual_bytes(reg) * h,
-        "outside": tokens * outside_bytes_per_token(model, reg) + per_sequence_bytes(model, par, reg),
+        "block": tokens * block_bytes_per_token(model, reg, mesh),
+        "block_input": tokens * residual_bytes(reg) * h / seq,
+        "outside": tokens * outside_bytes_per_token(model, reg, mesh) + per_sequence_bytes(model, par, reg),
         "per_sequence": per_sequence_bytes(model, par, reg),
-        "log_softmax": tokens * 4 * vocab,
-        "logits_grads": tokens * 8 * vocab,
-        "mlp_grads": tokens * 2 * a * i,
+        "log_softmax": tokens * 4 * vocab / logits,
+        "logits_grads": tokens * 8 * vocab / logits,
+        "mlp_grads": tokens * 2 * a * i / tp,
         "copies": 2 * matmul_weights if autocast else 0,
         "head_copy": 2 * head_matmul_weights if autocast else 0,
         "block_copies": 2 * (matmul_weights - head_matmul_weights) / model.num_layers if autocast else 0,

@@ -256,13 +256,16 @@ def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts, ranks_on_
     windows = {"backward": parts["backward"], "forward+backward": parts["forward"] + parts["backward"]}
     gaps = gaps_before(work, parts)
     total, exposed, hidden_groups = 0.0, 0.0, {}
-    per_node = s.ranks_per_node or s.world
+    mesh = s.grid
     for c in work.get("collectives", []):
         ranks = c.get("ranks") or list(range(c["group"]))
-        crosses = len({r // per_node for r in ranks}) > 1
+        crosses = mesh.crosses_nodes(ranks)
         one = costs.comm.seconds(c["op"], c["size_bytes"], c["group"], crosses, gaps.get(c.get("phase")))
         total += one * c["count"]
-        hidden_by = rule.get(c["op"]) if c.get("phase") in ("forward", "backward") and can_hide else None
+        # tensor parallelism's collectives sit between a block's matmuls, which wait for them: never hidden
+        tensor = mesh.tp > 1 and mesh.name_of(ranks) == "tp"
+        hidden_by = (rule.get(c["op"]) if c.get("phase") in ("forward", "backward") and can_hide and not tensor
+                     else None)
         if hidden_by is None or c["size_bytes"] <= 8:
             exposed += one * c["count"]
         else:

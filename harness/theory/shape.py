@@ -6,13 +6,14 @@ from typing import Dict
 
 from ..config import families
 from ..config.derive import bucket_elements
+from ..config.mesh import Mesh, mesh_of
 
 
 @dataclass(frozen=True)
 class Shape:
     """What the theory needs to know about a run."""
 
-    params: int  # Ψ
+    params: int  # Ψ: the elements one rank's model holds (under tensor parallelism, its shard of each tensor)
     world: int  # N, the data-parallel degree
     precision: str  # fp32 | bf16 | fp16
     largest_param: int = 0
@@ -51,12 +52,18 @@ class Shape:
     # holds full chunks), all and trainable; 0: Ψ/N and T/N
     shard_params: int = 0
     shard_trainable: int = 0
-    ranks_per_node: int = 0  # ranks are numbered node by node; 0 = every rank on one node
-    # the ranks a parameter is sharded over (HSDP: the shard group, replicated world / shard_world times), and
-    # over which a block stays sharded from forward to backward (FSDP2's reshard_after_forward=<int>, ZeRO++'s
-    # hpZ group); 0 = world
-    shard_world: int = 0
-    post_forward_world: int = 0
+    # the run's mesh (config/mesh.py): its nodes, the tensor-parallel degree, the groups and the links they
+    # cross; None = one node of `world` data-parallel ranks
+    mesh: Mesh | None = None
+    model_params: int = 0  # the whole model's parameters (Ψ before tensor parallelism split it); 0 = params
+    # what tensor parallelism's collectives carry (theory/tensor_comm.py): the width, the vocabulary, the tokens
+    # of one micro-batch, whether blocks are recomputed, and whose plan splits the model (theory/tensor_plan.py)
+    hidden: int = 0
+    vocab: int = 0
+    tokens: int = 0
+    checkpointing: bool = False
+    tensor_plan: str = "torch"
+    tied_output: bool = False  # the output layer is the input embedding
     quantized_weights: bool = False  # ZeRO++ qwZ: forward all-gathers in int8
     quantized_gradients: bool = False  # ZeRO++ qgZ: gradients reduced by int4 all-to-all
 
@@ -66,10 +73,25 @@ class Shape:
         return max(self.params - self.blocks * self.block_params, 0)
 
     @property
+    def grid(self) -> Mesh:
+        """The mesh (a one-node mesh of `world` data-parallel ranks where none was given)."""
+        return self.mesh or Mesh(per_node=self.world)
+
+    @property
     def shards(self) -> int:
-        """The ranks each parameter, gradient and optimizer state is sharded over (the world, or HSDP's shard
-        group)."""
-        return self.shard_world or self.world
+        """The data-parallel ranks each parameter, gradient and optimizer state is sharded over (all of them, or
+        HSDP's shard group)."""
+        return self.grid.dp_shard
+
+    @property
+    def post_forward_world(self) -> int:
+        """The ranks a block stays sharded over from forward to backward (FSDP2's reshard_after_forward=<int>,
+        ZeRO++'s hpZ group); 0 = none."""
+        return self.grid.post_forward_group
+
+    @property
+    def tp(self) -> int:
+        return self.grid.tp
 
     @property
     def t(self) -> int:
@@ -95,18 +117,20 @@ class Shape:
         return 8 if self.precision == "fp32" else 12
 
 
-def ranks_per_node(cfg, world: int) -> int:
-    """The config's ranks per node, where `world` is made of whole nodes of them; else one node of `world`."""
-    per_node = cfg.parallelism.nproc_per_node
-    return per_node if world % per_node == 0 else world
-
-
-def shape_of(cfg, world: int, counts: Dict[str, int]) -> Shape:
+def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
     """`counts` are the model's parameter counts (runtime.models.param_count, or a rank's report of them):
-    passed in, so that the theory never builds a model. The backend's family fills in what it decides (its
-    buckets as they will run, with the framework's own defaults where the config is silent)."""
+    passed in, so that the theory never builds a model. `world`: all ranks (None: the config's), laid out by
+    the mesh (config/mesh.py). Under tensor parallelism the counts are one rank's shard of each tensor
+    (theory/tensor_plan.py), and every term that follows is the data-parallel theory of that shard. The
+    backend's family fills in what it decides (its buckets as they will run, with the framework's own defaults
+    where the config is silent)."""
+    from .tensor_plan import local_counts
+
+    mesh = mesh_of(cfg, world)
+    whole = counts["total"]
+    counts = local_counts(counts, families.of(cfg.backend).tensor_plan(cfg), mesh.tp)
     params = counts["total"]
-    fields = dict(params=params, world=world, precision=cfg.train.precision,
+    fields = dict(params=params, world=mesh.dp, precision=cfg.train.precision,
                   largest_param=counts["largest_param"], bucket_elements=bucket_elements(cfg, params),
                   grad_accum=cfg.parallelism.grad_accum, fp32_grads=cfg.train.precision == "fp32",
                   block_params=counts.get("per_block", 0), foreach=cfg.parallelism.device == "cuda",
@@ -117,5 +141,8 @@ def shape_of(cfg, world: int, counts: Dict[str, int]) -> Shape:
                   block_out_trainable=counts.get("block_out_trainable", 0),
                   matmul_weights=counts.get("matmul_weights", 0),
                   head_matmul_weights=counts.get("head_matmul_weights", 0), device=cfg.parallelism.device,
-                  ranks_per_node=ranks_per_node(cfg, world))
-    return Shape(**{**fields, **families.of(cfg.backend).shape_fields(cfg, world, counts)})
+                  mesh=mesh, model_params=whole, hidden=cfg.model.hidden_size, vocab=cfg.model.vocab_size,
+                  tokens=cfg.parallelism.micro_batch * cfg.parallelism.seq_len,
+                  checkpointing=bool(cfg.train.activation_checkpointing),
+                  tensor_plan=families.of(cfg.backend).tensor_plan(cfg), tied_output=bool(cfg.model.tie_embeddings))
+    return Shape(**{**fields, **families.of(cfg.backend).shape_fields(cfg, mesh, counts)})

@@ -2,6 +2,14 @@
 
 Mixed precision is torch.autocast over fp32 parameters, so master weights, gradients and Adam states
 stay fp32 (16 bytes per parameter with Adam, the ZeRO paper's DP baseline).
+
+Under tensor parallelism (parallelism.tp > 1) DistributedDataParallel cannot take the plan's DTensor parameters
+(runtime/tensor_parallel.py): wrapped with them it reduced no gradient (a grad norm of 0, losses drifting from
+the second step; torch's own `_pre_dp_module_transform` rebuilds the parameters every forward, away from the
+optimizer's). Data parallelism is then torch's composable `replicate`, FSDP2's machinery with replicated
+placements, as torchtitan's apply_replicate wraps each block and the root over the data-parallel mesh: every
+data-parallel rank keeps its tensor-parallel part whole, and each unit's gradients are all-reduced over the
+data-parallel ranks once backward is done with it. Autocast stays the mixed precision.
 """
 from __future__ import annotations
 
@@ -24,7 +32,10 @@ class DDPStrategy(NativeStrategy):
     @override
     def setup(self, model, optim_cfg):
         model.to(self.device)
+        self.apply_tensor_parallel(model)
         self.initialise(model)
+        if self.mesh.tp > 1:
+            return self._replicate(model, optim_cfg)
         if self.cfg.train.compile:
             self.settings["compile"] = {"compiled_blocks": models.compile_blocks(model), **self._ddp_optimizer()}
         self.model = DistributedDataParallel(
@@ -34,6 +45,22 @@ class DDPStrategy(NativeStrategy):
         )
         self._build_optimizer(optim_cfg)
         return self.model
+
+    def _replicate(self, model, optim_cfg):
+        """Data parallelism over DTensor parameters: torch's replicate on each block, then the root (module
+        docstring). Its units all-reduce their gradients; DDP's bucket settings do not apply."""
+        replicate = replicate_api()
+        mesh = self.meshes.data_parallel
+        if self.cfg.train.compile:
+            self.settings["compile"] = {"compiled_blocks": models.compile_blocks(model)}
+        for block in models.blocks(model):
+            replicate(block, mesh=mesh)
+        replicate(model, mesh=mesh)
+        self.settings["ddp"] = {"api": "torch.distributed._composable.replicate_with_fsdp.replicate",
+                                "units": len(models.blocks(model)) + 1, "mesh": list(mesh.mesh.shape)}
+        self.model = model
+        self._build_optimizer(optim_cfg)
+        return model
 
     def _ddp_optimizer(self) -> dict:
         """Dynamo's DDPOptimizer splits each compiled graph at DDP's bucket boundaries, so that all-reduces
@@ -52,6 +79,8 @@ class DDPStrategy(NativeStrategy):
     @override
     def effective_settings(self):
         out = super().effective_settings()
+        if self.mesh.tp > 1:
+            return out
         # read back from DDP itself: its bucket cap in bytes, and whether gradients are bucket views
         out["ddp"] = {**out["ddp"], "bucket_bytes_cap": self.model.bucket_bytes_cap,
                       "gradient_as_bucket_view": self.model.gradient_as_bucket_view}
@@ -60,7 +89,7 @@ class DDPStrategy(NativeStrategy):
     @override
     def hidden_buffers(self):
         # DDP's gradient buckets live in its C++ reducer; they are .grad itself only under gradient_as_bucket_view
-        return not self.model.gradient_as_bucket_view
+        return self.mesh.tp == 1 and not self.model.gradient_as_bucket_view
 
     @override
     def autocast(self):
@@ -69,7 +98,30 @@ class DDPStrategy(NativeStrategy):
     @override
     def sync_context(self, last):
         # DDP's no_sync must cover forward as well as backward: it records the decision in forward.
+        if self.mesh.tp > 1:  # replicate's units, as FSDP2's: the decision is read in backward
+            self.model.set_requires_gradient_sync(last)
+            return super().sync_context(last)
         return super().sync_context(last) if last else self.model.no_sync()
+
+    @override
+    def memory_tracker(self):
+        if self.mesh.tp == 1:
+            return super().memory_tracker()
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        return FSDPMemTracker(self.model, self.torch_optimizer())
+
+
+def replicate_api():
+    """torch's composable replicate on FSDP2's machinery. Its data-parallel mesh is `mesh=` (torch 2.13) or
+    `device_mesh=` (earlier): both are taken."""
+    import inspect
+
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    if "mesh" in inspect.signature(replicate).parameters:
+        return replicate
+    return lambda module, mesh: replicate(module, device_mesh=mesh)
 
 
 def bare_setup(cfg, model, world, params, adam):

@@ -39,7 +39,7 @@ def deepspeed_key_names() -> frozenset:
     return frozenset(names)
 
 
-def problems(cfg, world: int) -> List[str]:
+def problems(cfg, mesh) -> List[str]:
     extra = pass_through(cfg)
     if not extra:
         return []
@@ -56,7 +56,7 @@ def problems(cfg, world: int) -> List[str]:
                        + (f"; did you mean {near[0]}?" if near else ""))
     if out:
         return out
-    full = ds_config(cfg, world, params=25_000_000)  # the bucket size does not matter to validation
+    full = ds_config(cfg, mesh, params=25_000_000)  # the bucket size does not matter to validation
     # DeepSpeedConfig checks train_batch_size against the world size it sees (1 here): leave the derived one out
     full.pop("train_batch_size", None)
     try:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List
 
-from ...config.derive import world_size
 from ...config.families import Difference, Family
+from ...config.mesh import DPRequest, mesh_of
 from . import check, theory
 from .jit_ops import BUILDERS
 from .json_config import conflicts, effective_zero, hpz_size
@@ -81,11 +81,12 @@ class DeepSpeedFamily(Family):
                        f"{b.zero_stage}; use backend=ds_zero3_offload")
         if b.offload_optimizer and b.zero_stage == 0:
             out.append("backend.offload_optimizer=true: optimizer offload needs ZeRO stage 1-3")
-        out += zeropp_rules(cfg, world_size(cfg))
-        for c in conflicts(cfg, world_size(cfg)):
+        mesh = mesh_of(cfg)
+        out += zeropp_rules(cfg, mesh)
+        for c in conflicts(cfg, mesh):
             out.append(f"backend.deepspeed.{c}: contradicts the harness config; remove the key and set the "
                        "harness's own option instead (parallelism.*, optim.grad_clip, train.precision)")
-        return out or check.problems(cfg, world_size(cfg))
+        return out or check.problems(cfg, mesh)
 
     def release_overrides(self, backend):
         # ZeRO-3 keeps a model smaller than its reuse distance and live-parameter limit (1e9 each by default)
@@ -126,9 +127,23 @@ class DeepSpeedFamily(Family):
         reduce-scatter every micro-batch by design (DeepSpeed's no_sync() raises for them)."""
         return backend.zero_stage < 2
 
-    def shape_fields(self, cfg, world, counts):
+    def mesh_request(self, backend):
+        """ZeRO-3 shards over every data-parallel rank; ZeRO++'s hpZ keeps a released parameter's secondary
+        shard over `hpz_partition_size` of them (0: a node's; 1: off)."""
+        hpz = backend.hpz_partition_size
+        return DPRequest(post_forward=hpz if backend.zero_stage == 3 and hpz != 1 else None)
+
+    def tensor_plan(self, cfg):
+        return "autotp"
+
+    def tensor_parallel_layout(self, cfg):
+        """AutoTP splits the projections with an all-reduce after each rowwise one: no sequence parallelism,
+        and the logits gathered whole before the loss."""
+        return False, False
+
+    def shape_fields(self, cfg, mesh, counts):
         """From the JSON DeepSpeed will get, with its own defaults where the JSON is silent (native)."""
-        zero, fp32_grads = effective_zero(cfg, world, counts["total"])
+        zero, fp32_grads = effective_zero(cfg, mesh, counts["total"])
         out = {"bucket_elements": int(zero["reduce_bucket_size"]), "fp32_grads": fp32_grads,
                "overlap_comm": bool(zero.get("overlap_comm", cfg.backend.zero_stage == 3)),  # default by stage
                # ZeRO-1/2 all-reduce each gradient bucket over every rank, then keep their partition
@@ -136,8 +151,6 @@ class DeepSpeedFamily(Family):
                # reduce_scatter all-reduce the whole gradient
                "grad_all_reduce": bool(zero["use_multi_rank_bucket_allreduce"] or not zero["reduce_scatter"])}
         if cfg.backend.zero_stage == 3:
-            hpz = hpz_size(cfg, world)
-            out["post_forward_world"] = hpz if 1 < hpz < world else 0  # backward re-gathers in the hpZ group
             out["quantized_weights"], out["quantized_gradients"] = (cfg.backend.quantized_weights,
                                                                     cfg.backend.quantized_gradients)
             threshold = int(zero["stage3_param_persistence_threshold"])
@@ -243,7 +256,7 @@ class DeepSpeedFamily(Family):
         return "; ".join(out)
 
 
-def zeropp_rules(cfg, world: int) -> List[str]:
+def zeropp_rules(cfg, mesh) -> List[str]:
     """ZeRO++ needs stage 3; hpZ groups divide the world; qwZ and qgZ need DeepSpeed's CUDA quantiser."""
     b, out = cfg.backend, []
     if b.hpz_partition_size < 0:
@@ -253,10 +266,10 @@ def zeropp_rules(cfg, world: int) -> List[str]:
     for key in (k for k, on in zeropp.items() if on and b.zero_stage != 3):
         out.append(f"backend.{key}={b[key]}: ZeRO++ works on ZeRO-3's partitions; use backend=ds_zeropp or "
                    f"backend.zero_stage=3, not {b.zero_stage}")
-    hpz = hpz_size(cfg, world)
-    if b.zero_stage == 3 and world % hpz:
-        out.append(f"backend.hpz_partition_size={hpz}: hpZ groups consecutive ranks and must divide the {world} "
-                   "ranks; use a divisor (0 = the ranks per node)")
+    hpz, dp = hpz_size(cfg, mesh), mesh.dp
+    if b.zero_stage == 3 and (dp % hpz or b.hpz_partition_size > dp):
+        out.append(f"backend.hpz_partition_size={b.hpz_partition_size or hpz}: hpZ groups consecutive ranks and "
+                   f"must divide the {dp} data-parallel ranks; use a divisor (0 = the ranks per node)")
     for key, name in (("quantized_weights", "qwZ"), ("quantized_gradients", "qgZ")):
         if b[key] and cfg.parallelism.device != "cuda":
             out.append(f"backend.{key}=true: ZeRO++'s {name} runs DeepSpeed's CUDA-only quantiser kernels "

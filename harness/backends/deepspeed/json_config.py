@@ -12,8 +12,8 @@ from typing import Any, Dict
 from omegaconf import OmegaConf
 
 from ...config.derive import bucket_elements
+from ...config.mesh import Mesh, mesh_of
 from ...config.profiles import NATIVE, PARITY
-from ...theory.shape import ranks_per_node
 
 
 def pass_through(cfg) -> Dict[str, Any]:
@@ -31,32 +31,58 @@ def deep_merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def hpz_size(cfg, world_size: int) -> int:
-    """ZeRO++'s hpZ group: backend.hpz_partition_size, 0 = the ranks per node; 1 (off) below stage 3."""
-    b = cfg.backend
-    return (b.hpz_partition_size or ranks_per_node(cfg, world_size)) if b.zero_stage == 3 else 1
+def as_mesh(cfg, mesh: Mesh | int) -> Mesh:
+    """The run's mesh, or the mesh of `mesh` ranks laid out as the config lays them (config/mesh.py)."""
+    return mesh if isinstance(mesh, Mesh) else mesh_of(cfg, mesh)
 
 
-def zeropp_keys(cfg, world_size: int) -> Dict[str, Any]:
+def hpz_size(cfg, mesh: Mesh | int) -> int:
+    """ZeRO++'s hpZ group (the mesh's post-forward group: backend.hpz_partition_size, 0 = the data-parallel
+    ranks of a node); 1 (off) below stage 3."""
+    if cfg.backend.zero_stage != 3:
+        return 1
+    return as_mesh(cfg, mesh).post_forward or 1
+
+
+def zeropp_keys(cfg, mesh: Mesh | int) -> Dict[str, Any]:
     """ZeRO++'s three keys under stage 3 (DeepSpeed's defaults when the backend leaves them off)."""
     b = cfg.backend
     if b.zero_stage != 3:
         return {}
-    return {"zero_hpz_partition_size": hpz_size(cfg, world_size), "zero_quantized_weights": b.quantized_weights,
+    return {"zero_hpz_partition_size": hpz_size(cfg, mesh), "zero_quantized_weights": b.quantized_weights,
             "zero_quantized_gradients": b.quantized_gradients}
 
 
-def harness_keys(cfg, world_size: int) -> Dict[str, Any]:
-    """The DeepSpeed JSON the harness derives from its own config (a pass-through may not contradict it)."""
+def tensor_parallel_keys(cfg, mesh: Mesh) -> Dict[str, Any]:
+    """AutoTP training (DeepSpeed's `tensor_parallel` section) at tp > 1. A tied output layer is kept whole
+    (vocab_parallel_lm_head false, a named deviation: DeepSpeed's default shards it on the vocabulary and then
+    needs its own vocabulary-parallel cross-entropy, while the harness computes one loss for every backend from
+    whole logits); an untied one is sharded and gathered, as transformers' plan names it."""
+    if mesh.tp == 1:
+        return {}
+    section: Dict[str, Any] = {"autotp_size": mesh.tp}
+    if cfg.model.tie_embeddings:
+        section["vocab_parallel_lm_head"] = False
+    return {"tensor_parallel": section}
+
+
+def harness_keys(cfg, mesh: Mesh | int) -> Dict[str, Any]:
+    """The DeepSpeed JSON the harness derives from its own config (a pass-through may not contradict it). The
+    batch counts data-parallel ranks: the ranks of one tensor-parallel group read the same micro-batches."""
     par, b, t = cfg.parallelism, cfg.backend, cfg.train
+    mesh = as_mesh(cfg, mesh)
+    # under AutoTP DeepSpeed checks train_batch_size against every rank when it parses the JSON, before its
+    # tensor-parallel groups exist (a data-parallel batch fails that check): it is left for DeepSpeed to derive
+    batch = {"train_batch_size": par.micro_batch * par.grad_accum * mesh.dp} if mesh.tp == 1 else {}
     return {
         "train_micro_batch_size_per_gpu": par.micro_batch,
         "gradient_accumulation_steps": par.grad_accum,
-        "train_batch_size": par.micro_batch * par.grad_accum * world_size,
+        **batch,
         "gradient_clipping": cfg.optim.grad_clip,
         "bf16": {"enabled": t.precision == "bf16"},
         "fp16": {"enabled": t.precision == "fp16"},
-        "zero_optimization": {"stage": b.zero_stage, **zeropp_keys(cfg, world_size)},
+        "zero_optimization": {"stage": b.zero_stage, **zeropp_keys(cfg, mesh)},
+        **tensor_parallel_keys(cfg, mesh),
     }
 
 
@@ -79,7 +105,7 @@ def fp32_accumulation(cfg) -> bool:
     return cfg.profile == PARITY and cfg.train.precision == "bf16"
 
 
-def ds_config(cfg, world_size: int, params: int) -> Dict[str, Any]:
+def ds_config(cfg, mesh: Mesh | int, params: int) -> Dict[str, Any]:
     """The whole DeepSpeed JSON, as DeepSpeed receives it: the run's own keys, the profile's tuning keys
     (`profile_zero`; none under native), then the user's pass-through. `params` (the model's parameter
     count) sizes the parity profile's buckets."""
@@ -90,7 +116,7 @@ def ds_config(cfg, world_size: int, params: int) -> Dict[str, Any]:
     if b.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": cfg.parallelism.device == "cuda"}
     base = deep_merge({"zero_optimization": zero, "steps_per_print": 2**31 - 1, "wall_clock_breakdown": False,
-                       "zero_allow_untested_optimizer": True}, harness_keys(cfg, world_size))
+                       "zero_allow_untested_optimizer": True}, harness_keys(cfg, mesh))
     if fp32_accumulation(cfg):
         # accumulate and reduce gradients in fp32, as the torch backends do
         base["data_types"] = {"grad_accum_dtype": "fp32"}
@@ -105,15 +131,15 @@ ZERO_DEFAULTS = {"reduce_bucket_size": 500_000_000, "stage3_param_persistence_th
                  "use_multi_rank_bucket_allreduce": True}
 
 
-def effective_zero(cfg, world_size: int, params: int) -> tuple[Dict[str, Any], bool]:
+def effective_zero(cfg, mesh: Mesh | int, params: int) -> tuple[Dict[str, Any], bool]:
     """The zero_optimization section with DeepSpeed's defaults filled in where the JSON leaves a key unset,
     and whether DeepSpeed keeps gradient partitions in fp32 (fp32 runs, or grad_accum_dtype fp32)."""
-    config = ds_config(cfg, world_size, params)
+    config = ds_config(cfg, mesh, params)
     fp32_grads = cfg.train.precision == "fp32" or config.get("data_types", {}).get("grad_accum_dtype") == "fp32"
     return {**ZERO_DEFAULTS, **config["zero_optimization"]}, fp32_grads
 
 
-def conflicts(cfg, world_size: int) -> list[str]:
+def conflicts(cfg, mesh: Mesh | int) -> list[str]:
     """Pass-through keys that contradict what the harness sets (dotted paths)."""
     found = []
 
@@ -126,5 +152,5 @@ def conflicts(cfg, world_size: int) -> list[str]:
             elif value != ours[key]:
                 found.append(".".join(path + [key]) + f"={value!r} (the harness sets {ours[key]!r})")
 
-    walk(harness_keys(cfg, world_size), pass_through(cfg), [])
+    walk(harness_keys(cfg, mesh), pass_through(cfg), [])
     return found

@@ -21,7 +21,7 @@ from .states import classify, placed
 class DeepSpeedStrategy(Strategy):
     def __init__(self, cfg, device, world_size, params: int):
         super().__init__(cfg, device, world_size, params)
-        self.config = ds_config(cfg, world_size, params)
+        self.config = ds_config(cfg, self.mesh, params)
         self.stage = cfg.backend.zero_stage
         self._unclassified: Dict[str, list] = {}
 

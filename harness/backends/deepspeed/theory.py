@@ -171,7 +171,7 @@ def collectives(backend, s) -> list:
     # (zero3_gathered; the whole of a model below 1e9 parameters under DeepSpeed's defaults)
     regather = max(sum(gathered) - zero3_gathered(s), 0.0)
     weight = 1 if s.quantized_weights else p  # qwZ: int8 (its per-block scales, about 1/2048 more, left out)
-    hpz = (s.post_forward_world, 1) if s.post_forward_world else None
+    hpz = "post_forward" if s.post_forward_world else None
     # after the step DeepSpeed gathers the updated persistent parameters whole again on every rank (_post_step)
     persistent = [Collective("all_gather", s.persistent_params * p, 1, None)] if s.persistent_params else []
     return ([Collective("all_gather", n * weight, ga, hidden) for n in gathered]
@@ -184,11 +184,11 @@ def gradient_reduce(s, bucket: int, g: int, hidden) -> list:
     DeepSpeed's all_to_all_quant_reduce instead: an int4 all-to-all of each gradient inside the node, then an
     int4 all-to-all of the node's reduced 1/ranks_per_node across the nodes (coalesced_collectives.py; its
     scales and the 1-D tensors it still reduce-scatters are left out). Not measured: qgZ needs CUDA."""
-    per_node = s.ranks_per_node or s.world
-    if not (s.quantized_gradients and per_node < s.world):
+    per_node = s.grid.size("dp_node")
+    if not (s.quantized_gradients and s.grid.nodes > 1):
         return bucketed("reduce_scatter", s.t, bucket, g, s.grad_accum, hidden)
-    return [Collective("all_to_all", s.t / 2, s.grad_accum, hidden, (per_node, 1)),
-            Collective("all_to_all", s.t / 2 / per_node, s.grad_accum, hidden, (s.world // per_node, per_node))]
+    return [Collective("all_to_all", s.t / 2, s.grad_accum, hidden, "dp_node"),
+            Collective("all_to_all", s.t / 2 / per_node, s.grad_accum, hidden, "dp_nodes")]
 
 
 def own_estimate(backend, s) -> Optional[Dict[str, float]]:

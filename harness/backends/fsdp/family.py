@@ -7,13 +7,12 @@ them from forward to backward.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from ...config.families import Difference, Family
+from ...config.mesh import DPRequest, Mesh, mesh_of
 from ...config.profiles import NATIVE
-from ...config.derive import world_size
 from ...theory.communication import Collective
-from ...theory.shape import ranks_per_node
 from ...theory.checkpoint_bytes import DCPCheckpoints
 
 
@@ -23,19 +22,10 @@ def root_reshard(cfg) -> Optional[bool]:
     return None if cfg.profile == NATIVE else bool(cfg.backend.reshard_after_forward)
 
 
-def degrees(cfg, world: int) -> Tuple[int, int]:
-    """(the ranks each parameter is sharded over, the ranks a block stays sharded over from forward to
-    backward): the world and the world, unless HSDP shards inside a group (default: the ranks of a node) and
-    partial resharding keeps a block over a smaller one (default: the ranks of a node)."""
-    b, per_node = cfg.backend, ranks_per_node(cfg, world)
-    shard = (b.shard_degree or per_node) if b.hybrid_shard else world
-    return shard, (b.reshard_degree or per_node) if b.partial_reshard else shard
-
-
-def blocks_reshard_to(cfg, world: int):
-    """What the blocks pass as `reshard_after_forward`: the backend's bool, or the smaller group's size."""
-    shard, post_forward = degrees(cfg, world)
-    return post_forward if post_forward < shard else bool(cfg.backend.reshard_after_forward)
+def blocks_reshard_to(cfg, mesh: Mesh):
+    """What the blocks pass as `reshard_after_forward`: the backend's bool, or the post-forward group's size
+    (partial resharding: config/mesh.py resolves it)."""
+    return mesh.post_forward_group or bool(cfg.backend.reshard_after_forward)
 
 
 class FSDPFamily(DCPCheckpoints, Family):
@@ -56,37 +46,44 @@ class FSDPFamily(DCPCheckpoints, Family):
     ranged_fields = ("shard_degree", "reshard_degree")
 
     def rules(self, cfg) -> List[str]:
-        b, world, out = cfg.backend, world_size(cfg), []
+        b, out = cfg.backend, []
         for key in self.ranged_fields:
             if b[key] < 0:
-                out.append(f"backend.{key}={b[key]}: must be >= 0 (0 = the ranks per node)")
+                out.append(f"backend.{key}={b[key]}: must be >= 0 (0 = the data-parallel ranks per node)")
         if out:
             return out
-        shard, post_forward = degrees(cfg, world)
-        if b.hybrid_shard and world % shard:
-            out.append(f"backend.shard_degree={shard}: HSDP shards over groups that divide the {world} ranks; "
-                       f"use a divisor of {world}")
+        mesh = mesh_of(cfg)
+        dp = mesh.dp
+        if b.hybrid_shard and b.shard_degree and (dp % b.shard_degree or b.shard_degree > dp):
+            out.append(f"backend.shard_degree={b.shard_degree}: HSDP shards over groups that divide the {dp} "
+                       f"data-parallel ranks; use a divisor of {dp}")
         if b.partial_reshard and not b.reshard_after_forward:
             out.append("backend.partial_reshard=true: needs backend.reshard_after_forward=true (grad-op never "
                        "reshards after forward)")
-        elif b.partial_reshard and shard % post_forward:
-            out.append(f"backend.reshard_degree={post_forward}: must divide the {shard} ranks a parameter is "
-                       "sharded over")
+        elif b.partial_reshard and b.reshard_degree and mesh.dp_shard % b.reshard_degree:
+            out.append(f"backend.reshard_degree={b.reshard_degree}: must divide the {mesh.dp_shard} ranks a "
+                       "parameter is sharded over")
         return out
 
-    def shape_fields(self, cfg, world, counts):
+    def mesh_request(self, backend):
+        """HSDP shards over `shard_degree` data-parallel ranks (0: a node's); partial resharding keeps a block
+        over `reshard_degree` of them after forward (0: a node's)."""
+        return DPRequest(shard=backend.shard_degree if backend.hybrid_shard else None,
+                         post_forward=backend.reshard_degree if backend.partial_reshard else None)
+
+    def shape_fields(self, cfg, mesh, counts):
         # fully_shard splits each parameter on its first dimension in chunks of ceil(rows / N) (torch.chunk),
         # padding it to a multiple of N: a 32,000-row embedding over 512 ranks is 63 rows a rank, not 62.5.
-        # Under HSDP N is the shard group, not the world
-        shards, post_forward = degrees(cfg, world)
+        # Under HSDP N is the shard group, not the world; under tensor parallelism the rows are the rank's
+        # tensor-parallel shard's (FSDP2 shards the local tensor over the data-parallel ranks)
+        shards = mesh.dp_shard
 
         def shard(rows) -> int:
             return sum(-(-first // shards) * per_row for first, per_row, _ in rows)
 
         rows = counts.get("rows", [])
         return {"root_reshards": bool(root_reshard(cfg)), "blocks_reshard": bool(cfg.backend.reshard_after_forward),
-                "shard_params": shard(rows), "shard_trainable": shard([r for r in rows if r[2]]),
-                "shard_world": shards, "post_forward_world": post_forward}
+                "shard_params": shard(rows), "shard_trainable": shard([r for r in rows if r[2]])}
 
     def is_hybrid(self, backend) -> bool:
         return bool(backend.hybrid_shard or backend.partial_reshard)
@@ -205,9 +202,9 @@ class FSDPFamily(DCPCheckpoints, Family):
         p, ga, block = s.p * pad, s.grad_accum, s.block_params
         root, trained_root = s.root_params, max(s.t - s.blocks * s.block_t, 0)
         units, trained = [block] * s.blocks + [root], [s.block_t] * s.blocks + [trained_root]
-        shard = None if s.shards == s.world else (s.shards, 1)
-        post_forward = (s.post_forward_world, 1) if 0 < s.post_forward_world < s.shards else shard
-        replicas = (s.world // s.shards, s.shards)
+        shard = None if s.shards == s.world else "dp_shard"
+        post_forward = "post_forward" if s.post_forward_world else shard
+        replicas = "dp_replicate"
 
         regather = ([Collective("all_gather", block * p, ga * s.blocks, "forward+backward", post_forward)]
                     if backend.reshard_after_forward and block else [])

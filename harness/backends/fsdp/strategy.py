@@ -3,32 +3,24 @@ parameter, gradient and optimizer state (as DTensor shards).
 
 `reshard_after_forward=False` keeps gathered parameters from forward to backward: the ZeRO-2 analogue
 (SHARD_GRAD_OP). HSDP shards over a group of ranks and replicates across groups (a 2-D mesh); partial
-resharding passes the blocks `reshard_after_forward=<ranks>` (family.py's degrees). Mixed precision is
+resharding passes the blocks `reshard_after_forward=<ranks>` (the mesh's post-forward group). Mixed precision is
 MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32): sharded parameters, gradients and Adam states stay fp32.
+Under tensor parallelism PyTorch's plan shards the model over the mesh's `tp` dimension first
+(runtime/tensor_parallel.py), then fully_shard shards each rank's part over the data-parallel dimensions:
+torchtitan's order (TP, then compile, then FSDP).
 """
 from __future__ import annotations
 
 import contextlib
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from typing_extensions import override
 
-from .family import blocks_reshard_to, degrees, root_reshard
-from ...runtime import models
+from .family import blocks_reshard_to, root_reshard
+from ...config.mesh import mesh_of
+from ...runtime import device_mesh, models
 from ...runtime.strategies.base import NativeStrategy, bare_step
-
-
-def device_mesh(cfg, world: int, device_type: str):
-    """Every rank in one dimension, or under HSDP (replicate x shard) each shard group a run of consecutive
-    ranks: a node's, by default."""
-    shard, _ = degrees(cfg, world)
-    with unset_fake_temporarily():  # the mesh is a real list of ranks, also when the model is traced
-        if shard < world:
-            return init_device_mesh(device_type, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
-        return init_device_mesh(device_type, (world,))
 
 
 class FSDPStrategy(NativeStrategy):
@@ -41,27 +33,28 @@ class FSDPStrategy(NativeStrategy):
 
     @override
     def setup(self, model, optim_cfg):
-        shard, post_forward = degrees(self.cfg, self.world_size)
-        mesh = device_mesh(self.cfg, self.world_size, self.device.type)
+        self.apply_tensor_parallel(model)  # first: fully_shard shards each rank's tensor-parallel part
+        mesh = self.meshes.data_parallel
         mp = MixedPrecisionPolicy(
             param_dtype=None if self.precision == "fp32" else self.dtype, reduce_dtype=torch.float32
         )
         # pinned host memory speeds the copies to and from a GPU (FSDP2's default); there is none on a CPU run
         offload = (CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.backend.cpu_offload
                    else OffloadPolicy())
-        reshard, root = blocks_reshard_to(self.cfg, self.world_size), root_reshard(self.cfg)
+        reshard, root = blocks_reshard_to(self.cfg, self.mesh), root_reshard(self.cfg)
         compiled = models.compile_blocks(model) if self.cfg.train.compile else 0  # before sharding: torchtitan's order
         for block in models.blocks(model):
             fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
         # native leaves the root to FSDP2 (None: kept unsharded after forward, its gather not exposed)
         fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload,
                     **({} if root is None else {"reshard_after_forward": root}))
-        self.settings = {"fsdp": {"blocks_reshard_after_forward": reshard, "root_reshard_after_forward": root,
-                                  "mp_param_dtype": str(mp.param_dtype), "mp_reduce_dtype": str(mp.reduce_dtype),
-                                  "blocks": len(models.blocks(model)), "mesh": list(mesh.mesh.shape),
-                                  "shard_group": shard, "post_forward_group": post_forward,
-                                  "offload_policy": type(offload).__name__,
-                                  "pin_memory": getattr(offload, "pin_memory", None)}}
+        self.settings["fsdp"] = {"blocks_reshard_after_forward": reshard, "root_reshard_after_forward": root,
+                                 "mp_param_dtype": str(mp.param_dtype), "mp_reduce_dtype": str(mp.reduce_dtype),
+                                 "blocks": len(models.blocks(model)), "mesh": list(mesh.mesh.shape),
+                                 "shard_group": self.mesh.dp_shard,
+                                 "post_forward_group": self.mesh.post_forward_group or self.mesh.dp_shard,
+                                 "offload_policy": type(offload).__name__,
+                                 "pin_memory": getattr(offload, "pin_memory", None)}
         if compiled:
             self.settings["compile"] = {"compiled_blocks": compiled}
         if self.backend.cpu_offload:
@@ -104,8 +97,9 @@ class FSDPStrategy(NativeStrategy):
 def bare_setup(cfg, model, world, params, adam):
     """fully_shard on each block, then the root, as a hand-written loop does, with the profile's root setting
     (config/families.py's bare_setup)."""
-    root, mesh = root_reshard(cfg), device_mesh(cfg, world, cfg.parallelism.device)
+    record = mesh_of(cfg, world)
+    root, mesh = root_reshard(cfg), device_mesh.build(record, cfg.parallelism.device).data_parallel
     for block in models.blocks(model):
-        fully_shard(block, mesh=mesh, reshard_after_forward=blocks_reshard_to(cfg, world))
+        fully_shard(block, mesh=mesh, reshard_after_forward=blocks_reshard_to(cfg, record))
     fully_shard(model, mesh=mesh, **({} if root is None else {"reshard_after_forward": root}))
     return model, bare_step(model, torch.optim.AdamW(model.parameters(), **adam), cfg.optim.grad_clip)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from typing_extensions import override
 
+from ...config.mesh import mesh_of
 from ...core.components import totals
 from .. import initial_weights
 from ..pretrained import Checkpoint
@@ -70,6 +71,10 @@ class Strategy(ABC):
 
     def __init__(self, cfg, device: torch.device, world_size: int, params: int):
         self.cfg, self.backend, self.device, self.world_size = cfg, cfg.backend, device, world_size
+        # the run's mesh (config/mesh.py): its data-parallel and tensor-parallel degrees, groups and links
+        self.mesh = mesh_of(cfg, world_size)
+        self._meshes = None
+        self._dp_group = None
         self.params = params  # the model's parameter count (sizes the default buckets)
         self.precision = cfg.train.precision
         self.dtype = DTYPES[self.precision]
@@ -78,6 +83,33 @@ class Strategy(ABC):
         self.optimizer_name = "torch.optim.AdamW"
         self.construction = "host"  # where the model was really built: host, meta or zero.Init
         self.settings: Dict[str, dict] = {}  # the framework settings this strategy passed, by framework
+
+    # -- the mesh -----------------------------------------------------------------------------------------
+    @property
+    def meshes(self):
+        """torch's DeviceMesh for this run, built on first use (runtime/device_mesh.py): every rank of a run
+        uses it at the same point of its setup, as creating one is collective."""
+        if self._meshes is None:
+            from .. import device_mesh
+
+            self._meshes = device_mesh.build(self.mesh, self.device.type)
+        return self._meshes
+
+    @property
+    def data_parallel_ranks(self) -> int:
+        """The ranks whose micro-batches differ: the loss and the tokens count these, not every rank."""
+        return self.mesh.dp
+
+    def dp_group(self):
+        """The process group over which a mean over data-parallel ranks is reduced (the loss): the default
+        group without tensor parallelism. Made on first call: every rank calls it at the same point."""
+        if self.mesh.tp == 1:
+            return None
+        if self._dp_group is None:
+            import torch.distributed as dist
+
+            self._dp_group, _ = dist.new_subgroups_by_enumeration(self.mesh.groups("dp"))
+        return self._dp_group
 
     # -- construction -------------------------------------------------------------------------------
     def init_context(self, use_meta: bool) -> ContextManager:
@@ -110,6 +142,15 @@ class Strategy(ABC):
 
     # -- one training step --------------------------------------------------------------------------
     def autocast(self) -> ContextManager:
+        return contextlib.nullcontext()
+
+    def loss_context(self) -> ContextManager:
+        """Entered around the loss and around its backward: torch's loss_parallel() where the logits stay
+        sharded on the vocabulary (runtime/tensor_parallel.py), else nothing."""
+        if self.mesh.tp > 1 and self.mesh.loss_parallel:
+            from ..tensor_parallel import loss_context
+
+            return loss_context(True)
         return contextlib.nullcontext()
 
     def sync_context(self, last: bool) -> ContextManager:
@@ -188,7 +229,17 @@ class Strategy(ABC):
 
 class NativeStrategy(Strategy):
     """Shared by the strategies that drive a torch optimizer themselves (DDP, FSDP): the loss is divided by
-    grad_accum here, fp16 uses a GradScaler, and clipping uses torch's clip_grad_norm_."""
+    grad_accum here, fp16 uses a GradScaler, and clipping uses torch's clip_grad_norm_. Tensor parallelism is
+    PyTorch's plan (runtime/tensor_parallel.py), applied before the family wraps the model."""
+
+    def apply_tensor_parallel(self, model: nn.Module) -> None:
+        """Shard `model` over the tensor-parallel mesh (a no-op at tp 1), and record what ran."""
+        if self.mesh.tp == 1:
+            return
+        from .. import tensor_parallel
+
+        self.settings["tensor_parallel"] = tensor_parallel.apply(
+            model, self.meshes.tensor_parallel, self.mesh.sequence_parallel, self.mesh.loss_parallel)
 
     def _build_optimizer(self, optim_cfg) -> None:
         o = optim_cfg

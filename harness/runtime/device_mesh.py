@@ -1,0 +1,59 @@
+"""torch's DeviceMesh, built once a rank from the run's mesh record (config/mesh.py), which owns the degrees.
+
+The dimensions are the record's, outermost first, a dimension of one left out: `dp_replicate` (HSDP's replicas),
+`dp_shard` (the data-parallel ranks a parameter is sharded over; all of them without HSDP) and `tp`. Without
+tensor parallelism or HSDP this is the 1-D mesh of every rank FSDP2 has always been given. The strategies take
+their sub-meshes from here, never from a world size of their own: `data_parallel` for fully_shard (2-D under
+HSDP), `tensor_parallel` for the plan (runtime/tensor_parallel.py), and `dp_group` for what is reduced over the
+data-parallel ranks alone (the loss, DDP's gradients).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from ..config.mesh import Mesh
+
+
+@dataclass
+class Meshes:
+    """A rank's device meshes and groups, all cut from one DeviceMesh."""
+    record: Mesh
+    whole: DeviceMesh
+
+    @property
+    def data_parallel(self) -> DeviceMesh:
+        """What fully_shard (and replicate) take: (dp_replicate, dp_shard) under HSDP, else dp_shard."""
+        names = self.whole.mesh_dim_names
+        return self.whole["dp_replicate", "dp_shard"] if "dp_replicate" in names else self.whole["dp_shard"]
+
+    @property
+    def tensor_parallel(self) -> Optional[DeviceMesh]:
+        return self.whole["tp"] if "tp" in self.whole.mesh_dim_names else None
+
+    @property
+    def dp_group(self):
+        """The process group of this rank's data-parallel ranks: None (the default group) without tensor
+        parallelism, where they are every rank."""
+        if self.record.tp == 1:
+            return None
+        mesh = self.data_parallel
+        if mesh.ndim == 1:
+            return mesh.get_group()
+        with unset_fake_temporarily():
+            return mesh._flatten("dp").get_group()
+
+
+def build(record: Mesh, device_type: str) -> Meshes:
+    """init_device_mesh over the record's dimensions (every rank calls it: it creates process groups)."""
+    dims = [(name, n) for name, n in record.degrees().items() if n > 1 or name == "dp_shard"]
+    with unset_fake_temporarily():  # the mesh is a real list of ranks, also when the model is traced
+        whole = init_device_mesh(device_type, tuple(n for _, n in dims), mesh_dim_names=tuple(d for d, _ in dims))
+    if whole.size() != dist.get_world_size():
+        raise RuntimeError(f"the mesh {record.describe()} holds {whole.size()} ranks, the process group "
+                           f"{dist.get_world_size()}")
+    return Meshes(record, whole)
