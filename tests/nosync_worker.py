@@ -32,8 +32,7 @@ def main(conf_dir: str, backends: list[str]) -> None:
         with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
             cfg = compose(config_name="config", overrides=[f"backend={backend}", "parallelism.grad_accum=2"])
         torch.manual_seed(0)
-        params = models.param_count(cfg.model)["total"]
-        strategy = make_strategy(cfg, torch.device("cpu"), dist.get_world_size(), params)
+        strategy = make_strategy(cfg, torch.device("cpu"), dist.get_world_size(), models.param_count(cfg.model))
         model = strategy.setup(models.build(cfg.model), cfg.optim)
         ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(dist.get_rank()))
 

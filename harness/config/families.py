@@ -64,8 +64,10 @@ class Family:
     ranged_fields: Tuple[str, ...] = ()  # numeric backend fields whose range its rules check (config/rules.py)
     native_buffers_note = ""  # why its native profile's buffers can dwarf the states (studies/advise_answer.py)
     jit_op_names: Tuple[str, ...] = ()  # native ops it builds on first use (TORCH_EXTENSIONS_DIR names)
-    # why its runtime cannot run on fake tensors (runtime/traced.py), as `make scale-check` found it; "" where it can
+    # why its runtime cannot run on fake tensors (runtime/traced.py), as `make scale-check` found it; "" where it can;
+    # and whether, where it cannot, its tensor-parallel runtime can (another mechanism: DDP's replicate)
     untraceable = ""
+    traces_with_tensor_parallel = False
     # checkpoints (runtime/train_state.py): what its save writes (a checkpoint resumes under any family that
     # writes the same format, at any world size: each strategy's load_checkpoint reshards); why a checkpoint of
     # another layout (checkpoint_layout) cannot load; why train.checkpoint_async cannot run, "" where it can
@@ -101,8 +103,9 @@ class Family:
         Called by `make warm` (studies/warm_ops.py) in a process of its own."""
         raise NotImplementedError(f"{type(self).__name__} builds no JIT ops")
 
-    def shape_fields(self, cfg, world: int, counts: Dict[str, Any]) -> Dict[str, Any]:
-        """theory.shape.Shape fields this family decides (its buckets, what it keeps gathered)."""
+    def shape_fields(self, cfg, mesh, counts: Dict[str, Any]) -> Dict[str, Any]:
+        """theory.shape.Shape fields this family decides (its buckets, what it keeps gathered), on the run's mesh
+        (config/mesh.py) and one rank's parameter counts (its tensor-parallel shard)."""
         return {}
 
     def checkpoint_layout(self, cfg) -> str:

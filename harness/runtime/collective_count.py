@@ -44,11 +44,11 @@ def group_ranks(args) -> Optional[Tuple[int, ...]]:
         try:
             if isinstance(a, torch.ScriptObject):
                 return tuple(dist.get_process_group_ranks(dist.ProcessGroup.unbox(a)))
-            if isinstance(a, str):
+            if isinstance(a, str):  # a functional reduce-scatter names its reduce op ("sum") before its group
                 from torch.distributed.distributed_c10d import _resolve_process_group
                 return tuple(dist.get_process_group_ranks(_resolve_process_group(a)))
         except (RuntimeError, ValueError, KeyError, AttributeError):
-            return None
+            continue
     return None
 
 
@@ -73,9 +73,13 @@ class CollectiveCounter(TorchDispatchMode):
         if is_collective(func):
             op = C10D_OPS[func._opname]
             ranks = group_ranks(args) or tuple(range(dist.get_world_size()))
-            # all_gather's output and reduce_scatter's input are args[0] or args[1]: the larger is the buffer
+            # all_gather's output and reduce_scatter's input are args[0] or args[1]: the larger is the buffer; a
+            # functional all-gather is given only its input, the output group-size times as large
             tensors = [a for a in args[:2] if isinstance(a, (torch.Tensor, list, tuple))]
-            self.calls[(op, max((_nbytes(t) for t in tensors), default=0), ranks, current_phase())] += 1
+            size = max((_nbytes(t) for t in tensors), default=0)
+            if func.namespace == "_c10d_functional" and op == "all_gather":
+                size *= len(ranks)
+            self.calls[(op, size, ranks, current_phase())] += 1
         return func(*args, **kwargs)
 
     def rows(self) -> List[dict]:

@@ -27,6 +27,7 @@ what differs on CUDA (AdamW's foreach default) is the theory's alone.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import traceback
@@ -84,6 +85,34 @@ def _cause(exc: BaseException, frameworks: Tuple[str, ...]) -> Tuple[str, str]:
     return f"{type(exc).__name__}: {first}", (f"{path}:{where.lineno} ({where.name})" if where else "")
 
 
+@contextlib.contextmanager
+def real_meshes():
+    """A DeviceMesh is a real tensor of ranks, made and searched with tensor ops (`arange`, `nonzero`) that a
+    fake mode would fake: FSDP2 concatenates its data-parallel mesh with a tensor-parallel parameter's mesh
+    inside the traced setup (the harness makes its own meshes outside fake mode: runtime/device_mesh.py). Those
+    two DeviceMesh methods run on real tensors while tracing."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    originals = {name: DeviceMesh.__dict__[name] for name in ("_compute_coordinates_from_mesh", "_concatenate")}
+
+    def real(descriptor):
+        function = descriptor.__func__
+
+        def run(*args, **kwargs):
+            with unset_fake_temporarily():
+                return function(*args, **kwargs)
+        return type(descriptor)(run)  # staticmethod or classmethod, as it was
+
+    for name, descriptor in originals.items():
+        setattr(DeviceMesh, name, real(descriptor))
+    try:
+        yield
+    finally:
+        for name, descriptor in originals.items():
+            setattr(DeviceMesh, name, descriptor)
+
+
 def trace(cfg, world: int, steps: int = 2) -> Trace:
     """Rank 0 of `world` ranks, built and stepped `steps` times on fake tensors (the first step creates the
     optimizer state; the peak and the collectives are the last step's with the state in place)."""
@@ -97,7 +126,7 @@ def trace(cfg, world: int, steps: int = 2) -> Trace:
     device = torch.device("cpu")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with FakeTensorMode(allow_non_fake_inputs=True), real_meshes():
             ready = prepare(cfg, 0, world, device)
             batches = ready.batches
             real_get = batches.get

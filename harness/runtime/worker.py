@@ -87,7 +87,7 @@ def prepare(cfg, rank: int, world: int, device: torch.device) -> Prepared:
     optimizer (shared by a run, runtime/cells_worker.py and studies/memory_check_worker.py)."""
     torch.manual_seed(cfg.train.seed)
     counts = models.param_count(cfg.model, cfg.workload)
-    strategy = make_strategy(cfg, device, world, counts["total"])
+    strategy = make_strategy(cfg, device, world, counts)
     with strategy.init_context(use_meta_init(cfg, counts["total"])):
         model = models.build(cfg.model, workload=cfg.workload)
     if cfg.train.activation_checkpointing:
@@ -109,7 +109,7 @@ def checkpointer_for(cfg, run_dir: RunDir, strategy, rank: int) -> train_state.C
     t, family = cfg.train, families.of(cfg.backend)
     identity = {"backend": cfg.backend.name, "family": cfg.backend.family, "format": family.checkpoint_format,
                 "layout": family.checkpoint_layout(cfg), "model": cfg.model.name, "workload": cfg.workload.name,
-                "seed": t.seed,
+                "seed": t.seed, "mesh": strategy.mesh.describe(),
                 "sequences_per_step": derive.samples_per_step(cfg)}
     checkpointer = train_state.Checkpointer(strategy, run_dir.checkpoints, t.checkpoint_every, t.checkpoint_async,
                                             identity, family.checkpoint_files,

@@ -3,7 +3,8 @@
 
     python -m harness.scale_check [--models llama_1b,llama_7b,llama_13b,llama_70b] [--worlds 8,64,512]
         [--backends fsdp] [--wide llama_1b,llama_7b,llama_13b,llama_70b]
-        [--probe-backends ddp,ds_zero1,ds_zero2,ds_zero3] [--precisions bf16] [--checkpointing off,on] [--jobs 2] [--fresh] [--out results/scale_check] [overrides...]
+        [--probe-backends ddp,ds_zero1,ds_zero2,ds_zero3] [--precisions bf16] [--checkpointing off,on]
+        [--tp-grid default|none|llama_1b:64:2,...] [--jobs 2] [--fresh] [--out results/scale_check] [overrides...]
 
 Every model x world x backend x precision x activation checkpointing is a cell (the --wide models under every
 traceable backend and in bf16 and fp32, the others under --backends in --precisions): rank 0 of that world built as a
@@ -15,6 +16,10 @@ the train loop's step, its storages tracked by kind and its collectives counted.
 - the peak of live tensors over the last step, within 10% (the first step runs untracked: it creates the
   optimizer state and fills DTensor's caches, whose first pass makes global-shape fake tensors no real run holds);
 - bytes sent per step (the last step's collectives, each weighted by nccl-tests' bus factor), within 5%.
+
+The 2-D cells (TP_GRID: llama_70b at 256 and 512 ranks with tp 8, llama_7b and llama_13b at 64 with tp 2, 4, 8)
+add tensor parallelism inside each node of 8 under every backend that traces with it (FSDP2, and DDP, which is
+torch's replicate at tp > 1), their TP collectives on the mesh's `tp` group.
 
 A backend that cannot run on fake tensors is a row with the exception and the frame it came from. Overrides
 apply to every cell (default: parallelism=gpu8, its micro-batch and sequence, on world/8 nodes). Each finished
@@ -47,21 +52,29 @@ THRESHOLDS = {"states": 1.0, "peak": 10.0, "bytes": 5.0}  # percent, the issue's
 GRID = {"models": "llama_1b,llama_7b,llama_13b,llama_70b", "worlds": "8,64,512", "precisions": "bf16",
         "checkpointing": "off,on"}
 WIDE = GRID["models"]  # the models traced under every traceable backend and in fp32 as well
+# 2-D cells (data parallelism x tensor parallelism, TP inside a node of 8): (model, world, tp degrees,
+# checkpointing), bf16, under every backend that traces at tp > 1; those that do not tried once, with the cause.
+# Loss parallel is off in them: its cross-entropy handlers make global-shape fake tensors in every traced step (4
+# bytes a token and vocabulary entry that no real run holds; the memory check measures it on real runs)
+TP_GRID = (("llama_70b", 256, (8,), ("off", "on")), ("llama_70b", 512, (8,), ("off", "on")),
+           ("llama_7b", 64, (2, 4, 8), ("off",)), ("llama_13b", 64, (2, 4, 8), ("off",)))
+TP_COMMON = ["parallelism.loss_parallel=false"]
 
 
-def traceable() -> Tuple[List[str], Dict[str, str]]:
-    """The backends whose family runs on fake tensors, and the others with why not (their family's `untraceable`).
-    The others fail whatever the model, world, precision or checkpointing, with the same cause (ZeRO-3 takes
-    minutes to reach it), so the grid tries each once, to show the cause, not once a cell. Offloading ones are
-    left out: they fail as their stage does."""
+def traceable(tp: int = 1) -> Tuple[List[str], Dict[str, str]]:
+    """The backends whose family runs on fake tensors (at tensor-parallel degree `tp`), and the others with why
+    not (their family's `untraceable`). The others fail whatever the model, world, precision or checkpointing,
+    with the same cause (ZeRO-3 takes minutes to reach it), so the grid tries each once, to show the cause, not
+    once a cell. Offloading and hybrid ones are left out: they fail, or trace, as their flat form does."""
     from ..config import families
     from ..config.compose import backends
 
     ok, others = [], {}
     for name in backends():
         backend = compose([f"backend={name}"]).backend
-        why = families.of(backend).untraceable
-        if backend.offload_optimizer or backend.offload_params:
+        family = families.of(backend)
+        why = "" if tp > 1 and family.traces_with_tensor_parallel else family.untraceable
+        if backend.offload_optimizer or backend.offload_params or (tp > 1 and family.is_hybrid(backend)):
             continue
         if why:
             others[name] = why
@@ -82,16 +95,27 @@ def world_overrides(world: int) -> List[str]:
 
 
 def cell_overrides(model: str, backend: str, world: int, precision: str, checkpointing: bool,
-                   common: List[str]) -> List[str]:
+                   common: List[str], tp: int = 1) -> List[str]:
     return ["parallelism=gpu8", *common, f"model={model}", f"backend={backend}", f"train.precision={precision}",
             f"train.activation_checkpointing={str(checkpointing).lower()}", *world_overrides(world),
-            "parallelism.device=cpu", "logger=none"]
+            "parallelism.device=cpu", "logger=none", *([f"parallelism.tp={tp}", *TP_COMMON] if tp > 1 else [])]
+
+
+def tp_cells(grid, common: List[str]) -> List[List[str]]:
+    """The 2-D cells (TP_GRID's shape), every backend that traces at tp > 1, and each that does not once."""
+    ok, others = traceable(2)
+    cells = [cell_overrides(m, b, world, "bf16", c == "on", common, tp)
+             for m, world, tps, ckpt in grid for tp in tps for b in ok for c in ckpt]
+    if grid:
+        m, world, tps, _ = grid[-1]
+        cells += [cell_overrides(m, b, world, "bf16", False, common, tps[0]) for b in others]
+    return cells
 
 
 def cell_name(overrides: List[str]) -> str:
     """The cell's key in cells.jsonl: the overrides that set what the grid varies."""
     keys = ("model=", "backend=", "parallelism.nnodes=", "parallelism.nproc_per_node=", "train.precision=",
-            "train.activation_checkpointing=")
+            "train.activation_checkpointing=", "parallelism.tp=")
     return " ".join(o for o in overrides if o.startswith(keys))
 
 
@@ -110,7 +134,7 @@ def row_head(cfg, overrides: List[str]) -> dict:
     from ..config.derive import world_size
 
     return {"name": cell_name(overrides), "overrides": overrides, "model": cfg.model.name, "backend": cfg.backend.name,
-            "world": world_size(cfg), "precision": cfg.train.precision,
+            "world": world_size(cfg), "tp": cfg.parallelism.tp, "precision": cfg.train.precision,
             "checkpointing": bool(cfg.train.activation_checkpointing)}
 
 
@@ -227,11 +251,11 @@ def render(rows: List[dict], command: str) -> str:
              f"{THRESHOLDS['states']:g}%, peak {THRESHOLDS['peak']:g}%, bytes per step {THRESHOLDS['bytes']:g}%. "
              "Predicted: `harness/theory` for the same config on the CPU code path the trace runs (AdamW "
              "single-tensor).", "",
-             "| model | backend | world | precision | ckpt | states | predicted | error | peak | predicted | error "
-             "| moment | GB/step | predicted | error | s |",
-             "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+             "| model | backend | world | tp | precision | ckpt | states | predicted | error | peak | predicted "
+             "| error | moment | GB/step | predicted | error | s |",
+             "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
-        head = (f"| {r['model']} | {r['backend']} | {r['world']} | {r['precision']} | "
+        head = (f"| {r['model']} | {r['backend']} | {r['world']} | {r.get('tp', 1)} | {r['precision']} | "
                 f"{'on' if r['checkpointing'] else 'off'} ")
         if not r["ok"]:
             lines.append(head + f"| not traced: {r['error']} ({r['where']}) | | | | | | | | | | {r['seconds']} |")
@@ -280,6 +304,18 @@ def render_traced(overrides: List[str], world: int | None = None) -> List[dict]:
     return rows
 
 
+def tp_grid(spec: str):
+    """--tp-grid as TP_GRID's tuples: `default`, `none`, or model:world:tp[:tp...][:on] cells."""
+    if spec == "default":
+        return TP_GRID
+    out = []
+    for cell in (c for c in spec.split(",") if c and spec != "none"):
+        model, world, *rest = cell.split(":")
+        ckpt = ("off", "on") if rest and rest[-1] == "on" else ("off",)
+        out.append((model, int(world), tuple(int(t) for t in rest if t.isdigit()), ckpt))
+    return tuple(out)
+
+
 def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for key, default in GRID.items():
@@ -287,6 +323,9 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--backends", default="", help="traced in every cell (default: the first traceable one)")
     parser.add_argument("--wide", default=WIDE, help="models also traced under every traceable backend and in fp32")
     parser.add_argument("--probe-backends", help="tried once, to show why they fail (default: the others)")
+    parser.add_argument("--tp-grid", default="default",
+                        help="the 2-D cells (data x tensor parallelism): `default` (TP_GRID), `none`, or cells "
+                             "model:world:tp[:tp...][:ckpt], comma-separated (e.g. llama_1b:64:2)")
     parser.add_argument("--jobs", type=int, default=2, help="cells traced at once (one process each)")
     parser.add_argument("--fresh", action="store_true", help="trace every cell again")
     parser.add_argument("--report-only", action="store_true", help="write the table from the cells already traced")
@@ -303,6 +342,7 @@ def main(argv: List[str] | None = None) -> int:
     worlds, precisions = split(args.worlds), split(args.precisions)
     cells += [cell_overrides(split(args.models)[0], b, int(worlds[min(1, len(worlds) - 1)]), precisions[0], False,
                              overrides) for b in split(args.probe_backends)]
+    cells += tp_cells(tp_grid(args.tp_grid), overrides)
     out = (REPO / args.out).resolve()
     rows = run_grid(cells, out, args.jobs, args.fresh, trace=not args.report_only)
     command = "python -m harness.scale_check " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -128,7 +128,7 @@ def parts(model, par, reg: str, checkpointing: bool, matmul_weights: int = 0,
     - `block`: what one block keeps (recomputed whole inside its backward under checkpointing);
     - `block_input`: a checkpointed block's input, which is also the size of the residual gradient;
     - `outside`: what the head keeps (and the per-sequence tensors);
-    - `logits_grads`: the loss backward's two fp32 V-sized gradients;
+    - `logits_grads`: the loss backward's two fp32 V-sized gradients (three V/tp-sized ones under loss parallel);
     - `log_softmax`: the loss's kept output;
     - `per_sequence`: rotary cos/sin or position ids;
     - `mlp_grads`: the two i-sized gradients of the MLP product's backward;
@@ -150,7 +150,9 @@ def parts(model, par, reg: str, checkpointing: bool, matmul_weights: int = 0,
         "outside": tokens * outside_bytes_per_token(model, reg, mesh) + per_sequence_bytes(model, par, reg),
         "per_sequence": per_sequence_bytes(model, par, reg),
         "log_softmax": tokens * 4 * vocab / logits,
-        "logits_grads": tokens * 8 * vocab / logits,
+        # loss parallel's cross-entropy backward (torch's DTensor handlers) holds a third V/tp-sized fp32 tensor
+        # beside the two the plain one makes: its gradient of the log-softmax is built from a zeroed buffer
+        "logits_grads": tokens * (12 if logits > 1 else 8) * vocab / logits,
         "mlp_grads": tokens * 2 * a * i / tp,
         "copies": 2 * matmul_weights if autocast else 0,
         "head_copy": 2 * head_matmul_weights if autocast else 0,

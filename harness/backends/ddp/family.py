@@ -3,9 +3,16 @@
 torch.autocast keeps the parameters fp32, so DDP holds 16 bytes per parameter in every precision: the ZeRO
 paper's DP baseline. Its gradients are all-reduced in buckets as backward makes them (hidden behind backward but
 the last bucket), once per step: micro-batches before the last run under no_sync.
+
+Under tensor parallelism the runtime is torch's replicate (strategy.py says why), which is FSDP2's machinery over
+a shard group of one rank, replicated over every data-parallel rank: each unit's parameters are copied into an
+unsharded fp32 copy at its forward and kept to its backward (FSDP2's grad-op: a second 4 bytes a parameter
+while the unit is in use), and its fp32 gradients all-reduced once backward is done with it. Its theory is then
+FSDP2's, for that mesh and those settings (`replicated`), measured as such on CPU (results/memory_check).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict
 
 from ...config.derive import bucket_elements
@@ -25,6 +32,21 @@ def options(cfg, params: int) -> Dict[str, Any]:
     return {"gradient_as_bucket_view": True, "bucket_cap_mb": bucket_elements(cfg, params) * 4 / 2**20}
 
 
+def replicated(backend, s):
+    """(FSDP2's family, its backend settings and shape) as torch's replicate runs a tensor-parallel DDP: one rank
+    a shard group, every data-parallel rank a replica, the units kept unsharded from forward to backward, fp32
+    parameters (autocast does the casting)."""
+    from omegaconf import OmegaConf
+
+    from ..fsdp.family import FAMILY as fsdp2
+
+    mesh = dataclasses.replace(s.grid, shard=1, post_forward=0)
+    view = dataclasses.replace(s, precision="fp32", mesh=mesh, blocks_reshard=False, root_reshards=False,
+                               shard_params=s.params, shard_trainable=s.t)
+    settings = OmegaConf.merge(backend, {"reshard_after_forward": False, "cpu_offload": False})
+    return fsdp2, settings, view
+
+
 class DDPFamily(DCPCheckpoints, Family):
     name = "ddp"
     strategy_class_name = "DDPStrategy"
@@ -33,6 +55,7 @@ class DDPFamily(DCPCheckpoints, Family):
     untraceable = ("torch cannot move a module whose parameters are fake (nn.Module._apply cannot swap them), and "
                    "DDP's construction reads its parameters' data to check their shapes across ranks; past both, its "
                    "C++ reducer asserts on the fake process group's futures, which carry no tensor (c10d/comm.cpp)")
+    traces_with_tensor_parallel = True  # at tp > 1 it is torch's replicate, FSDP2's machinery, which traces
     term_names = {"ddp_buckets": "DDP's gradient buckets"}
     differences = (
         Difference("ddp", "bucket_cap_mb", "25 (the default)", "backend.bucket_elements × 4 B: one bucket for a "
@@ -43,7 +66,7 @@ class DDPFamily(DCPCheckpoints, Family):
     layout_notes = {"ddp": "torch.autocast keeps fp32 parameters, so DDP holds 16 bytes per parameter in every "
                            "precision."}
 
-    def shape_fields(self, cfg, world, counts):
+    def shape_fields(self, cfg, mesh, counts):
         # without gradient_as_bucket_view (native) the buckets are a second copy of every gradient
         return {"grad_copy": not options(cfg, counts["total"]).get("gradient_as_bucket_view", False)}
 
@@ -57,6 +80,18 @@ class DDPFamily(DCPCheckpoints, Family):
         return {"params": 4 * s.params, "grads": 4 * s.t, "optimizer": 8 * s.t}
 
     def phase_terms(self, backend, s, phase, k):
+        if s.tp > 1:
+            fsdp2, settings, view = replicated(backend, s)
+            return fsdp2.phase_terms(settings, view, phase, k)
+        return self._ddp_phase_terms(backend, s, phase, k)
+
+    def reduce_terms(self, backend, s, act):
+        if s.tp > 1:
+            fsdp2, settings, view = replicated(backend, s)
+            return fsdp2.reduce_terms(settings, view, act)
+        return {}, None
+
+    def _ddp_phase_terms(self, backend, s, phase, k):
         """Under gradient_as_bucket_view (parity) .grad is a view of the bucket, allocated at construction and
         counted as the gradient state; otherwise (native) the buckets are a second copy of every gradient (4T),
         allocated at construction, and .grad does not exist until backward makes it (the optimizer sets it to
@@ -69,16 +104,25 @@ class DDPFamily(DCPCheckpoints, Family):
         return out
 
     def step_transients(self, backend, s):
+        if s.tp > 1:
+            fsdp2, settings, view = replicated(backend, s)
+            return fsdp2.step_transients(settings, view)
         # torch's AdamW: foreach makes one temporary per tensor, single-tensor two of the largest at a time
         return {"optimizer_temporaries": 4 * s.t if s.foreach else 2 * 4 * s.largest_t,
                 "ddp_buckets": 4 * s.t if s.grad_copy else 0.0}
 
     def after_backward_buffers(self, backend, s):
+        if s.tp > 1:
+            fsdp2, settings, view = replicated(backend, s)
+            return fsdp2.after_backward_buffers(settings, view)
         if s.grad_copy:
             return {"DDP's gradient buckets (a copy of every gradient, in its C++ reducer)": 4.0 * s.t}
         return {}
 
     def collectives(self, backend, s):
+        if s.tp > 1:  # each unit's fp32 gradients all-reduced over the replicas, the loss over every one
+            fsdp2, settings, view = replicated(backend, s)
+            return fsdp2.collectives(settings, view)
         # fp32 gradients (autocast keeps weights fp32), once per step, hidden behind backward
         bucket = NATIVE_BUCKET_BYTES // 4 if s.grad_copy else s.bucket_elements
         return bucketed("all_reduce", s.t, bucket, 4, 1, "backward") + [Collective("all_reduce", 4, 1, None)]

@@ -31,7 +31,8 @@ class DDPStrategy(NativeStrategy):
 
     @override
     def setup(self, model, optim_cfg):
-        model.to(self.device)
+        if any(p.device != self.device for p in model.parameters()):
+            model.to(self.device)  # (a model on fake tensors cannot be moved: runtime/traced.py)
         self.apply_tensor_parallel(model)
         self.initialise(model)
         if self.mesh.tp > 1:
@@ -57,7 +58,7 @@ class DDPStrategy(NativeStrategy):
             replicate(block, mesh=mesh)
         replicate(model, mesh=mesh)
         self.settings["ddp"] = {"api": "torch.distributed._composable.replicate_with_fsdp.replicate",
-                                "units": len(models.blocks(model)) + 1, "mesh": list(mesh.mesh.shape)}
+                                "units": len(models.blocks(model)) + 1, "mesh": [mesh.size(d) for d in range(mesh.ndim)]}
         self.model = model
         self._build_optimizer(optim_cfg)
         return model

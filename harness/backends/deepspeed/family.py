@@ -28,7 +28,8 @@ class DeepSpeedFamily(Family):
     pass_through = ("deepspeed",)  # +backend.deepspeed.<key>=...: DeepSpeed's JSON keys, checked by check.py
     framework = "DeepSpeed"
     checkpoint_format = "DeepSpeed"  # engine.save_checkpoint: the module's states and each rank's ZeRO partitions
-    layout_fix = "DeepSpeed loads a checkpoint at the ZeRO stage and precision that wrote it"
+    layout_fix = ("DeepSpeed loads a checkpoint at the ZeRO stage, precision and AutoTP degree that wrote it (its "
+                  "universal conversion cannot reshard AutoTP's tensor-parallel slices to another degree)")
     async_save_refusal = "DeepSpeed's asynchronous checkpoint engines (Nebula, FastPersist) need CUDA or Azure"
     representative = "ds_zero2"
     untraceable = ("the engine moves the module to its device (engine._configure_distributed_model), which torch "
@@ -105,8 +106,11 @@ class DeepSpeedFamily(Family):
         return [*found, "+backend.deepspeed.zero_optimization.stage3_prefetch_bucket_size=0"] if found else []
 
     def checkpoint_layout(self, cfg):
-        # the stage decides which files hold what, and the precision their names (bf16_zero_pp_rank_* in bf16)
-        return f"ZeRO stage {cfg.backend.zero_stage}, {cfg.train.precision}"
+        # the stage decides which files hold what, and the precision their names (bf16_zero_pp_rank_* in bf16);
+        # under AutoTP each file holds a tensor-parallel slice, which ds_to_universal cannot join across degrees
+        # (it asserts "full param numel != tensor slice numel * tp_world_size" on a tp 2 checkpoint at tp 1)
+        tp = cfg.parallelism.tp
+        return f"ZeRO stage {cfg.backend.zero_stage}, {cfg.train.precision}" + (f", AutoTP {tp}" if tp > 1 else "")
 
     def is_hybrid(self, backend) -> bool:
         return backend.zero_stage == 3 and backend.hpz_partition_size != 1

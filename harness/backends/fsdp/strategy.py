@@ -50,7 +50,7 @@ class FSDPStrategy(NativeStrategy):
                     **({} if root is None else {"reshard_after_forward": root}))
         self.settings["fsdp"] = {"blocks_reshard_after_forward": reshard, "root_reshard_after_forward": root,
                                  "mp_param_dtype": str(mp.param_dtype), "mp_reduce_dtype": str(mp.reduce_dtype),
-                                 "blocks": len(models.blocks(model)), "mesh": list(mesh.mesh.shape),
+                                 "blocks": len(models.blocks(model)), "mesh": [mesh.size(d) for d in range(mesh.ndim)],
                                  "shard_group": self.mesh.dp_shard,
                                  "post_forward_group": self.mesh.post_forward_group or self.mesh.dp_shard,
                                  "offload_policy": type(offload).__name__,

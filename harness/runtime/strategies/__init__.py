@@ -11,6 +11,13 @@ if TYPE_CHECKING:
     from .base import Strategy
 
 
-def make_strategy(cfg, device, world_size: int, params: int) -> "Strategy":
-    """The strategy of `backend.family`; `params` is the model's parameter count (sizes default buckets)."""
-    return families.of(cfg.backend).strategy_class()(cfg, device, world_size, params)
+def make_strategy(cfg, device, world_size: int, counts: dict) -> "Strategy":
+    """The strategy of `backend.family`, given the model's parameter counts (runtime.models.param_count): it
+    holds a rank's part of them, its tensor-parallel shard, which sizes the default buckets (as the theory's
+    do: theory/shape.py)."""
+    from ...config.mesh import mesh_of
+    from ...theory.tensor_plan import local_counts
+
+    family = families.of(cfg.backend)
+    params = local_counts(counts, family.tensor_plan(cfg), mesh_of(cfg, world_size).tp)["total"]
+    return family.strategy_class()(cfg, device, world_size, params)
