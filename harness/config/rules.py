@@ -185,6 +185,22 @@ def batch_rules(cfg) -> List[str]:
     return []
 
 
+TP_DEGREES = (1, 2, 4, 8)  # the tensor-parallel degrees the estimator and the advisor search (inside a node of 8)
+
+
+def tensor_degrees(cfg, choices=TP_DEGREES) -> List[int]:
+    """The tensor-parallel degrees among `choices` this config can run (tensor_rules says why not the others)."""
+    import copy
+
+    out = []
+    for tp in choices:
+        trial = copy.deepcopy(cfg)
+        trial.parallelism.tp = tp
+        if not tensor_rules(trial):
+            out.append(tp)
+    return out
+
+
 def tensor_rules(cfg) -> List[str]:
     """Tensor parallelism stays inside a node, gives each rank whole attention heads, and needs a model whose
     attention the plans know (theory/tensor_plan.py) and a family that runs it."""

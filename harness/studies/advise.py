@@ -4,9 +4,12 @@ measure the best ones, and the answer names the winner and why every other backe
     python -m harness.advise model=small_llama --device-gib 0.0625 [--global-batch 16] [--max-probes 12]
     python -m harness.advise model=llama_7b parallelism=gpu8 train.precision=bf16 --dry-run --device-gib 80
 
-The candidates are every backend x micro-batch x activation checkpointing on/off, at the user's precision,
-with the global batch held fixed (`--global-batch`, else the config's micro_batch x grad_accum x ranks), so
-that every candidate does the same optimizer work per step; grad_accum follows from the micro-batch.
+The candidates are every backend x tensor-parallel degree x micro-batch x activation checkpointing on/off, at
+the user's precision, with the global batch held fixed (`--global-batch`, else the config's micro_batch x
+grad_accum x data-parallel ranks), so that every candidate does the same optimizer work per step; grad_accum
+follows from the micro-batch and the data-parallel ranks. The tensor-parallel degrees are those of 1, 2, 4, 8
+that the node, the model's heads and the backend allow (config/rules.tensor_degrees), or the one
+`parallelism.tp` pins; each candidate's mesh says where its bytes go (inside a node or across nodes).
 
 Stage 1, theory (nothing runs): each candidate's device peak (theory/predict.py: states, buffers, and the
 largest of the step's four moments' activations and transients, theory/peak.py) must fit the device with
@@ -36,7 +39,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..config.compose import compose
-from ..config.derive import tokens_per_step, world_size
+from ..config.derive import dp_size, tokens_per_step, world_size
+from ..config.rules import tensor_degrees
 from . import advise_time
 from .capacity import device_bytes, run_probe
 
@@ -54,6 +58,10 @@ class Candidate:
     grad_accum: int
     checkpointing: bool
     overrides: List[str]
+    tp: int = 1  # the tensor-parallel degree: data parallelism over the world / tp others
+    mesh: str = ""  # config/mesh.Mesh.describe()
+    predicted_intra_node_bytes: float = 0.0  # sent per rank per step inside a node (NVLink)
+    predicted_inter_node_bytes: float = 0.0  # and across nodes (the network)
     predicted_peak_bytes: float = 0.0
     predicted_step_s: float = 0.0
     predicted_tokens_per_s: float = 0.0
@@ -72,11 +80,13 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        return f"{self.backend}-mb{self.micro_batch}-ckpt{'on' if self.checkpointing else 'off'}"
+        tp = f"-tp{self.tp}" if self.tp > 1 else ""
+        return f"{self.backend}{tp}-mb{self.micro_batch}-ckpt{'on' if self.checkpointing else 'off'}"
 
     @property
     def label(self) -> str:
-        return (f"{self.backend} with micro-batch {self.micro_batch} (grad_accum {self.grad_accum}), activation "
+        mesh = f" on {self.mesh}" if self.tp > 1 else ""
+        return (f"{self.backend}{mesh} with micro-batch {self.micro_batch} (grad_accum {self.grad_accum}), activation "
                 f"checkpointing {'on' if self.checkpointing else 'off'}")
 
 
@@ -105,9 +115,9 @@ def size(b: Optional[float]) -> str:
     return f"{b / GIB:,.3f} GiB" if b >= GIB else f"{b / 2**20:,.1f} MiB"
 
 
-def micro_batches(global_batch: int, world: int) -> List[int]:
-    """Every micro-batch that splits the global batch evenly over the ranks."""
-    per_rank = global_batch // world
+def micro_batches(global_batch: int, dp: int) -> List[int]:
+    """Every micro-batch that splits the global batch evenly over the data-parallel ranks."""
+    per_rank = global_batch // dp
     return [m for m in range(1, per_rank + 1) if per_rank % m == 0]
 
 
@@ -143,15 +153,15 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     """Stage 1: every candidate with its predicted peak and step time, those that fit first, fastest first."""
     from ..runtime import models
     from ..runtime.probes import count_flops_per_token
-    from ..theory.predict import predict
-    from ..theory.shape import shape_of
-    from ..theory.time import predict_parts
 
     base = compose(overrides)
     world, par = world_size(base), base.parallelism
-    batch = global_batch or par.global_batch or par.micro_batch * par.grad_accum * world
-    if batch % world:
-        raise ValueError(f"--global-batch {batch}: not divisible by the {world} ranks; use a multiple of {world}")
+    batch = global_batch or par.global_batch or par.micro_batch * par.grad_accum * dp_size(base)
+    pinned = any(o.startswith("parallelism.tp=") for o in overrides)
+    degrees = [par.tp] if pinned else tensor_degrees(base)
+    if batch % world and all(batch % (world // tp) for tp in degrees):
+        raise ValueError(f"--global-batch {batch}: not divisible by the {world} ranks (nor by the data-parallel "
+                         f"ranks of any mesh); use a multiple of {world}")
     counts = models.param_count(base.model, base.workload)
     budget = budget_bytes or default_budget(base)
     rates = rates_for(base, world)
@@ -164,29 +174,48 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
         # one composition per backend (a config group); the candidates' batch and checkpointing are set on a
         # copy, as their overrides would set them (a composition costs about 0.5 s, and there are 6 a backend)
         composed = compose([*overrides, f"backend={backend}", f"parallelism.global_batch={batch}"])
-        for mb in micro_batches(batch, world):
-            for ckpt in (False, True):
-                ga = batch // (mb * world)
-                extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
-                         f"parallelism.global_batch={batch}", f"train.activation_checkpointing={str(ckpt).lower()}"]
-                cfg = copy.deepcopy(composed)
-                cfg.parallelism.micro_batch, cfg.parallelism.grad_accum = mb, ga
-                cfg.train.activation_checkpointing = ckpt
-                theory = predict(cfg, world, counts)
-                peak = theory["memory/device_peak_predicted_bytes"]
-                step = predict_parts(cfg.backend, shape_of(cfg, world, counts),
-                                     flops_per_token * mb * par.seq_len * ga, rates, ckpt)["step"]
-                out.candidates.append(Candidate(
-                    backend, mb, ga, ckpt, extra, predicted_peak_bytes=peak, predicted_step_s=step,
-                    predicted_tokens_per_s=tokens_per_step(cfg, world) / step, fits=peak * (1 + margin) <= budget,
-                    predicted_states_bytes=theory["memory/model_states_device_predicted_bytes"],
-                    family=cfg.backend.family))
-                if out.candidates[-1].fits:
-                    fitting[out.candidates[-1].name] = cfg
+        for tp in tensor_degrees(composed, degrees):
+            dp = world // tp
+            for mb in micro_batches(batch, dp) if batch % dp == 0 else []:
+                for ckpt in (False, True):
+                    ga = batch // (mb * dp)
+                    extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
+                             f"parallelism.global_batch={batch}", f"train.activation_checkpointing={str(ckpt).lower()}",
+                             *([f"parallelism.tp={tp}"] if tp > 1 or pinned else [])]
+                    cfg = copy.deepcopy(composed)
+                    cfg.parallelism.micro_batch, cfg.parallelism.grad_accum, cfg.parallelism.tp = mb, ga, tp
+                    cfg.train.activation_checkpointing = ckpt
+                    out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin))
+                    if out.candidates[-1].fits:
+                        fitting[out.candidates[-1].name] = cfg
     advise_time.price(out, fitting, base, counts)
     # those that fit first, by their counted work's step; then the rest, by the roofline bound
     out.candidates.sort(key=lambda c: (not c.fits, c.predicted_step_s))
     return out
+
+
+def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token: float, rates, budget: int,
+              margin: float) -> Candidate:
+    """One candidate's theory: its predicted device peak, its mesh's bytes by link, and its roofline step (the
+    FLOPs of its data-parallel rank's tokens, split over its tensor-parallel ranks)."""
+    from ..theory.predict import predict
+    from ..theory.shape import shape_of
+    from ..theory.time import predict_parts
+
+    par, world = cfg.parallelism, world_size(cfg)
+    theory = predict(cfg, world, counts)
+    shape = shape_of(cfg, world, counts)
+    peak = theory["memory/device_peak_predicted_bytes"]
+    ckpt = bool(cfg.train.activation_checkpointing)
+    step = predict_parts(cfg.backend, shape, flops_per_token * par.micro_batch * par.seq_len * par.grad_accum / par.tp,
+                         rates, ckpt)["step"]
+    return Candidate(backend, par.micro_batch, par.grad_accum, ckpt, extra, tp=par.tp, mesh=shape.grid.describe(),
+                     predicted_intra_node_bytes=theory["comm/predicted_intra_node_bytes_per_step"],
+                     predicted_inter_node_bytes=theory["comm/predicted_inter_node_bytes_per_step"],
+                     predicted_peak_bytes=peak, predicted_step_s=step,
+                     predicted_tokens_per_s=tokens_per_step(cfg, world) / step, fits=peak * (1 + margin) <= budget,
+                     predicted_states_bytes=theory["memory/model_states_device_predicted_bytes"],
+                     family=cfg.backend.family)
 
 
 def default_budget(cfg) -> int:

@@ -135,11 +135,41 @@ def table(p: Plan) -> List[str]:
 
 
 def theory_table(p: Plan) -> List[str]:
-    lines = ["| candidate | grad_accum | predicted peak | fits | predicted step ms | predicted tokens/s |",
-             "|---|---:|---:|---|---:|---:|"]
-    lines += [f"| {c.name} | {c.grad_accum} | {size(c.predicted_peak_bytes)} | {'yes' if c.fits else 'no'} | "
+    lines = ["| candidate | mesh | grad_accum | predicted peak | fits | GB/step in a node | GB/step across nodes "
+             "| predicted step ms | predicted tokens/s |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|"]
+    lines += [f"| {c.name} | {c.mesh} | {c.grad_accum} | {size(c.predicted_peak_bytes)} | {'yes' if c.fits else 'no'} | "
+              f"{c.predicted_intra_node_bytes / 1e9:,.2f} | {c.predicted_inter_node_bytes / 1e9:,.2f} | "
               f"{c.predicted_step_s * 1e3:,.2f} | {c.predicted_tokens_per_s:,.0f} |" for c in p.candidates]
     return lines
+
+
+def link_words(c: Candidate) -> str:
+    return (f"{c.predicted_intra_node_bytes / 1e9:,.1f} GB a step inside a node and "
+            f"{c.predicted_inter_node_bytes / 1e9:,.1f} GB across nodes per rank")
+
+
+def predicted_choice(p: Plan) -> str:
+    """The dry run's recommendation: the fastest predicted candidate that fits, its mesh and why, against the
+    runner-up of another mesh or backend and the best without tensor parallelism (theory only: nothing ran)."""
+    fitting = sorted(p.fitting, key=lambda c: c.predicted_step_s)
+    if not fitting:
+        return "Nothing is predicted to fit."
+    best = fitting[0]
+    how = p.rates.get("time_model", "the roofline lower bound")
+    out = (f"Predicted best: {best.label}: peak {size(best.predicted_peak_bytes)} of {size(p.budget_bytes)} per "
+           f"rank, {link_words(best)}, a step of {best.predicted_step_s * 1e3:,.0f} ms ({how}).")
+    rival = next((c for c in fitting[1:] if (c.backend, c.tp) != (best.backend, best.tp)), None)
+    if rival:
+        out += (f" Runner-up: {rival.label}, {rival.predicted_step_s * 1e3:,.0f} ms, peak "
+                f"{size(rival.predicted_peak_bytes)}, {link_words(rival)}.")
+    flat = next((c for c in fitting if c.tp == 1), None)
+    if best.tp > 1 and flat:
+        out += (f" Without tensor parallelism the best is {flat.label}: {flat.predicted_step_s * 1e3:,.0f} ms, "
+                f"{link_words(flat)}: tensor parallelism moves the bytes onto the node's links.")
+    elif best.tp > 1:
+        out += " No candidate without tensor parallelism fits."
+    return out
 
 
 def print_plan(p: Plan) -> None:
@@ -273,8 +303,10 @@ def main(argv=None) -> int:
               f"lower --global-batch, or add ranks", file=sys.stderr)
         return 2
     print_plan(p)
-    if args.dry_run:  # the table, and the plan for scripts (no probe has run)
-        write_json(out / "plan.json", to_dict(p))
+    if args.dry_run:  # the table, its recommendation, and the plan for scripts (no probe has run)
+        choice = predicted_choice(p)
+        print(f"\n{choice}")
+        write_json(out / "plan.json", {**to_dict(p), "predicted_choice": choice})
         return 0
     measure(p, args.max_probes, out, args.force)
     result = answer(p)

@@ -22,7 +22,10 @@ import argparse
 import sys
 from typing import List
 
-from ..config.compose import backends, compose, flat_backends
+import copy
+
+from ..config.compose import backends, compose, compose_many, flat_backends
+from ..config.rules import TP_DEGREES, tensor_degrees
 from ..config.derive import tokens_per_step, world_size
 from ..core.components import totals
 from ..runtime import models
@@ -39,8 +42,9 @@ GIB = 2**30  # --device-gib and the advisor count in GiB
 
 
 def rows(overrides: List[str], params: float | None = None, world: int | None = None, rates=None,
-         names: List[str] | None = None) -> List[dict]:
-    """One row per backend (`names`, else every one this shape runs): every prediction, plus DeepSpeed's
+         names: List[str] | None = None, tps: List[int] | None = None) -> List[dict]:
+    """One row per backend (`names`, else every one this shape runs) and tensor-parallel degree (`tps`, else
+    the config's parallelism.tp; each one the backend and model can run): every prediction, plus DeepSpeed's
     estimate where there is one; with `rates` (advise.rates_for), the time model's step time and tokens/s too."""
     out = []
     base = compose(overrides)
@@ -48,31 +52,41 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
     flops_per_token = 6 * params if params else count_flops_per_token(base.model, base.parallelism.seq_len,
                                                                        base.workload) if rates else 0
     # the hybrid backends (HSDP, partial resharding) differ from their flat form only across nodes
-    for name in names or (backends() if base.parallelism.nnodes > 1 else flat_backends()):
-        cfg = compose([*overrides, f"backend={name}"])
-        n = world or world_size(cfg)
-        # a hypothetical model has no tensors: the terms sized by its tensors (offload staging, DeepSpeed's
-        # gathered layer, ZeRO-3's persistent small parameters) are left out
-        counts = ({"total": int(params), "largest_param": 0, "sizes": ()} if params
-                  else models.param_count(cfg.model, cfg.workload))
-        shape = shape_of(cfg, n, counts)
-        comps = memory.layout(cfg.backend, shape)
-        total = totals(comps)
-        par = cfg.parallelism
-        ds = memory.framework_estimate(cfg.backend, shape)
-        out.append({
-            "backend": name, "params": shape.params, "world": n, "precision": shape.precision,
-            "paper_bytes": memory.paper_bytes(memory.paper_stage(cfg.backend), shape),
-            "device_bytes": total["device"], "host_bytes": total["host"], "buffers_bytes": comps.get("buffers", 0),
-            "framework_estimate_gpu_bytes": ds["gpu"] if ds else None,
-            "activations_bytes": saved_activations(cfg, par, shape, False),
-            "activations_ckpt_bytes": saved_activations(cfg, par, shape, True),
-            **{f"comm_{k}_per_step": v for k, v in comm_per_step(cfg.backend, shape).items() if k != "paper_elements"},
-            "peak_bytes": predict(cfg, n, counts)["memory/tensor_peak_predicted_bytes"],
-            "components": comps,
-            **(step_prediction(cfg, n, shape, flops_per_token, rates) if rates else {}),
-        })
+    chosen = names or (backends() if base.parallelism.nnodes > 1 else flat_backends())
+    for name, backend_cfg in zip(chosen, compose_many([[*overrides, f"backend={b}"] for b in chosen])):
+        for tp in tensor_degrees(backend_cfg, tps or [backend_cfg.parallelism.tp]):
+            cfg = copy.deepcopy(backend_cfg)
+            cfg.parallelism.tp = tp
+            out.append(row(cfg, name, params, world, flops_per_token, rates))
     return out
+
+
+def row(cfg, name: str, params: float | None, world: int | None, flops_per_token: float, rates) -> dict:
+    """One backend at one mesh: the figures of `rows`."""
+    n = world or world_size(cfg)
+    # a hypothetical model has no tensors: the terms sized by its tensors (offload staging, DeepSpeed's
+    # gathered layer, ZeRO-3's persistent small parameters) are left out
+    counts = ({"total": int(params), "largest_param": 0, "sizes": ()} if params
+              else models.param_count(cfg.model, cfg.workload))
+    shape = shape_of(cfg, n, counts)
+    comps = memory.layout(cfg.backend, shape)
+    total = totals(comps)
+    par = cfg.parallelism
+    ds = memory.framework_estimate(cfg.backend, shape)
+    mesh = shape.grid
+    return {
+        "backend": name, "params": shape.params, "world": n, "precision": shape.precision,
+        "dp": mesh.dp, "tp": mesh.tp, "mesh": mesh.describe(), "model_params": shape.model_params or shape.params,
+        "paper_bytes": memory.paper_bytes(memory.paper_stage(cfg.backend), shape),
+        "device_bytes": total["device"], "host_bytes": total["host"], "buffers_bytes": comps.get("buffers", 0),
+        "framework_estimate_gpu_bytes": ds["gpu"] if ds else None,
+        "activations_bytes": saved_activations(cfg, par, shape, False),
+        "activations_ckpt_bytes": saved_activations(cfg, par, shape, True),
+        **{f"comm_{k}_per_step": v for k, v in comm_per_step(cfg.backend, shape).items() if k != "paper_elements"},
+        "peak_bytes": predict(cfg, n, counts)["memory/tensor_peak_predicted_bytes"],
+        "components": comps,
+        **(step_prediction(cfg, n, shape, flops_per_token, rates) if rates else {}),
+    }
 
 
 def step_prediction(cfg, world: int, shape, flops_per_token: float, rates) -> dict:
@@ -100,14 +114,14 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
 
     t = Table(title=title)
     timed = "step_s" in table[0]
-    for col in ("backend", "paper", "device", "host", "buffers", "framework est.", "activations",
+    for col in ("backend", "dp", "tp", "paper", "device", "host", "buffers", "framework est.", "activations",
                 "act. (ckpt)", "comm/step", "intra-node", "inter-node", "peak", "peak GiB") + \
             (("fits",) if device_gib else ()) + \
             (("step ms", "tokens/s") if timed else ()):
         t.add_column(col, justify="left" if col == "backend" else "right")
     fmt = lambda v: "-" if v is None else f"{v / GB:,.3f}"  # noqa: E731
     for r in table:
-        t.add_row(r["backend"], fmt(r["paper_bytes"]), fmt(r["device_bytes"]), fmt(r["host_bytes"] or None),
+        t.add_row(r["backend"], str(r["dp"]), str(r["tp"]), fmt(r["paper_bytes"]), fmt(r["device_bytes"]), fmt(r["host_bytes"] or None),
                   fmt(r["buffers_bytes"] or None), fmt(r["framework_estimate_gpu_bytes"]), fmt(r["activations_bytes"]),
                   fmt(r["activations_ckpt_bytes"]), fmt(r["comm_bytes_per_step"]),
                   fmt(r["comm_intra_node_bytes_per_step"]), fmt(r["comm_inter_node_bytes_per_step"]),
@@ -117,9 +131,12 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
                   *((f"{r['step_s'] * 1e3:,.2f}", f"{r['tokens_per_s']:,.0f}") if timed else ()))
     Console(width=max(Console().width, 220 if timed else 180)).print(t)
     print("GB per rank (1e9 bytes, as the ZeRO paper counts), and the peak also in GiB (2^30 bytes, as --device-gib "
-          "and the advisor count). device+host = model states; buffers = comm/offload staging; activations per "
+          "and the advisor count). dp x tp = the mesh (config/mesh.py): data-parallel ranks, and tensor-parallel "
+          "ranks inside a node; under tensor parallelism each rank holds its shard of the model, and its states are "
+          "that shard's. device+host = model states; buffers = comm/offload staging; activations per "
           "micro-batch; comm = bytes sent per rank per step, split by the link its group crosses (ring collectives: a "
-          "group with ranks on two nodes runs at the inter-node link; theory/communication.py).")
+          "group with ranks on two nodes runs at the inter-node link; tensor parallelism's stay inside the node; "
+          "theory/communication.py).")
     if device_gib:
         print(f"fits: peak x {1 + FIT_MARGIN:.2f} <= the budget of {device_gib:g} GiB ({device_gib * GIB / GB:,.1f} GB) "
               f"per rank: the {FIT_MARGIN:.0%} headroom harness.advise also leaves.")
@@ -140,7 +157,11 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
 def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=float, help="a hypothetical parameter count (e.g. 7.5e9)")
-    parser.add_argument("--world", type=int, help="data-parallel ranks (default: from parallelism)")
+    parser.add_argument("--world", type=int, help="ranks in all (default: from parallelism)")
+    parser.add_argument("--tp", default="all",
+                        help="tensor-parallel degrees to search, comma-separated, or `all` (default: every one of "
+                             f"{', '.join(map(str, TP_DEGREES))} the node, the model and the backend allow; "
+                             "parallelism.tp=<n> pins one)")
     parser.add_argument("--device-gib", type=float, help="device memory (GiB): say whether each backend's peak fits")
     parser.add_argument("--traced", action="store_true",
                         help="also trace each backend that can be traced on fake tensors at this shape (rank 0, the "
@@ -152,10 +173,13 @@ def main(argv: List[str] | None = None) -> int:
     args, overrides = parser.parse_known_args(argv)
     cfg = compose(overrides)
     rates = rates_for(cfg, args.world or world_size(cfg)) if args.time else None  # measured once, here
-    table = rows(overrides, args.params, args.world, rates)
+    pinned = any(o.startswith("parallelism.tp=") for o in overrides)
+    tps = None if pinned else (list(TP_DEGREES) if args.tp == "all" else [int(t) for t in args.tp.split(",") if t])
+    table = rows(overrides, args.params, args.world, rates, tps=tps)
     r = table[0]
-    render(table, f"{cfg.model.name if not args.params else 'Ψ=%.3g' % args.params}: {r['params']:,} params, "
-                  f"N={r['world']}, {r['precision']}, profile {cfg.profile}, micro_batch {cfg.parallelism.micro_batch} x seq "
+    render(table, f"{cfg.model.name if not args.params else 'Ψ=%.3g' % args.params}: {r['model_params']:,} params, "
+                  f"{r['world']} ranks ({cfg.parallelism.nnodes} node(s) of {cfg.parallelism.nproc_per_node}), "
+                  f"{r['precision']}, profile {cfg.profile}, micro_batch {cfg.parallelism.micro_batch} x seq "
                   f"{cfg.parallelism.seq_len}", args.device_gib, rates)
     if args.traced:
         from .scale_check import render_traced

@@ -29,6 +29,7 @@ class Shape:
     overlap_comm: bool = False  # DeepSpeed overlaps its reduce (and ZeRO-3 its gathers) with compute
     grad_all_reduce: bool = False  # DeepSpeed ZeRO-1/2 reduce gradients by all-reduce, not to each owner
     tensor_sizes: tuple = ()  # every parameter tensor's elements (tied ones once)
+    trainable_sizes: tuple = ()  # the trained ones', in the model's order (how ZeRO-1/2 flatten them)
     persistence_threshold: int = 0  # ZeRO-3 keeps tensors of at most this many elements whole on every rank
     # LoRA (workload=lora): only these parameters train; the frozen rest keep no gradient or optimizer state.
     # None = all of them (full training), and the fields below follow the whole model's.
@@ -135,6 +136,7 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   grad_accum=cfg.parallelism.grad_accum, fp32_grads=cfg.train.precision == "fp32",
                   block_params=counts.get("per_block", 0), foreach=cfg.parallelism.device == "cuda",
                   blocks=cfg.model.num_layers, tensor_sizes=tuple(counts.get("sizes", ())),
+                  trainable_sizes=tuple(first * per_row for first, per_row, trains in counts.get("rows", ()) if trains),
                   trainable_params=counts.get("trainable"), block_trainable=counts.get("per_block_trainable"),
                   largest_trainable=counts.get("largest_trainable"), head_params=counts.get("head", 0),
                   head_trainable=counts.get("head_trainable", counts.get("head", 0)),
