@@ -57,11 +57,12 @@ bench: install warm ## harness overhead: 8 interleaved pairs of harness and hand
 advise: install warm ## which strategy? theory prunes, real runs decide: make advise ARGS="model=small_llama --device-gib 0.0625" -> results/advise/
 	$(PY) -m harness.advise $(ARGS)
 
-memory-check: install warm ## the memory model against measured peaks: every backend x model x precision x checkpointing, one launch, then a states-dominated shape at 4 ranks -> results/memory_check/
+memory-check: install warm ## the memory model against measured peaks: every backend x model x precision x checkpointing, one launch; a states-dominated shape at 4 ranks; the same matrix at dp 2 x tp 2 -> results/memory_check/
 	$(PY) -m harness.memory_check $(ARGS)
 	$(PY) -m harness.memory_check --states-dominated --repeats 2
+	$(PY) -m harness.memory_check --models tiny_llama,tiny_qwen2,tiny_mistral --out results/memory_check/tp parallelism.nproc_per_node=4 parallelism.tp=2
 
-scale-check: install warm ## 8-512 ranks on fake tensors: llama 1b-70b, FSDP2, bf16/fp32, ckpt off/on, traced against theory -> results/scale_check/
+scale-check: install warm ## 8-512 ranks on fake tensors: llama 1b-70b, FSDP2, bf16/fp32, ckpt off/on, and 2-D cells (tp 2-8), traced against theory -> results/scale_check/
 	$(PY) -m harness.scale_check $(ARGS)
 
 hybrid: install warm ## hybrid sharding: every hybrid backend beside ddp, fsdp, ds_zero3 on 2 emulated nodes x 2 ranks, and llama 7b/13b on 4x8 and 16x8 H100s in theory -> results/hybrid/

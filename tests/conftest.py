@@ -150,8 +150,21 @@ USER = ("model=tiny_qwen2", "data=files", "data.text_field=content", "optim.sche
         "optim.warmup_steps=2", "train.eval_every=3", "train.steps=8", "train.warmup_steps=2", "profile=parity")
 
 
+def tp_resumed(tp_runs, llama_checkpoint, micro_batch: int, tp: int, backends=("fsdp",)):
+    """Cells at 2 ranks that resume gqa/fsdp's checkpoint (dp 2 x tp 2, after step 3 of 5) at `tp`, the same 12
+    sequences a step: DCP reshards it, over the data-parallel ranks and, at tp 1, out of its tensor-parallel
+    shards."""
+    def overrides(backend: str) -> tuple:
+        path = f"{tp_runs['gqa/fsdp'][2]}/checkpoints/step_{SAVED_AT:07d}"
+        return cheap(*FINETUNE, "parallelism.nproc_per_node=2", f"parallelism.tp={tp}",
+                     f"parallelism.micro_batch={micro_batch}", "parallelism.grad_accum=2", "model.init=meta",
+                     f"model.pretrained_path={llama_checkpoint}", f"train.resume='{path}'")
+    overrides.backends = list(backends)
+    return overrides
+
+
 @pytest.fixture(scope="session")
-def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus):
+def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, tp_runs):
     """The LoRA, bf16, resharding and user-data sweeps, all on 2 ranks, as the cells of one launch: one start-up,
     not four."""
     def reshard(backend: str) -> tuple:
@@ -172,6 +185,10 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus):
         # do (runtime/initial_weights.py). FLOPs are tested on the fp32 sweep (test_parity): off saves ~1 s a run
         "bf16": ("model=tiny_gpt2", "train.precision=bf16", "model.init=meta", "train.measure_flops=false"),
         "user": cheap(*USER, f"data.files=[{user_corpus}/docstrings.jsonl,{user_corpus}/notes.txt]"),
+        # dp 2 x tp 2 resumed at dp 1 x tp 2 (the same shards' data-parallel split undone), and at tp 1 under FSDP2
+        # and DDP (the tensor-parallel shards joined): tests/test_tensor_parallel.py
+        "tp_resume": tp_resumed(tp_runs, llama_checkpoint, 6, 2),
+        "tp_reshard": tp_resumed(tp_runs, llama_checkpoint, 3, 1, ("fsdp", "ddp")),
     })
 
 
@@ -193,3 +210,50 @@ def bf16_runs(two_rank_sweeps):
 @pytest.fixture(scope="session")
 def user_runs(two_rank_sweeps):
     return two_rank_sweeps["user"]
+
+
+# tensor parallelism at 4 ranks (dp 2 x tp 2), each cell the shape of a DDP run the suite already has, so that DDP's
+# losses are there to hold it to, at the same sequences a step: a GQA model (tiny_llama) as the fp32 sweep runs it
+# (FINETUNE: fine-tuned from a checkpoint, built on the meta device, grad_accum 2: 12 sequences a step, here 3 a
+# micro-batch on each of 2 data-parallel ranks) under each family's tensor parallelism, measuring states, peak and
+# bytes too (the memory check's tp=2 cells) and saving after step 3 (tp_resume); and a tied one with q/k/v biases
+# (tiny_qwen2) as the user-data sweep runs it (USER), under PyTorch's plan without sequence or loss parallelism and
+# under AutoTP with ZeRO-3, losses only
+TP_COMMON = ("parallelism.nproc_per_node=4", "parallelism.tp=2", "train.memory_steps=2", "train.measure_flops=false",
+             "train.breakdown_steps=0")
+
+
+def tp_cells(llama_checkpoint, user_corpus) -> dict:
+    gqa = (*FINETUNE, "parallelism.micro_batch=3", "model.init=meta", f"model.pretrained_path={llama_checkpoint}",
+           "train.peak_by_kind=false")
+    tied = cheap(*USER, f"data.files=[{user_corpus}/docstrings.jsonl,{user_corpus}/notes.txt]")
+    return {"gqa/fsdp": (*gqa, "backend=fsdp", f"train.checkpoint_every={SAVED_AT}"),
+            "gqa/ddp": (*gqa, "backend=ddp"),
+            "gqa/ds_zero2": (*gqa, "backend=ds_zero2", f"train.checkpoint_every={SAVED_AT}"),
+            "tied/fsdp": (*tied, "backend=fsdp", "parallelism.sequence_parallel=false",
+                          "parallelism.loss_parallel=false"),
+            "tied/ds_zero3": (*tied, "backend=ds_zero3")}
+
+
+@pytest.fixture(scope="session")
+def tp_runs(tmp_path_factory, llama_checkpoint, user_corpus) -> dict:
+    """tp_cells as the cells of one 4-rank launch: {cell: (summary, per-step records, run dir)}."""
+    from harness.launcher.cells import run_cells
+
+    root = tmp_path_factory.mktemp("tp")
+    os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
+    cells = [(name, [*overrides, *TP_COMMON]) for name, overrides in tp_cells(llama_checkpoint, user_corpus).items()]
+    summaries = run_cells(root / "sweeps" / "tp", cells, [f"paths.root={root}", *FAST], report=False)
+    out = {}
+    for cell, summary in summaries.items():
+        run_dir = root / "sweeps" / "tp" / cell
+        metrics = run_dir / "metrics.jsonl"
+        out[cell] = (summary, [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists()
+                     else [], run_dir)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tp_resume_runs(two_rank_sweeps):
+    return {**{f"tp2/{b}": r for b, r in two_rank_sweeps["tp_resume"].items()},
+            **{f"tp1/{b}": r for b, r in two_rank_sweeps["tp_reshard"].items()}}

@@ -48,14 +48,14 @@ def released(backend: str) -> list:
     return release(backend) if backend in HYBRID else []
 
 
-def one_node(root: Path, ranks: int, backends=BACKENDS) -> dict:
+def one_node(root: Path, ranks: int, backends=BACKENDS, *extra: str) -> dict:
     """Each backend's one-node reference at `ranks` ranks, as the cells of one launch (launcher/cells.py: each
     a whole run in its own run dir, through a run's own code): backend -> its run dir."""
     from harness.launcher.cells import run_cells
 
     os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
     summaries = run_cells(root / f"one{ranks}", [(b, [f"backend={b}"]) for b in backends],
-                          [*FAST, f"parallelism.nproc_per_node={ranks}", f"paths.root={root}"], report=False)
+                          [*FAST, f"parallelism.nproc_per_node={ranks}", f"paths.root={root}", *extra], report=False)
     assert all(s["status"] == "ok" for s in summaries.values()), summaries
     return {b: root / f"one{ranks}" / b for b in backends}
 
@@ -173,3 +173,26 @@ def killed_node_fails_the_run(tmp_path, owner, follower) -> None:
     assert summary["status"] != "ok" and summary["reason"].startswith("rank 1 (node 1) killed"), summary["reason"]
     assert owner.returncode == 1 and follower.returncode == 1 and "[node 1] ranks 1-1: rank 1 killed" in out1
     assert not [p for p in everything if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # nothing left
+
+
+@DRILL
+def test_tensor_parallelism_inside_each_of_two_nodes_trains_as_ddp_and_keeps_its_bytes_in_the_node(tmp_path):
+    # 2 emulated nodes x 2 ranks as dp 2 x tp 2: each node's two ranks are a tensor-parallel group (consecutive
+    # ranks), the data-parallel groups cross the nodes; the same 4 sequences a step as DDP at 4 ranks (micro-batch
+    # 2 on 2 data-parallel ranks against 1 on 4)
+    args = ("backend=fsdp", "parallelism.nproc_per_node=2", "parallelism.tp=2", *FAST)
+    port = 29691
+    follower = start_node(1, tmp_path / "two", port, *args)
+    time.sleep(1)
+    owner = start_node(0, tmp_path / "two", port, *args)
+    out0, err0 = owner.communicate(timeout=300)
+    out1, err1 = follower.communicate(timeout=60)
+    assert owner.returncode == 0 and follower.returncode == 0, err0[-2000:] + err1[-2000:]
+    one = one_node(tmp_path / "ref", 4, ("ddp",), "parallelism.micro_batch=1")
+    assert losses(tmp_path / "two") == pytest.approx(losses(one["ddp"]), rel=1e-4)
+    f = json.loads((tmp_path / "two" / "summary.json").read_text())["figures"]
+    for link in ("intra", "inter"):
+        measured, predicted = (f[f"comm/{kind}_{link}_node_bytes_per_step"] for kind in ("measured", "predicted"))
+        assert measured == pytest.approx(predicted, rel=0.01), (link, measured, predicted)
+    # tensor parallelism's collectives stay inside each node; FSDP2's over the data-parallel ranks cross them
+    assert f["comm/measured_intra_node_bytes_per_step"] > 0 and f["comm/measured_inter_node_bytes_per_step"] > 0

@@ -16,7 +16,7 @@ from harness.studies import scale_check
 
 pytestmark = pytest.mark.slow
 CELL = ["--models", "llama_1b", "--wide", "", "--worlds", "64", "--backends", "fsdp,fsdp_hsdp", "--probe-backends", "ddp",
-        "--precisions", "bf16", "--checkpointing", "off", "--jobs", "2"]
+        "--precisions", "bf16", "--checkpointing", "off", "--tp-grid", "llama_1b:64:2", "--jobs", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def grid(tmp_path_factory):
     proc = subprocess.run([sys.executable, "-m", "harness.scale_check", *CELL, "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     rows = json.loads((out / "scale_check.json").read_text())
-    return proc, out, {r["backend"]: r for r in rows}
+    return proc, out, {r["backend"] + (f"-tp{r['tp']}" if r.get("tp", 1) > 1 else ""): r for r in rows}
 
 
 def test_fsdp2_at_64_ranks_allocates_and_sends_what_theory_says(grid):
@@ -44,7 +44,7 @@ def test_fsdp2_at_64_ranks_allocates_and_sends_what_theory_says(grid):
     # whole world, as full sharding does
     gathers = sum(c["count"] for c in r["collectives_traced"] if c["op"] == "all_gather")
     assert gathers == 2 * 16 + 1 and {c["group"] for c in r["collectives_traced"]} == {64}, r["collectives_traced"]
-    assert "| llama_1b | fsdp | 64 | bf16 | off |" in (out / "scale_check.md").read_text()
+    assert "| llama_1b | fsdp | 64 | 1 | bf16 | off |" in (out / "scale_check.md").read_text()
 
 
 def test_hsdp_at_64_ranks_shards_inside_the_node_and_sends_only_the_gradient_shards_across(grid):
@@ -66,7 +66,8 @@ def test_hsdp_at_64_ranks_shards_inside_the_node_and_sends_only_the_gradient_sha
 def test_a_backend_that_cannot_be_traced_is_a_row_with_its_cause(grid):
     _, out, rows = grid
     r = rows["ddp"]
-    assert not r["ok"] and "Couldn't swap" in r["error"] and "ddp/strategy.py" in r["where"], r
+    # DistributedDataParallel's construction reads its parameters' data (its shape check across ranks)
+    assert not r["ok"] and "data is not allocated" in r["error"] and "ddp/strategy.py" in r["where"], r
     assert f"not traced: {r['error']}" in (out / "scale_check.md").read_text()
 
 
@@ -77,3 +78,20 @@ def test_a_second_run_reuses_the_cells_already_traced(grid):
     again = scale_check.run_grid(cells, out)  # in this process: no worker is started for a cell already there
     assert (out / "cells.jsonl").read_text() == before
     assert [r["backend"] for r in again] == ["fsdp", "ddp"] and again[0]["peak_bytes"] == rows["fsdp"]["peak_bytes"]
+
+
+def test_fsdp2_and_ddp_with_tensor_parallelism_at_64_ranks_hold_send_and_peak_as_theory_says(grid):
+    # dp 32 x tp 2 inside nodes of 8: each rank holds its shard of the model (the projections, the embedding and
+    # the output layer halved, the norms whole), sends the tensor-parallel collectives of every block inside its
+    # node and FSDP2's (or replicate's) over the data-parallel ranks across nodes
+    _, out, rows = grid
+    for backend in ("fsdp-tp2", "ddp-tp2"):
+        r = rows[backend]
+        assert r["ok"] and r["world"] == 64 and r["tp"] == 2, r.get("error")
+        for what in ("states", "peak", "bytes"):
+            assert abs(r[f"{what}_error_pct"]) <= scale_check.THRESHOLDS[what], (backend, what, r[f"{what}_error_pct"])
+        assert r["intra_node_bytes"] == pytest.approx(r["intra_node_bytes_predicted"], rel=0.01)
+        assert r["inter_node_bytes"] == pytest.approx(r["inter_node_bytes_predicted"], rel=0.01)
+        tp_groups = {c["group"] for c in r["collectives_traced"] if c["size_bytes"] == 4 * 2048 * 2048 * 2}
+        assert tp_groups == {2}, r["collectives_traced"]  # b·s·h in bf16: the tensor-parallel group's
+    assert "| llama_1b | fsdp | 64 | 2 | bf16 | off |" in (out / "scale_check.md").read_text()

@@ -75,7 +75,7 @@ def jit_ops(cfg) -> list[str]:
 
 def identity(cfg) -> Identity:
     return Identity(backend=cfg.backend.name, model=cfg.model.name, world_size=world_size(cfg),
-                    precision=cfg.train.precision)
+                    precision=cfg.train.precision, mesh=mesh_of(cfg).describe())
 
 
 def run_name(cfg) -> str:

@@ -36,6 +36,7 @@ class Identity:
     model: str
     world_size: int
     precision: str
+    mesh: str = ""  # config/mesh.Mesh.describe(): "dp 2 x tp 2 (SP, loss parallel)"
 
 
 @dataclass
@@ -123,6 +124,7 @@ class RunSummary:
     world_size: Optional[int]
     precision: Optional[str]
     params: Optional[int] = None
+    mesh: Optional[str] = None  # the run's mesh (config/mesh.py): data- and tensor-parallel degrees
     figures: Dict[str, Any] = field(default_factory=dict)
     optimizer: Optional[str] = None
     model_init: Optional[str] = None  # where the model was built: host, meta or zero.Init

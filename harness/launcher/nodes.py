@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import List
 
+from ..config.mesh import mesh_of
 from ..core.records import RankOutcome, Status
 from ..core.rundir import RunDir, read_json
 from ..core.runlock import RunDirBusy, RunLock, describe, holder
@@ -64,9 +65,9 @@ def wait_for_owner(run_dir: Path, timeout_s: float) -> str | None:
 
 
 def node_outcomes(run_dir: RunDir, cfg, node: int) -> List[RankOutcome]:
-    per = cfg.parallelism.nproc_per_node
+    mesh = mesh_of(cfg)
     out = []
-    for rank in range(node * per, (node + 1) * per):
+    for rank in (r for r in range(mesh.world) if mesh.node_of(r) == node):
         found = read_json(run_dir.rank_outcome(rank))
         out.append(RankOutcome.from_dict(found) if found else RankOutcome.killed(rank, None, node))
     return out

@@ -14,6 +14,8 @@ from .collect import varying_keys
 # (header, how to get it from a summary, format)
 COLUMNS = [
     ("backend", lambda s: s.get("backend", "?"), "{}"),
+    # the mesh where tensor parallelism splits it (config/mesh.py); a data-parallel mesh is the world size's
+    ("mesh", lambda s: s.get("mesh") if " x tp " in (s.get("mesh") or "") else None, "{}"),
     # a LoRA run is named as such: the same model, a different workload (and different model states)
     ("model", lambda s: s.get("model", "?") + ("+lora" if s.get("config", {}).get("workload.name") == "lora"
                                                else ""), "{}"),
@@ -84,7 +86,7 @@ def write_tables(sweep_dir: Path, rows: List[dict]) -> str:
 
 
 TEXT_COLUMNS = ("backend", "model", "precision", "status")
-OPTIONAL_COLUMNS = ("save s", "resumed from step", "eval loss")  # shown only where a run has the figure
+OPTIONAL_COLUMNS = ("mesh", "save s", "resumed from step", "eval loss")  # shown only where a run has the figure
 # headers on two lines, each word short, so that the table fits 100 columns without cutting a value
 CONSOLE_HEADERS = {"step p50 ms": "step p50\nms", "exposed comm %": "exposed\ncomm %", "peak MiB/rank": "peak\nMiB/rank",
                    "peak predicted": "peak\npredicted", "states MiB/rank": "states\nMiB/rank",

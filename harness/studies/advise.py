@@ -115,6 +115,13 @@ def size(b: Optional[float]) -> str:
     return f"{b / GIB:,.3f} GiB" if b >= GIB else f"{b / 2**20:,.1f} MiB"
 
 
+def data_parallel_ranks(cfg, tp: int) -> int:
+    """The data-parallel ranks of `cfg`'s mesh at tensor-parallel degree `tp` (config/mesh.py)."""
+    trial = copy.deepcopy(cfg)
+    trial.parallelism.tp = tp
+    return dp_size(trial)
+
+
 def micro_batches(global_batch: int, dp: int) -> List[int]:
     """Every micro-batch that splits the global batch evenly over the data-parallel ranks."""
     per_rank = global_batch // dp
@@ -159,7 +166,7 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     batch = global_batch or par.global_batch or par.micro_batch * par.grad_accum * dp_size(base)
     pinned = any(o.startswith("parallelism.tp=") for o in overrides)
     degrees = [par.tp] if pinned else tensor_degrees(base)
-    if batch % world and all(batch % (world // tp) for tp in degrees):
+    if all(batch % data_parallel_ranks(base, tp) for tp in degrees):
         raise ValueError(f"--global-batch {batch}: not divisible by the {world} ranks (nor by the data-parallel "
                          f"ranks of any mesh); use a multiple of {world}")
     counts = models.param_count(base.model, base.workload)
@@ -175,7 +182,7 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
         # copy, as their overrides would set them (a composition costs about 0.5 s, and there are 6 a backend)
         composed = compose([*overrides, f"backend={backend}", f"parallelism.global_batch={batch}"])
         for tp in tensor_degrees(composed, degrees):
-            dp = world // tp
+            dp = data_parallel_ranks(composed, tp)
             for mb in micro_batches(batch, dp) if batch % dp == 0 else []:
                 for ckpt in (False, True):
                     ga = batch // (mb * dp)

@@ -108,6 +108,23 @@ def fits(peak_bytes: float, device_gib: float, margin: float = FIT_MARGIN) -> bo
     return peak_bytes * (1 + margin) <= device_gib * GIB
 
 
+def markdown(table: List[dict], title: str, device_gib: float | None = None) -> str:
+    """The mesh-by-mesh figures a planner compares, as a markdown table (--markdown): states and peak per rank,
+    bytes a step by link, and the time model's step where it was asked for (--time)."""
+    timed = "step_s" in table[0]
+    head = ["backend", "mesh", "states GB", "peak GiB", *(["fits"] if device_gib else []), "in a node GB/step",
+            "across nodes GB/step", *(["step ms", "tokens/s per GPU"] if timed else [])]
+    lines = [f"**{title}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in table:
+        cells = [r["backend"], r["mesh"], f"{(r['device_bytes'] + r['host_bytes']) / GB:,.1f}",
+                 f"{r['peak_bytes'] / GIB:,.1f}", *(["yes" if fits(r["peak_bytes"], device_gib) else "no"]
+                                                   if device_gib else []),
+                 f"{r['comm_intra_node_bytes_per_step'] / GB:,.1f}", f"{r['comm_inter_node_bytes_per_step'] / GB:,.1f}",
+                 *([f"{r['step_s'] * 1e3:,.0f}", f"{r['tokens_per_s'] / r['world']:,.0f}"] if timed else [])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render(table: List[dict], title: str, device_gib: float | None = None, rates=None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -167,6 +184,9 @@ def main(argv: List[str] | None = None) -> int:
                         help="also trace each backend that can be traced on fake tensors at this shape (rank 0, the "
                              "real strategy code: harness/runtime/traced.py) and set its figures beside the theory "
                              "(~10 s to a few minutes a backend, two at a time)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the mesh-by-mesh table as markdown (states, peak, bytes by link, step)")
+    parser.add_argument("--backends", help="comma-separated (default: every backend this shape runs)")
     parser.add_argument("--time", action="store_true",
                         help="also the time model's step time and tokens/s, at this machine's measured matmul and copy "
                              "rates (a calibration: about a second, or ~15 s for bf16 on a CPU without bf16 units)")
@@ -175,12 +195,17 @@ def main(argv: List[str] | None = None) -> int:
     rates = rates_for(cfg, args.world or world_size(cfg)) if args.time else None  # measured once, here
     pinned = any(o.startswith("parallelism.tp=") for o in overrides)
     tps = None if pinned else (list(TP_DEGREES) if args.tp == "all" else [int(t) for t in args.tp.split(",") if t])
-    table = rows(overrides, args.params, args.world, rates, tps=tps)
+    table = rows(overrides, args.params, args.world, rates, names=args.backends.split(",") if args.backends else None,
+                 tps=tps)
     r = table[0]
-    render(table, f"{cfg.model.name if not args.params else 'Ψ=%.3g' % args.params}: {r['model_params']:,} params, "
-                  f"{r['world']} ranks ({cfg.parallelism.nnodes} node(s) of {cfg.parallelism.nproc_per_node}), "
-                  f"{r['precision']}, profile {cfg.profile}, micro_batch {cfg.parallelism.micro_batch} x seq "
-                  f"{cfg.parallelism.seq_len}", args.device_gib, rates)
+    title = (f"{cfg.model.name if not args.params else 'Ψ=%.3g' % args.params}: {r['model_params']:,} params, "
+             f"{r['world']} ranks ({cfg.parallelism.nnodes} node(s) of {cfg.parallelism.nproc_per_node}), "
+             f"{r['precision']}, profile {cfg.profile}, micro_batch {cfg.parallelism.micro_batch} x seq "
+             f"{cfg.parallelism.seq_len}")
+    if args.markdown:
+        print(markdown(table, title, args.device_gib))
+        return 0
+    render(table, title, args.device_gib, rates)
     if args.traced:
         from .scale_check import render_traced
 

@@ -59,6 +59,7 @@ WIDE = GRID["models"]  # the models traced under every traceable backend and in 
 TP_GRID = (("llama_70b", 256, (8,), ("off", "on")), ("llama_70b", 512, (8,), ("off", "on")),
            ("llama_7b", 64, (2, 4, 8), ("off",)), ("llama_13b", 64, (2, 4, 8), ("off",)))
 TP_COMMON = ["parallelism.loss_parallel=false"]
+TP_BACKENDS = "fsdp,ddp"  # FSDP2 + TP and DDP + TP (torch's replicate): the two mechanisms; the FSDP2 variants trace too
 
 
 def traceable(tp: int = 1) -> Tuple[List[str], Dict[str, str]]:
@@ -101,15 +102,12 @@ def cell_overrides(model: str, backend: str, world: int, precision: str, checkpo
             "parallelism.device=cpu", "logger=none", *([f"parallelism.tp={tp}", *TP_COMMON] if tp > 1 else [])]
 
 
-def tp_cells(grid, common: List[str]) -> List[List[str]]:
-    """The 2-D cells (TP_GRID's shape), every backend that traces at tp > 1, and each that does not once."""
-    ok, others = traceable(2)
-    cells = [cell_overrides(m, b, world, "bf16", c == "on", common, tp)
-             for m, world, tps, ckpt in grid for tp in tps for b in ok for c in ckpt]
-    if grid:
-        m, world, tps, _ = grid[-1]
-        cells += [cell_overrides(m, b, world, "bf16", False, common, tps[0]) for b in others]
-    return cells
+def tp_cells(grid, common: List[str], backends: List[str]) -> List[List[str]]:
+    """The 2-D cells (TP_GRID's shape) under those of `backends` that trace at tp > 1. The others are not tried
+    again: they fail as their 1-D cells do (DeepSpeed's engine moves the module to its device)."""
+    ok, _ = traceable(2)
+    return [cell_overrides(m, b, world, "bf16", c == "on", common, tp)
+            for m, world, tps, ckpt in grid for tp in tps for b in ok if b in backends for c in ckpt]
 
 
 def cell_name(overrides: List[str]) -> str:
@@ -278,7 +276,7 @@ def render_traced(overrides: List[str], world: int | None = None) -> List[dict]:
 
     if world:
         overrides = [*overrides, *world_overrides(world)]
-    ok, others = traceable()
+    ok, others = traceable(compose(overrides).parallelism.tp)
     cells = [[*overrides, f"backend={b}", "parallelism.device=cpu", "logger=none"] for b in ok]
     with tempfile.TemporaryDirectory(prefix="shardbench-traced-") as tmp:
         rows = run_grid(cells, Path(tmp), jobs=2)
@@ -326,6 +324,7 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--tp-grid", default="default",
                         help="the 2-D cells (data x tensor parallelism): `default` (TP_GRID), `none`, or cells "
                              "model:world:tp[:tp...][:ckpt], comma-separated (e.g. llama_1b:64:2)")
+    parser.add_argument("--tp-backends", default=TP_BACKENDS, help="the backends of the 2-D cells")
     parser.add_argument("--jobs", type=int, default=2, help="cells traced at once (one process each)")
     parser.add_argument("--fresh", action="store_true", help="trace every cell again")
     parser.add_argument("--report-only", action="store_true", help="write the table from the cells already traced")
@@ -342,7 +341,7 @@ def main(argv: List[str] | None = None) -> int:
     worlds, precisions = split(args.worlds), split(args.precisions)
     cells += [cell_overrides(split(args.models)[0], b, int(worlds[min(1, len(worlds) - 1)]), precisions[0], False,
                              overrides) for b in split(args.probe_backends)]
-    cells += tp_cells(tp_grid(args.tp_grid), overrides)
+    cells += tp_cells(tp_grid(args.tp_grid), overrides, split(args.tp_backends))
     out = (REPO / args.out).resolve()
     rows = run_grid(cells, out, args.jobs, args.fresh, trace=not args.report_only)
     command = "python -m harness.scale_check " + " ".join(argv if argv is not None else sys.argv[1:])

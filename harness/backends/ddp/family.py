@@ -52,9 +52,9 @@ class DDPFamily(DCPCheckpoints, Family):
     strategy_class_name = "DDPStrategy"
     framework = "PyTorch"
     representative = "ddp"
-    untraceable = ("torch cannot move a module whose parameters are fake (nn.Module._apply cannot swap them), and "
-                   "DDP's construction reads its parameters' data to check their shapes across ranks; past both, its "
-                   "C++ reducer asserts on the fake process group's futures, which carry no tensor (c10d/comm.cpp)")
+    untraceable = ("DistributedDataParallel's construction reads its parameters' data to check their shapes across "
+                   "ranks, which fake tensors do not have; past it, its C++ reducer asserts on the fake process group's "
+                   "futures, which carry no tensor (c10d/comm.cpp)")
     traces_with_tensor_parallel = True  # at tp > 1 it is torch's replicate, FSDP2's machinery, which traces
     term_names = {"ddp_buckets": "DDP's gradient buckets"}
     differences = (
@@ -120,9 +120,10 @@ class DDPFamily(DCPCheckpoints, Family):
         return {}
 
     def collectives(self, backend, s):
-        if s.tp > 1:  # each unit's fp32 gradients all-reduced over the replicas, the loss over every one
+        if s.tp > 1:  # each unit's fp32 gradients all-reduced over the replicas: every data-parallel rank
             fsdp2, settings, view = replicated(backend, s)
-            return fsdp2.collectives(settings, view)
+            return [c._replace(group=None if c.group == "dp_replicate" else c.group)
+                    for c in fsdp2.collectives(settings, view) if view.grid.size(c.group) > 1]
         # fp32 gradients (autocast keeps weights fp32), once per step, hidden behind backward
         bucket = NATIVE_BUCKET_BYTES // 4 if s.grad_copy else s.bucket_elements
         return bucketed("all_reduce", s.t, bucket, 4, 1, "backward") + [Collective("all_reduce", 4, 1, None)]

@@ -28,8 +28,10 @@ class DeepSpeedFamily(Family):
     pass_through = ("deepspeed",)  # +backend.deepspeed.<key>=...: DeepSpeed's JSON keys, checked by check.py
     framework = "DeepSpeed"
     checkpoint_format = "DeepSpeed"  # engine.save_checkpoint: the module's states and each rank's ZeRO partitions
-    layout_fix = ("DeepSpeed loads a checkpoint at the ZeRO stage, precision and AutoTP degree that wrote it (its "
-                  "universal conversion cannot reshard AutoTP's tensor-parallel slices to another degree)")
+    layout_fix = ("DeepSpeed loads a checkpoint at the ZeRO stage and precision that wrote it, and an AutoTP one only on "
+                  "the mesh that wrote it (its universal conversion asserts at another tensor-parallel degree, and at "
+                  "another data-parallel degree loaded wrong weights here: a first resumed loss of 5.52 where the run "
+                  "had 5.23)")
     async_save_refusal = "DeepSpeed's asynchronous checkpoint engines (Nebula, FastPersist) need CUDA or Azure"
     representative = "ds_zero2"
     untraceable = ("the engine moves the module to its device (engine._configure_distributed_model), which torch "
@@ -108,9 +110,11 @@ class DeepSpeedFamily(Family):
     def checkpoint_layout(self, cfg):
         # the stage decides which files hold what, and the precision their names (bf16_zero_pp_rank_* in bf16);
         # under AutoTP each file holds a tensor-parallel slice, which ds_to_universal cannot join across degrees
-        # (it asserts "full param numel != tensor slice numel * tp_world_size" on a tp 2 checkpoint at tp 1)
-        tp = cfg.parallelism.tp
-        return f"ZeRO stage {cfg.backend.zero_stage}, {cfg.train.precision}" + (f", AutoTP {tp}" if tp > 1 else "")
+        # (it asserts "full param numel != tensor slice numel * tp_world_size" on a tp 2 checkpoint at tp 1), nor
+        # move to another data-parallel degree (dp 2 x tp 2 resumed at dp 1 x tp 2 started from wrong weights)
+        mesh = mesh_of(cfg)
+        autotp = f", AutoTP {mesh.tp} on {mesh.world} ranks" if mesh.tp > 1 else ""
+        return f"ZeRO stage {cfg.backend.zero_stage}, {cfg.train.precision}{autotp}"
 
     def is_hybrid(self, backend) -> bool:
         return backend.zero_stage == 3 and backend.hpz_partition_size != 1
