@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import BACKENDS
+from conftest import BACKENDS, STATES_BACKENDS, STATES_REPEATS
 from harness.studies import memory_check
 
 pytestmark = pytest.mark.slow
-REPEATS = 3  # profiled steps per cell: the lowest per rank (gloo can hold a buffer a phase late)
+REPEATS = STATES_REPEATS  # profiled steps per cell: the lowest per rank (gloo can hold a buffer a phase late)
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +45,16 @@ def test_unaccounted_bytes_after_backward_are_under_5_percent_or_named(matrix, b
 
 
 @pytest.fixture(scope="module")
-def states_dominated(tmp_path_factory):
-    cells = memory_check.states_dominated_cells(["ddp", "ds_zero1", "ds_zero2", "ds_zero3", "fsdp"])
-    # REPEATS profiled steps, the lowest per rank: a gloo buffer held a phase late (up to 2.4 MiB on one step's
-    # ZeRO-2 peak) is set aside where it could swap two peaks (the ZeRO-1/ZeRO-2 assertion). With two steps,
-    # ZeRO-3's peak here was +9.5 to +11.5% of its prediction in 6 launches and +17.0% in one (28.86 MiB against
-    # 24.67 predicted: two such buffers left), which failed the 10% rule in CI on 2026-11-25
-    rows = memory_check.run_cells(cells, ["profile=parity", *memory_check.STATES_DOMINATED], REPEATS,
-                                  tmp_path_factory.mktemp("ranking"))
+def states_dominated(four_rank_launch):
+    # the 5 backends' cells of the 4-rank launch (conftest.four_rank_launch), each a row as make memory-check
+    # makes it. REPEATS profiled steps, the lowest per rank: a gloo buffer held a phase late (up to 2.4 MiB on one
+    # step's ZeRO-2 peak) is set aside where it could swap two peaks (the ZeRO-1/ZeRO-2 assertion). With two
+    # steps, ZeRO-3's peak here was +9.5 to +11.5% of its prediction in 6 launches and +17.0% in one (28.86 MiB
+    # against 24.67 predicted: two such buffers left), which failed the 10% rule in CI on 2026-11-25
+    rows = [memory_check.row_of_run(cell, [], run_dir) for cell, (summary, _, run_dir) in four_rank_launch.items()
+            if cell.startswith("states/") and summary["status"] == "ok"]
     print(memory_check.render(rows, 10, "tests/test_memory_check.py (states-dominated)"))
+    assert len(rows) == len(STATES_BACKENDS), [(c, s["reason"]) for c, (s, _, _) in four_rank_launch.items()]
     return {r["backend"]: r for r in rows}
 
 

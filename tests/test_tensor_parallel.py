@@ -106,11 +106,12 @@ def test_tensor_parallelism_puts_its_bytes_on_the_nodes_links():
 
 
 @pytest.mark.slow
-def test_per_step_losses_equal_ddps_under_every_familys_tensor_parallelism(tp_runs, fp32_runs, user_runs):
-    # the GQA cells against the fp32 sweep's DDP (3 ranks), the tied ones against the user-data sweep's (2 ranks):
-    # the same model, data and sequences a step (conftest.tp_cells)
+def test_per_step_losses_equal_ddps_under_every_familys_tensor_parallelism(tp_runs, tp_tied_runs, fp32_runs, user_runs):
+    # the GQA cells (dp 2 x tp 2) against the fp32 sweep's DDP (3 ranks), the tied ones (dp 1 x tp 2) against the
+    # user-data sweep's (2 ranks): the same model, data and sequences a step (conftest.tp_cells, tp_tied)
     references = {"gqa": fp32_runs["ddp"][1], "tied": user_runs["ddp"][1]}
-    for cell, (summary, records, _) in tp_runs.items():
+    cells = {**tp_runs, **{f"tied/{b}": r for b, r in tp_tied_runs.items()}}
+    for cell, (summary, records, _) in cells.items():
         assert summary["status"] == "ok", (cell, summary.get("reason"))
         reference = [r["loss/loss"] for r in references[cell.split("/")[0]]]
         losses = [r["loss/loss"] for r in records]
@@ -120,15 +121,16 @@ def test_per_step_losses_equal_ddps_under_every_familys_tensor_parallelism(tp_ru
 
 
 @pytest.mark.slow
-def test_the_settings_record_the_mesh_and_the_plan_that_ran(tp_runs):
+def test_the_settings_record_the_mesh_and_the_plan_that_ran(tp_runs, tp_tied_runs):
     import json
 
-    settings = {cell: json.loads((run_dir / "settings.json").read_text()) for cell, (_, _, run_dir) in tp_runs.items()}
+    cells = {**tp_runs, **{f"tied/{b}": r for b, r in tp_tied_runs.items()}}
+    settings = {cell: json.loads((run_dir / "settings.json").read_text()) for cell, (_, _, run_dir) in cells.items()}
     assert settings["gqa/fsdp"]["mesh"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 2,
                                             "describe": "dp 2 x tp 2 (SP, loss parallel)"}
     assert settings["gqa/fsdp"]["tensor_parallel"]["sequence_parallel"] is True
     assert settings["tied/fsdp"]["tensor_parallel"]["tied_output"] is True
-    assert settings["tied/fsdp"]["mesh"]["describe"] == "dp 2 x tp 2"
+    assert settings["tied/fsdp"]["mesh"]["describe"] == "dp 1 x tp 2"
     assert settings["gqa/ddp"]["ddp"]["api"].endswith("replicate")
     assert settings["gqa/ds_zero2"]["deepspeed"]["json"]["tensor_parallel"] == {"autotp_size": 2}
     assert settings["tied/ds_zero3"]["deepspeed"]["json"]["tensor_parallel"]["vocab_parallel_lm_head"] is False
@@ -136,15 +138,23 @@ def test_the_settings_record_the_mesh_and_the_plan_that_ran(tp_runs):
 
 @pytest.mark.slow
 def test_each_rank_holds_and_sends_what_the_theory_says(tp_runs):
+    # the memory check's tolerance (studies/memory_check.missed): the peak within 10%, or within 10% once the one
+    # buffer gloo may release a phase late on this oversubscribed CPU (4 ranks, 2 cores) is set aside
+    from harness.runtime.worker import load_config
+    from harness.core.rundir import RunDir
+    from harness.theory.peak import after_backward_buffers
+
     for cell, (summary, _, run_dir) in tp_runs.items():
-        if cell.startswith("tied/"):
-            continue  # losses only
         f = summary["figures"]
+        cfg = load_config(RunDir(run_dir))
+        held = max(after_backward_buffers(cfg.backend, shape_of(cfg, None, models.param_count(cfg.model))).values())
+        peak, predicted = f["memory/tensor_peak_bytes_max"], f["memory/tensor_peak_predicted_bytes"]
+        errors = [100 * (peak - predicted) / predicted, 100 * (peak - held - predicted) / predicted]
+        print(f"TP {cell}: states {f['memory/model_states_error_pct']:+.2f}%, peak {errors[0]:+.1f}% "
+              f"({errors[1]:+.1f}% less {held / 2**20:.2f} MiB gloo may hold late), bytes {f['comm/bytes_error_pct']:+.2f}%")
         assert abs(f["memory/model_states_error_pct"]) <= 1, (cell, f["memory/model_states_error_pct"])
-        assert abs(f["memory/tensor_peak_error_pct"]) <= 10, (cell, f["memory/tensor_peak_error_pct"])
+        assert min(map(abs, errors)) <= 10, (cell, errors)
         assert abs(f["comm/bytes_error_pct"]) <= 5, (cell, f["comm/bytes_error_pct"])
-        print(f"TP {cell}: states {f['memory/model_states_error_pct']:+.2f}%, peak {f['memory/tensor_peak_error_pct']:+.1f}%, "
-              f"bytes {f['comm/bytes_error_pct']:+.2f}%")
 
 
 @pytest.mark.slow

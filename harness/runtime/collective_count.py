@@ -72,18 +72,22 @@ class CollectiveCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         if is_collective(func):
             op = C10D_OPS[func._opname]
-            ranks = group_ranks(args) or tuple(range(dist.get_world_size()))
-            # all_gather's output and reduce_scatter's input are args[0] or args[1]: the larger is the buffer; a
-            # functional all-gather is given only its input, the output group-size times as large
+            # all_gather's output and reduce_scatter's input are args[0] or args[1]: the larger is the buffer (a
+            # functional all-gather is given only its input: rows() multiplies it by the group's size). The group
+            # is kept as the op named it and resolved to ranks in rows(), after the step: resolving it here would
+            # put torch's Python into the step's counted work (runtime/work_count.py)
             tensors = [a for a in args[:2] if isinstance(a, (torch.Tensor, list, tuple))]
-            size = max((_nbytes(t) for t in tensors), default=0)
-            if func.namespace == "_c10d_functional" and op == "all_gather":
-                size *= len(ranks)
-            self.calls[(op, size, ranks, current_phase())] += 1
+            named = tuple(a for a in args if isinstance(a, (torch.ScriptObject, str)))
+            gathered = func.namespace == "_c10d_functional" and op == "all_gather"
+            self.calls[(op, max((_nbytes(t) for t in tensors), default=0), named, gathered, current_phase())] += 1
         return func(*args, **kwargs)
 
     def rows(self) -> List[dict]:
         """One row per (op, size, group, phase): `group` its size, `ranks` its global ranks."""
+        merged: Counter = Counter()
+        for (op, size, named, gathered, phase), n in self.calls.items():
+            ranks = group_ranks(named) or tuple(range(dist.get_world_size()))
+            merged[(op, size * len(ranks) if gathered else size, ranks, phase)] += n
         return [{"op": op, "size_bytes": b, "group": len(ranks), "ranks": list(ranks), "phase": phase, "count": n}
-                for (op, b, ranks, phase), n in sorted(self.calls.items())]
+                for (op, b, ranks, phase), n in sorted(merged.items())]
 

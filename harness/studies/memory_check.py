@@ -107,6 +107,18 @@ def run_cells(cells: List[list], common: List[str], repeats: int, out: Path) -> 
     return [_row(r, measured.get(r["name"])) for r in rows]
 
 
+def row_of_run(name: str, overrides: List[str], run_dir) -> dict:
+    """A cell's row as run_cells makes it, from a run of one launch's cells (launcher/cells.py) whose config ran
+    CELL's settings: each rank's profiled peaks and closure check, and its model states, from the run's reports."""
+    from ..core.rundir import RunDir
+    from ..runtime.worker import load_config
+
+    run = RunDir(Path(run_dir))
+    reports = json.loads(run.reports.read_text())["ranks"]
+    ranks = [{**(r["tensor_peak"] or {}), "rank": r["rank"], "model_states": r["model_states"]} for r in reports]
+    return _row({"name": name, "overrides": overrides, "cfg": load_config(run), "refused": None}, ranks)
+
+
 def _plain(cfg) -> dict:
     from omegaconf import OmegaConf
     return OmegaConf.to_container(cfg, resolve=True)

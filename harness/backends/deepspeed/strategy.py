@@ -22,6 +22,7 @@ class DeepSpeedStrategy(Strategy):
     def __init__(self, cfg, device, world_size, params: int):
         super().__init__(cfg, device, world_size, params)
         self.config = ds_config(cfg, self.mesh, params)
+        fresh_parallel_groups()
         self.stage = cfg.backend.zero_stage
         self._unclassified: Dict[str, list] = {}
 
@@ -176,6 +177,21 @@ class DeepSpeedStrategy(Strategy):
     @override
     def unclassified_tensors(self):
         return self._unclassified
+
+
+def fresh_parallel_groups() -> None:
+    """DeepSpeed keeps AutoTP's groups in module globals (deepspeed.utils.groups: `mpu` and the tensor-, model- and
+    data-parallel groups) for the life of the process, and every later engine reads them: a run after an AutoTP
+    run in the same process (launcher/cells.py) failed in its engine's set-up ('NoneType' object has no attribute
+    'get_model_parallel_rank'), and one at another degree would have kept the old groups. Each engine starts from
+    none, as in a process of its own."""
+    from deepspeed.utils import groups
+
+    groups.mpu = None
+    for name in ("_TENSOR_MODEL_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP",
+                 "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK"):
+        if hasattr(groups, name):
+            setattr(groups, name, None)
 
 
 def _remember_cpu_info() -> None:
