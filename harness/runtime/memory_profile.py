@@ -83,25 +83,27 @@ def collective_frees(prof) -> Dict[tuple, int]:
     import itertools
 
     from torch._C._profiler import _EventType
-    events = profiled_events(prof)
-    allocations = sorted((e for e in events if e.typed[0] == _EventType.Allocation), key=lambda e: e.start_time_ns)
+    events = typed_events(prof)
+    allocations = sorted(((e, fields) for e, kind, fields in events if kind == _EventType.Allocation),
+                         key=lambda ef: ef[0].start_time_ns)
     if not allocations:
         return {}
     threads: Dict[int, int] = {}
-    for e in allocations:
+    for e, _ in allocations:
         threads[e.start_tid] = threads.get(e.start_tid, 0) + 1
     training = max(threads, key=threads.get)  # the thread that allocates most: the one running the step
 
-    def storages(op) -> set:
+    def storages(fields) -> set:
         found = set()
-        for value in op.typed[1].inputs:
+        for value in fields.inputs:
             for item in (value if isinstance(value, list) else [value]):
                 ptr = getattr(item, "storage_data_ptr", None)
                 if ptr:
                     found.add(ptr)
         return found
 
-    ops = [(op, storages(op)) for op in events if op.typed[0] == _EventType.TorchOp and op.start_tid == training]
+    ops = [(op, storages(fields)) for op, kind, fields in events
+           if kind == _EventType.TorchOp and op.start_tid == training]
     # the training thread's collective calls, in order: one thread runs one call at a time
     calls = sorted(((op.start_time_ns, op.end_time_ns, used) for op, used in ops if op.name.startswith("c10d::")),
                    key=lambda c: c[0])
@@ -112,8 +114,8 @@ def collective_frees(prof) -> Dict[tuple, int]:
         for ptr in used:
             uses.setdefault(ptr, []).append(op.end_time_ns)
     out, allocated_at = {}, {}
-    for e in allocations:
-        ptr, size, t = e.typed[1].ptr, e.typed[1].alloc_size, e.start_time_ns
+    for e, fields in allocations:
+        ptr, size, t = fields.ptr, fields.alloc_size, e.start_time_ns
         if size > 0:
             allocated_at[ptr] = t
             continue
@@ -145,6 +147,18 @@ def profiled_events(prof) -> list:
             stack.extend(event.children)
             cached.append(event)
         prof._shardbench_events = cached
+    return cached
+
+
+def typed_events(prof) -> list:
+    """(event, its kind, its fields) for every event of the profile, each event's `typed` read once. torch 2.13's
+    binding of `typed` lets go of a reference to None it does not own on every read: on Python 3.11, where None
+    is not immortal, a process that profiled many steps (a memory check's 64th cell at tp 2, its events read
+    several times over) ended with "Fatal Python error: none_dealloc". Reading each once keeps that far off."""
+    cached = getattr(prof, "_shardbench_typed", None)
+    if cached is None:
+        cached = [(e, *e.typed) for e in profiled_events(prof)]
+        prof._shardbench_typed = cached
     return cached
 
 
@@ -252,8 +266,8 @@ class StepMemory:
         (DDP's gradient buckets, rebound as .grad in backward), plus the exact states at the start. The kinds
         are then the states' at the start, and everything else is `unattributed`."""
         from torch._C._profiler import _EventType
-        events = [(e.start_time_ns, e.typed[1].alloc_size, e.typed[1].ptr) for e in profiled_events(prof)
-                  if e.typed[0] == _EventType.Allocation and e.typed[1].device.type == self.device.type]
+        events = [(e.start_time_ns, fields.alloc_size, fields.ptr) for e, kind, fields in typed_events(prof)
+                  if kind == _EventType.Allocation and fields.device.type == self.device.type]
         moved = collective_frees(prof)
         events = sorted((moved.get((t, ptr), t), size, ptr) for t, size, ptr in events)
         allocated, before = set(), {ptr: size for ptr, (_, size) in self._states.items()}

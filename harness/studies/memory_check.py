@@ -81,6 +81,7 @@ def run_cells(cells: List[list], common: List[str], repeats: int, out: Path) -> 
     and predicted peaks. A config the rules refuse is a row with its reason, not a launch."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "cells.jsonl").unlink(missing_ok=True)
+    (out / "launcher.log").unlink(missing_ok=True)
     rows, runnable = [], []
     configs = compose_many([[*common, *overrides, *CELL, f"train.memory_steps={repeats}"] for overrides in cells])
     for overrides, cfg in zip(cells, configs):
@@ -90,15 +91,7 @@ def run_cells(cells: List[list], common: List[str], repeats: int, out: Path) -> 
         if not found:
             runnable.append({"name": name, "config": _plain(cfg)})
     if runnable:
-        first = next(r["cfg"] for r in rows if not r["refused"])
-        write_json(out / "cells.json", runnable)
-        with open(out / "launcher.log", "w") as log:
-            proc = subprocess.run(torchrun_cmd(first, out, module=("harness.studies.memory_check_worker", str(out))),
-                                  cwd=REPO, env=rank_env(first), stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True, preexec_fn=die_with_parent(__import__("os").getpid()))
-        if proc.returncode != 0:
-            tail = (out / "launcher.log").read_text().strip().splitlines()[-5:]
-            raise RuntimeError(f"memory check: the ranks failed (exit {proc.returncode}): " + " | ".join(tail))
+        launch(runnable, next(r["cfg"] for r in rows if not r["refused"]), out)
     measured = {}
     if (out / "cells.jsonl").exists():
         for line in (out / "cells.jsonl").read_text().splitlines():
@@ -117,6 +110,31 @@ def row_of_run(name: str, overrides: List[str], run_dir) -> dict:
     reports = json.loads(run.reports.read_text())["ranks"]
     ranks = [{**(r["tensor_peak"] or {}), "rank": r["rank"], "model_states": r["model_states"]} for r in reports]
     return _row({"name": name, "overrides": overrides, "cfg": load_config(run), "refused": None}, ranks)
+
+
+def launch(runnable: List[dict], first, out: Path) -> None:
+    """Run the cells in one launch; where the launch dies after some cells finished (a long process of many
+    cells has died in torch's own code: "Fatal Python error: none_dealloc" after 63 cells of the tp=2 matrix),
+    the rest run in a fresh one, until a launch finishes nothing."""
+    done = lambda: {json.loads(line)["name"] for line in (out / "cells.jsonl").read_text().splitlines()} \
+        if (out / "cells.jsonl").exists() else set()  # noqa: E731
+    while True:
+        todo = [cell for cell in runnable if cell["name"] not in done()]
+        if not todo:
+            return
+        before = len(done())
+        write_json(out / "cells.json", todo)
+        with open(out / "launcher.log", "a") as log:
+            proc = subprocess.run(torchrun_cmd(first, out, module=("harness.studies.memory_check_worker", str(out))),
+                                  cwd=REPO, env=rank_env(first), stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True, preexec_fn=die_with_parent(__import__("os").getpid()))
+        if proc.returncode == 0:
+            return
+        if len(done()) == before:
+            tail = (out / "launcher.log").read_text().strip().splitlines()[-5:]
+            raise RuntimeError(f"memory check: the ranks failed (exit {proc.returncode}): " + " | ".join(tail))
+        print(f"memory check: the launch died after {len(done()) - before} more cells (exit {proc.returncode}, "
+              f"{out / 'launcher.log'}); the other {len(todo) - (len(done()) - before)} run in a fresh one", flush=True)
 
 
 def _plain(cfg) -> dict:
