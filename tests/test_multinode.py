@@ -27,6 +27,18 @@ def start_node(node: int, run_dir: Path, port: int, *overrides: str) -> subproce
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def two_nodes(run_dir: Path, port: int, *args: str) -> tuple:
+    """One run as 2 emulated nodes: node 1 started first, so it waits for node 0 to own the run dir before its
+    torchrun joins; both must end ok. Returns each node's stdout."""
+    follower = start_node(1, run_dir, port, *args)
+    time.sleep(1)
+    owner = start_node(0, run_dir, port, *args)
+    out0, err0 = owner.communicate(timeout=300)
+    out1, err1 = follower.communicate(timeout=60)
+    assert owner.returncode == 0 and follower.returncode == 0, err0[-2000:] + err1[-2000:]
+    return out0, out1
+
+
 def losses(run_dir: Path) -> list:
     return [json.loads(line)["loss/loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -77,15 +89,8 @@ def two_ranks(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("backend", [pytest.param(b, marks=DRILL) for b in BACKENDS + HYBRID])
 def test_two_nodes_of_two_ranks_train_as_one_node_of_four_and_node_0_owns_the_run_dir(tmp_path, backend, four_ranks):
-    # node 1 is started first, so it waits for node 0 to own the run dir before its torchrun joins
     args = (f"backend={backend}", "parallelism.nproc_per_node=2", *FAST, *released(backend))
-    port = 29641 + (BACKENDS + HYBRID).index(backend) * 3
-    follower = start_node(1, tmp_path / "two", port, *args)
-    time.sleep(1)
-    owner = start_node(0, tmp_path / "two", port, *args)
-    out0, err0 = owner.communicate(timeout=300)
-    out1, err1 = follower.communicate(timeout=60)
-    assert owner.returncode == 0 and follower.returncode == 0, err0[-2000:] + err1[-2000:]
+    out0, out1 = two_nodes(tmp_path / "two", 29641 + (BACKENDS + HYBRID).index(backend) * 3, *args)
     two, one = losses(tmp_path / "two"), losses(four_ranks[backend if backend in BACKENDS else "ddp"])
     print(f"PARITY 2x2 {backend}: largest relative loss difference against 1x4 "
           f"{max(abs(a - b) / abs(b) for a, b in zip(two, one)):.2e} over {len(one)} steps")
@@ -180,14 +185,7 @@ def test_tensor_parallelism_inside_each_of_two_nodes_trains_as_ddp_and_keeps_its
     # 2 emulated nodes x 2 ranks as dp 2 x tp 2: each node's two ranks are a tensor-parallel group (consecutive
     # ranks), the data-parallel groups cross the nodes; the same 4 sequences a step as DDP at 4 ranks (micro-batch
     # 2 on 2 data-parallel ranks against 1 on 4)
-    args = ("backend=fsdp", "parallelism.nproc_per_node=2", "parallelism.tp=2", *FAST)
-    port = 29691
-    follower = start_node(1, tmp_path / "two", port, *args)
-    time.sleep(1)
-    owner = start_node(0, tmp_path / "two", port, *args)
-    out0, err0 = owner.communicate(timeout=300)
-    out1, err1 = follower.communicate(timeout=60)
-    assert owner.returncode == 0 and follower.returncode == 0, err0[-2000:] + err1[-2000:]
+    two_nodes(tmp_path / "two", 29691, "backend=fsdp", "parallelism.nproc_per_node=2", "parallelism.tp=2", *FAST)
     one = one_node(tmp_path / "ref", 4, ("ddp",), "parallelism.micro_batch=1")
     assert losses(tmp_path / "two") == pytest.approx(losses(one["ddp"]), rel=1e-4)
     f = json.loads((tmp_path / "two" / "summary.json").read_text())["figures"]
