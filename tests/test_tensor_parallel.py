@@ -13,6 +13,7 @@ from harness.runtime import models
 from harness.theory.communication import comm_per_step
 from harness.theory.predict import predict
 from harness.theory.shape import shape_of
+from harness.theory.tensor_comm import tensor_parallel_collectives
 from harness.theory.tensor_plan import local_counts
 
 
@@ -177,3 +178,33 @@ def test_deepspeed_refuses_an_autotp_checkpoint_on_another_mesh_in_one_line(tp_r
         assert len(found) == 1 and "AutoTP 2 on 4 ranks" in found[0] and "only on the mesh that wrote it" in found[0]
     assert problems(compose(["backend=ds_zero2", "profile=parity", "parallelism.nproc_per_node=4",
                              "parallelism.tp=2", f"train.resume='{path}'"])) == []
+
+
+def test_the_estimator_and_the_advisor_search_the_mesh_and_say_where_the_bytes_go():
+    from harness.studies import advise, estimate
+
+    base = ["model=llama_70b", "parallelism=gpu8", "parallelism.nnodes=8", "train.precision=bf16",
+            "train.activation_checkpointing=true", "parallelism.micro_batch=1"]
+    rows = estimate.rows(base, names=["fsdp"], tps=[1, 2, 4, 8])
+    assert [r["mesh"] for r in rows] == ["dp 64"] + [f"dp {64 // t} x tp {t} (SP, loss parallel)" for t in (2, 4, 8)]
+    assert [r["comm_intra_node_bytes_per_step"] > 0 for r in rows] == [False, True, True, True]
+    assert rows[-1]["comm_inter_node_bytes_per_step"] < rows[0]["comm_inter_node_bytes_per_step"] / 8
+    plan = advise.plan(base[:-2], 80 * advise.GIB, None, ["fsdp", "ds_zero3"], 0.1)
+    assert {c.tp for c in plan.candidates} == {1, 2, 4, 8} and {c.mesh for c in plan.candidates if c.tp == 8} == {
+        "dp 8 x tp 8 (SP, loss parallel)", "dp 8 x tp 8"}
+    from harness.studies.advise_answer import predicted_choice
+
+    choice = predicted_choice(plan)
+    assert choice.startswith("Predicted best: ") and "GB a step inside a node" in choice and "across nodes" in choice
+
+
+def test_tensor_parallel_collectives_are_never_hidden_behind_compute():
+    from harness.theory.time import CommTable, Rates, predict_parts
+
+    cfg = compose(["model=small_llama", "parallelism.nproc_per_node=4", "parallelism.tp=2", "backend=ddp"])
+    s = shape_of(cfg, None, models.param_count(cfg.model))
+    rates = Rates(tflops=1.0, mem_gbps=10.0, comm=CommTable([], "cpu", 4))
+    parts = predict_parts(cfg.backend, s, 1e9, rates, False)
+    tp_seconds = sum(rates.comm.seconds(c.op, c.size_bytes, 2) * c.count
+                     for c in tensor_parallel_collectives(cfg.backend, s))
+    assert tp_seconds > 0 and parts["comm_exposed"] >= tp_seconds
