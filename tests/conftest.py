@@ -189,7 +189,6 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         # and DDP (the tensor-parallel shards joined): tests/test_tensor_parallel.py
         "tp_resume": tp_resumed(tp_runs, llama_checkpoint, 6, 2),
         "tp_reshard": tp_resumed(tp_runs, llama_checkpoint, 3, 1, ("fsdp", "ddp")),
-        "tp_tied": tp_tied(user_corpus),
     })
 
 
@@ -213,33 +212,27 @@ def user_runs(two_rank_sweeps):
     return two_rank_sweeps["user"]
 
 
-# tensor parallelism, each cell the shape of a DDP run the suite already has, so that DDP's losses are there to hold
-# it to, at the same sequences a step: a GQA model (tiny_llama) at 4 ranks (dp 2 x tp 2) as the fp32 sweep runs it
+# tensor parallelism at 4 ranks (dp 2 x tp 2), each cell the shape of a DDP run the suite already has, so that DDP's
+# losses are there to hold it to, at the same sequences a step: a GQA model (tiny_llama) as the fp32 sweep runs it
 # (FINETUNE: fine-tuned from a checkpoint, built on the meta device, grad_accum 2: 12 sequences a step, here 3 a
 # micro-batch on each of 2 data-parallel ranks) under each family's tensor parallelism, measuring states, peak and
-# bytes too (the memory check's tp=2 cells) and saving after step 3 (tp_resume); and (in the 2-rank launch,
-# tp_tied) a tied model with q/k/v biases (tiny_qwen2) as the user-data sweep runs it (USER), at dp 1 x tp 2
+# bytes too (the memory check's tp=2 cells) and saving after step 3 (tp_resume); and a tied model with q/k/v biases
+# (tiny_qwen2) as the user-data sweep runs it (USER: 2 sequences a micro-batch on each data-parallel rank), under
+# PyTorch's plan without sequence or loss parallelism and under AutoTP with ZeRO-3, its losses only
 TP_COMMON = ("parallelism.nproc_per_node=4", "parallelism.tp=2", "train.memory_steps=2", "train.measure_flops=false",
              "train.breakdown_steps=0")
 
 
-def tp_cells(llama_checkpoint) -> dict:
+def tp_cells(llama_checkpoint, user_corpus) -> dict:
     gqa = (*FINETUNE, "parallelism.micro_batch=3", "model.init=meta", f"model.pretrained_path={llama_checkpoint}",
            "train.peak_by_kind=false")
+    tied = cheap(*USER, f"data.files=[{user_corpus}/docstrings.jsonl,{user_corpus}/notes.txt]")
     return {"gqa/fsdp": (*gqa, "backend=fsdp", f"train.checkpoint_every={SAVED_AT}"),
             "gqa/ddp": (*gqa, "backend=ddp"),
-            "gqa/ds_zero2": (*gqa, "backend=ds_zero2", f"train.checkpoint_every={SAVED_AT}")}
-
-
-def tp_tied(user_corpus):
-    """The user-data sweep's shape at dp 1 x tp 2 (4 sequences a micro-batch on the one data-parallel rank, as 2
-    on each of 2): PyTorch's plan without sequence or loss parallelism, and AutoTP under ZeRO-3."""
-    def overrides(backend: str) -> tuple:
-        torch_plan = ("parallelism.sequence_parallel=false", "parallelism.loss_parallel=false")
-        return cheap(*USER, f"data.files=[{user_corpus}/docstrings.jsonl,{user_corpus}/notes.txt]",
-                     "parallelism.tp=2", "parallelism.micro_batch=4", *(torch_plan if backend == "fsdp" else ()))
-    overrides.backends = ["fsdp", "ds_zero3"]
-    return overrides
+            "gqa/ds_zero2": (*gqa, "backend=ds_zero2", f"train.checkpoint_every={SAVED_AT}"),
+            "tied/fsdp": (*tied, "backend=fsdp", "parallelism.sequence_parallel=false",
+                          "parallelism.loss_parallel=false"),
+            "tied/ds_zero3": (*tied, "backend=ds_zero3")}
 
 
 # the states-dominated memory check's backends (tests/test_memory_check.py): its 4-rank cells share the TP cells'
@@ -249,7 +242,7 @@ STATES_REPEATS = 3
 
 
 @pytest.fixture(scope="session")
-def four_rank_launch(tmp_path_factory, llama_checkpoint) -> dict:
+def four_rank_launch(tmp_path_factory, llama_checkpoint, user_corpus) -> dict:
     """The cells at 4 ranks, in one launch (a start-up of 4 ranks on 2 cores costs about 15 s): tp_cells and
     the states-dominated shape's (memory_check.states_dominated_cells): {cell: (summary, records, run dir)}."""
     from harness.launcher.cells import run_cells
@@ -257,7 +250,8 @@ def four_rank_launch(tmp_path_factory, llama_checkpoint) -> dict:
 
     root = tmp_path_factory.mktemp("four_ranks")
     os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
-    cells = [(f"tp/{name}", [*overrides, *TP_COMMON]) for name, overrides in tp_cells(llama_checkpoint).items()]
+    cells = [(f"tp/{name}", [*overrides, *TP_COMMON])
+             for name, overrides in tp_cells(llama_checkpoint, user_corpus).items()]
     cells += [(f"states/{cell[0].removeprefix('backend=')}",
                ["profile=parity", *memory_check.STATES_DOMINATED, *memory_check.CELL,
                 f"train.memory_steps={STATES_REPEATS}", *cell])
@@ -276,11 +270,6 @@ def four_rank_launch(tmp_path_factory, llama_checkpoint) -> dict:
 def tp_runs(four_rank_launch) -> dict:
     """tp_cells' runs: {cell: (summary, per-step records, run dir)}."""
     return {cell.removeprefix("tp/"): run for cell, run in four_rank_launch.items() if cell.startswith("tp/")}
-
-
-@pytest.fixture(scope="session")
-def tp_tied_runs(two_rank_sweeps):
-    return two_rank_sweeps["tp_tied"]
 
 
 @pytest.fixture(scope="session")

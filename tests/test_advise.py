@@ -36,20 +36,24 @@ def test_dry_run_prunes_and_a_pruned_candidate_really_runs_out_of_memory(tmp_pat
     plan = json.loads((tmp_path / "dry" / "plan.json").read_text())
     candidates = plan["candidates"]
     assert not list((tmp_path / "dry").glob("probes/*"))  # theory only: nothing ran
-    # every backend x micro-batch (1, 2: global batch 4 over 2 ranks) x checkpointing: those predicted to fit
-    # first (their steps from their replayed, counted work), then the rest (the roofline bound), each fastest first
-    assert len(candidates) == len(flat_backends()) * 2 * 2
+    # every backend x mesh x micro-batch x checkpointing: at tp 1 micro-batch 1 or 2 (global batch 4 over 2 data-
+    # parallel ranks), at tp 2 micro-batch 1, 2 or 4 (one data-parallel rank). Those predicted to fit first (their
+    # steps from their replayed, counted work), then the rest (the roofline bound), each fastest first
+    assert len(candidates) == len(flat_backends()) * (2 + 3) * 2
+    assert {c["tp"] for c in candidates} == {1, 2}
     assert [c["fits"] for c in candidates] == sorted((c["fits"] for c in candidates), reverse=True)
     for group in (True, False):
         steps = [c["predicted_step_s"] for c in candidates if c["fits"] == group]
         assert steps == sorted(steps)
     assert "counted work" in plan["rates"]["time_model"]
     for c in candidates:  # grad_accum follows from the micro-batch, so every candidate steps on 4 sequences
-        assert c["micro_batch"] * c["grad_accum"] * 2 == 4
+        assert c["micro_batch"] * c["grad_accum"] * 2 // c["tp"] == 4
         assert c["fits"] == (c["predicted_peak_bytes"] * 1.1 <= BUDGET_BYTES)
     pruned = [c for c in candidates if not c["fits"]]
     assert pruned and any(c["fits"] for c in candidates)
-    assert not any(c["fits"] for c in candidates if c["backend"] == "ddp")
+    # DDP replicates every state: it fits only where tensor parallelism splits them
+    assert not any(c["fits"] for c in candidates if c["backend"] == "ddp" and c["tp"] == 1)
+    assert any(c["fits"] for c in candidates if c["backend"] == "ddp" and c["tp"] == 2)
     assert "no" in proc.stdout and "yes" in proc.stdout  # the printed table
     # the pruned candidate nearest the budget that theory puts clearly over it (by 10%, the margin; one inside
     # the margin may fit, which is what the advisor's boundary probe checks), forced through harness.train: oom
@@ -90,7 +94,9 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, says):
 def test_recommends_a_sharded_backend_where_ddp_cannot_fit_and_it_trains_under_the_budget(tmp_path):
     # two probes: the two fastest sharded candidates that fit; DDP is left to theory (its boundary candidate measured 2.98 MB, 3%
     # over this budget: a third probe would confirm it, at the cost of a run)
-    proc = advise(*ADVISE, "--max-probes=2", f"--out={tmp_path}", "--name=adv")
+    # the mesh pinned flat (parallelism.tp=1): the question is which ZeRO stage, not whether to split tensors
+    flat = [*ADVISE, "parallelism.tp=1"]
+    proc = advise(*flat, "--max-probes=2", f"--out={tmp_path}", "--name=adv")
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     out = tmp_path / "adv"
     advice = json.loads((out / "advice.json").read_text())
@@ -118,7 +124,7 @@ def test_recommends_a_sharded_backend_where_ddp_cannot_fit_and_it_trains_under_t
     assert advice["sentence"] in text and "| rank | candidate |" in text and (out / "advice.png").stat().st_size > 0
     # a re-run reuses the probes: the same answer, and no probe's summary rewritten
     written = {p: p.stat().st_mtime_ns for p in (out / "probes").glob("*/summary.json")}
-    again = advise(*ADVISE, "--max-probes=2", f"--out={tmp_path}", "--name=adv", timeout=300)
+    again = advise(*flat, "--max-probes=2", f"--out={tmp_path}", "--name=adv", timeout=300)
     assert again.returncode == 0 and json.loads((out / "advice.json").read_text())["winner"] == advice["winner"]
     assert {p: p.stat().st_mtime_ns for p in (out / "probes").glob("*/summary.json")} == written
 
