@@ -31,7 +31,11 @@ def compare(advice: dict) -> dict:
     """One advice: the measured winner, the plan-of-the-day's first choice, today's dry run's."""
     p = advice["plan"]
     backends = sorted({c["backend"] for c in p["candidates"]})
-    today = plan(p["overrides"], p["budget_bytes"], p["global_batch"], backends, p["margin"])
+    # the same question as then: an advice made before the tensor-parallel axis searched the flat mesh only
+    flat = not any(c.get("tp", 1) > 1 for c in p["candidates"])
+    pinned = any(o.startswith("parallelism.tp=") for o in p["overrides"])
+    overrides = [*p["overrides"], "parallelism.tp=1"] if flat and not pinned else p["overrides"]
+    today = plan(overrides, p["budget_bytes"], p["global_batch"], backends, p["margin"])
     ours = min(today.fitting, key=lambda c: c.predicted_step_s)
     then = first_fitting(p["candidates"])
     winner = advice.get("winner")
