@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-check capacity collectives finetune faults browser test test-drills test-all clean lock
+.PHONY: help install warm demo compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-check gpu-capacity capacity collectives finetune faults browser test test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -97,6 +97,9 @@ finetune: install warm ## full fine-tuning vs LoRA, every backend, from a checkp
 GPU_PYTHON ?= python3
 gpu-check: ## on a GPU machine: every backend on gpt2_124m and llama_1b (bf16), a real CUDA OOM, checks -> results/gpu/<device>/
 	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(GPU_PYTHON) -m harness.gpu_check $(ARGS)
+
+gpu-capacity: ## on a GPU machine: the largest Llama (1B-38B ladder, bf16, mb 1, seq 2048, ckpt) each backend trains on the card, the theory's boundary probed first; ARGS="--backends ddp,fsdp" splits it into calls under 9 minutes -> results/gpu/<device>/capacity.md
+	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(GPU_PYTHON) -m harness.gpu_capacity $(ARGS)
 
 faults: install warm ## fault drill: OOM, exception, NaN, kill, hang, then re-run + Ctrl-C: status and time to detect -> results/faults/
 	$(PY) -m harness.fault_drill $(ARGS)

@@ -127,6 +127,8 @@ def memory(cfg, ranks: List[RankReport]) -> Dict[str, float]:
         out.update(over_ranks([r.after_setup["host_peak"] - r.after_setup.get("host_before_build", 0)
                                for r in ranks], "memory/load_host_added_bytes"))
         out.update(over_ranks([r.after_setup["seconds"] for r in ranks], "time/rank_start_to_first_step_s"))
+    if all("setup_s" in r.after_setup for r in ranks):  # of which: building, initialising and wrapping the model
+        out.update(over_ranks([r.after_setup["setup_s"] for r in ranks], "time/model_setup_s"))
     if "memory/peak_reserved_bytes_max" in out:  # what the caching allocator holds and no tensor uses
         out["memory/fragmentation_bytes"] = max(r.device["memory/peak_reserved_bytes"] - r.device["memory/peak_allocated_bytes"]
                                                 for r in ranks)

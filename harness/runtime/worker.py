@@ -128,7 +128,9 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
     # loading a checkpoint add on top of it is the load-time cost a strategy puts on the host
     host_before_build = probes.host_rss_bytes()
     probes.reset_host_peak()
+    setup_started = time.perf_counter()
     ready = prepare(cfg, rank, world, device)
+    setup_s = time.perf_counter() - setup_started  # build (host, meta or zero.Init), initialise, wrap, optimizer
     counts, strategy, model, settings, batches = (ready.counts, ready.strategy, ready.model, ready.settings,
                                                   ready.batches)
     if rank == 0:  # written now, so that a run that fails later still says what it ran with
@@ -139,7 +141,7 @@ def run(cfg, run_dir: RunDir, rank: int, world: int, device: torch.device) -> No
     # first step
     after_setup = {"host_rss": probes.host_rss_bytes(), "device_allocated": probes.device_allocated(device),
                    "host_peak": probes.host_peak_bytes(), "host_before_build": host_before_build,
-                   "seconds": probes.seconds_since_process_start()}
+                   "seconds": probes.seconds_since_process_start(), "setup_s": setup_s}
     try:
         trace = None
         if cfg.train.profile:

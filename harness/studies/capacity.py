@@ -37,13 +37,17 @@ PROBE = ["train.steps=3", "train.warmup_steps=1", "train.memory_steps=2", "train
          "train.breakdown_steps=0"]
 
 
-def ladder(rungs: int, smallest: float = 1e5, step: float = 1.5, vocab: int = 256) -> List[List[str]]:
+def ladder(rungs: int, smallest: float = 1e5, step: float = 1.5, vocab: int = 256, head_dim: int = 32,
+           ratio: tuple = (32, 128), multiple: int = 32, max_positions: int = 1024) -> List[List[str]]:
     """Model overrides for each rung: Llama shapes whose parameter counts are closest to smallest·step^k.
 
-    Width (a multiple of 32, head size 32) and depth grow together: the shape keeps hidden/layers between
-    32 and 128, as real models do. Parameters ~ 12·L·h² + 2·V·h (SwiGLU at 8h/3, embeddings untied).
+    Width (a multiple of `head_dim`) and depth grow together: the shape keeps hidden/layers within `ratio`, as
+    real models do (Llama 2 7B and 13B: 128, Llama 3 70B: 102). Parameters ~ 12·L·h² + 2·V·h (SwiGLU at 8h/3,
+    rounded to `multiple`; embeddings untied). The defaults are the CPU ladder; gpu_capacity.gpu_ladder the
+    billion-parameter one.
     """
-    shapes = [(h, layers) for h in range(64, 8193, 32) for layers in range(1, 129) if 32 <= h / layers <= 128]
+    shapes = [(h, layers) for h in range(max(64, head_dim), 16385, head_dim) for layers in range(1, 129)
+              if ratio[0] <= h / layers <= ratio[1]]
     out, used = [], set()
     for k in range(rungs):
         target = smallest * step**k
@@ -51,11 +55,12 @@ def ladder(rungs: int, smallest: float = 1e5, step: float = 1.5, vocab: int = 25
         if (h, layers) in used:
             continue
         used.add((h, layers))
-        heads = h // 32
-        inter = int(round(8 * h / 3 / 32)) * 32
+        heads = h // head_dim
+        inter = int(round(8 * h / 3 / multiple)) * multiple
         out.append(["model=tiny_llama", f"model.name=ladder_h{h}_l{layers}", f"model.hidden_size={h}",
                     f"model.num_layers={layers}", f"model.num_heads={heads}", f"model.num_kv_heads={heads}",
-                    f"model.intermediate_size={inter}", f"model.vocab_size={vocab}", "model.max_positions=1024"])
+                    f"model.intermediate_size={inter}", f"model.vocab_size={vocab}",
+                    f"model.max_positions={max_positions}"])
     return out
 
 
@@ -91,7 +96,7 @@ def predicted(overrides: List[str]) -> tuple[int, float]:
     return counts["total"], predict(cfg, world_size(cfg), counts)["memory/device_peak_predicted_bytes"]
 
 
-def stale(overrides: List[str], run_dir: Path) -> Optional[str]:
+def stale(overrides: List[str], run_dir: Path, probe: Optional[List[str]] = None) -> Optional[str]:
     """Why an earlier probe in `run_dir` is no answer for these overrides now (None when it is): it must have
     finished (ok or oom), with the same resolved config, on the same code (git commit) and device. A killed
     advise run, another config or a moved checkout otherwise leave a probe that would be ranked silently."""
@@ -107,7 +112,7 @@ def stale(overrides: List[str], run_dir: Path) -> Optional[str]:
         earlier = OmegaConf.to_container(OmegaConf.load(found.config), resolve=True)
     except Exception:  # noqa: BLE001 - an unreadable config: run again
         return "its config is unreadable"
-    cfg = compose([*PROBE, *overrides, f"paths.root={Path(run_dir).parent}"])
+    cfg = compose([*(PROBE if probe is None else probe), *overrides, f"paths.root={Path(run_dir).parent}"])
     now = OmegaConf.to_container(cfg, resolve=True)
     for key in ("force",):
         earlier.pop(key, None), now.pop(key, None)
@@ -120,12 +125,13 @@ def stale(overrides: List[str], run_dir: Path) -> Optional[str]:
     return None
 
 
-def run_probe(overrides: List[str], run_dir: Path, reuse: bool = True) -> dict:
-    """A short real run of `overrides` in `run_dir`; an earlier one is reused (and marked `reused`) only when
-    `stale` finds nothing against it."""
-    if reuse and not stale(overrides, run_dir):
+def run_probe(overrides: List[str], run_dir: Path, reuse: bool = True, probe: Optional[List[str]] = None) -> dict:
+    """A short real run of `overrides` in `run_dir` (with `probe`'s settings, PROBE unless given); an earlier
+    one is reused (and marked `reused`) only when `stale` finds nothing against it."""
+    probe = PROBE if probe is None else probe
+    if reuse and not stale(overrides, run_dir, probe):
         return {**RunDir(run_dir).read_summary(), "reused": True}
-    subprocess.run(train_command(*PROBE, *overrides, run_dir=run_dir), cwd=REPO, capture_output=True, text=True)
+    subprocess.run(train_command(*probe, *overrides, run_dir=run_dir), cwd=REPO, capture_output=True, text=True)
     return RunDir(run_dir).read_summary() or {"status": "failed", "reason": "no summary"}
 
 
