@@ -221,12 +221,6 @@ class Family:
     def strategy_class(self) -> type:
         return getattr(self.strategy_module(), self.strategy_class_name)
 
-    def bare_setup(self, cfg, model, world: int, params: int, adam: dict):
-        """The framework as a user's hand-written loop would set it up, with the harness's settings (the
-        baseline of make bench, studies/bare_loop.py): (the module to call, a function loss -> None that runs
-        backward and the optimizer step)."""
-        return self.strategy_module().bare_setup(cfg, model, world, params, adam)
-
     def missing_theory(self) -> List[str]:
         return [m for m in self.THEORY if getattr(type(self), m) is getattr(Family, m)]
 

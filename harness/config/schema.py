@@ -164,6 +164,9 @@ class TrainConfig:
     breakdown_steps: int = 2
     # true: those steps are also written as a Chrome/Perfetto trace per rank, traces/rank<r>.json.gz in the run dir
     profile: bool = False
+    # true: those profiled steps also record Python's call stacks (torch.profiler's with_stack), so that a trace
+    # can be diffed by Python frame against another loop's (make bench's profile_diff); it slows them
+    profile_stack: bool = False
     # torch.compile: DDP and FSDP2 compile each Transformer block (as torchtitan does), DeepSpeed through its
     # engine's own compile(). Compiling happens in the warm-up steps; `time/compile_s` reports it
     compile: bool = False

@@ -142,7 +142,7 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
     first_timed = start + min(t.warmup_steps, t.steps - start - 1)  # warmup < steps: a fresh run's warmup
     timer = probes.StepTimer(device, first_timed)
     states = probes.StateProbe(first_timed, t.memory_budget_bytes, dist.get_rank(), emulated=device.type == "cpu")
-    breakdown = time_profile.StepTime(device, t.breakdown_steps, trace_path)
+    breakdown = time_profile.StepTime(device, t.breakdown_steps, trace_path, with_stack=t.profile_stack)
     result = LoopResult()
     for step in range(start, t.steps):
         timer.begin(step)

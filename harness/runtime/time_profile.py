@@ -225,8 +225,8 @@ class StepTime:
     the communication total and the trace from `steps` extra steps (`profiled`); on CUDA the profiled steps
     give every part. The parts are the mean over the steps (a mean step's parts still sum to its wall time)."""
 
-    def __init__(self, device: torch.device, steps: int, trace_path: Optional[str] = None):
-        self.device, self.steps, self.trace_path = device, steps, trace_path
+    def __init__(self, device: torch.device, steps: int, trace_path: Optional[str] = None, with_stack: bool = False):
+        self.device, self.steps, self.trace_path, self.with_stack = device, steps, trace_path, with_stack
         self.clock = PhaseClock()
         self.timeline: Optional[Timeline] = None
 
@@ -257,7 +257,7 @@ class StepTime:
             self.timeline = Timeline.from_kineto(prof.profiler.kineto_results.events(), self.device.type)
 
         with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=self.steps),
-                     on_trace_ready=ready) as prof:
+                     on_trace_ready=ready, with_stack=self.with_stack) as prof:
             yield prof
 
     def parts(self, timed_step_s: List[float]) -> Optional[dict]:

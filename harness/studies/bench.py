@@ -1,14 +1,17 @@
-"""`make bench`: is the harness the bottleneck? Its steady-state step time against a hand-written loop.
+"""`make bench`: is the harness the bottleneck? Its steady-state step time against a loop written without it.
 
-    python -m harness.bench [--backends ddp,fsdp,ds_zero2] [--pairs 8] [overrides...]
+    python -m harness.bench [--backends ddp,fsdp,fsdp_grad_op,ds_zero2,ds_zero3,accelerate_ddp] [--pairs 8] [overrides...]
 
-For each backend, `--pairs` times: the harness trains (`python -m harness.train`, logger off) and
-`studies/bare_loop.py` trains the same resolved config with a minimal loop, alternating which goes first so
-that drift on a noisy machine falls on both sides of a pair. Each pair gives median(harness steps) /
-median(bare steps) after warm-up; the figure is the median of the pair ratios with a 95% bootstrap interval,
-so that a ratio is read against its own noise (single runs here differ by ±15%). Target: 1.03 or less; the
-verdict says whether the interval lies under it, over it, or spans it. Results go to results/bench/
-(bench.json and bench.md, with the command that produced them).
+The yardstick is `studies/independent_loop.py`: a user's script that shares no code with the harness (the model
+from transformers' `from_config`, each framework set up with its own plain calls, its own random batches). For
+each backend, `--pairs` times: the harness trains (`python -m harness.train`, logger off) and the independent
+loop trains the same shape, batch, optimizer and precision (`spec_of`: the harness run's resolved config,
+as plain JSON), alternating which goes first so that drift on a noisy machine falls on both sides of a pair.
+Each pair gives median(harness steps) / median(independent steps) after warm-up; the figure is the median of
+the pair ratios with a 95% bootstrap interval, so that a ratio is read against its own noise (single runs here
+differ by ±15%). `accelerate_ddp` sets the harness's DDP against accelerate's own loop (`Accelerator.prepare`),
+what most users would otherwise run. Target: 1.03 or less; the verdict says whether the interval lies under
+it, over it, or spans it. Results go to results/bench/ (bench.json and bench.md, with the command).
 """
 from __future__ import annotations
 
@@ -20,10 +23,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import List
 
 from omegaconf import OmegaConf
 
-from ..config import families
 from ..core.paths import REPO
 from ..core.rundir import RunDir, write_json, write_text
 from ..launcher.torchrun import rank_env, torchrun_cmd
@@ -34,7 +37,26 @@ from .subprocess_run import train_command
 # counted) come after its timed window and are not compared.
 DEFAULTS = ["model=small_llama", "parallelism.seq_len=128", "parallelism.micro_batch=4", "parallelism.grad_accum=1",
             "train.steps=25", "train.warmup_steps=5", "logger=none", "train.measure_flops=false"]
-TARGET = 1.03  # harness / bare: what the harness may add to a step
+TARGET = 1.03  # harness / independent: what the harness may add to a step
+BACKENDS = ["ddp", "fsdp", "fsdp_grad_op", "ds_zero2", "ds_zero3", "accelerate_ddp"]
+# the yardstick's backend -> the harness backend it is set against
+HARNESS_OF = {"accelerate_ddp": "ddp"}
+
+
+def spec_of(cfg, backend: str) -> dict:
+    """What the independent loop needs, as plain JSON: the harness run's shape, batch, optimizer, precision."""
+    m, par, o, t = cfg.model, cfg.parallelism, cfg.optim, cfg.train
+    if m.family != "llama" or m.hf_config:
+        raise SystemExit(f"bench: the independent loop builds Llama shapes only (model={m.name})")
+    return {"backend": backend, "device": par.device, "precision": t.precision, "seed": t.seed,
+            "micro_batch": par.micro_batch, "seq_len": par.seq_len, "steps": t.steps,
+            "model": {"vocab_size": m.vocab_size, "hidden_size": m.hidden_size,
+                      "intermediate_size": m.intermediate_size, "num_hidden_layers": m.num_layers,
+                      "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_kv_heads or m.num_heads,
+                      "max_position_embeddings": m.max_positions, "tie_word_embeddings": m.tie_embeddings,
+                      "rope_theta": m.rope_theta, "use_cache": False},
+            "optim": {"lr": o.lr, "betas": [o.beta1, o.beta2], "eps": o.eps, "weight_decay": o.weight_decay,
+                      "clip": o.grad_clip}}
 
 
 def harness_run(backend: str, overrides: list[str], run_dir: Path) -> list[float]:
@@ -46,14 +68,20 @@ def harness_run(backend: str, overrides: list[str], run_dir: Path) -> list[float
     return [r["throughput/step_time_s"] for r in RunDir(run_dir).read_metrics() if not r["warmup"]]
 
 
-def bare_run(run_dir: Path) -> list[float]:
+def independent_run(run_dir: Path, backend: str, profile: Path | None = None, profile_steps: int = 3,
+                    stack: bool = True) -> list[float]:
+    """The independent loop on the shape of the harness run in `run_dir`, started by the same torchrun command
+    and environment (agent polling, threads per rank); its timed steps, warm-up dropped as the harness drops it."""
     cfg = OmegaConf.load(RunDir(run_dir).config)
-    out = run_dir / "bare.json"
-    # the harness's own torchrun command and environment (same agent polling, same threads per rank)
-    cmd = torchrun_cmd(cfg, run_dir, module=("harness.studies.bare_loop", str(run_dir), str(out)))
+    spec_path, out = run_dir / f"independent-{backend}.json", run_dir / f"independent-{backend}.out.json"
+    spec = spec_of(cfg, backend)
+    if profile:
+        spec.update(profile=str(profile), profile_steps=profile_steps, profile_stack=stack)
+    spec_path.write_text(json.dumps(spec, indent=1))
+    cmd = torchrun_cmd(cfg, run_dir, module=("harness.studies.independent_loop", str(spec_path), str(out)))
     proc = subprocess.run(cmd, cwd=REPO, env=rank_env(cfg), capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"bare loop failed: {proc.stderr.strip()[-500:]}")
+        raise RuntimeError(f"independent loop ({backend}) failed: {proc.stderr.strip()[-800:]}")
     return json.loads(out.read_text())["step_time_s"][cfg.train.warmup_steps:]
 
 
@@ -68,30 +96,63 @@ def paired_interval(ratios: list[float], draws: int = 10_000, seed: int = 0) -> 
     return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
 
 
+def again(retries: list, run, *args):
+    """One retry of a run that failed (DeepSpeed's ZeRO-3 aborted once in about 20 runs here, at exit): the
+    failure is kept in `retries`, and a second one ends the bench with its reason."""
+    try:
+        return run(*args)
+    except RuntimeError as err:
+        retries.append(str(err)[-300:])
+        return run(*args)
+
+
 def measure(backend: str, overrides: list[str], pairs: int, scratch: Path) -> dict:
-    """`pairs` pairs of a harness run and a bare run of the same config, interleaved and alternating which goes
-    first, so that drift on a noisy machine falls on both sides of every pair. Each pair's ratio is
-    median(harness steps) / median(bare steps); the figure is the median pair ratio, with its interval."""
-    harness_s, bare_s, ratios = [], [], []
+    """`pairs` pairs of a harness run and an independent run of the same shape, interleaved and alternating which
+    goes first, so that drift on a noisy machine falls on both sides of every pair. Each pair's ratio is
+    median(harness steps) / median(independent steps); the figure is the median pair ratio, with its interval."""
+    harness_backend = HARNESS_OF.get(backend, backend)
+    harness_s, independent_s, ratios, retries = [], [], [], []
     for pair in range(pairs):
         run_dir = scratch / f"{backend}-{pair}"
-        # the bare loop reads the resolved config a harness run wrote: on odd pairs it runs first, on the
+        # the independent loop reads the resolved config a harness run wrote: on odd pairs it runs first, on the
         # previous pair's config (the same config: only the run dir differs)
         if pair % 2 == 0:
-            h_pair = harness_run(backend, overrides, run_dir)
-            b_pair = bare_run(run_dir)
+            h_pair = again(retries, harness_run, harness_backend, overrides, run_dir)
+            i_pair = again(retries, independent_run, run_dir, backend)
         else:
-            b_pair = bare_run(scratch / f"{backend}-{pair - 1}")
-            h_pair = harness_run(backend, overrides, run_dir)
+            i_pair = again(retries, independent_run, scratch / f"{backend}-{pair - 1}", backend)
+            h_pair = again(retries, harness_run, harness_backend, overrides, run_dir)
         harness_s += h_pair
-        bare_s += b_pair
-        ratios.append(statistics.median(h_pair) / statistics.median(b_pair))
+        independent_s += i_pair
+        ratios.append(statistics.median(h_pair) / statistics.median(i_pair))
     low, high = paired_interval(ratios)
-    return {"backend": backend, "harness_median_s": statistics.median(harness_s),
-            "bare_median_s": statistics.median(bare_s), "ratio": statistics.median(ratios),
+    return {"backend": backend, "harness_backend": harness_backend, "harness_median_s": statistics.median(harness_s),
+            "independent_median_s": statistics.median(independent_s), "ratio": statistics.median(ratios),
             "interval_95": [low, high], "ratio_per_pair": ratios, "pooled_ratio":
-            statistics.median(harness_s) / statistics.median(bare_s),
-            "steps": {"harness": len(harness_s), "bare": len(bare_s)}}
+            statistics.median(harness_s) / statistics.median(independent_s),
+            "steps": {"harness": len(harness_s), "independent": len(independent_s)}, "retries": retries}
+
+
+def profile(backend: str, overrides: list[str], steps: int, out_dir: Path) -> List[str]:
+    """The harness and the independent loop, each with `steps` profiled steps, diffed by op and by Python frame
+    (studies/profile_diff.py); the tables, also written to <out>/profile_<backend>.md. Two profiles of each:
+    ops from one without Python stacks (recording a stack at every op costs in proportion to its depth, and
+    that time lands in the op: the harness's deeper stack would read as slower kernels), frames from one with."""
+    from . import profile_diff
+
+    tables = {}
+    for stack in (False, True):
+        run_dir = out_dir / "profile" / f"{backend}-{'stack' if stack else 'ops'}"
+        harness_run(HARNESS_OF.get(backend, backend), [*overrides, "train.profile=true", f"train.profile_stack={stack}",
+                                                       f"train.breakdown_steps={steps}"], run_dir)
+        independent_trace = run_dir / "independent_trace.json"
+        independent_run(run_dir, backend, profile=independent_trace, profile_steps=steps, stack=stack)
+        harness_trace = next((run_dir / "traces").glob("rank0.*"))
+        tables[stack] = (profile_diff.self_times(profile_diff.load(harness_trace)),
+                         profile_diff.self_times(profile_diff.load(independent_trace)))
+    lines = profile_diff.markdown(backend, tables[False], tables[True])
+    write_text(out_dir / f"profile_{backend}.md", "\n".join(lines) + "\n")
+    return lines
 
 
 def verdict(row: dict, target: float) -> str:
@@ -105,32 +166,42 @@ def verdict(row: dict, target: float) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default=",".join(families.representatives()),
-                        help="comma-separated backends (default: one per strategy family)")
-    parser.add_argument("--pairs", type=int, default=8, help="interleaved harness/bare pairs per backend")
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help=f"comma-separated (default: {','.join(BACKENDS)}; accelerate_ddp: the harness's ddp "
+                             "against accelerate's own loop)")
+    parser.add_argument("--pairs", type=int, default=8, help="interleaved harness/independent pairs per backend")
     parser.add_argument("--out", default="results/bench")
+    parser.add_argument("--profile", help="instead: profile this backend's step in both loops and diff them")
+    parser.add_argument("--profile-steps", type=int, default=3)
     args, overrides = parser.parse_known_args(argv)
     out_dir = REPO / args.out
+    if args.profile:
+        print("\n".join(profile(args.profile, overrides, args.profile_steps, out_dir)))
+        return 0
     rows = []
     for backend in args.backends.split(","):
         row = measure(backend, overrides, args.pairs, out_dir / "runs")
         rows.append(row)
-        print(f"{backend:10s} harness {row['harness_median_s'] * 1e3:8.2f} ms  bare {row['bare_median_s'] * 1e3:8.2f} "
+        print(f"{backend:14s} harness {row['harness_median_s'] * 1e3:8.2f} ms  independent "
+              f"{row['independent_median_s'] * 1e3:8.2f} "
               f"ms  paired ratio {row['ratio']:.3f} [{row['interval_95'][0]:.3f}, {row['interval_95'][1]:.3f}]  "
               f"{verdict(row, TARGET)}", flush=True)
     command = "python -m harness.bench " + shlex.join(argv if argv is not None else sys.argv[1:])
     record = {"command": command, "settings": DEFAULTS + overrides, "pairs": args.pairs,
               "date": time.strftime("%Y-%m-%d %H:%M"), "target_ratio": TARGET, "rows": rows}
     write_json(out_dir / "bench.json", record)
-    lines = ["# Harness overhead: steady-state step time, harness / hand-written loop", "",
+    lines = ["# Harness overhead: steady-state step time, harness / a loop written without it", "",
              f"Command: `{command}` (`make bench`). Settings: `{' '.join(DEFAULTS + overrides)}`.",
-             f"{args.pairs} interleaved pairs of a harness run and a bare run per backend, alternating which goes "
-             "first; each pair's ratio is the median of its timed steps over the median of the bare loop's. The "
+             f"{args.pairs} interleaved pairs of a harness run and an independent run "
+             "(`harness/studies/independent_loop.py`: transformers' `from_config`, each framework's plain calls, no "
+             "harness code) per backend, alternating which goes first; each pair's ratio is the median of its timed "
+             "steps over the median of the independent loop's (accelerate_ddp: the harness's ddp over accelerate's "
+             "own loop). The "
              "figure is the median pair ratio, with a 95% bootstrap interval (10,000 resamples of the pairs). "
              f"Target ≤ {TARGET}.", "",
-             "| backend | harness median (ms) | bare median (ms) | paired ratio | 95% interval | verdict | "
+             "| backend | harness median (ms) | independent median (ms) | paired ratio | 95% interval | verdict | "
              "ratio per pair |", "|---|---:|---:|---:|---|---|---|"]
-    lines += [f"| {r['backend']} | {r['harness_median_s'] * 1e3:.2f} | {r['bare_median_s'] * 1e3:.2f} | "
+    lines += [f"| {r['backend']} | {r['harness_median_s'] * 1e3:.2f} | {r['independent_median_s'] * 1e3:.2f} | "
               f"{r['ratio']:.3f} | [{r['interval_95'][0]:.3f}, {r['interval_95'][1]:.3f}] | {verdict(r, TARGET)} | "
               f"{', '.join(f'{x:.3f}' for x in r['ratio_per_pair'])} |" for r in rows]
     write_text(out_dir / "bench.md", "\n".join(lines) + "\n")

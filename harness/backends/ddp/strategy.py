@@ -19,7 +19,7 @@ from typing_extensions import override
 
 from .family import options
 from ...runtime import models
-from ...runtime.strategies.base import NativeStrategy, bare_step
+from ...runtime.strategies.base import NativeStrategy
 
 
 class DDPStrategy(NativeStrategy):
@@ -123,9 +123,3 @@ def replicate_api():
     if "mesh" in inspect.signature(replicate).parameters:
         return replicate
     return lambda module, mesh: replicate(module, device_mesh=mesh)
-
-
-def bare_setup(cfg, model, world, params, adam):
-    """DDP as a hand-written loop sets it up, with the profile's options (config/families.py's bare_setup)."""
-    ddp = DistributedDataParallel(model, **options(cfg, params))
-    return ddp, bare_step(ddp, torch.optim.AdamW(ddp.parameters(), **adam), cfg.optim.grad_clip)

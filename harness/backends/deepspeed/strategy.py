@@ -208,18 +208,3 @@ def zero_value(value):
     if isinstance(value, dict):
         return {k: zero_value(v) for k, v in value.items()}
     return getattr(value, "name", value) if not isinstance(value, (int, float, str, bool, type(None))) else value
-
-
-def bare_setup(cfg, model, world, params, adam):
-    """deepspeed.initialize with the run's JSON and a torch AdamW, as a hand-written loop does; the engine
-    clips, scales and steps (config/families.py's bare_setup)."""
-    import deepspeed
-
-    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), **adam),
-                                      config=ds_config(cfg, world, params), dist_init_required=False)
-
-    def step(loss):
-        engine.backward(loss)
-        engine.step()
-    return engine, step
-

@@ -18,9 +18,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from typing_extensions import override
 
 from .family import blocks_reshard_to, root_reshard
-from ...config.mesh import mesh_of
-from ...runtime import device_mesh, models
-from ...runtime.strategies.base import NativeStrategy, bare_step
+from ...runtime import models
+from ...runtime.strategies.base import NativeStrategy
 
 
 class FSDPStrategy(NativeStrategy):
@@ -92,14 +91,3 @@ class FSDPStrategy(NativeStrategy):
         # micro-batch only.
         self.model.set_requires_gradient_sync(last)
         yield
-
-
-def bare_setup(cfg, model, world, params, adam):
-    """fully_shard on each block, then the root, as a hand-written loop does, with the profile's root setting
-    (config/families.py's bare_setup)."""
-    record = mesh_of(cfg, world)
-    root, mesh = root_reshard(cfg), device_mesh.build(record, cfg.parallelism.device).data_parallel
-    for block in models.blocks(model):
-        fully_shard(block, mesh=mesh, reshard_after_forward=blocks_reshard_to(cfg, record))
-    fully_shard(model, mesh=mesh, **({} if root is None else {"reshard_after_forward": root}))
-    return model, bare_step(model, torch.optim.AdamW(model.parameters(), **adam), cfg.optim.grad_clip)

@@ -316,13 +316,3 @@ class NativeStrategy(Strategy):
             "grads": [p.grad for p in params],
             "optimizer": tensors_in(list(self.optimizer.state.values())),
         }
-
-
-def bare_step(model, optimizer, grad_clip: float):
-    """A hand-written loop's backward and step for a torch optimizer (studies/bare_loop.py's baseline)."""
-    def step(loss):
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return step
