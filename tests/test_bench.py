@@ -21,7 +21,7 @@ def test_the_interval_holds_the_median_and_narrows_as_the_pairs_agree():
 
 def test_the_yardstick_shares_no_code_with_the_harness():
     # make bench compares the harness against a loop a user would write: whatever the two shared, the
-    # comparison could not show (issue: the old yardstick built the model and set FSDP up with harness code)
+    # comparison could not show (the old yardstick built the model and set FSDP up with the harness's code)
     import ast
     from pathlib import Path
 

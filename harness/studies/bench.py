@@ -140,17 +140,13 @@ def profile(backend: str, overrides: list[str], steps: int, out_dir: Path) -> Li
     that time lands in the op: the harness's deeper stack would read as slower kernels), frames from one with."""
     from . import profile_diff
 
-    tables = {}
     for stack in (False, True):
         run_dir = out_dir / "profile" / f"{backend}-{'stack' if stack else 'ops'}"
         harness_run(HARNESS_OF.get(backend, backend), [*overrides, "train.profile=true", f"train.profile_stack={stack}",
                                                        f"train.breakdown_steps={steps}"], run_dir)
-        independent_trace = run_dir / "independent_trace.json"
-        independent_run(run_dir, backend, profile=independent_trace, profile_steps=steps, stack=stack)
-        harness_trace = next((run_dir / "traces").glob("rank0.*"))
-        tables[stack] = (profile_diff.self_times(profile_diff.load(harness_trace)),
-                         profile_diff.self_times(profile_diff.load(independent_trace)))
-    lines = profile_diff.markdown(backend, tables[False], tables[True])
+        independent_run(run_dir, backend, profile=run_dir / "independent_trace.json", profile_steps=steps,
+                        stack=stack)
+    lines = profile_diff.render(out_dir / "profile", backend)
     write_text(out_dir / f"profile_{backend}.md", "\n".join(lines) + "\n")
     return lines
 

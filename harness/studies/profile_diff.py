@@ -105,6 +105,23 @@ def diff(harness: dict, independent: dict, kind: str, top: int = 15) -> List[dic
     return sorted(rows, key=lambda r: -abs(r["delta_us"]))[:top]
 
 
+def count_differences(harness: dict, independent: dict) -> List[dict]:
+    """The ops called a different number of times a step in the two loops: deterministic, unlike their times."""
+    rows = diff(harness, independent, "ops", top=10**6)
+    return sorted([r for r in rows if abs(r["harness_count"] - r["independent_count"]) > 0.01],
+                  key=lambda r: r["name"])
+
+
+def render(folder: Path, backend: str) -> List[str]:
+    """The diff of the traces a `make bench ARGS="--profile <backend>"` left in <folder>/<backend>-{ops,stack}."""
+    pairs = []
+    for kind in ("ops", "stack"):
+        run_dir = folder / f"{backend}-{kind}"
+        harness = next((run_dir / "traces").glob("rank0.*"))
+        pairs.append((self_times(load(harness)), self_times(load(run_dir / "independent_trace.json"))))
+    return markdown(backend, *pairs)
+
+
 def markdown(backend: str, ops: tuple, frames: tuple) -> List[str]:
     """The diff tables: `ops` and `frames` are (harness, independent) self_times of the profiles without and
     with Python stacks."""
@@ -122,6 +139,13 @@ def markdown(backend: str, ops: tuple, frames: tuple) -> List[str]:
         total = {side: sum(v[0] for v in table[kind].values()) for side, table in (("h", harness), ("i", independent))}
         lines += ["", f"All {title}s' self time a step: harness {total['h'] / 1e3:,.1f} ms, independent "
                   f"{total['i'] / 1e3:,.1f} ms.", ""]
+    extra = count_differences(*ops)
+    lines += ["Ops whose count a step differs (what one loop does and the other does not; the profile without "
+              "stacks):", "", "| op | harness calls | independent calls | harness µs | independent µs |",
+              "|---|---:|---:|---:|---:|"]
+    lines += [f"| `{r['name'][:80]}` | {r['harness_count']:g} | {r['independent_count']:g} | {r['harness_us']:,.0f} | "
+              f"{r['independent_us']:,.0f} |" for r in extra]
+    lines.append("")
     own = {k: v for k, v in frames[0]["frames"].items() if k.startswith("harness/")}
     lines += [f"The harness's own Python frames (harness/...): {sum(v[0] for v in own.values()) / 1e3:.2f} ms a step "
               "under the profiler, an upper bound on what its code adds in Python.", ""]
