@@ -73,6 +73,13 @@ def test_rules_reject_bad_values_in_one_line_that_names_the_key(overrides, key):
     assert key in message and "\n" not in message
 
 
+def test_a_non_positive_rate_is_told_its_default_and_a_count_one_or_more():
+    # a walkthrough found `optim.lr=-1` told to "set optim.lr to 1 or more": a learning rate of 1 diverges
+    lr = validate.problems(make("optim.lr=-1"), no_cuda)
+    assert lr == ["optim.lr=-1.0: must be positive; the default is 0.001"]
+    assert validate.problems(make("parallelism.micro_batch=0"), no_cuda)[0].endswith("to 1 or more")
+
+
 def test_deepspeed_pass_through_keys_that_agree_or_are_new_are_accepted():
     cfg = make("backend=ds_zero2", "+backend.deepspeed.train_batch_size=4",
                "+backend.deepspeed.zero_optimization.round_robin_gradients=true")

@@ -87,11 +87,20 @@ def unknown_key_rules(cfg) -> List[str]:
     return out
 
 
+def positive_hint(key: str) -> str:
+    """How to fix a non-positive value: a count takes 1 or more; a real number (optim.lr) its schema default,
+    not "1 or more" (a learning rate of 1 diverges)."""
+    default = OmegaConf.select(OmegaConf.structured(schema.RunConfig), key)
+    if isinstance(default, float):
+        return f"the default is {default:g}"
+    return f"set {key} to 1 or more"
+
+
 def value_rules(cfg) -> List[str]:
     """Each value on its own: a known choice, a positive size, a non-negative switch."""
     out = [f"{key}={_get(cfg, key)}: unknown value; use one of {', '.join(allowed)}"
            for key, allowed in CHOICES.items() if _get(cfg, key) not in allowed]
-    out += [f"{key}={_get(cfg, key)}: must be positive; set {key} to 1 or more" for key in POSITIVE
+    out += [f"{key}={_get(cfg, key)}: must be positive; {positive_hint(key)}" for key in POSITIVE
             if _get(cfg, key) <= 0]
     out += [f"{key}={_get(cfg, key)}: must be >= 0 ({meaning})" for key, meaning in NON_NEGATIVE.items()
             if _get(cfg, key) < 0]
