@@ -67,3 +67,29 @@ def test_what_the_theory_lacks_is_refused_in_one_line_before_any_rank_starts(tmp
     assert says in str(err.value) and "\n" not in str(err.value)
     missing = compose(["model.hf_config=/nonexistent/dir"])
     assert "no config.json there" in rules.problems(missing, lambda: 0)[0]
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["model.hf_config=conf/model/hf/tiny_mistral"], "tiny_mistral"),  # a dir holding config.json
+    (["model.hf_config=/data/Llama-3-8B/config.json"], "Llama-3-8B"),
+    (["model.hf_config=/data/mixtral.json"], "mixtral"),
+    (["model.hf_config=conf/model/hf/tiny_mistral", "model.name=mine"], "mine"),  # a name given wins
+    (["model=llama3_8b"], "llama3_8b"),  # a preset keeps its own name
+])
+def test_a_single_runs_dir_is_named_after_the_model_it_trains(overrides, named):
+    # a walkthrough found `…-ddp-tiny_llama` run dirs for a Llama-3-8B config: Hydra names the dir before the run
+    # reads the file, so the dir's name comes from the command line (schema.run_model_name)
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from harness.config import schema
+    from harness.core.paths import CONF
+
+    schema.register()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        assert cfg.hydra.run.dir.endswith(f"-ddp-{named}")
+    finally:
+        HydraConfig.instance().cfg = None

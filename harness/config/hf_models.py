@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..core.paths import CONF
+from . import schema
 
 # config.json's model_type -> the shape the theory knows it as (model.family)
 MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"}
@@ -93,8 +94,7 @@ def fill(model, overrides) -> None:
         if not _set_on_command_line(overrides, field):
             model[field] = value
     if _set_on_command_line(overrides, "hf_config") and not _set_on_command_line(overrides, "name"):
-        found = locate(model.hf_config)
-        model.name = found.parent.name if found.name == "config.json" else found.stem
+        model.name = schema.name_of_hf_config(str(locate(model.hf_config)))
 
 
 def problems(cfg) -> List[str]:
