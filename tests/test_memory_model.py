@@ -188,3 +188,21 @@ def test_peak_tensor_memory_by_kind_bf16(bf16_runs, name):
     # The native profile, as a user runs it: every backend measured within 0.1% of theory/peak.py (DeepSpeed's
     # native 5e8-element reduce bucket is most of its peak); the band leaves room for gloo's late frees
     _peak_by_kind(bf16_runs, name, (-5, 10))
+
+
+def test_deepspeed_is_told_its_accelerator_so_that_the_tools_print_no_warning_of_their_own():
+    # `harness.estimate` and `harness.advise` printed DeepSpeed's "Setting accelerator to CPU. If you have GPU
+    # ..." in the middle of their tables: DS_ACCELERATOR (DeepSpeed's own override) names the one it would pick
+    import os
+    import subprocess
+    import sys
+
+    code = ("from harness.backends.deepspeed.accelerator import settle; settle(); "
+            "from deepspeed.accelerator import get_accelerator; print(get_accelerator()._name)")
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert quiet.stdout.strip() == "cpu" and "Setting accelerator" not in quiet.stderr, quiet.stderr[-500:]
+    mine = subprocess.run([sys.executable, "-c", "import os; from harness.backends.deepspeed.accelerator import "
+                           "settle; settle(); print(os.environ['DS_ACCELERATOR'])"], capture_output=True, text=True,
+                          env={**env, "DS_ACCELERATOR": "mine"}, timeout=120)
+    assert mine.stdout.strip() == "mine"  # a user's own choice is kept

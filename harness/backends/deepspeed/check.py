@@ -23,6 +23,9 @@ from .json_config import ds_config, pass_through
 def deepspeed_key_names() -> frozenset:
     """Every lowercase string constant in DeepSpeed's `*config*` and `*constants*` modules: the key names its
     config code reads (a superset of the top-level keys)."""
+    from .accelerator import settle
+
+    settle()
     import deepspeed
 
     names = set()
@@ -43,6 +46,9 @@ def problems(cfg, mesh) -> List[str]:
     extra = pass_through(cfg)
     if not extra:
         return []
+    from .accelerator import settle
+
+    settle()
     try:
         from deepspeed.runtime.config import DeepSpeedConfig
     except ImportError:  # not installed where the parent runs (a login node): the ranks will validate it

@@ -9,6 +9,9 @@ BUILDERS = {"cpu_adam": "CPUAdamBuilder", "deepspeed_shm_comm": "ShareMemCommBui
 
 def load(op: str) -> bool:
     """Build (or find built) and load the op; False when this accelerator has no such op."""
+    from .accelerator import settle
+
+    settle()
     from deepspeed.accelerator import get_accelerator
 
     builder = get_accelerator().create_op_builder(BUILDERS[op])

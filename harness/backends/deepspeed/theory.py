@@ -225,6 +225,9 @@ def own_estimate(backend, s) -> Optional[Dict[str, float]]:
     """
     if backend.zero_stage not in (2, 3) or s.t != s.params:
         return None  # (its formulas train every parameter: none for LoRA)
+    from .accelerator import settle
+
+    settle()
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
