@@ -121,6 +121,14 @@ def test_a_preset_seq_len_is_capped_with_a_note_but_an_asked_one_is_refused():
     assert cfg.parallelism.seq_len == 2048 and any("seq_len" in p for p in validate.problems(cfg, lambda: 8))
 
 
+@pytest.mark.parametrize("backend", ["fsdp_hsdp", "fsdp_partial", "ds_zeropp"])
+def test_a_hybrid_backend_on_one_node_runs_with_a_note_that_it_gains_nothing_there(backend):
+    one = make(f"backend={backend}")
+    assert validate.problems(one, no_cuda) == [] and any("gains nothing" in n for n in validate.notes(one))
+    assert not validate.notes(make(f"backend={backend}", "parallelism.nnodes=2"))
+    assert not validate.notes(make("backend=fsdp"))
+
+
 def test_cpu_ranks_may_share_cores_with_a_note_but_not_cuda_ranks_gpus():
     cores = os.cpu_count() or 1
     shared = make(f"parallelism.nproc_per_node={cores + 1}")

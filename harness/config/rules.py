@@ -167,11 +167,15 @@ def max_cpu_ranks() -> int:
 
 def notes(cfg) -> List[str]:
     """What a valid config should still say to the user (printed, and kept in env.json and the summary)."""
-    par, cores = cfg.parallelism, os.cpu_count() or 1
+    par, cores, out = cfg.parallelism, os.cpu_count() or 1, []
     if par.device == "cpu" and par.nproc_per_node > cores:
-        return [f"parallelism.nproc_per_node={par.nproc_per_node} ranks share {cores} cores: step times and "
-                "throughput measure time-slicing as well as the strategy; losses and memory are unaffected"]
-    return []
+        out.append(f"parallelism.nproc_per_node={par.nproc_per_node} ranks share {cores} cores: step times and "
+                   "throughput measure time-slicing as well as the strategy; losses and memory are unaffected")
+    if par.nnodes == 1 and families.of(cfg.backend).is_hybrid(cfg.backend):
+        out.append(f"backend={cfg.backend.name} groups ranks by node; on one node its node-sized groups are the "
+                   "whole world, and it gains nothing over its flat form; set parallelism.nnodes>1 (2 emulated "
+                   "nodes: parallelism.nnodes=2 parallelism.nproc_per_node=2)")
+    return out
 
 
 def batch_rules(cfg) -> List[str]:
