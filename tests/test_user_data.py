@@ -104,3 +104,14 @@ def test_a_jsonl_without_the_text_field_is_refused_naming_the_keys_it_has(corpus
     problems = rules.problems(compose(["data=files", f"data.files=[{root}/a.jsonl]"]), lambda: 0)
     assert problems == [f"data.text_field=text: {root}/a.jsonl's first record has no such key (it has body); set "
                         "data.text_field to the key of the text"]
+
+
+@pytest.mark.parametrize("lines, says", [
+    (['{"text": "a"}', '{"text": "b"'], "line 2: not JSON"),
+    (['{"text": "a"}', "", '["text", "c"]'], "line 3: a JSON list, not an object"),
+])
+def test_a_broken_jsonl_is_refused_before_any_rank_naming_its_file_and_line(tmp_path, lines, says):
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join(lines) + "\n")
+    problems = rules.problems(compose(["data=files", f"data.files=[{broken}]"]), lambda: 0)
+    assert len(problems) == 1 and problems[0].startswith(f"data.files: {broken}, {says}")
