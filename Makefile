@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-check gpu-capacity capacity collectives finetune faults browser test test-drills test-all clean lock
+.PHONY: help install warm demo demo-snapshot compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-check gpu-capacity capacity collectives finetune faults browser test test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -27,8 +27,10 @@ $(STAMP): pyproject.toml $(LOCK)
 warm: install ## build DeepSpeed's JIT ops once into .cache/torch_extensions (~2 min the first time, safe to interrupt; then a 0.2 s check)
 	$(PY) -m harness.warm_ops
 
-demo: install warm ## the main job: every backend on the default CPU setting, then its report -> results/demo/
+demo: install warm ## the main job: every backend on the default CPU setting, then its report -> results/sweeps/compare_all/ (ignored by git)
 	$(PY) -m harness.train experiment=compare_all $(ARGS)
+
+demo-snapshot: demo ## refresh the committed demo (results/demo/) from the last make demo: a change to commit on purpose
 	rm -rf results/demo/plots && mkdir -p results/demo
 	cp -r results/sweeps/compare_all/{summary.md,summary.csv,report.md,report.html,plots} results/demo/
 
