@@ -1,11 +1,15 @@
 """`python -m harness.advise`: which strategy should I use for this model on this hardware?
 
-The search is in harness/studies/advise.py (its docstring says how), the answer in
-harness/studies/advise_answer.py; this file is only the command.
+The command line is checked first (studies/flags.py: one line for a misspelt flag, an unknown option or key,
+in about a second, before torch is imported). The search is in harness/studies/advise.py (its docstring says
+how), the answer in harness/studies/advise_answer.py.
 """
 import sys
 
-from harness.studies.advise_answer import main
+from harness.studies.flags import advise_parser, one_line, refuse_bad_input
 
 if __name__ == "__main__":
-    sys.exit(main())
+    refuse_bad_input("advise", advise_parser())
+    from harness.studies.advise_answer import main
+
+    sys.exit(one_line("advise", main))

@@ -177,3 +177,44 @@ def test_valid_overrides_and_what_hydra_owns_pass_the_precheck():
                               "model.num_kv_heads=null", "+backend.deepspeed.zero_optimization.stage=2",
                               "hydra.run.dir=/tmp/x", "hydra/launcher=slurm", "backend=glob(*)", "logger.tags=[a,b]",
                               "train.seed=range(3)", "experiment=compare_all", "--info", "defaults-tree"]) is None
+
+
+TOOL_MISTAKES = [
+    ("train.stepz=3", "did you mean train.steps?"),  # a misspelt key
+    ("backend=ds_zero4", "did you mean ds_zero3?"),  # an unknown backend
+    ("model=llama3_8B", "did you mean llama3_8b?"),  # an unknown model
+    ("--device-gb=80", "--device-gb: no such flag"),  # a misspelt flag
+]
+
+
+@pytest.mark.parametrize("tool", ["train", "estimate", "advise"])
+@pytest.mark.parametrize("arg, says", TOOL_MISTAKES)
+def test_every_command_refuses_a_mistake_in_one_line_before_heavy_imports(tool, arg, says):
+    # a walkthrough found harness.estimate dumping 28-70-line tracebacks after 6-10 s, and the advisor's
+    # `--device-gib 1` and `model=llama3_8B` cryptic: every command now checks its line as train does
+    import subprocess
+    import sys
+
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", f"harness.{tool}", arg], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-800:]
+    assert "Traceback" not in proc.stderr and time.monotonic() - started < 5
+
+
+def test_an_unsupported_model_type_is_one_line_from_the_estimator_and_the_advisor(tmp_path, capsys):
+    import json
+
+    from harness.studies import advise_answer, estimate
+    from harness.studies.flags import one_line
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "max_position_embeddings": 512}))
+    for tool, main in (("estimate", estimate.main), ("advise", advise_answer.main)):
+        args = [f"model.hf_config={tmp_path}", *(["--dry-run"] if tool == "advise" else [])]
+        assert one_line(tool, lambda: main(args)) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and "mixture-of-experts" in err[0], err

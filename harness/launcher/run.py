@@ -177,7 +177,7 @@ def command(hydra_main) -> None:
     7-15 lines), then Hydra's main; Ctrl-C ends with the line that says how to resume."""
     from ..config import overrides
 
-    mistake = overrides.problem(sys.argv[1:])
+    mistake = overrides.flag_problem(overrides.hydra_flags(), sys.argv[1:]) or overrides.problem(sys.argv[1:])
     if mistake:
         print(f"shardbench: invalid config: {mistake}", file=sys.stderr)
         sys.exit(2)

@@ -3,7 +3,6 @@ for every backend that lost, why; written to results/advise/<name>/advice.{md,js
 to W&B when the logger is on."""
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from ..reporting.plots import pyplot
 from ..reporting.sweep_report import log_summary_run
 from . import advise
 from .advise import GIB, Candidate, Plan, contenders, gap_pct, measure, plan, size, to_dict
+from .flags import advise_parser
 
 
 def answer(p: Plan) -> dict:
@@ -269,19 +269,7 @@ def main(argv=None) -> int:
 
     from ..config import rules
     from ..core.errors import ConfigError
-    parser = argparse.ArgumentParser(description=advise.__doc__.splitlines()[0])
-    parser.add_argument("--device-gib", type=float, help="device memory per rank (default: the GPU's, or on CPU "
-                                                         "the host's available memory over its ranks)")
-    parser.add_argument("--global-batch", type=int, help="sequences per optimizer step, held fixed")
-    parser.add_argument("--max-probes", type=int, default=12, help="real runs in all (default 12)")
-    parser.add_argument("--margin", type=float, default=FIT_MARGIN,
-                        help=f"headroom theory must leave (default {FIT_MARGIN})")
-    parser.add_argument("--backends", help="comma-separated (default: every backend; the hybrid ones only when "
-                                            "parallelism.nnodes > 1)")
-    parser.add_argument("--dry-run", action="store_true", help="theory only: print the table and stop")
-    parser.add_argument("--force", action="store_true", help="re-run probes that already have a result")
-    parser.add_argument("--name", help="<out>/<name> (default: from the model, ranks, batch, budget)")
-    parser.add_argument("--out", default="results/advise", help="where the advice dirs go (default results/advise)")
+    parser = advise_parser()
     args, overrides = parser.parse_known_args(argv)
     budget = int(args.device_gib * GIB) if args.device_gib else None
     try:  # bad input is refused as harness.train refuses it, before anything is measured or run

@@ -18,16 +18,17 @@ With --params, terms sized by the largest tensor (offload staging, DeepSpeed's g
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import List
 
 import copy
 
+from ..config import hf_models
 from ..config.compose import backends, compose, compose_many, flat_backends
 from ..config.rules import TP_DEGREES, tensor_degrees
 from ..config.derive import tokens_per_step, world_size
 from ..core.components import totals
+from ..core.errors import ConfigError
 from ..runtime import models
 from ..runtime.probes import count_flops_per_token
 from ..theory import activations, memory
@@ -36,6 +37,7 @@ from ..theory.predict import FIT_MARGIN, predict
 from ..theory.shape import shape_of
 from ..theory.time import predict_parts
 from .advise import rates_for
+from .flags import estimate_parser
 
 GB = 1e9  # the ZeRO paper counts in GB
 GIB = 2**30  # --device-gib and the advisor count in GiB
@@ -172,26 +174,12 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
 
 
 def main(argv: List[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", type=float, help="a hypothetical parameter count (e.g. 7.5e9)")
-    parser.add_argument("--world", type=int, help="ranks in all (default: from parallelism)")
-    parser.add_argument("--tp", default="all",
-                        help="tensor-parallel degrees to search, comma-separated, or `all` (default: every one of "
-                             f"{', '.join(map(str, TP_DEGREES))} the node, the model and the backend allow; "
-                             "parallelism.tp=<n> pins one)")
-    parser.add_argument("--device-gib", type=float, help="device memory (GiB): say whether each backend's peak fits")
-    parser.add_argument("--traced", action="store_true",
-                        help="also trace each backend that can be traced on fake tensors at this shape (rank 0, the "
-                             "real strategy code: harness/runtime/traced.py) and set its figures beside the theory "
-                             "(~10 s to a few minutes a backend, two at a time)")
-    parser.add_argument("--markdown", action="store_true",
-                        help="print the mesh-by-mesh table as markdown (states, peak, bytes by link, step)")
-    parser.add_argument("--backends", help="comma-separated (default: every backend this shape runs)")
-    parser.add_argument("--time", action="store_true",
-                        help="also the time model's step time and tokens/s, at this machine's measured matmul and copy "
-                             "rates (a calibration: about a second, or ~15 s for bf16 on a CPU without bf16 units)")
+    parser = estimate_parser()
     args, overrides = parser.parse_known_args(argv)
     cfg = compose(overrides)
+    unsupported = hf_models.problems(cfg)  # a model the theory cannot cover: one line, not a KeyError
+    if unsupported:
+        raise ConfigError(unsupported[0])
     rates = rates_for(cfg, args.world or world_size(cfg)) if args.time else None  # measured once, here
     pinned = any(o.startswith("parallelism.tp=") for o in overrides)
     tps = None if pinned else (list(TP_DEGREES) if args.tp == "all" else [int(t) for t in args.tp.split(",") if t])
