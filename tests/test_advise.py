@@ -143,6 +143,22 @@ def test_a_dry_run_plans_for_gpus_this_machine_does_not_have(tmp_path, capsys):
     assert not list((tmp_path / "gpu8").glob("probes/*"))
 
 
+def test_the_dry_run_says_why_micro_batch_1_peaks_above_micro_batch_4_at_one_global_batch(capsys):
+    # a walkthrough saw fsdp with checkpointing predicted at 50.3 GiB at micro-batch 1 and 27.2 at 4 (llama3_8b,
+    # 8 H100, global batch 32) and no reason: grad_accum 4 holds every gradient unsharded until the last one
+    from harness.studies import advise
+    from harness.studies.advise_answer import print_plan
+
+    p = advise.plan(["model=llama3_8b", "parallelism=gpu8", "train.precision=bf16"], 80 * 2**30, 32, ["fsdp"], 0.1)
+    one, four = ({(c.micro_batch, c.tp, c.checkpointing): c for c in p.candidates}[(mb, 1, True)] for mb in (1, 4))
+    assert one.grad_accum == 4 and four.grad_accum == 1 and one.predicted_peak_bytes > four.predicted_peak_bytes
+    # the held fp32 gradients of this rank's tp-1 model: 4 bytes a parameter, the difference between the two
+    assert abs(one.predicted_held_grads_bytes - 4 * 8_030_261_248) / (4 * 8_030_261_248) < 0.01
+    assert four.predicted_held_grads_bytes < one.predicted_held_grads_bytes / 10  # one unit's, until its reduce
+    print_plan(p)
+    assert "keeps every gradient unsharded from the first micro-batch to the last" in capsys.readouterr().out
+
+
 def test_a_probe_is_reused_only_for_the_same_config_code_and_device(tmp_path):
     """A finished probe answers again only when nothing differs; an unfinished one, another config, another
     commit or another device is run again (a killed advise run used to leave a probe that was ranked silently)."""

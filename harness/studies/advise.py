@@ -66,6 +66,9 @@ class Candidate:
     predicted_step_s: float = 0.0
     predicted_tokens_per_s: float = 0.0
     predicted_states_bytes: float = 0.0  # the model states on the device, inside the peak
+    # gradients held unsharded from the first micro-batch to the last (FSDP2 with grad_accum > 1 reduces on the
+    # last one only: set_requires_gradient_sync(False)), inside the peak
+    predicted_held_grads_bytes: float = 0.0
     fits: bool = False
     role: str = ""  # why it was probed: "best" (of its backend), "next" (after an OOM), "boundary"
     status: str = ""  # the probe's: ok, oom, failed ...; "" = not probed
@@ -222,6 +225,8 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
                      predicted_peak_bytes=peak, predicted_step_s=step,
                      predicted_tokens_per_s=tokens_per_step(cfg, world) / step, fits=peak * (1 + margin) <= budget,
                      predicted_states_bytes=theory["memory/model_states_device_predicted_bytes"],
+                     predicted_held_grads_bytes=max((v for k, v in theory.items()
+                                                     if k.endswith("_unsharded_grads_predicted_bytes")), default=0.0),
                      family=cfg.backend.family)
 
 

@@ -177,6 +177,13 @@ def print_plan(p: Plan) -> None:
           f"budget {size(p.budget_bytes)} per rank ({p.margin:.0%} margin); {len(p.fitting)} of "
           f"{len(p.candidates)} candidates predicted to fit; step times: {p.rates.get('time_model', 'roofline')}")
     print("\n".join(theory_table(p)), flush=True)
+    held = max(p.candidates, key=lambda c: c.predicted_held_grads_bytes, default=None)
+    if held is not None and held.predicted_held_grads_bytes > 0.1 * held.predicted_peak_bytes:
+        print(f"Why a smaller micro-batch can peak higher at the same global batch: with grad_accum > 1, {held.backend} "
+              f"keeps every gradient unsharded from the first micro-batch to the last and reduces on the last only "
+              f"(FSDP2's set_requires_gradient_sync(False), fewer collectives for more memory): "
+              f"{size(held.predicted_held_grads_bytes)} of the {size(held.predicted_peak_bytes)} peak of {held.label}.",
+              flush=True)
 
 
 def write(p: Plan, result: dict, out: Path, command: str) -> None:
