@@ -72,6 +72,16 @@ def figures_reached(run_dir: RunDir, worst: RankOutcome) -> dict:
     return out
 
 
+def params_reached(run_dir: RunDir, outcomes: List[RankOutcome]) -> int | None:
+    """The model's size for a failed row: counted by a rank that reported, else the settings rank 0 wrote once
+    the model was built (a rank killed before its report, and its peers stopped by torchrun before theirs,
+    leave no count in their outcomes: the fault drill's kill row then lost its size, about once in 20)."""
+    counted = next((o.params for o in outcomes if o.params), None)
+    if counted:
+        return counted
+    return ((read_json(run_dir.settings) or {}).get("workload") or {}).get("params")
+
+
 def failure_summary(identity: Identity, run_dir: RunDir, mesh: Mesh, returncode: int,
                     rendezvous_timeout_s: int = 0) -> RunSummary:
     outcomes, nnodes = rank_outcomes(run_dir, mesh), mesh.nodes
@@ -91,7 +101,7 @@ def failure_summary(identity: Identity, run_dir: RunDir, mesh: Mesh, returncode:
     traceback = run_dir.rank_traceback(worst.rank)
     return RunSummary.of_status(
         worst.status, identity, " ".join(reason.split()),
-        params=next((o.params for o in outcomes if o.params), None),  # counted by the ranks, if they got that far
+        params=params_reached(run_dir, outcomes),
         figures=figures_reached(run_dir, worst), ranks=[o.to_dict() for o in outcomes],
         traceback=str(traceback.relative_to(run_dir.root)) if traceback.exists() else None)
 
