@@ -202,7 +202,11 @@ def test_deepspeed_is_told_its_accelerator_so_that_the_tools_print_no_warning_of
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert quiet.stdout.strip() == "cpu" and "Setting accelerator" not in quiet.stderr, quiet.stderr[-500:]
-    mine = subprocess.run([sys.executable, "-c", "import os; from harness.backends.deepspeed.accelerator import "
-                           "settle; settle(); print(os.environ['DS_ACCELERATOR'])"], capture_output=True, text=True,
-                          env={**env, "DS_ACCELERATOR": "mine"}, timeout=120)
-    assert mine.stdout.strip() == "mine"  # a user's own choice is kept
+    from harness.backends.deepspeed.accelerator import settle
+
+    os.environ["DS_ACCELERATOR"], before = "mine", os.environ.get("DS_ACCELERATOR")
+    try:
+        settle()
+        assert os.environ["DS_ACCELERATOR"] == "mine"  # a user's own choice is kept
+    finally:
+        os.environ.pop("DS_ACCELERATOR") if before is None else os.environ.update(DS_ACCELERATOR=before)
