@@ -187,7 +187,7 @@ TOOL_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("tool", ["train", "estimate", "advise"])
+@pytest.mark.parametrize("tool", ["train", "estimate", "advise", "gpu_capacity", "bench"])
 @pytest.mark.parametrize("arg, says", TOOL_MISTAKES)
 def test_every_command_refuses_a_mistake_in_one_line_before_heavy_imports(tool, arg, says):
     # a walkthrough found harness.estimate dumping 28-70-line tracebacks after 6-10 s, and the advisor's

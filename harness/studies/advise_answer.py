@@ -13,7 +13,6 @@ from ..config.compose import backends as all_backends, flat_backends
 from ..config.compose import compose
 from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
-from ..theory.predict import FIT_MARGIN
 from ..reporting.plots import pyplot
 from ..reporting.sweep_report import log_summary_run
 from . import advise

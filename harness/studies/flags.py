@@ -1,4 +1,5 @@
-"""The flags of `harness.estimate` and `harness.advise`, and the check every such command runs first.
+"""The flags of `harness.estimate`, `harness.advise` and `harness.gpu_capacity`, and the check every such command
+runs first.
 
 Light on purpose (argparse and the override checker only): a command checks its command line here, in about a
 second, before it imports torch, transformers or DeepSpeed. A misspelt flag, an unknown option of a config group
@@ -13,7 +14,8 @@ import argparse
 import sys
 from typing import Callable, List, Optional
 
-from ..theory.predict import FIT_MARGIN  # torch-free
+from ..config.rules import TP_DEGREES  # torch-free, as is the theory's margin
+from ..theory.predict import FIT_MARGIN
 
 
 def estimate_parser() -> argparse.ArgumentParser:
@@ -24,7 +26,8 @@ def estimate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--world", type=int, help="ranks in all (default: from parallelism)")
     parser.add_argument("--tp", default="all",
                         help="tensor-parallel degrees to search, comma-separated, or `all` (default: every one of "
-                             "1, 2, 4, 8 the node, the model and the backend allow; parallelism.tp=<n> pins one)")
+                             f"{', '.join(map(str, TP_DEGREES))} the node, the model and the backend allow; "
+                             "parallelism.tp=<n> pins one)")
     parser.add_argument("--device-gib", type=float, help="device memory (GiB): say whether each backend's peak fits")
     parser.add_argument("--traced", action="store_true",
                         help="also trace each backend that can be traced on fake tensors at this shape (rank 0, the "
@@ -59,7 +62,44 @@ def advise_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def problem(parser: argparse.ArgumentParser, argv: List[str]) -> Optional[str]:
+CAPACITY_BACKENDS = ["ds_zero3_offload", "ddp", "fsdp_offload", "ds_zero3", "fsdp", "ds_zero2", "ds_zero2_offload"]
+
+
+def gpu_capacity_parser() -> argparse.ArgumentParser:
+    b = CAPACITY_BACKENDS
+    parser = argparse.ArgumentParser(prog="python -m harness.gpu_capacity",
+                                     description="The largest Llama each strategy trains on one GPU, the theory's "
+                                                 "boundary named first. Other arguments are Hydra overrides.")
+    parser.add_argument("--backends", default=",".join(b[:5]),
+                        help=f"comma-separated, run in this order (default: {','.join(b[:5])}; then "
+                             f"{','.join(b[5:])} if time allows)")
+    parser.add_argument("--budget-s", type=float, default=540, help="start no probe that would end past this")
+    parser.add_argument("--out", default="results/gpu", help="<out>/<device>/capacity.md")
+    parser.add_argument("--rungs", type=int, default=10, help="ladder rungs in 1.5x steps")
+    parser.add_argument("--cpu", action="store_true", help="one CPU rank under --budget-mib (the CPU ladder)")
+    parser.add_argument("--budget-mib", type=float, help="--cpu: the emulated card (train.memory_budget_bytes)")
+    parser.add_argument("--predict-only", action="store_true", help="the theory's boundaries, no probe")
+    parser.add_argument("--card-gib", type=float, help="--predict-only: the card's memory (GiB)")
+    parser.add_argument("--host-gib", type=float, help="the host's RAM (GiB; default: this machine's)")
+    parser.add_argument("--label", help="--predict-only: the card's name in the table")
+    parser.add_argument("--no-reuse", action="store_true", help="probe again even where a finished probe is found")
+    return parser
+
+
+def gpu_capacity_problem(args) -> Optional[str]:
+    """What gpu_capacity's flags cannot mean together."""
+    unknown = [b for b in args.backends.split(",") if b and b not in CAPACITY_BACKENDS]
+    if unknown:
+        return f"--backends: unknown {', '.join(unknown)}; choose from {', '.join(CAPACITY_BACKENDS)}"
+    if args.cpu and not args.budget_mib:
+        return "--cpu needs --budget-mib: the card it emulates"
+    if args.predict_only and not (args.card_gib or args.cpu):
+        return "--predict-only needs --card-gib (or --cpu --budget-mib)"
+    return None
+
+
+def problem(parser: argparse.ArgumentParser, argv: List[str],
+            check: Optional[Callable] = None) -> Optional[str]:
     """The first mistake on the command line, as one line; None when the flags parse and the overrides check."""
     from ..config import overrides
 
@@ -69,21 +109,23 @@ def problem(parser: argparse.ArgumentParser, argv: List[str]) -> Optional[str]:
         return mistake
     parser.exit_on_error = False  # a flag's value of the wrong type: argparse's message, as one of ours
     try:
-        _, rest = parser.parse_known_args(argv)
+        args, rest = parser.parse_known_args(argv)
     except argparse.ArgumentError as err:
         return str(err)
     finally:
         parser.exit_on_error = True
-    return overrides.problem(rest)
+    return (check(args) if check else None) or overrides.problem(rest)
 
 
-def refuse_bad_input(tool: str, parser: argparse.ArgumentParser, argv: Optional[List[str]] = None) -> None:
-    """Exit 2 with one line where the command line has a mistake (`--help` prints the parser's help)."""
+def refuse_bad_input(tool: str, parser: argparse.ArgumentParser, argv: Optional[List[str]] = None,
+                     check: Optional[Callable] = None) -> None:
+    """Exit 2 with one line where the command line has a mistake (`--help` prints the parser's help); `check`
+    reads the parsed flags for what they cannot mean together."""
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         parser.print_help()
         sys.exit(0)
-    mistake = problem(parser, argv)
+    mistake = problem(parser, argv, check)
     if mistake:
         print(f"{tool}: invalid input: {mistake}", file=sys.stderr)
         sys.exit(2)

@@ -29,8 +29,6 @@ card is emulated by train.memory_budget_bytes over one rank and the ladder is th
 """
 from __future__ import annotations
 
-import argparse
-import os
 import shlex
 import sys
 import time
@@ -39,16 +37,17 @@ from typing import Dict, List, Optional
 
 from ..config.compose import compose
 from ..config.derive import world_size
-from ..config import families
-from ..core.paths import REPO, extensions_dir
+from ..core.paths import REPO
 from ..core.rundir import read_json, write_json
 from ..runtime import models
 from ..theory.predict import FIT_MARGIN, predict
 from . import capacity
 from .capacity_report import write_report
+from .flags import CAPACITY_BACKENDS, gpu_capacity_parser
+from .gpu_check import prepare_jit_ops, slug
 
 GIB = 2**30
-BACKENDS = ["ds_zero3_offload", "ddp", "fsdp_offload", "ds_zero3", "fsdp", "ds_zero2", "ds_zero2_offload"]
+BACKENDS = CAPACITY_BACKENDS  # offload first, as the seeds ask (flags.py, which checks --backends against it)
 GPU_SHAPE = ["parallelism=gpu1", "train.precision=bf16", "parallelism.micro_batch=1", "parallelism.seq_len=2048",
              "train.activation_checkpointing=true", "logger=none"]
 # the allocator's peak is the figure on CUDA: no memory profiler (slow at billions of parameters), no FLOP count
@@ -148,17 +147,6 @@ def search_backend(backend: str, rungs: List[List[str]], predicted: List[dict], 
             "resolved": resolved, "finished": finished}
 
 
-def prepare_ops(backends: List[str]) -> None:
-    """DeepSpeed's CPU Adam (the offload backends' optimizer, g++ only) built once here, not inside the first
-    probe's minutes; the probes' ranks find it where launcher/torchrun.rank_env points them."""
-    from .gpu_check import offloading
-
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
-    if any(offloading()[b] and b.startswith("ds_") for b in backends):
-        for op, owner in families.jit_op_owners().items():
-            owner.load_jit_op(op)
-
-
 def host_total_bytes() -> int:
     import psutil
 
@@ -186,30 +174,9 @@ def merge(path: Path, result: dict) -> dict:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default=",".join(BACKENDS[:5]),
-                        help=f"comma-separated, run in this order (default: {','.join(BACKENDS[:5])}; "
-                             f"then {','.join(BACKENDS[5:])} if time allows)")
-    parser.add_argument("--budget-s", type=float, default=540, help="start no probe that would end past this")
-    parser.add_argument("--out", default="results/gpu", help="<out>/<device>/capacity.md")
-    parser.add_argument("--rungs", type=int, default=10, help="ladder rungs in 1.5x steps")
-    parser.add_argument("--cpu", action="store_true", help="one CPU rank under --budget-mib (the CPU ladder)")
-    parser.add_argument("--budget-mib", type=float, help="--cpu: the emulated card (train.memory_budget_bytes)")
-    parser.add_argument("--predict-only", action="store_true", help="the theory's boundaries, no probe")
-    parser.add_argument("--card-gib", type=float, help="--predict-only: the card's memory (GiB)")
-    parser.add_argument("--host-gib", type=float, help="the host's RAM (GiB; default: this machine's)")
-    parser.add_argument("--label", help="--predict-only: the card's name in the table")
-    parser.add_argument("--no-reuse", action="store_true", help="probe again even where a finished probe is found")
-    args, extra = parser.parse_known_args(argv)
+    args, extra = gpu_capacity_parser().parse_known_args(argv)  # checked by the command (flags.py) first
     started = time.monotonic()
     backends = [b for b in args.backends.split(",") if b]
-    unknown = [b for b in backends if b not in BACKENDS]
-    if unknown:
-        parser.error(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
-    if args.cpu and not args.budget_mib:
-        parser.error("--cpu needs --budget-mib: the card it emulates")
-    if args.predict_only and not (args.card_gib or args.cpu):
-        parser.error("--predict-only needs --card-gib (or --cpu --budget-mib)")
     host = int(args.host_gib * GIB) if args.host_gib else host_total_bytes()
     if args.cpu:
         device, card = f"cpu emulating {args.budget_mib:g} MiB", int(args.budget_mib * 2**20)
@@ -220,9 +187,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         else cuda_card())
         rungs, shape = gpu_ladder(args.rungs), [*GPU_SHAPE, *extra]
         common, probe_args, margin = shape, GPU_PROBE, FIT_MARGIN
-    folder = (REPO / args.out).resolve() / capacity_slug(device)
+    folder = (REPO / args.out).resolve() / slug(device)
     if not (args.cpu or args.predict_only):
-        prepare_ops(backends)
+        prepare_jit_ops(backends)
         print(f"gpu_capacity: {device}, {card / GIB:.1f} GiB; host {host / GIB:.0f} GiB; ops ready after "
               f"{time.monotonic() - started:.0f} s", flush=True)
     rows = {}
@@ -249,12 +216,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     write_report(merged, folder, name)
     print(f"wrote {folder / name}.md")
     return 0
-
-
-def capacity_slug(device: str) -> str:
-    from .gpu_check import slug
-
-    return slug(device)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,16 @@ def offloading() -> Dict[str, bool]:
     return {b: bool(compose([f"backend={b}"]).backend.get("offload_optimizer")) for b in flat_backends()}
 
 
+def prepare_jit_ops(backends: List[str]) -> None:
+    """The families' JIT ops built here, once, where any of `backends` offloads its optimizer (DeepSpeed's CPU
+    Adam, g++ only; its shm comm op is CPU-only), not inside the first run's minutes; the runs' ranks find them
+    where launcher/torchrun.rank_env points them. make gpu-capacity builds them the same way."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
+    if any(offloading()[b] for b in backends):
+        for op, owner in families.jit_op_owners().items():
+            owner.load_jit_op(op)
+
+
 def sweep_backends(sweep: str, only: List[str] | None = None) -> List[str]:
     """gpt2_124m: every backend, offloading ones first (a time limit cuts the end of a sweep, never them);
     llama_1b: every backend that keeps its states on the GPU; of them, those in `only`, in its order, where given."""
@@ -240,13 +250,9 @@ def main(argv: List[str] | None = None) -> int:
             return 2
         env = environment()
         print(json.dumps(env, indent=1), flush=True)
-        # where the runs' ranks look for them (launcher/torchrun.rank_env), so that they are built once
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
         t = time.time()
         sweeps = args.sweep or list(SWEEPS)
-        if any(offloading()[b] for name in sweeps for b in sweep_backends(name, only)):
-            for op, owner in families.jit_op_owners().items():  # CPU Adam builds here (g++); shm comm is CPU-only
-                owner.load_jit_op(op)
+        prepare_jit_ops([b for name in sweeps for b in sweep_backends(name, only)])
         env["jit_ops_build_s"] = round(time.time() - t, 1)
         print(f"gpu-check: JIT ops ready in {env['jit_ops_build_s']} s", flush=True)
         if args.device_costs:
