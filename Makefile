@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo demo-snapshot compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-check gpu-capacity capacity collectives finetune faults browser test test-drills test-all clean lock
+.PHONY: help install warm demo demo-snapshot compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-check gpu-capacity gpu-axes axes capacity collectives finetune faults browser test test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -59,9 +59,10 @@ bench: install warm ## harness overhead: 8 interleaved pairs of harness and inde
 advise: install warm ## which strategy? theory prunes, real runs decide: make advise ARGS="model=small_llama --device-gib 0.0625" -> results/advise/
 	$(PY) -m harness.advise $(ARGS)
 
-memory-check: install warm ## the memory model against measured peaks: every backend x model x precision x checkpointing, one launch; a states-dominated shape at 4 ranks; the same matrix at dp 2 x tp 2 -> results/memory_check/
+memory-check: install warm ## the memory model against measured peaks: every backend x model x precision x checkpointing policy, one launch; a states-dominated shape at 4 ranks; an activation-dominated one (the policies apart); the same matrix at dp 2 x tp 2 -> results/memory_check/
 	$(PY) -m harness.memory_check $(ARGS)
 	$(PY) -m harness.memory_check --states-dominated --repeats 2
+	$(PY) -m harness.memory_check --activation-dominated --models tiny_llama,tiny_gpt2 --repeats 2
 	$(PY) -m harness.memory_check --models tiny_llama,tiny_qwen2,tiny_mistral --out results/memory_check/tp parallelism.nproc_per_node=4 parallelism.tp=2
 
 scale-check: install warm ## 8-512 ranks on fake tensors: llama 1b-70b, FSDP2, bf16/fp32, ckpt off/on, and 2-D cells (tp 2-8), traced against theory -> results/scale_check/
@@ -102,6 +103,13 @@ gpu-check: ## on a GPU machine: every backend on gpt2_124m and llama_1b (bf16), 
 
 gpu-capacity: ## on a GPU machine: the largest Llama (1B-38B ladder, bf16, mb 1, seq 2048, ckpt) each backend trains on the card, the theory's boundary probed first; ARGS="--backends ddp,fsdp" splits it into calls under 9 minutes -> results/gpu/<device>/capacity.md
 	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(GPU_PYTHON) -m harness.gpu_capacity $(ARGS)
+
+gpu-axes: ## on a GPU machine: llama_1b bf16 mb 8 under fsdp eager, compiled, compiled+float8 (tensorwise, rowwise), selective_op, every_2, ds_zero3 with and without DeepCompile, ddp compiled; at most 8 minutes -> results/gpu/<device>/axes.md
+	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(GPU_PYTHON) -m harness.gpu_axes $(ARGS)
+
+axes: install warm ## the axes sweep on CPU (checkpointing policy x compile x backend, small_llama, 50 steps) and its table -> results/axes/
+	$(PY) -m harness.train experiment=axes $(ARGS)
+	$(PY) -m harness.axes
 
 faults: install warm ## fault drill: OOM, exception, NaN, kill, hang, then re-run + Ctrl-C: status and time to detect -> results/faults/
 	$(PY) -m harness.fault_drill $(ARGS)

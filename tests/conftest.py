@@ -163,6 +163,17 @@ def tp_resumed(tp_runs, llama_checkpoint, micro_batch: int, tp: int, backends=("
     return overrides
 
 
+BF16 = ("model=tiny_gpt2", "train.precision=bf16", "model.init=meta", "train.measure_flops=false")
+
+
+def only(backends: tuple, *overrides: str):
+    """A sweep's overrides for some backends only (sweeps() reads the `backends` attribute)."""
+    def of(backend: str) -> tuple:
+        return overrides
+    of.backends = list(backends)
+    return of
+
+
 @pytest.fixture(scope="session")
 def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, tp_runs):
     """The LoRA, bf16, resharding and user-data sweeps, all on 2 ranks, as the cells of one launch: one start-up,
@@ -183,7 +194,11 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         # (each framework's own defaults), as a user runs it; from the seed's weights, with model.init=meta:
         # FSDP2 on the meta device and ZeRO-3 under zero.Init must initialise the tied model as the host builds
         # do (runtime/initial_weights.py). FLOPs are tested on the fp32 sweep (test_parity): off saves ~1 s a run
-        "bf16": ("model=tiny_gpt2", "train.precision=bf16", "model.init=meta", "train.measure_flops=false"),
+        "bf16": BF16,
+        # the bf16 sweep's runs again under two activation-checkpointing policies, losses only: the same losses,
+        # step for step (tests/test_recompute.py, and harness/studies/axes.py's table of them)
+        "bf16_full": only(("fsdp", "ds_zero3"), *cheap(*BF16, "train.activation_checkpointing=full")),
+        "bf16_selective": only(("ddp", "fsdp"), *cheap(*BF16, "train.activation_checkpointing=selective_op")),
         "user": cheap(*USER, f"data.files=[{user_corpus}/docstrings.jsonl,{user_corpus}/notes.txt]"),
         # dp 2 x tp 2 resumed at dp 1 x tp 2 (the same shards' data-parallel split undone), and at tp 1 under FSDP2
         # and DDP (the tensor-parallel shards joined): tests/test_tensor_parallel.py
@@ -205,6 +220,12 @@ def lora_runs(two_rank_sweeps):
 @pytest.fixture(scope="session")
 def bf16_runs(two_rank_sweeps):
     return two_rank_sweeps["bf16"]
+
+
+@pytest.fixture(scope="session")
+def policy_runs(two_rank_sweeps):
+    """{policy: {backend: (summary, records, run dir)}} of the bf16 sweep's checkpointed reruns."""
+    return {"full": two_rank_sweeps["bf16_full"], "selective_op": two_rank_sweeps["bf16_selective"]}
 
 
 @pytest.fixture(scope="session")

@@ -41,7 +41,8 @@ BAD_INPUT = [
     # wrong types
     (["train.steps=ten"], "train.steps"),
     (["optim.lr=fast"], "optim.lr"),
-    (["train.activation_checkpointing=maybe"], "train.activation_checkpointing"),
+    (["train.compile=maybe"], "train.compile"),
+    (["train.activation_checkpointing=maybe"], "train.activation_checkpointing=maybe: unknown policy"),
     (["parallelism.nproc_per_node=1.5"], "parallelism.nproc_per_node"),
     # values the device or backend cannot honour
     (["train.precision=fp16"], "train.precision=fp16"),
@@ -159,7 +160,7 @@ def test_escaping_names_create_nothing_outside_the_root(tmp_path):
 # what Hydra itself refused in 7-15 lines: unknown group options, keys the schema lacks, values of the wrong type
 HYDRAS_OWN = [(o, says) for o, says in BAD_INPUT if not o[0].startswith("+")  # (added keys: the rules')
               and (says.startswith(tuple(f"{g}/" for g in overrides.GROUPS)) or says in {"train.stepz", "optim.learning_rate", "backend.zero_stag", "parallelism.microbatch",
-                          "train.steps", "optim.lr", "train.activation_checkpointing", "parallelism.nproc_per_node"})]
+                          "train.steps", "optim.lr", "train.compile", "parallelism.nproc_per_node"})]
 
 
 @pytest.mark.parametrize("args, says", HYDRAS_OWN, ids=[" ".join(o) for o, _ in HYDRAS_OWN])

@@ -1,26 +1,60 @@
-"""The memory model against measured peaks (harness/studies/memory_check.py): every backend on a quarter of
-tiny_llama, tiny_gpt2, tiny_qwen2 (from its config.json), tiny_mistral (likewise) x fp32, bf16 x activation
-checkpointing off, on (memory_check.matrix's Latin square: each backend runs each model once and each precision
-x checkpointing pair once, shifted from backend to backend; 4 cells a backend, 2 gloo ranks, profile=parity) in
-one launch, and a states-dominated shape on 4 ranks where the backends' peaks rank as theory ranks them."""
+"""The memory model against measured peaks (harness/studies/memory_check.py): every backend on a fraction of
+tiny_llama, tiny_gpt2, tiny_qwen2 (from its config.json), tiny_mistral (likewise) x fp32, bf16 x the activation-
+checkpointing policies none, full, every_2, selective_op (memory_check.matrix's Latin square: each backend runs
+each model once and each policy once, the precision alternating; 4 cells a backend, 2 gloo ranks,
+profile=parity) in one launch; in the same launch, the four policies on an activation-dominated shape, where
+they are 2-3x apart; and a states-dominated shape on 4 ranks where the backends' peaks rank as theory ranks
+them."""
 from __future__ import annotations
 
 import pytest
 
 from conftest import BACKENDS, STATES_BACKENDS, STATES_REPEATS
+from harness.config import recompute
 from harness.studies import memory_check
 
 pytestmark = pytest.mark.slow
 REPEATS = STATES_REPEATS  # profiled steps per cell: the lowest per rank (gloo can hold a buffer a phase late)
 
 
+POLICIES = ["none", "full", "every_2", "selective_op"]
+# the policies apart (memory_check.ACTIVATION_DOMINATED): FSDP2 in bf16 on tiny_llama, DDP's autocast on tiny_gpt2
+POLICY_CELLS = [[f"backend={b}", f"model={m}", f"train.precision={p}", *memory_check.ACTIVATION_DOMINATED,
+                 *recompute.overrides(c)] for b, m, p in (("fsdp", "tiny_llama", "bf16"), ("ddp", "tiny_gpt2", "bf16"))
+                for c in POLICIES]
+
+
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
+def launch(tmp_path_factory):
     cells = memory_check.matrix(BACKENDS, ["tiny_llama", "tiny_gpt2", "tiny_qwen2", "tiny_mistral"],
-                                ["fp32", "bf16"], [False, True], half=True)
-    rows = memory_check.run_cells(cells, ["profile=parity"], REPEATS, tmp_path_factory.mktemp("memory_check"))
+                                ["fp32", "bf16"], POLICIES, half=True)
+    rows = memory_check.run_cells(cells + POLICY_CELLS, ["profile=parity"], REPEATS,
+                                  tmp_path_factory.mktemp("memory_check"))
     print(memory_check.render(rows, 10, "tests/test_memory_check.py"))
     return rows
+
+
+@pytest.fixture(scope="module")
+def matrix(launch):
+    return launch[:-len(POLICY_CELLS)]
+
+
+def test_each_backend_runs_each_policy_once(matrix):
+    for backend in BACKENDS:
+        assert sorted(r["checkpointing"] for r in matrix if r["backend"] == backend) == sorted(POLICIES), backend
+
+
+def test_on_an_activation_dominated_shape_each_policy_is_within_10_percent_and_they_rank_as_predicted(launch):
+    """What a user trades: none keeps most, every_2 about half the blocks, selective_op the matmuls' and
+    attention's outputs, full the blocks' inputs; each measured peak within 10% of its prediction."""
+    rows = launch[-len(POLICY_CELLS):]
+    assert all("error_pct" in r for r in rows), [r.get("refused") for r in rows]
+    misses = [(r["name"], round(r["error_pct"], 1)) for r in rows if memory_check.missed(r, 10)]
+    assert not misses, misses
+    for backend in ("fsdp", "ddp"):
+        peaks = {r["checkpointing"]: r["measured_bytes"] for r in rows if r["backend"] == backend}
+        assert peaks["none"] > max(peaks["every_2"], peaks["selective_op"]) > peaks["full"], (backend, peaks)
+        assert peaks["full"] < 0.5 * peaks["none"], (backend, peaks)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

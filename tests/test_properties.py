@@ -74,7 +74,8 @@ REAL_RUNS = int(os.environ.get("SHARDBENCH_PROPERTY_RUNS", "2"))
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(backend=st.sampled_from(BACKENDS), model=st.sampled_from(["tiny_llama", "tiny_gpt2"]),
        precision=st.sampled_from(["fp32", "bf16"]), micro_batch=st.integers(1, 3), grad_accum=st.integers(1, 3),
-       seq_len=st.integers(1, 64), checkpointing=st.booleans(), init=st.sampled_from(["host", "meta"]),
+       seq_len=st.integers(1, 64),
+       checkpointing=st.sampled_from(["none", "full", "every_2", "selective_op", "true"]), init=st.sampled_from(["host", "meta"]),
        global_batch=st.sampled_from([0, 0, 4, 8, 12]), profile=st.sampled_from(["native", "parity"]),
        ranks=st.sampled_from([2, 3]))
 def test_valid_draws_train_inside_real_ranks(backend, model, precision, micro_batch, grad_accum, seq_len,

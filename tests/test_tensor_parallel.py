@@ -184,7 +184,7 @@ def test_the_estimator_and_the_advisor_search_the_mesh_and_say_where_the_bytes_g
     from harness.studies import advise, estimate
 
     base = ["model=llama_70b", "parallelism=gpu8", "parallelism.nnodes=8", "train.precision=bf16",
-            "train.activation_checkpointing=true", "parallelism.micro_batch=1"]
+            "train.activation_checkpointing=full", "parallelism.micro_batch=1"]
     rows = estimate.rows(base, names=["fsdp"], tps=[1, 2, 4, 8])
     assert [r["mesh"] for r in rows] == ["dp 64"] + [f"dp {64 // t} x tp {t} (SP, loss parallel)" for t in (2, 4, 8)]
     assert [r["comm_intra_node_bytes_per_step"] > 0 for r in rows] == [False, True, True, True]
@@ -204,7 +204,7 @@ def test_tensor_parallel_collectives_are_never_hidden_behind_compute():
     cfg = compose(["model=small_llama", "parallelism.nproc_per_node=4", "parallelism.tp=2", "backend=ddp"])
     s = shape_of(cfg, None, models.param_count(cfg.model))
     rates = Rates(tflops=1.0, mem_gbps=10.0, comm=CommTable([], "cpu", 4))
-    parts = predict_parts(cfg.backend, s, 1e9, rates, False)
+    parts = predict_parts(cfg.backend, s, 1e9, rates)
     tp_seconds = sum(rates.comm.seconds(c.op, c.size_bytes, 2) * c.count
                      for c in tensor_parallel_collectives(cfg.backend, s))
     assert tp_seconds > 0 and parts["comm_exposed"] >= tp_seconds

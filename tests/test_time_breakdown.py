@@ -121,10 +121,10 @@ def test_overlap_rules():
     s = Shape(params=PSI, world=2, precision="fp32", bucket_elements=PSI // 4, block_params=BLOCK, blocks=LAYERS)
     rates = Rates(tflops=1.0, mem_gbps=10.0, comm=CommTable([], "cpu", 2))
     one_bucket = rates.comm.seconds("all_reduce", PSI)  # PSI / 4 elements of 4 B
-    slow, fast = (predict_parts(_backend("ddp"), s, flops, rates, False) for flops in (1e10, 1e8))
+    slow, fast = (predict_parts(_backend("ddp"), s, flops, rates) for flops in (1e10, 1e8))
     assert slow["comm_exposed"] == pytest.approx(one_bucket + rates.comm.seconds("all_reduce", 4))
     assert fast["comm_exposed"] > slow["comm_exposed"]
-    z2 = [predict_parts(_backend("deepspeed", 2), s, flops, rates, False) for flops in (1e10, 1e8)]
+    z2 = [predict_parts(_backend("deepspeed", 2), s, flops, rates) for flops in (1e10, 1e8)]
     assert z2[0]["comm_exposed"] == pytest.approx(z2[0]["comm_total"]) == pytest.approx(z2[1]["comm_exposed"])
 
 

@@ -14,7 +14,7 @@ from typing import Callable, List
 from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import ConfigError
-from . import data_check, derive, families, finetune_check, hf_models, resume_check, schema
+from . import data_check, derive, families, finetune_check, float8_check, hf_models, recompute, resume_check, schema
 from .schema import CHOICES
 
 __all__ = ["ConfigError", "check", "problems", "output_problems"]
@@ -42,7 +42,7 @@ BELOW_ONE = ("optim.beta1", "optim.beta2")  # Adam's decay rates: in [0, 1)
 POSITIVE_WHEN_SET = ("model.num_kv_heads", "model.intermediate_size")  # None = the family's default
 RANGED_ELSEWHERE = {"workload.lora_rank": "finetune_check", "workload.lora_alpha": "finetune_check",
                     "train.warmup_steps": "shape_rules", "dist.master_port": "value_rules",
-                    "data.eval_fraction": "data_check"}
+                    "data.eval_fraction": "data_check", "train.activation_checkpointing_every": "recompute"}
 
 
 def ranged_elsewhere() -> dict:
@@ -108,6 +108,7 @@ def value_rules(cfg) -> List[str]:
             for key in BELOW_ONE if not 0 <= _get(cfg, key) < 1]
     out += [f"{key}={_get(cfg, key)}: must be positive, or unset for the model family's default"
             for key in POSITIVE_WHEN_SET if _get(cfg, key) is not None and _get(cfg, key) <= 0]
+    out += recompute.problems(cfg)  # the activation-checkpointing policy (config/recompute.py)
     if not 0 <= cfg.dist.master_port <= 65535:
         out.append(f"dist.master_port={cfg.dist.master_port}: not a TCP port; use 1-65535, or 0 to pick a free one")
     return out
@@ -294,7 +295,8 @@ def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[s
     return unknown_key_rules(cfg) or value_rules(cfg) or hf_models.problems(cfg) or [
         *shape_rules(cfg), *tensor_rules(cfg), *device_rules(cfg, cuda_devices), *batch_rules(cfg), *run_rules(cfg),
         *backend_rules(cfg),
-        *finetune_check.problems(cfg), *resume_check.problems(cfg), *data_check.problems(cfg)]
+        *finetune_check.problems(cfg), *float8_check.problems(cfg), *resume_check.problems(cfg),
+        *data_check.problems(cfg)]
 
 
 def check(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> None:

@@ -29,6 +29,7 @@ CHOICES = {
     "parallelism.device": ("cpu", "cuda"),
     "train.precision": ("fp32", "bf16", "fp16"),
     "train.on_nonfinite": ("stop", "continue"),
+    "train.float8": ("none", "tensorwise", "rowwise"),  # theory/float8.py
     "data.name": ("stdlib", "synthetic", "files"),
     "optim.schedule": ("constant", "cosine"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
@@ -138,7 +139,14 @@ class TrainConfig:
     warmup_steps: int = 5  # excluded from every timing and peak-memory figure
     seed: int = 0
     precision: str = "fp32"  # fp32 | bf16 | fp16; master weights and optimizer state stay fp32 everywhere
-    activation_checkpointing: bool = False
+    # none | full | every_k | selective_op (config/recompute.py), the same under every backend; every_<k> is
+    # every_k with that k; true and false, from configs written before the policy, mean full and none
+    activation_checkpointing: str = "none"
+    activation_checkpointing_every: int = 2  # every_k's k: blocks 0, k, 2k, ... are checkpointed
+    # float8 training through torchao (convert_to_float8_training), CUDA sm89+ and bf16 only, FSDP2 and DDP:
+    # none | tensorwise | rowwise; under FSDP2 tensorwise all-gathers the converted weights in float8
+    # (theory/float8.py, config/float8_check.py)
+    float8: str = "none"
     on_nonfinite: str = "stop"  # stop: a NaN/inf loss ends the run as failed | continue
     measure_flops: bool = True  # count FLOPs once with FlopCounterMode on a meta-device copy
     # two extra steps after the timed window, neither timed nor logged: one whose collectives are counted by op,

@@ -143,10 +143,46 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def enable_activation_checkpointing(model: nn.Module) -> None:
-    # Non-reentrant checkpointing works under DDP, FSDP2 and ZeRO-3 alike (it re-runs their hooks).
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
+# selective_op saves these ops' outputs (config/recompute.py): the matmuls (Linear without and with a bias,
+# GPT-2's Conv1D) and the attention kernels, whose recompute is most of a block's FLOPs; the elementwise rest
+# is recomputed. torchtitan's list, with the CPU attention kernel and without float8's amax
+SELECTIVE_SAVED_OPS = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
+                       "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                       "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _selective_policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    saved = op.overloadpacket.__name__ in SELECTIVE_SAVED_OPS
+    return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def enable_activation_checkpointing(model: nn.Module, recompute) -> dict:
+    """Apply `recompute` (config/recompute.Recompute) to the model's blocks, the same under every backend:
+    torch's non-reentrant checkpoint on each chosen block's forward, set through transformers'
+    GradientCheckpointingLayer flags (its own `every_n_layers` counts the same way), so that the wrapper's hooks
+    stay outside. Returns what was applied, for the run's settings."""
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    kwargs = {"use_reentrant": False}  # non-reentrant works under DDP, FSDP2 and ZeRO-3 alike (it re-runs hooks)
+    if recompute.selective:
+        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy)
+    found = blocks(model)
+    if len(found) != recompute.layers:
+        raise ValueError(f"{len(found)} blocks found, the config says {recompute.layers} layers")
+    for index, block in enumerate(found):
+        if not hasattr(block, "gradient_checkpointing"):
+            raise ValueError(f"{type(block).__name__} is not a transformers GradientCheckpointingLayer")
+        block._gradient_checkpointing_func = partial(checkpoint, **kwargs)
+        block.gradient_checkpointing = recompute.checkpointed(index)
+    model.config.use_cache = False  # a cache is rebuilt by each recompute, and nothing decodes here
+    return {"policy": recompute.policy, "checkpointed_blocks": list(recompute.checkpointed_layers),
+            "saved_ops": list(SELECTIVE_SAVED_OPS) if recompute.selective else [],
+            "applied_by": "torch.utils.checkpoint(use_reentrant=False) on each block's forward, through "
+                          "transformers' GradientCheckpointingLayer"}
 
 
 def compile_blocks(model: nn.Module) -> int:

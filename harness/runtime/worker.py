@@ -26,6 +26,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from ..config import derive, families, resume_check, schema
+from ..config.recompute import recompute_of
 from ..core import preemption
 from ..core.checkpoint_dirs import to_resume
 from ..core.errors import ConfigError
@@ -90,11 +91,12 @@ def prepare(cfg, rank: int, world: int, device: torch.device) -> Prepared:
     strategy = make_strategy(cfg, device, world, counts)
     with strategy.init_context(use_meta_init(cfg, counts["total"])):
         model = models.build(cfg.model, workload=cfg.workload)
-    if cfg.train.activation_checkpointing:
-        models.enable_activation_checkpointing(model)
+    recompute = recompute_of(cfg)
+    applied = models.enable_activation_checkpointing(model, recompute) if recompute.any else {"policy": "none"}
     model.train()
     model = strategy.setup(model, cfg.optim)
     settings = {**strategy.effective_settings(), "workload": models.describe_workload(cfg, counts),
+                "activation_checkpointing": applied,
                 "mesh": {**strategy.mesh.degrees(), "describe": strategy.mesh.describe()}}
     strategy.dp_group()  # made now, on every rank at once (collective), not at the first loss
     # the ranks of one tensor-parallel group read their data-parallel rank's micro-batches

@@ -40,6 +40,7 @@ from typing import Dict, List, Optional
 
 from ..config.compose import compose
 from ..config.derive import dp_size, tokens_per_step, world_size
+from ..config.recompute import recompute_of
 from ..config.rules import tensor_degrees
 from . import advise_time
 from .capacity import device_bytes, run_probe
@@ -190,11 +191,11 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                 for ckpt in (False, True):
                     ga = batch // (mb * dp)
                     extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
-                             f"parallelism.global_batch={batch}", f"train.activation_checkpointing={str(ckpt).lower()}",
+                             f"parallelism.global_batch={batch}", f"train.activation_checkpointing={'full' if ckpt else 'none'}",
                              *([f"parallelism.tp={tp}"] if tp > 1 or pinned else [])]
                     cfg = copy.deepcopy(composed)
                     cfg.parallelism.micro_batch, cfg.parallelism.grad_accum, cfg.parallelism.tp = mb, ga, tp
-                    cfg.train.activation_checkpointing = ckpt
+                    cfg.train.activation_checkpointing = "full" if ckpt else "none"
                     out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin))
                     if out.candidates[-1].fits:
                         fitting[out.candidates[-1].name] = cfg
@@ -216,9 +217,9 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
     theory = predict(cfg, world, counts)
     shape = shape_of(cfg, world, counts)
     peak = theory["memory/device_peak_predicted_bytes"]
-    ckpt = bool(cfg.train.activation_checkpointing)
+    ckpt = recompute_of(cfg).any
     step = predict_parts(cfg.backend, shape, flops_per_token * par.micro_batch * par.seq_len * par.grad_accum / par.tp,
-                         rates, ckpt)["step"]
+                         rates)["step"]
     return Candidate(backend, par.micro_batch, par.grad_accum, ckpt, extra, tp=par.tp, mesh=shape.grid.describe(),
                      predicted_intra_node_bytes=theory["comm/predicted_intra_node_bytes_per_step"],
                      predicted_inter_node_bytes=theory["comm/predicted_inter_node_bytes_per_step"],

@@ -94,8 +94,7 @@ def row(cfg, name: str, params: float | None, world: int | None, flops_per_token
 def step_prediction(cfg, world: int, shape, flops_per_token: float, rates) -> dict:
     """The time model's step (theory/time.py, as the runs' summaries and the advisor use it) and tokens/s."""
     tokens = tokens_per_step(cfg, world)
-    step = predict_parts(cfg.backend, shape, flops_per_token * tokens / world, rates,
-                         cfg.train.activation_checkpointing)["step"]
+    step = predict_parts(cfg.backend, shape, flops_per_token * tokens / world, rates)["step"]
     return {"step_s": step, "tokens_per_s": tokens / step}
 
 

@@ -49,12 +49,12 @@ from .gpu_check import prepare_jit_ops, slug
 GIB = 2**30
 BACKENDS = CAPACITY_BACKENDS  # offload first, as the seeds ask (flags.py, which checks --backends against it)
 GPU_SHAPE = ["parallelism=gpu1", "train.precision=bf16", "parallelism.micro_batch=1", "parallelism.seq_len=2048",
-             "train.activation_checkpointing=true", "logger=none"]
+             "train.activation_checkpointing=full", "logger=none"]
 # the allocator's peak is the figure on CUDA: no memory profiler (slow at billions of parameters), no FLOP count
 GPU_PROBE = ["train.steps=3", "train.warmup_steps=1", "train.profile_memory=false", "train.measure_flops=false",
              "train.breakdown_steps=0"]
 # on CPU the budget bounds the profiled peak of live tensors (capacity.PROBE: the lower of two profiled steps)
-CPU_SHAPE = ["parallelism.nproc_per_node=1", "parallelism.micro_batch=1", "train.activation_checkpointing=true",
+CPU_SHAPE = ["parallelism.nproc_per_node=1", "parallelism.micro_batch=1", "train.activation_checkpointing=full",
              "logger=none"]
 FIRST_PROBE_GUESS_S = 90.0  # before any probe has run, what one is assumed to take (a 7B probe, host-built)
 

@@ -1,8 +1,9 @@
 """`make memory-check`: the memory model against measured peaks, over a matrix of runs, in one launch.
 
     python -m harness.memory_check [--models tiny_llama,tiny_gpt2,tiny_qwen2,tiny_mistral] [--precisions fp32,bf16]
-        [--checkpointing off,on] [--backends ddp,fsdp,...] [--repeats 3] [--tolerance 10] [--out DIR] [overrides]
+        [--checkpointing none,full,every_2,selective_op] [--backends ddp,fsdp,...] [--repeats 3] [--tolerance 10] [--out DIR] [overrides]
     python -m harness.memory_check --states-dominated --backends ddp,ds_zero1,ds_zero2,ds_zero3,fsdp --repeats 2
+    python -m harness.memory_check --activation-dominated --models tiny_llama,tiny_gpt2 --repeats 2
 
 Every backend x model x precision x activation checkpointing is a cell: a short run (two steps, then
 `--repeats` profiled memory steps) whose peak of live tensors per rank is set beside theory/predict.py's
@@ -26,7 +27,8 @@ import sys
 from pathlib import Path
 from typing import List
 
-from ..config import families, rules
+from ..config import families, recompute, rules
+from ..config.recompute import recompute_of
 from ..config.compose import flat_backends as all_backends
 from ..config.compose import compose_many
 from ..config.derive import world_size
@@ -51,6 +53,11 @@ STATES_DOMINATED = ["model=small_llama", "train.precision=fp32", "parallelism.np
                     "parallelism.micro_batch=1", "parallelism.seq_len=16", "backend.bucket_elements=400000"]
 
 
+# an activation-dominated shape, where the checkpointing policies differ by 2-3x in peak (on the default cells they
+# differ by a few percent, under the states): 4 blocks, 4 sequences of 512 tokens a rank
+ACTIVATION_DOMINATED = ["model.num_layers=4", "parallelism.seq_len=512", "parallelism.micro_batch=4"]
+
+
 def states_dominated_cells(backends: List[str]) -> List[list]:
     """One cell a backend, with the overrides under which its family releases what it gathers on this shape."""
     configs = compose_many([[f"backend={b}"] for b in backends])
@@ -58,21 +65,31 @@ def states_dominated_cells(backends: List[str]) -> List[list]:
             for b, cfg in zip(backends, configs)]
 
 
-def matrix(backends: List[str], models_: List[str], precisions: List[str], checkpointing: List[bool],
+def matrix(backends: List[str], models_: List[str], precisions: List[str], policies: List[str],
            half: bool = False) -> List[list]:
-    """Every backend x model x precision x checkpointing; with `half`, each backend on a fraction of the other
-    three factors' combinations, shifted from backend to backend so that every combination still runs on some
-    backends. Two models: a 2^(3-1) fraction (each level of each factor twice, each pair of two factors' levels
-    once). Four models: a Latin square, each backend running each model once and each precision x checkpointing
-    pair once. `make test` runs the fraction (4 cells a backend); `make memory-check` the whole."""
-    out = []
+    """Every backend x model x precision x activation-checkpointing policy (config/recompute.py's, or every_<k>;
+    True/False mean full/none); with `half`, each backend on a fraction of the other three factors'
+    combinations, shifted from backend to backend so that every combination still runs on some backends. As
+    many models as policies (4 and 4): a Latin square, each backend running each model once and each policy
+    once, the precision alternating by policy and flipping every 4 backends. Otherwise, two models: a 2^(3-1)
+    fraction (each level of each factor twice, each pair of two factors' levels once); four models: each
+    backend runs each model once and each precision x policy pair once. `make test` runs the fraction (4 cells
+    a backend); `make memory-check` the whole."""
+    out, labels = [], ["full" if c is True else "none" if c is False else str(c) for c in policies]
+    square = len(models_) > 2 and len(labels) == len(models_)
     for m_i, m in enumerate(models_):
         for p_i, p in enumerate(precisions):
-            for c_i, c in enumerate(checkpointing):
+            for c_i, c in enumerate(labels):
                 pair = (p_i + c_i) if len(models_) <= 2 else (2 * p_i + c_i)
-                out += [[f"backend={b}", f"model={m}", f"train.precision={p}",
-                         f"train.activation_checkpointing={str(c).lower()}"]
-                        for b_i, b in enumerate(backends) if not half or (m_i + pair + b_i) % len(models_) == 0]
+
+                def kept(b_i: int) -> bool:
+                    if not half:
+                        return True
+                    if square:
+                        return (m_i + c_i + b_i) % len(models_) == 0 and p_i == (c_i + b_i // len(models_)) % 2
+                    return (m_i + pair + b_i) % len(models_) == 0
+                out += [[f"backend={b}", f"model={m}", f"train.precision={p}", *recompute.overrides(c)]
+                        for b_i, b in enumerate(backends) if kept(b_i)]
     return out
 
 
@@ -145,7 +162,7 @@ def _plain(cfg) -> dict:
 def _row(r: dict, ranks) -> dict:
     cfg = r["cfg"]
     row = {"name": r["name"], "backend": cfg.backend.name, "model": cfg.model.name, "precision": cfg.train.precision,
-           "checkpointing": bool(cfg.train.activation_checkpointing), "refused": r["refused"]}
+           "checkpointing": recompute_of(cfg).label, "refused": r["refused"]}
     if r["refused"] or not ranks:
         return row
     counts = models.param_count(cfg.model, cfg.workload)
@@ -199,13 +216,13 @@ def render(rows: List[dict], tolerance: float, command: str) -> str:
              "|---|---|---|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
         if "error_pct" not in r:
-            lines.append(f"| {r['backend']} | {r['model']} | {r['precision']} | {'on' if r['checkpointing'] else 'off'} "
+            lines.append(f"| {r['backend']} | {r['model']} | {r['precision']} | {r['checkpointing']} "
                          f"| - | - | - | - | refused: {r['refused'] or 'no result'} | |")
             continue
         moment = r["phase"] + (f" (block {r['block']})" if r["block"] is not None else "")
         unaccounted = f"{r['unaccounted_pct']:+.0f}%" + (f": {' + '.join(r['unaccounted_named'])}"
                                                           if r["unaccounted_named"] else "")
-        lines.append(f"| {r['backend']} | {r['model']} | {r['precision']} | {'on' if r['checkpointing'] else 'off'} "
+        lines.append(f"| {r['backend']} | {r['model']} | {r['precision']} | {r['checkpointing']} "
                      f"| {mib(r['measured_bytes'])} | {mib(r['highest_bytes'])} | {mib(r['predicted_bytes'])} "
                      f"| {r['error_pct']:+.1f}%{held_note(r, tolerance)} | {moment} | {unaccounted} |")
     if done:
@@ -220,12 +237,16 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--backends", default=",".join(all_backends()))
     parser.add_argument("--models", default="tiny_llama,tiny_gpt2,tiny_qwen2,tiny_mistral")
     parser.add_argument("--precisions", default="fp32,bf16")
-    parser.add_argument("--checkpointing", default="off,on")
+    parser.add_argument("--checkpointing", default="none,full,every_2,selective_op",
+                        help="activation-checkpointing policies (config/recompute.py; every_<k> for every_k)")
     parser.add_argument("--repeats", type=int, default=3, help="profiled memory steps per cell")
     parser.add_argument("--tolerance", type=float, default=10.0, help="percent")
     parser.add_argument("--states-dominated", action="store_true",
                         help="the backends on STATES_DOMINATED (4 ranks, small_llama, fp32) instead of the matrix")
-    parser.add_argument("--out", default=None, help="default results/memory_check[/states_dominated]")
+    parser.add_argument("--activation-dominated", action="store_true",
+                        help="the matrix on ACTIVATION_DOMINATED (4 blocks, 4 x 512 tokens a rank): the policies apart")
+    parser.add_argument("--out", default=None,
+                        help="default results/memory_check[/states_dominated or /activation_dominated]")
     args, overrides = parser.parse_known_args(argv)
     if not any(o.startswith("profile=") for o in overrides):
         overrides = ["profile=parity", *overrides]
@@ -233,9 +254,11 @@ def main(argv: List[str] | None = None) -> int:
     if args.states_dominated:
         cells, overrides = states_dominated_cells(split(args.backends)), [*overrides, *STATES_DOMINATED]
     else:
+        overrides = [*overrides, *(ACTIVATION_DOMINATED if args.activation_dominated else [])]
         cells = matrix(split(args.backends), split(args.models), split(args.precisions),
-                       [c == "on" for c in split(args.checkpointing)])
-    default_out = "results/memory_check" + ("/states_dominated" if args.states_dominated else "")
+                       [{"on": "full", "off": "none"}.get(c, c) for c in split(args.checkpointing)])
+    default_out = "results/memory_check" + ("/states_dominated" if args.states_dominated else
+                                            "/activation_dominated" if args.activation_dominated else "")
     out = (REPO / (args.out or default_out)).resolve()
     rows = run_cells(cells, overrides, args.repeats, out)
     command = "python -m harness.memory_check " + " ".join(argv if argv is not None else sys.argv[1:])

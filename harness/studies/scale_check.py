@@ -130,10 +130,11 @@ def traced_bytes_per_step(collectives: List[dict]) -> float:
 def row_head(cfg, overrides: List[str]) -> dict:
     """What names a cell in its row, traced or not."""
     from ..config.derive import world_size
+    from ..config.recompute import recompute_of
 
     return {"name": cell_name(overrides), "overrides": overrides, "model": cfg.model.name, "backend": cfg.backend.name,
             "world": world_size(cfg), "tp": cfg.parallelism.tp, "precision": cfg.train.precision,
-            "checkpointing": bool(cfg.train.activation_checkpointing)}
+            "checkpointing": recompute_of(cfg).any}
 
 
 def trace_cell(overrides: List[str]) -> dict:

@@ -33,8 +33,14 @@ Per token, with h the width, h_kv the key/value width (GQA), i the MLP width, a 
   once per sequence position. The logits themselves are not kept: the loss upcasts them and keeps only its
   output.
 
-With activation checkpointing (non-reentrant, one block at a time) a block keeps only its input: the residual
-stream, in p (fp32 under autocast).
+With activation checkpointing (non-reentrant, one block at a time; the policy is config/recompute.py's) a
+checkpointed block keeps only its input: the residual stream, in p (fp32 under autocast). `every_k` does so
+for its chosen blocks, and the others keep everything. `selective_op` keeps the input and what its policy
+saves (runtime/models.SELECTIVE_SAVED_OPS): every matmul's output and the attention kernel's output and
+log-sum-exp. For Llama, per token, p·(3h + 2h_kv + 2i) for q, k, v, o, gate, up and down, p·h + 4a for
+attention (16 bits under autocast, where the matmuls run); for GPT-2 p·(6h + i) (the fused q|k|v, attention's
+and the MLP's outputs, the MLP's up projection) + 4a. Inside its backward a selectively checkpointed block is
+whole again: the recompute reuses the saved outputs (one storage) and makes the rest.
 
 Under tensor parallelism (PyTorch's plan, runtime/tensor_parallel.py; DeepSpeed's AutoTP) one rank keeps 1/tp
 of what its attention heads and its MLP columns make: q, k, v, the attention output and log-sum-exp, the four
@@ -57,6 +63,8 @@ The moments the peak model uses (theory/peak.py):
 from __future__ import annotations
 
 from typing import Dict
+
+from ..config.recompute import Recompute
 
 def regime(backend, precision: str) -> str:
     """`fp32`, `16-bit` or `autocast` (module docstring): the backend's family says how it runs 16 bits."""
@@ -95,6 +103,17 @@ def block_bytes_per_token(model, reg: str, mesh=None) -> float:
     return 2 * (p * h + 2 * p) + 2 * p * h + 4 * p * h + 4 * a + 5 * p * i
 
 
+def selective_bytes_per_token(model, reg: str) -> float:
+    """Bytes a block checkpointed with `selective_op` keeps per token: its input and the saved ops' outputs
+    (module docstring; not under tensor parallelism, which config/recompute.py refuses with it)."""
+    h, h_kv, i, a, _ = _widths(model)
+    p = 4 if reg == "fp32" else 2
+    kept_input = residual_bytes(reg) * h
+    if model.family == "llama":
+        return kept_input + p * (3 * h + 2 * h_kv + 2 * i) + p * h + 4 * a
+    return kept_input + p * (6 * h + i) + 4 * a
+
+
 def outside_bytes_per_token(model, reg: str, mesh=None) -> float:
     """Bytes kept outside the blocks per token: final norm, output layer input, input ids, log-softmax."""
     h, _, _, _, vocab = _widths(model)
@@ -121,12 +140,13 @@ def residual_bytes(reg: str) -> int:
     return 2 if reg == "16-bit" else 4
 
 
-def parts(model, par, reg: str, checkpointing: bool, matmul_weights: int = 0,
+def parts(model, par, reg: str, recompute, matmul_weights: int = 0,
           head_matmul_weights: int = 0, mesh=None) -> Dict[str, float]:
     """The pieces of one micro-batch's activation memory on one rank, in bytes (module docstring):
 
-    - `block`: what one block keeps (recomputed whole inside its backward under checkpointing);
+    - `block`: what one block keeps (recomputed whole inside its backward when checkpointed);
     - `block_input`: a checkpointed block's input, which is also the size of the residual gradient;
+    - `selective_block`: what a block checkpointed with `selective_op` keeps;
     - `outside`: what the head keeps (and the per-sequence tensors);
     - `logits_grads`: the loss backward's two fp32 V-sized gradients (three V/tp-sized ones under loss parallel);
     - `log_softmax`: the loss's kept output;
@@ -136,17 +156,21 @@ def parts(model, par, reg: str, checkpointing: bool, matmul_weights: int = 0,
       block's (`matmul_weights`: every Linear/Conv1D weight, the output layer's included, tied or not; under
       tensor parallelism the rank's shards of them).
 
+    `recompute`: the policy (config/recompute.Recompute; a bool means full or none, as the setting once was).
     `mesh` (config/mesh.py): under tensor parallelism, one rank's part (module docstring).
     """
+    if not isinstance(recompute, Recompute):
+        recompute = Recompute("full" if recompute else "none", 1, model.num_layers)
     tokens = par.seq_len * par.micro_batch
     h, _, i, _, vocab = _widths(model)
     tp, seq, logits = splits(mesh)
     a = 4 if reg == "fp32" else 2
     autocast = reg == "autocast"
     return {
-        "layers": model.num_layers, "checkpointing": checkpointing,
+        "layers": model.num_layers, "recompute": recompute,
         "block": tokens * block_bytes_per_token(model, reg, mesh),
         "block_input": tokens * residual_bytes(reg) * h / seq,
+        "selective_block": tokens * selective_bytes_per_token(model, reg) if recompute.selective else 0.0,
         "outside": tokens * outside_bytes_per_token(model, reg, mesh) + per_sequence_bytes(model, par, reg),
         "per_sequence": per_sequence_bytes(model, par, reg),
         "log_softmax": tokens * 4 * vocab / logits,
@@ -160,16 +184,30 @@ def parts(model, par, reg: str, checkpointing: bool, matmul_weights: int = 0,
     }
 
 
+def kept_by_block(a: Dict[str, float], j: int) -> float:
+    """What block j keeps through forward: everything, its input (checkpointed) or its input and the saved
+    ops' outputs (selective)."""
+    r = a["recompute"]
+    if not r.checkpointed(j):
+        return a["block"]
+    return a["selective_block"] if r.selective else a["block_input"]
+
+
 def kept_by_blocks(a: Dict[str, float]) -> float:
-    """What the blocks keep through forward: every block's tensors, or under checkpointing their inputs."""
-    return a["layers"] * (a["block_input"] if a["checkpointing"] else a["block"])
+    """What the blocks keep through forward, each as the policy says."""
+    return sum(kept_by_block(a, j) for j in range(a["layers"]))
+
+
+def plain_blocks(a: Dict[str, float], below: int) -> int:
+    """Blocks under `below` that are not checkpointed (they keep autocast's weight copies to their backward)."""
+    return sum(1 for j in range(below) if not a["recompute"].checkpointed(j))
 
 
 def saved(a: Dict[str, float]) -> float:
-    """Everything one micro-batch keeps for backward at the end of forward (autocast's weight copies under
-    checkpointing only the output layer's: the blocks' are made again when they are recomputed)."""
-    copies = a["head_copy"] if a["checkpointing"] else a["copies"]
-    return kept_by_blocks(a) + a["outside"] + copies
+    """Everything one micro-batch keeps for backward at the end of forward (autocast's weight copies: the output
+    layer's and the blocks' that are not checkpointed; a checkpointed block's are made again when it is
+    recomputed)."""
+    return kept_by_blocks(a) + a["outside"] + a["head_copy"] + a["block_copies"] * plain_blocks(a, a["layers"])
 
 
 def forward_end(a: Dict[str, float]) -> float:
@@ -184,11 +222,9 @@ def backward_start(a: Dict[str, float]) -> float:
 
 def in_block(a: Dict[str, float], k: int) -> float:
     """Inside block k's backward (k = L - 1 first), at its MLP product's backward: the head's tensors are
-    freed, blocks 0..k keep theirs (under checkpointing blocks 0..k-1 keep their inputs and block k is
-    recomputed whole, its input shared with its first norm's), and the residual gradient and the two
-    MLP gradients are alive; under autocast the blocks' weight copies not yet freed by their backward."""
-    if a["checkpointing"]:
-        blocks, copies = k * a["block_input"] + a["block"], a["block_copies"]
-    else:
-        blocks, copies = (k + 1) * a["block"], (k + 1) * a["block_copies"]
+    freed, blocks 0..k-1 keep what the policy keeps and block k is whole (recomputed, when checkpointed, its
+    input shared with its first norm's), and the residual gradient and the two MLP gradients are alive; under
+    autocast block k's weight copies and those of the plain blocks below it, not yet freed by their backward."""
+    blocks = sum(kept_by_block(a, j) for j in range(k)) + a["block"]
+    copies = a["block_copies"] * (1 + plain_blocks(a, k))
     return blocks + a["per_sequence"] + a["block_input"] + a["mlp_grads"] + copies

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Dict
 
+from ..config.recompute import recompute_of
 from ..core.components import totals
 from .communication import comm_per_step
 from . import activations
@@ -28,7 +29,7 @@ def predict(cfg, world: int, counts: Dict[str, int]) -> Dict[str, float]:
         "memory/buffers_predicted_bytes": components.get("buffers", 0.0),
     })
     act = activations.parts(cfg.model, cfg.parallelism, activations.regime(cfg.backend, cfg.train.precision),
-                            cfg.train.activation_checkpointing, s.matmul_weights, s.head_matmul_weights, s.mesh)
+                            recompute_of(cfg), s.matmul_weights, s.head_matmul_weights, s.mesh)
     # what one micro-batch's forward keeps for backward (theory/activations.py)
     out["memory/activations_predicted_bytes"] = activations.saved(act)
     phases, out["memory/peak_block_predicted"] = phase_terms(cfg.backend, s, act)

@@ -7,6 +7,7 @@ from typing import Dict
 from ..config import families
 from ..config.derive import bucket_elements
 from ..config.mesh import Mesh, mesh_of
+from ..config.recompute import recompute_of
 
 
 @dataclass(frozen=True)
@@ -58,15 +59,21 @@ class Shape:
     mesh: Mesh | None = None
     model_params: int = 0  # the whole model's parameters (Ψ before tensor parallelism split it); 0 = params
     # what tensor parallelism's collectives carry (theory/tensor_comm.py): the width, the vocabulary, the tokens
-    # of one micro-batch, whether blocks are recomputed, and whose plan splits the model (theory/tensor_plan.py)
+    # of one micro-batch, how many blocks are recomputed whole (config/recompute.py), and whose plan splits the
+    # model (theory/tensor_plan.py)
     hidden: int = 0
     vocab: int = 0
     tokens: int = 0
-    checkpointing: bool = False
+    recomputed_blocks: int = 0
     tensor_plan: str = "torch"
     tied_output: bool = False  # the output layer is the input embedding
     quantized_weights: bool = False  # ZeRO++ qwZ: forward all-gathers in int8
     quantized_gradients: bool = False  # ZeRO++ qgZ: gradients reduced by int4 all-to-all
+    # float8 training (theory/float8.py): the converted weights' count and one block's elements of them, and
+    # whether FSDP2 all-gathers them in float8 (tensorwise)
+    float8_weights: int = 0
+    float8_block_elements: int = 0
+    float8_all_gather: bool = False
 
     @property
     def root_params(self) -> int:
@@ -125,9 +132,13 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
     (theory/tensor_plan.py), and every term that follows is the data-parallel theory of that shard. The
     backend's family fills in what it decides (its buckets as they will run, with the framework's own defaults
     where the config is silent)."""
+    from . import float8
     from .tensor_plan import local_counts
 
     mesh = mesh_of(cfg, world)
+    recipe = cfg.train.float8
+    f8 = (float8.converted(counts.get("tensors", ()), cfg.model.family) if recipe != "none"
+          else {"weights": 0, "block_elements": 0})
     whole = counts["total"]
     counts = local_counts(counts, families.of(cfg.backend).tensor_plan(cfg), mesh.tp)
     params = counts["total"]
@@ -145,6 +156,8 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   head_matmul_weights=counts.get("head_matmul_weights", 0), device=cfg.parallelism.device,
                   mesh=mesh, model_params=whole, hidden=cfg.model.hidden_size, vocab=cfg.model.vocab_size,
                   tokens=cfg.parallelism.micro_batch * cfg.parallelism.seq_len,
-                  checkpointing=bool(cfg.train.activation_checkpointing),
-                  tensor_plan=families.of(cfg.backend).tensor_plan(cfg), tied_output=bool(cfg.model.tie_embeddings))
+                  recomputed_blocks=recompute_of(cfg).fully_recomputed,
+                  tensor_plan=families.of(cfg.backend).tensor_plan(cfg), tied_output=bool(cfg.model.tie_embeddings),
+                  float8_weights=f8["weights"], float8_block_elements=f8["block_elements"],
+                  float8_all_gather=float8.all_gathers_in_float8(recipe, cfg.backend.family))
     return Shape(**{**fields, **families.of(cfg.backend).shape_fields(cfg, mesh, counts)})

@@ -53,7 +53,7 @@ def torch_plan(backend, s) -> List[Collective]:
     x = s.tokens * s.hidden  # one micro-batch's activations, b·s·h elements
     forward, backward = s.blocks * ga, s.blocks * ga
     # a recomputed block gathers both inputs again and reduces attention's output, not the MLP's (stops early)
-    again = s.blocks * ga if s.checkpointing else 0
+    again = s.recomputed_blocks * ga
     out: List[Collective] = []
 
     def add(op: str, size: float, count: float) -> None:
@@ -87,7 +87,7 @@ def autotp_plan(backend, s) -> List[Collective]:
     ga = s.grad_accum
     stream, matmul = dtypes(backend, s)
     x = s.tokens * s.hidden
-    forward = s.blocks * ga * (3 if s.checkpointing else 2)  # o_proj's again when recomputed, not down_proj's
+    forward = (2 * s.blocks + s.recomputed_blocks) * ga  # o_proj's again when recomputed, not down_proj's
     out = [Collective("all_reduce", x * matmul, forward, None, "tp"),  # o_proj's and down_proj's outputs
            Collective("all_reduce", x * stream, 5 * s.blocks * ga, None, "tp")]  # q, k, v, gate, up inputs' grads
     if s.head_matmul_weights and not s.tied_output:

@@ -6,7 +6,10 @@ no work can be counted: `harness.estimate --time` for models and devices this ho
 a machine with no device costs.
 
 - forward, backward: counted FLOPs of this rank's tokens ÷ the device's measured matmul peak (the forward is
-  a third of training FLOPs, the backward two thirds; activation checkpointing adds a forward to backward).
+  a third of training FLOPs, the backward two thirds; activation checkpointing adds the recomputed blocks'
+  share of the forward to backward: all of it under `full`, the checkpointed blocks' under `every_k`, and no
+  matmul FLOPs under `selective_op`, whose recompute is elementwise work a FLOP roofline does not price (a
+  counted step does: theory/op_costs.py prices the recompute's ops as it counts them).
 - optimizer: bytes the step moves through memory ÷ the measured copy bandwidth. AdamW reads parameter,
   gradient and both moments and writes three of them back (28 B per fp32 element); clipping reads and scales
   the gradients (12 B); a 16-bit copy of the master adds 6 B. Under offload the host does it, and the
@@ -134,10 +137,10 @@ def optimizer_bytes(backend, s: Shape) -> Dict[str, float]:
     return families.of(backend).optimizer_bytes(backend, s)
 
 
-def predict_parts(backend, s: Shape, flops_per_step: float, rates: Rates, checkpointing: bool) -> Dict[str, float]:
+def predict_parts(backend, s: Shape, flops_per_step: float, rates: Rates) -> Dict[str, float]:
     """Seconds per part of a step, and the communication total, for one rank."""
     forward = flops_per_step / 3 / (rates.tflops * 1e12)
-    backward = 2 * forward + (forward if checkpointing else 0.0)
+    backward = 2 * forward + forward * s.recomputed_blocks / max(s.blocks, 1)
     moved = optimizer_bytes(backend, s)
     optimizer = moved["memory"] / (rates.mem_gbps * 1e9)
     if "host_link" in moved:

@@ -12,6 +12,7 @@ from typing import Dict, List, Optional
 from ...config.families import Difference, Family
 from ...config.mesh import DPRequest, Mesh, mesh_of
 from ...config.profiles import NATIVE
+from ...theory import activations, float8
 from ...theory.communication import Collective
 from ...theory.checkpoint_bytes import DCPCheckpoints
 
@@ -152,7 +153,7 @@ class FSDPFamily(DCPCheckpoints, Family):
         clone = 4.0 * s.block_t if s.device == "cpu" else 0.0
 
         def at(j: int, moment: str) -> Dict[str, float]:
-            below = j * (act["block_input"] if act["checkpointing"] else act["block"])
+            below = sum(activations.kept_by_block(act, i) for i in range(j))
             complete = moment == "grads_complete"
             if s.blocks_reshard:  # block j (until its post-backward reshards it) and j-1's all-gather in flight
                 gathered = s.block_params * ((1 if complete else 0) + (1 if j >= 1 else 0))
@@ -201,21 +202,26 @@ class FSDPFamily(DCPCheckpoints, Family):
         pad_t = s.shard_trainable * s.shards / s.t if s.shard_trainable else 1.0
         p, ga, block = s.p * pad, s.grad_accum, s.block_params
         root, trained_root = s.root_params, max(s.t - s.blocks * s.block_t, 0)
-        units, trained = [block] * s.blocks + [root], [s.block_t] * s.blocks + [trained_root]
+        trained = [s.block_t] * s.blocks + [trained_root]
         shard = None if s.shards == s.world else "dp_shard"
         post_forward = "post_forward" if s.post_forward_world else shard
         replicas = "dp_replicate"
 
-        regather = ([Collective("all_gather", block * p, ga * s.blocks, "forward+backward", post_forward)]
+        # under float8 training with tensorwise scales, the converted weights travel in float8 (theory/float8.py)
+        block_bytes = float8.gathered_block_bytes(block, s.float8_block_elements, p, s.float8_all_gather)
+        regather = ([Collective("all_gather", block_bytes, ga * s.blocks, "forward+backward", post_forward)]
                     if backend.reshard_after_forward and block else [])
         if s.root_reshards and root:
             regather.append(Collective("all_gather", root * p, ga, "forward+backward", shard))
-        gathers = [Collective("all_gather", u * p, ga, "forward+backward", shard) for u in units if u]
+        gathers = [Collective("all_gather", size, ga, "forward+backward", shard)
+                   for size in [block_bytes] * s.blocks + [root * p] if size]
         reduce = [Collective("reduce_scatter", u * 4 * pad_t, 1, "forward+backward", shard) for u in trained if u]
         across = ([Collective("all_reduce", -(-u // s.shards) * 4, 1, "backward", replicas) for u in trained if u]
                   if s.shards < s.world else [])
-        return gathers + regather + reduce + across + [Collective("all_reduce", 4, 1, None, shard),
-                                                       Collective("all_reduce", 4, 1, None, None)]
+        scales = ([Collective("all_reduce", float8.amax_all_reduce_bytes(s.float8_weights), 1, None, shard)]
+                  if s.float8_all_gather and s.float8_weights else [])
+        return gathers + regather + reduce + across + scales + [Collective("all_reduce", 4, 1, None, shard),
+                                                                Collective("all_reduce", 4, 1, None, None)]
 
     def paper_comm_elements(self, backend, s):
         return 2 * s.params + s.t

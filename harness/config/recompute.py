@@ -1,0 +1,114 @@
+"""Activation checkpointing: the one owner of which blocks a run recomputes, and how (no torch here).
+
+`train.activation_checkpointing` is a policy, the same under every backend:
+
+- `none`: every block keeps what its backward needs.
+- `full`: every block keeps only its input and reruns its whole forward inside its backward.
+- `every_k`: every k-th block (`train.activation_checkpointing_every`), counted from the first, as
+  transformers' `activation_checkpointing_enable(every_n_layers=k)` does: blocks 0, k, 2k, ... are checkpointed and
+  the others keep their activations. torchtitan counts from the k-th (k-1, 2k-1, ...); both checkpoint ceil or
+  floor of L/k blocks, and this one's count is what the memory model uses.
+- `selective_op`: every block is checkpointed, but the outputs of its matmuls and of its attention kernel are
+  saved, and only the rest (norms, activations, rotary, elementwise) is recomputed: torch's selective
+  checkpoint contexts (`create_selective_checkpoint_contexts`) with the op-level policy of torchtitan's
+  `selective` mode, which saves every matmul (torchtitan saves every other one, to trade half of them back).
+
+Every backend applies it the same way (runtime/models.enable_activation_checkpointing): torch's non-reentrant
+`torch.utils.checkpoint` on each block's forward, through transformers' GradientCheckpointingLayer, so the
+wrapper's own hooks (FSDP2's gathers, DDP's buckets, ZeRO-3's fetches) stay outside the recomputed region.
+DeepSpeed's own `deepspeed.checkpointing` API is not used: it is Megatron's reentrant checkpoint, and would
+give ZeRO a different policy from the others.
+
+The legacy booleans are accepted: `true` is `full`, `false` is `none` (configs written before the policy).
+Everything that needs the policy reads `recompute_of(cfg)`: the worker, the theory (activations, time, tensor
+parallelism's recomputed collectives) and the studies.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Tuple
+
+POLICIES = ("none", "full", "every_k", "selective_op")
+LEGACY = {"true": "full", "false": "none"}  # a config written when the setting was a boolean
+
+
+@dataclass(frozen=True)
+class Recompute:
+    policy: str = "none"
+    every: int = 1  # every_k's k
+    layers: int = 1
+
+    def checkpointed(self, layer: int) -> bool:
+        """Whether block `layer` (0 first) reruns its forward in its backward."""
+        if self.policy in ("full", "selective_op"):
+            return True
+        return self.policy == "every_k" and layer % self.every == 0
+
+    @property
+    def checkpointed_layers(self) -> Tuple[int, ...]:
+        return tuple(j for j in range(self.layers) if self.checkpointed(j))
+
+    @property
+    def any(self) -> bool:
+        return self.policy != "none"
+
+    @property
+    def selective(self) -> bool:
+        return self.policy == "selective_op"
+
+    @property
+    def fully_recomputed(self) -> int:
+        """Blocks whose whole forward, matmuls and collectives included, runs again in backward."""
+        return 0 if self.selective else len(self.checkpointed_layers)
+
+    def describe(self) -> str:
+        if self.policy == "every_k":
+            return f"every_k (k={self.every}: blocks {', '.join(map(str, self.checkpointed_layers))})"
+        return self.policy
+
+    @property
+    def label(self) -> str:
+        """Short, for a table's cell or a run's name."""
+        return f"every_{self.every}" if self.policy == "every_k" else self.policy
+
+
+def normalise(value) -> str:
+    """The policy a config value names (`every_2`, the studies' shorthand, is every_k with k=2)."""
+    text = str(value).strip().lower()
+    if text.startswith("every_") and text[6:].isdigit():
+        return "every_k"
+    return LEGACY.get(text, text)
+
+
+def recompute_of(cfg) -> Recompute:
+    """The run's policy from its config (module docstring)."""
+    t = cfg.train
+    value = str(t.activation_checkpointing).strip().lower()
+    every = int(value[6:]) if value.startswith("every_") and value[6:].isdigit() else t.activation_checkpointing_every
+    return Recompute(normalise(value), max(int(every), 1), cfg.model.num_layers)
+
+
+def overrides(label: str) -> List[str]:
+    """The overrides that select `label` (a policy, or `every_<k>`; the studies' shorthand)."""
+    policy = normalise(label)
+    out = [f"train.activation_checkpointing={policy}"]
+    if policy == "every_k":
+        k = label.strip().lower()[6:]
+        out.append(f"train.activation_checkpointing_every={k if k.isdigit() else 2}")
+    return out
+
+
+def problems(cfg) -> List[str]:
+    """One line per thing the policy cannot be on this config."""
+    t, out = cfg.train, []
+    policy = normalise(t.activation_checkpointing)
+    if policy not in POLICIES:
+        return [f"train.activation_checkpointing={t.activation_checkpointing}: unknown policy; use one of "
+                f"{', '.join(POLICIES)} (true and false still mean full and none)"]
+    if t.activation_checkpointing_every < 1:
+        out.append(f"train.activation_checkpointing_every={t.activation_checkpointing_every}: must be positive; "
+                   "every_k checkpoints blocks 0, k, 2k, ...")
+    if policy == "selective_op" and cfg.parallelism.tp > 1:
+        out.append("train.activation_checkpointing=selective_op: not with parallelism.tp>1 yet; the tensor-"
+                   "parallel collectives a selective recompute reissues are not modelled. Use full or every_k")
+    return out
