@@ -34,6 +34,7 @@ class DDPStrategy(NativeStrategy):
         if any(p.device != self.device for p in model.parameters()):
             model.to(self.device)  # (a model on fake tensors cannot be moved: runtime/traced.py)
         self.apply_tensor_parallel(model)
+        self.apply_float8(model)
         self.initialise(model)
         if self.mesh.tp > 1:
             return self._replicate(model, optim_cfg)

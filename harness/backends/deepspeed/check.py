@@ -82,3 +82,24 @@ def _one_line(exc: Exception, extra: dict) -> str:
         return f"{where}: DeepSpeed refuses it: {errors[0].get('msg', exc)}"
     detail = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:300]
     return f"backend.deepspeed: DeepSpeed refuses the config: {type(exc).__name__}: {detail}"
+
+
+def deepcompile_rules(cfg) -> List[str]:
+    """DeepCompile (backend.deepcompile) where DeepSpeed supports it: its passes are written for ZeRO-1 and ZeRO-3
+    (and ZeRO-3's optimizer-state offload, not its parameter offload) and insert NCCL collectives into the
+    compiled graph, so CUDA only."""
+    b = cfg.backend
+    if not b.deepcompile:
+        return []
+    if cfg.parallelism.device != "cuda":
+        return [f"backend.deepcompile=true: DeepCompile's passes put ZeRO's NCCL collectives into CUDA-compiled "
+                f"graphs; this run is on {cfg.parallelism.device}. Run it on CUDA, or set backend.deepcompile=false"]
+    if b.zero_stage not in (1, 3):
+        return [f"backend.deepcompile=true: DeepCompile has passes for ZeRO stages 1 and 3, not {b.zero_stage}; "
+                "use backend=ds_zero1 or backend=ds_zero3"]
+    if b.offload_params:
+        return ["backend.deepcompile=true: not with parameter offload (DeepCompile offloads optimizer states "
+                "only); use backend=ds_zero3"]
+    if cfg.parallelism.tp > 1:
+        return ["backend.deepcompile=true: not with AutoTP (parallelism.tp>1); set parallelism.tp=1"]
+    return []

@@ -10,6 +10,7 @@ from typing import List
 from ...config.families import Difference, Family
 from ...config.mesh import DPRequest, mesh_of
 from . import check, theory
+from .check import deepcompile_rules
 from .jit_ops import BUILDERS
 from .json_config import conflicts, effective_zero, hpz_size
 
@@ -84,6 +85,7 @@ class DeepSpeedFamily(Family):
                        f"{b.zero_stage}; use backend=ds_zero3_offload")
         if b.offload_optimizer and b.zero_stage == 0:
             out.append("backend.offload_optimizer=true: optimizer offload needs ZeRO stage 1-3")
+        out += deepcompile_rules(cfg)
         mesh = mesh_of(cfg)
         out += zeropp_rules(cfg, mesh)
         for c in conflicts(cfg, mesh):

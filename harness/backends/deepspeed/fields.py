@@ -15,4 +15,7 @@ class Fields:
     hpz_partition_size: int = 1
     quantized_weights: bool = False  # qwZ: forward all-gathers in int8 (zero_quantized_weights; CUDA kernels)
     quantized_gradients: bool = False  # qgZ: gradients reduced by int4 all-to-all (zero_quantized_gradients; CUDA)
+    # DeepSpeed's DeepCompile (0.16.6+, ZeRO-1 and ZeRO-3, CUDA): the JSON's compile.deepcompile and the engine's
+    # compile(), whose graph passes schedule ZeRO's gathers and releases (its paper: up to 1.28x over ZeRO-3)
+    deepcompile: bool = False
     deepspeed: Dict[str, Any] = field(default_factory=dict)  # extra DeepSpeed JSON keys, merged last

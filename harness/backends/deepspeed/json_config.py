@@ -83,6 +83,7 @@ def harness_keys(cfg, mesh: Mesh | int) -> Dict[str, Any]:
         "fp16": {"enabled": t.precision == "fp16"},
         "zero_optimization": {"stage": b.zero_stage, **zeropp_keys(cfg, mesh)},
         **tensor_parallel_keys(cfg, mesh),
+        **({"compile": {"deepcompile": True}} if b.deepcompile else {}),
     }
 
 

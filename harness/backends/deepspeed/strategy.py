@@ -69,10 +69,12 @@ class DeepSpeedStrategy(Strategy):
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.config, dist_init_required=False
         )
-        if self.cfg.train.compile:
-            # DeepSpeed's own compile support: the engine compiles its wrapped module (DeepSpeedEngine.compile)
+        if self.cfg.train.compile or self.cfg.backend.deepcompile:
+            # DeepSpeed's own compile support: the engine compiles its wrapped module (DeepSpeedEngine.compile);
+            # with compile.deepcompile in the JSON, through DeepCompile's ZeRO passes
             self.engine.compile()
-            self.settings = {**self.settings, "compile": {"engine_compile": True,
+            self.settings = {**self.settings, "compile": {"engine_compile": True, "deepcompile":
+                                                          bool(self.cfg.backend.deepcompile),
                                                           "compiled": bool(self.engine.is_compiled)}}
         self.model = self.engine
         return self.engine

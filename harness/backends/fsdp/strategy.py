@@ -23,6 +23,8 @@ from ...runtime.strategies.base import NativeStrategy
 
 
 class FSDPStrategy(NativeStrategy):
+    float8_all_gather = True  # torchtitan's default under FSDP2 with tensorwise scales
+
     @override
     def init_context(self, use_meta):
         if not use_meta:
@@ -33,6 +35,7 @@ class FSDPStrategy(NativeStrategy):
     @override
     def setup(self, model, optim_cfg):
         self.apply_tensor_parallel(model)  # first: fully_shard shards each rank's tensor-parallel part
+        self.apply_float8(model)  # then float8 and compile (torchtitan's order)
         mesh = self.meshes.data_parallel
         mp = MixedPrecisionPolicy(
             param_dtype=None if self.precision == "fp32" else self.dtype, reduce_dtype=torch.float32

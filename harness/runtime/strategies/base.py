@@ -232,6 +232,20 @@ class NativeStrategy(Strategy):
     grad_accum here, fp16 uses a GradScaler, and clipping uses torch's clip_grad_norm_. Tensor parallelism is
     PyTorch's plan (runtime/tensor_parallel.py), applied before the family wraps the model."""
 
+    float8_all_gather = False  # whether the family gathers tensorwise float8 weights in float8 (FSDP2 does)
+    float8_gathered = False  # whether this run does, so the step precomputes their scales
+
+    def apply_float8(self, model: nn.Module) -> None:
+        """torchao's float8 training (train.float8; runtime/float8.py), after tensor parallelism and before
+        compile and the wrap (torchtitan's order), and record what ran."""
+        recipe = self.cfg.train.float8
+        if recipe == "none":
+            return
+        from .. import float8
+
+        self.float8_gathered = self.float8_all_gather and recipe == "tensorwise"
+        self.settings["float8"] = float8.convert(model, recipe, self.float8_gathered)
+
     def apply_tensor_parallel(self, model: nn.Module) -> None:
         """Shard `model` over the tensor-parallel mesh (a no-op at tp 1), and record what ran."""
         if self.mesh.tp == 1:
@@ -264,6 +278,10 @@ class NativeStrategy(Strategy):
             self.scaler.update()
         else:
             self.optimizer.step()
+        if self.float8_gathered:  # the next forward's float8 all-gathers use scales made from the new weights
+            from .. import float8
+
+            float8.precompute_scales(self.model)
         self.optimizer.zero_grad(set_to_none=True)
         return local_tensor(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 

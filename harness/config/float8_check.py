@@ -1,0 +1,49 @@
+"""float8 training's rules (train.float8), checked before any rank starts: one line naming why it cannot run.
+
+torchao's float8 training (theory/float8.py) needs float8 matmuls (torch._scaled_mm: CUDA, compute capability
+8.9 or later: H100, H200, L4, RTX 4090), bf16 training around them, and nn.Linear layers to convert. It is
+documented with FSDP2 and DDP (torchtitan); DeepSpeed's engine flattens and partitions the parameters the
+converted modules hold, and has no float8 training path of its own, so it is refused there.
+"""
+from __future__ import annotations
+
+from importlib.util import find_spec
+from typing import Callable, List, Optional, Tuple
+
+TORCHAO = "torchao==0.18.0"
+
+
+def cuda_capability() -> Optional[Tuple[int, int]]:
+    import torch
+
+    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+
+
+def problems(cfg, capability: Callable[[], Optional[Tuple[int, int]]] = cuda_capability) -> List[str]:
+    recipe = cfg.train.float8
+    if recipe == "none":
+        return []
+    key = f"train.float8={recipe}"
+    if cfg.backend.family not in ("fsdp", "ddp"):
+        return [f"{key}: not under {cfg.backend.name}; torchao's float8 training runs under FSDP2 and DDP (its "
+                "converted Linears hold the weights DeepSpeed would flatten and partition). Use backend=fsdp or ddp"]
+    if cfg.model.family != "llama":
+        return [f"{key}: model family {cfg.model.family}'s matmuls are transformers' Conv1D, which torchao does "
+                "not convert (only nn.Linear); use a Llama-family model"]
+    if cfg.train.precision != "bf16":
+        return [f"{key}: float8 matmuls are run inside bf16 training; set train.precision=bf16"]
+    if cfg.parallelism.tp > 1:
+        return [f"{key}: not with parallelism.tp>1 yet (torchao's float8 tensor-parallel styles are not in the "
+                "harness's plan); set parallelism.tp=1"]
+    if cfg.workload.name != "full":
+        return [f"{key}: not with workload={cfg.workload.name} (LoRA's frozen base layers); use workload=full"]
+    if cfg.parallelism.device != "cuda":
+        return [f"{key}: float8 matmuls (torch._scaled_mm) need a CUDA GPU of compute capability 8.9 or later "
+                f"(H100, H200, L4); this run is on {cfg.parallelism.device}. Use train.float8=none"]
+    found = capability()
+    if found is not None and found < (8, 9):
+        return [f"{key}: this GPU is sm{found[0]}{found[1]}; float8 matmuls need sm89 or later (H100, H200, L4). "
+                "Use train.float8=none"]
+    if find_spec("torchao") is None:
+        return [f"{key}: torchao is not installed; pip install {TORCHAO} (the version the harness pins)"]
+    return []

@@ -1,0 +1,90 @@
+"""float8 training and DeepCompile (issue 48's axes that need a GPU), on CPU: refused in one line where they
+cannot run, and their theory (theory/float8.py) held against what torchao converts, in process."""
+from __future__ import annotations
+
+import pytest
+
+from harness.config import float8_check, rules
+from harness.config.compose import compose
+from harness.runtime import models
+from harness.theory import float8
+
+LLAMA_GPU = ["model=tiny_llama", "parallelism.device=cuda", "parallelism.nproc_per_node=1", "train.precision=bf16"]
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["backend=fsdp", "train.precision=bf16", "train.float8=tensorwise"],
+     "train.float8=tensorwise: float8 matmuls (torch._scaled_mm) need a CUDA GPU of compute capability 8.9"),
+    (["backend=ds_zero2", "train.precision=bf16", "train.float8=rowwise"], "train.float8=rowwise: not under ds_zero2"),
+    (["backend=fsdp", "model=tiny_gpt2", "train.precision=bf16", "train.float8=rowwise"],
+     "train.float8=rowwise: model family gpt2's matmuls are transformers' Conv1D"),
+    (["backend=ddp", "train.float8=tensorwise"], "train.float8=tensorwise: float8 matmuls are run inside bf16"),
+    (["backend=ds_zero3", "backend.deepcompile=true"], "backend.deepcompile=true: DeepCompile's passes put"),
+    (["backend=fsdp", "backend.deepcompile=true"], "backend.deepcompile=true: not an option of fsdp"),
+    (["backend=ds_zero3", "train.float8=fp4"], "train.float8=fp4: unknown value; use one of none, tensorwise"),
+])
+def test_float8_and_deepcompile_are_refused_in_one_line_where_they_cannot_run(overrides, expected):
+    found = rules.problems(compose(overrides))
+    assert found and found[0].startswith(expected), found
+    assert "\n" not in found[0]
+
+
+def test_on_a_gpu_the_capability_and_the_stage_decide():
+    """The rules a CUDA host would apply, with its capability given: an A100 (sm80) is refused float8, an
+    H100 (sm90) is not; DeepCompile takes ZeRO-1 and ZeRO-3 only."""
+    cfg = compose([*LLAMA_GPU, "backend=fsdp", "train.float8=tensorwise"])
+    assert "sm80" in float8_check.problems(cfg, capability=lambda: (8, 0))[0]
+    assert float8_check.problems(cfg, capability=lambda: (9, 0)) == []
+    from harness.backends.deepspeed.check import deepcompile_rules
+
+    assert deepcompile_rules(compose([*LLAMA_GPU, "backend=ds_zero3", "backend.deepcompile=true"])) == []
+    assert "stages 1 and 3, not 2" in deepcompile_rules(
+        compose([*LLAMA_GPU, "backend=ds_zero2", "backend.deepcompile=true"]))[0]
+
+
+def test_the_theory_converts_the_linears_torchao_converts():
+    """torchao's convert_to_float8_training runs on CPU (only its matmuls need a GPU): the Linears it swaps,
+    with the harness's filter, are the weights theory/float8.converted counts, the output layer left out."""
+    pytest.importorskip("torchao")
+    from harness.runtime import float8 as runtime_float8
+
+    cfg = compose(["model=tiny_llama", "model.intermediate_size=168"])  # 168 = 16 x 10.5: the MLP stays bf16
+    counts = models.param_count(cfg.model)
+    predicted = float8.converted(counts["tensors"], cfg.model.family)
+    model = models.build(cfg.model, device="meta")
+    applied = runtime_float8.convert(model, "tensorwise", fsdp_all_gather=True)
+    swapped = {n: m for n, m in model.named_modules() if type(m).__name__ == "Float8Linear"}
+    assert applied["converted_linears"] == len(swapped) == predicted["weights"] == 4 * cfg.model.num_layers
+    assert predicted["elements"] == sum(m.weight.numel() for m in swapped.values())
+    assert not any("lm_head" in n or "mlp" in n for n in swapped)
+    assert predicted["block_elements"] == predicted["elements"] // cfg.model.num_layers
+
+
+def test_fsdp2_gathers_tensorwise_float8_weights_in_half_the_bytes_and_all_reduces_their_scales():
+    """Under FSDP2 with tensorwise scales, a block's converted weights travel in 1 byte instead of bf16's 2, and
+    one all-reduce a step carries an fp32 amax a weight; rowwise and DDP move what bf16 moves."""
+    from harness.theory.communication import collectives
+    from harness.theory.shape import shape_of
+
+    def gathers(recipe: str, backend: str = "fsdp"):
+        cfg = compose([*LLAMA_GPU, "parallelism.nproc_per_node=2", f"backend={backend}", f"train.float8={recipe}"])
+        s = shape_of(cfg, 2, models.param_count(cfg.model))
+        found = collectives(cfg.backend, s)
+        return s, [c for c in found if c.op == "all_gather"], [c for c in found if c.op == "all_reduce"]
+
+    s, bf16, reduces = gathers("none")
+    _, tensorwise, tensorwise_reduces = gathers("tensorwise")
+    _, rowwise, _ = gathers("rowwise")
+    block = s.block_params
+    assert s.float8_weights == 0
+    f8 = shape_of(compose([*LLAMA_GPU, "backend=fsdp", "train.float8=tensorwise"]), 1,
+                  models.param_count(compose(LLAMA_GPU).model))
+    converted = f8.float8_block_elements
+    assert 0 < converted < block and f8.float8_all_gather
+    assert [c.size_bytes for c in bf16][0] == pytest.approx(2 * block, rel=0.01)
+    assert [c.size_bytes for c in tensorwise][0] == pytest.approx(2 * (block - converted) + converted, rel=0.01)
+    assert [c.size_bytes for c in rowwise] == [c.size_bytes for c in bf16]
+    assert len(tensorwise_reduces) == len(reduces) + 1
+    extra = [c for c in tensorwise_reduces if c.size_bytes == 4 * f8.float8_weights]
+    assert extra and extra[0].count == 1
+    assert not gathers("tensorwise", "ddp")[0].float8_all_gather
