@@ -34,7 +34,12 @@ def test_on_a_gpu_the_capability_and_the_stage_decide():
     H100 (sm90) is not; DeepCompile takes ZeRO-1 and ZeRO-3 only."""
     cfg = compose([*LLAMA_GPU, "backend=fsdp", "train.float8=tensorwise"])
     assert "sm80" in float8_check.problems(cfg, capability=lambda: (8, 0))[0]
-    assert float8_check.problems(cfg, capability=lambda: (9, 0)) == []
+    from importlib.util import find_spec
+
+    on_h100 = float8_check.problems(cfg, capability=lambda: (9, 0))  # passes, or names the missing torchao
+    assert on_h100 == ([] if find_spec("torchao") else [
+        "train.float8=tensorwise: torchao is not installed; pip install '.[float8]' (torchao==0.18.0, the version "
+        "the harness pins)"])
     from harness.backends.deepspeed.check import deepcompile_rules
 
     assert deepcompile_rules(compose([*LLAMA_GPU, "backend=ds_zero3", "backend.deepcompile=true"])) == []
@@ -42,9 +47,26 @@ def test_on_a_gpu_the_capability_and_the_stage_decide():
         compose([*LLAMA_GPU, "backend=ds_zero2", "backend.deepcompile=true"]))[0]
 
 
+def test_the_runtime_filter_chooses_the_weights_the_theory_counts():
+    """runtime/float8.module_filter (what convert_to_float8_training is given) selects exactly the Linears whose
+    weights theory/float8.converted counts: the blocks' projections with both dimensions multiples of 16, not
+    the output layer."""
+    from harness.runtime import float8 as runtime_float8
+
+    for overrides, per_block in ((["model.intermediate_size=168"], 4), ([], 7)):  # 168: the MLP stays bf16
+        cfg = compose(["model=tiny_llama", *overrides])
+        predicted = float8.converted(models.param_count(cfg.model)["tensors"], cfg.model.family)
+        model = models.build(cfg.model, device="meta")
+        chosen = {n: m for n, m in model.named_modules() if runtime_float8.module_filter(m, n)}
+        assert len(chosen) == predicted["weights"] == per_block * cfg.model.num_layers, sorted(chosen)
+        assert predicted["elements"] == sum(m.weight.numel() for m in chosen.values())
+        assert not any("lm_head" in n for n in chosen)
+
+
 def test_the_theory_converts_the_linears_torchao_converts():
-    """torchao's convert_to_float8_training runs on CPU (only its matmuls need a GPU): the Linears it swaps,
-    with the harness's filter, are the weights theory/float8.converted counts, the output layer left out."""
+    """Where torchao is installed (pip install '.[float8]'; the GPU machine's wheels): its
+    convert_to_float8_training runs on CPU too (only its matmuls need a GPU), and the Linears it swaps with the
+    harness's filter are the weights theory/float8.converted counts."""
     pytest.importorskip("torchao")
     from harness.runtime import float8 as runtime_float8
 

@@ -45,5 +45,5 @@ def problems(cfg, capability: Callable[[], Optional[Tuple[int, int]]] = cuda_cap
         return [f"{key}: this GPU is sm{found[0]}{found[1]}; float8 matmuls need sm89 or later (H100, H200, L4). "
                 "Use train.float8=none"]
     if find_spec("torchao") is None:
-        return [f"{key}: torchao is not installed; pip install {TORCHAO} (the version the harness pins)"]
+        return [f"{key}: torchao is not installed; pip install '.[float8]' ({TORCHAO}, the version the harness pins)"]
     return []
