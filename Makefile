@@ -63,6 +63,7 @@ memory-check: install warm ## the memory model against measured peaks: every bac
 	$(PY) -m harness.memory_check $(ARGS)
 	$(PY) -m harness.memory_check --states-dominated --repeats 2
 	$(PY) -m harness.memory_check --activation-dominated --models tiny_llama,tiny_gpt2 --repeats 2
+	$(PY) -m harness.memory_check --activation-dominated --backends ddp,fsdp,ds_zero2,ds_zero3 --models tiny_llama,tiny_gpt2 --repeats 2 --out results/memory_check/compiled train.compile=true
 	$(PY) -m harness.memory_check --models tiny_llama,tiny_qwen2,tiny_mistral --out results/memory_check/tp parallelism.nproc_per_node=4 parallelism.tp=2
 
 scale-check: install warm ## 8-512 ranks on fake tensors: llama 1b-70b, FSDP2, bf16/fp32, ckpt off/on, and 2-D cells (tp 2-8), traced against theory -> results/scale_check/

@@ -28,7 +28,7 @@ from .worker import best_effort, classify, exit_without_teardown, load_config, r
 def train_cell(run_dir: RunDir, rank: int, world: int, device: torch.device) -> int:
     started = time.time()
     cfg = load_config(run_dir)
-    counts = models.param_count(cfg.model, cfg.workload)
+    counts = models.counts_for(cfg)
     params = counts["total"]  # a failed row still says the size
     try:
         preflight.refuse_what_cannot_fit(cfg, counts)  # as a single run's ranks do (worker.main)

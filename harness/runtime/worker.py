@@ -87,7 +87,7 @@ def prepare(cfg, rank: int, world: int, device: torch.device) -> Prepared:
     """Build the model where the strategy wants it, initialise or load its weights, wrap it and build the
     optimizer (shared by a run, runtime/cells_worker.py and studies/memory_check_worker.py)."""
     torch.manual_seed(cfg.train.seed)
-    counts = models.param_count(cfg.model, cfg.workload)
+    counts = models.counts_for(cfg)
     strategy = make_strategy(cfg, device, world, counts)
     with strategy.init_context(use_meta_init(cfg, counts["total"])):
         model = models.build(cfg.model, workload=cfg.workload)
@@ -272,7 +272,7 @@ def main() -> int:
     watch_parent(on_parent_lost)
     params, device = None, torch.device("cpu")  # params in every outcome: a failed row still says the size
     try:
-        counts = models.param_count(cfg.model, cfg.workload)
+        counts = models.counts_for(cfg)
         params = counts["total"]
         preflight.refuse_what_cannot_fit(cfg, counts)
         rank, world, device = start(cfg, run_dir)

@@ -92,7 +92,7 @@ def search(n: int, guess: int, fits: Callable[[int], bool]) -> tuple[Optional[in
 def predicted(overrides: List[str]) -> tuple[int, float]:
     """Parameters, and the device peak theory predicts (what the budget bounds)."""
     cfg = compose(overrides)
-    counts = models.param_count(cfg.model, cfg.workload)
+    counts = models.counts_for(cfg)
     return counts["total"], predict(cfg, world_size(cfg), counts)["memory/device_peak_predicted_bytes"]
 
 

@@ -74,7 +74,7 @@ def theory(backend: str, rungs: List[List[str]], shape: List[str]) -> List[dict]
     out = []
     for rung in rungs:
         cfg = compose([f"backend={backend}", *rung, *shape])
-        counts = models.param_count(cfg.model, cfg.workload)
+        counts = models.counts_for(cfg)
         p = predict(cfg, world_size(cfg), counts)
         out.append({"name": rung[1].split("=")[1], "params": counts["total"],
                     "device_bytes": p["memory/device_peak_predicted_bytes"],

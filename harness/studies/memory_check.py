@@ -4,6 +4,8 @@
         [--checkpointing none,full,every_2,selective_op] [--backends ddp,fsdp,...] [--repeats 3] [--tolerance 10] [--out DIR] [overrides]
     python -m harness.memory_check --states-dominated --backends ddp,ds_zero1,ds_zero2,ds_zero3,fsdp --repeats 2
     python -m harness.memory_check --activation-dominated --models tiny_llama,tiny_gpt2 --repeats 2
+    python -m harness.memory_check --activation-dominated --backends ddp,fsdp,ds_zero2,ds_zero3 \
+        --models tiny_llama,tiny_gpt2 --repeats 2 --out results/memory_check/compiled train.compile=true
 
 Every backend x model x precision x activation checkpointing is a cell: a short run (two steps, then
 `--repeats` profiled memory steps) whose peak of live tensors per rank is set beside theory/predict.py's
@@ -165,7 +167,7 @@ def _row(r: dict, ranks) -> dict:
            "checkpointing": recompute_of(cfg).label, "refused": r["refused"]}
     if r["refused"] or not ranks:
         return row
-    counts = models.param_count(cfg.model, cfg.workload)
+    counts = models.counts_for(cfg)
     pred = predict(cfg, world_size(cfg), counts)
     peak = max(k["peak"] for k in ranks)
     phase = max(PHASES, key=lambda ph: pred.get(f"memory/peak_at_{ph}_predicted_bytes", 0))

@@ -165,7 +165,7 @@ def compare(row: dict) -> dict:
 
     cfg = compose(row["overrides"])
     world = row["world"]
-    counts = models.param_count(cfg.model, cfg.workload)
+    counts = models.counts_for(cfg)
     pred = predict(cfg, world, counts)
     states, states_pred = sum(row["states_traced"].values()), pred["memory/model_states_predicted_bytes"]
     peak, peak_pred = row["peak_traced"].get("total", 0), pred["memory/tensor_peak_predicted_bytes"]

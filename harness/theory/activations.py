@@ -141,7 +141,7 @@ def residual_bytes(reg: str) -> int:
 
 
 def parts(model, par, reg: str, recompute, matmul_weights: int = 0,
-          head_matmul_weights: int = 0, mesh=None) -> Dict[str, float]:
+          head_matmul_weights: int = 0, mesh=None, compiled=None) -> Dict[str, float]:
     """The pieces of one micro-batch's activation memory on one rank, in bytes (module docstring):
 
     - `block`: what one block keeps (recomputed whole inside its backward when checkpointed);
@@ -158,6 +158,9 @@ def parts(model, par, reg: str, recompute, matmul_weights: int = 0,
 
     `recompute`: the policy (config/recompute.Recompute; a bool means full or none, as the setting once was).
     `mesh` (config/mesh.py): under tensor parallelism, one rank's part (module docstring).
+    `compiled`: under torch.compile, what a compiled block of each kind keeps (runtime/compiled_activations.py:
+    {"plain"|"checkpointed": {"per_token", "per_block"}}, read from AOTAutograd's partition of the block's graph),
+    which replaces the eager count of what the blocks keep through forward.
     """
     if not isinstance(recompute, Recompute):
         recompute = Recompute("full" if recompute else "none", 1, model.num_layers)
@@ -167,7 +170,7 @@ def parts(model, par, reg: str, recompute, matmul_weights: int = 0,
     a = 4 if reg == "fp32" else 2
     autocast = reg == "autocast"
     return {
-        "layers": model.num_layers, "recompute": recompute,
+        "layers": model.num_layers, "recompute": recompute, "compiled": compiled, "tokens": tokens,
         "block": tokens * block_bytes_per_token(model, reg, mesh),
         "block_input": tokens * residual_bytes(reg) * h / seq,
         "selective_block": tokens * selective_bytes_per_token(model, reg) if recompute.selective else 0.0,
@@ -188,6 +191,9 @@ def kept_by_block(a: Dict[str, float], j: int) -> float:
     """What block j keeps through forward: everything, its input (checkpointed) or its input and the saved
     ops' outputs (selective)."""
     r = a["recompute"]
+    if a.get("compiled"):
+        kind = a["compiled"]["checkpointed" if r.checkpointed(j) else "plain"]
+        return a["tokens"] * kind["per_token"] + kind["per_block"]
     if not r.checkpointed(j):
         return a["block"]
     return a["selective_block"] if r.selective else a["block_input"]
@@ -206,8 +212,9 @@ def plain_blocks(a: Dict[str, float], below: int) -> int:
 def saved(a: Dict[str, float]) -> float:
     """Everything one micro-batch keeps for backward at the end of forward (autocast's weight copies: the output
     layer's and the blocks' that are not checkpointed; a checkpointed block's are made again when it is
-    recomputed)."""
-    return kept_by_blocks(a) + a["outside"] + a["head_copy"] + a["block_copies"] * plain_blocks(a, a["layers"])
+    recomputed; a compiled block's are among the values its graph keeps)."""
+    copies = 0.0 if a.get("compiled") else a["block_copies"] * plain_blocks(a, a["layers"])
+    return kept_by_blocks(a) + a["outside"] + a["head_copy"] + copies
 
 
 def forward_end(a: Dict[str, float]) -> float:
@@ -225,6 +232,9 @@ def in_block(a: Dict[str, float], k: int) -> float:
     freed, blocks 0..k-1 keep what the policy keeps and block k is whole (recomputed, when checkpointed, its
     input shared with its first norm's), and the residual gradient and the two MLP gradients are alive; under
     autocast block k's weight copies and those of the plain blocks below it, not yet freed by their backward."""
-    blocks = sum(kept_by_block(a, j) for j in range(k)) + a["block"]
+    whole = a["block"]
+    if a.get("compiled"):  # the compiled backward's inputs: what the block's graph keeps, recomputed or not
+        whole = a["tokens"] * a["compiled"]["plain"]["per_token"] + a["compiled"]["plain"]["per_block"]
+    blocks = sum(kept_by_block(a, j) for j in range(k)) + whole
     copies = a["block_copies"] * (1 + plain_blocks(a, k))
     return blocks + a["per_sequence"] + a["block_input"] + a["mlp_grads"] + copies

@@ -29,7 +29,8 @@ def predict(cfg, world: int, counts: Dict[str, int]) -> Dict[str, float]:
         "memory/buffers_predicted_bytes": components.get("buffers", 0.0),
     })
     act = activations.parts(cfg.model, cfg.parallelism, activations.regime(cfg.backend, cfg.train.precision),
-                            recompute_of(cfg), s.matmul_weights, s.head_matmul_weights, s.mesh)
+                            recompute_of(cfg), s.matmul_weights, s.head_matmul_weights, s.mesh,
+                            compiled=counts.get("compiled_kept"))
     # what one micro-batch's forward keeps for backward (theory/activations.py)
     out["memory/activations_predicted_bytes"] = activations.saved(act)
     phases, out["memory/peak_block_predicted"] = phase_terms(cfg.backend, s, act)
