@@ -29,7 +29,7 @@ from ..reporting import sweep_report
 from .environment import environment
 from .ops import ensure_ops
 from .outcome import summarise
-from .torchrun import die_with_parent, rank_env, torchrun_cmd
+from .torchrun import die_with_parent, launch_config, rank_env, torchrun_cmd
 
 WORKER = "harness.runtime.cells_worker"
 
@@ -64,7 +64,8 @@ def run_cells(sweep_dir: Path, cells: Sequence[Tuple[str, List[str]]], common: S
     write_json(cells_file, [str(run_dir.root) for run_dir, _ in configs])
     with open(sweep_dir / "launcher.log", "w") as log:
         proc = subprocess.run(torchrun_cmd(first, sweep_dir, module=(WORKER, str(cells_file))), cwd=REPO,
-                              env=rank_env(first), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              env=rank_env(launch_config([cfg for _, cfg in configs])), stdout=log,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                               start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
     # each cell's summary as a run's launcher writes it, with the notes a run would carry; a cell the launch
     # never reached says which cell ended it, not only what its missing rank files would suggest (a kill)

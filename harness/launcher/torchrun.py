@@ -46,6 +46,12 @@ def rank_env(cfg) -> dict:
     return env
 
 
+def launch_config(configs: list):
+    """The config whose environment a launch of several cells takes: one that compiles if any does (an eager
+    launch disables dynamo, which a compiled cell needs), else the first."""
+    return next((cfg for cfg in configs if cfg.train.compile), configs[0])
+
+
 def slurm_cancel() -> str:
     """Inside a SLURM job a SIGTERM is SLURM's: scancel, the time limit, or preemption."""
     job = os.environ.get("SLURM_JOB_ID")

@@ -46,6 +46,13 @@ def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
 
 @lru_cache(maxsize=64)
 def _kept(model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
+    # with grad, whatever the caller's mode: under no_grad AOTAutograd makes an inference graph that keeps
+    # nothing, and under inference_mode dynamo does not call the backend at all
+    with torch.inference_mode(False), torch.enable_grad():
+        return _trace(model_yaml, regime, policy)
+
+
+def _trace(model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
     from torch._functorch.aot_autograd import aot_module_simplified
     from functools import partial
 
@@ -89,6 +96,8 @@ def _kept(model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
         autocast = torch.autocast("cpu", torch.bfloat16, enabled=regime == "autocast")
         with autocast:
             torch.compile(block, backend=backend, dynamic=False)(x, **kwargs)
+        if len(found) != len(sizes) + 1:
+            raise RuntimeError("compiled_activations: torch.compile did not hand the block's graph to the tracer")
         sizes.append(_bytes(found[-1], (1, tokens, h)))
     torch._dynamo.reset()
     per_token = (sizes[1] - sizes[0]) / (TOKENS[1] - TOKENS[0])

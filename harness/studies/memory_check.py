@@ -36,7 +36,7 @@ from ..config.compose import compose_many
 from ..config.derive import world_size
 from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
-from ..launcher.torchrun import die_with_parent, rank_env, torchrun_cmd
+from ..launcher.torchrun import die_with_parent, launch_config, rank_env, torchrun_cmd
 from ..runtime import models
 from ..theory.peak import PHASES, after_backward_buffers, explain_unaccounted
 from ..theory.shape import shape_of
@@ -110,7 +110,7 @@ def run_cells(cells: List[list], common: List[str], repeats: int, out: Path) -> 
         if not found:
             runnable.append({"name": name, "config": _plain(cfg)})
     if runnable:
-        launch(runnable, next(r["cfg"] for r in rows if not r["refused"]), out)
+        launch(runnable, launch_config([r["cfg"] for r in rows if not r["refused"]]), out)
     measured = {}
     if (out / "cells.jsonl").exists():
         for line in (out / "cells.jsonl").read_text().splitlines():
