@@ -1,0 +1,134 @@
+"""The axes beside the strategy that decide throughput (activation-checkpointing policy, compile, float8,
+DeepCompile), each run set beside its own baseline: tokens/s, the measured peak against the memory model's,
+and the loss curve against the baseline's within the axis's stated tolerance.
+
+    python -m harness.axes [--runs results/sweeps/axes] [--out experiments/axes]    # after make sweep EXP=axes
+
+A row's baseline is the run of the same backend with every axis at its default (no checkpointing, eager,
+bf16 or fp32 as the sweep sets, no float8, no DeepCompile). Its loss difference is the largest relative
+difference of the per-step losses (metrics.jsonl) over every step both ran; the tolerance is the largest of
+the axes that differ from the baseline (`TOLERANCE`), each with the drift it expects:
+
+- activation checkpointing recomputes the same ops on the same inputs: the same losses, to rounding (GPU
+  kernels that reduce with atomics, such as attention's backward, may differ in the last bits);
+- compile fuses and reorders reductions (inductor): rounding-level differences that grow slowly with steps;
+- float8 rounds matmul inputs to e4m3 (3 mantissa bits) with per-tensor or per-row scales: a drift, named,
+  that torchtitan's and torchao's published loss curves show staying within about 1% of bf16;
+- DeepCompile reorders ZeRO-3's gathers and releases, not the arithmetic: compile's tolerance.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ..core.paths import REPO
+from ..core.rundir import write_json, write_text
+
+# the largest relative per-step loss difference each axis may make, fp32 on CPU and bf16 on a GPU
+TOLERANCE = {"checkpointing": {"fp32": 1e-6, "bf16": 1e-3}, "compile": {"fp32": 1e-4, "bf16": 2e-2},
+             "float8": {"fp32": 5e-2, "bf16": 5e-2}, "deepcompile": {"fp32": 1e-4, "bf16": 2e-2}}
+
+
+def axes_of(run_dir: Path) -> Dict[str, str]:
+    """What a run set on each axis, from the settings that ran (settings.json) and its config."""
+    settings = json.loads((run_dir / "settings.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    compile_ = settings.get("compile") or {}
+    return {"backend": summary["backend"], "precision": summary["precision"],
+            "checkpointing": _policy(settings.get("activation_checkpointing") or {}),
+            "compile": "on" if compile_ else "off",
+            "deepcompile": "on" if compile_.get("deepcompile") else "off",
+            "float8": (settings.get("float8") or {}).get("recipe", "none")}
+
+
+def _policy(applied: dict) -> str:
+    policy = applied.get("policy", "none")
+    blocks = applied.get("checkpointed_blocks") or []
+    if policy == "every_k" and len(blocks) > 1:
+        return f"every_{blocks[1] - blocks[0]}"
+    return policy
+
+
+DEFAULTS = {"checkpointing": "none", "compile": "off", "deepcompile": "off", "float8": "none"}
+
+
+def losses(run_dir: Path) -> Dict[int, float]:
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if "loss/loss" in row:
+            out[row["step"]] = row["loss/loss"]
+    return out
+
+
+def loss_difference(base: Dict[int, float], mine: Dict[int, float]) -> Optional[float]:
+    """The largest relative difference of the per-step losses over the steps both ran."""
+    steps = sorted(set(base) & set(mine))
+    if not steps:
+        return None
+    return max(abs(mine[s] - base[s]) / abs(base[s]) for s in steps)
+
+
+def rows_of(run_dirs: List[Path]) -> List[dict]:
+    """One row a run, with its baseline's comparison (module docstring)."""
+    runs = []
+    for d in run_dirs:
+        summary = json.loads((d / "summary.json").read_text())
+        row = {"run_dir": str(d), "status": summary["status"], **axes_of(d), "figures": summary.get("figures", {}),
+               "steps": len(losses(d)) if summary["status"] == "ok" else 0}
+        runs.append(row)
+    for row in runs:
+        differs = [a for a, default in DEFAULTS.items() if row[a] != default]
+        base = next((r for r in runs if r["backend"] == row["backend"] and r["status"] == "ok"
+                     and all(r[a] == default for a, default in DEFAULTS.items())), None)
+        row["differs"] = differs
+        row["tolerance"] = max((TOLERANCE[a][row["precision"] if row["precision"] in ("fp32", "bf16") else "bf16"]
+                                for a in differs), default=0.0)
+        row["loss_difference"] = (loss_difference(losses(Path(base["run_dir"])), losses(Path(row["run_dir"])))
+                                  if base and row["status"] == "ok" and differs else None)
+        row["within"] = row["loss_difference"] is None or row["loss_difference"] <= row["tolerance"]
+    return runs
+
+
+def render(rows: List[dict], title: str, command: str, peak_key: str = "memory/tensor_peak_bytes_max") -> str:
+    mib = lambda b: f"{b / 2**20:,.2f}" if b else "-"  # noqa: E731
+    lines = [f"# {title}", "", f"Command: `{command}`. Peak: {peak_key} against memory/tensor_peak_predicted_bytes "
+             "(theory/peak.py). Loss: the largest relative per-step difference from the same backend's run with "
+             "every axis at its default, against the tolerance of the axes that differ (harness/studies/axes.py).",
+             " MFU: against the device's bf16 (or fp32) dense peak, also under float8.",
+             "", "| backend | checkpointing | compile | float8 | status | tokens/s | MFU % | p50 ms | peak MiB | "
+             "predicted MiB | error | loss difference | tolerance |",
+             "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["backend"], r["compile"], r["float8"], r["checkpointing"])):
+        f = r["figures"]
+        peak, predicted = f.get(peak_key), f.get("memory/tensor_peak_predicted_bytes")
+        error = f"{100 * (peak - predicted) / predicted:+.1f}%" if peak and predicted else "-"
+        diff = "baseline" if not r["differs"] else ("-" if r["loss_difference"] is None else
+                                                   f"{r['loss_difference']:.1e}" + ("" if r["within"] else " **over**"))
+        compile_ = r["compile"] + (" (DeepCompile)" if r["deepcompile"] == "on" else "")
+        tolerance = f"{r['tolerance']:.0e}" if r["differs"] else "-"
+        lines.append(f"| {r['backend']} | {r['checkpointing']} | {compile_} | {r['float8']} | {r['status']} | "
+                     f"{f.get('throughput/tokens_per_s', 0):,.0f} | {f.get('flops/mfu_pct', 0):.1f} | "
+                     f"{1e3 * f.get('throughput/step_time_p50_s', 0):.1f}"
+                     f" | {mib(peak)} | {mib(predicted)} | {error} | {diff} | {tolerance} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_dirs_under(root: Path) -> List[Path]:
+    return sorted(p.parent for p in root.rglob("summary.json") if (p.parent / "settings.json").exists())
+
+
+def main(argv: List[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", default="results/sweeps/axes", help="the sweep's run dirs")
+    parser.add_argument("--out", default="results/axes", help="writes axes.md and axes.json here")
+    args = parser.parse_args(argv)
+    rows = rows_of(run_dirs_under(REPO / args.runs))
+    out = REPO / args.out
+    text = render(rows, "Axes: checkpointing policy x compile x backend", "make sweep EXP=axes; python -m harness.axes")
+    write_text(out / "axes.md", text)
+    write_json(out / "axes.json", [{k: v for k, v in r.items() if k != "figures"} for r in rows])
+    print(text)
+    return 0 if all(r["within"] for r in rows) else 1
