@@ -110,3 +110,25 @@ def test_fsdp2_gathers_tensorwise_float8_weights_in_half_the_bytes_and_all_reduc
     extra = [c for c in tensorwise_reduces if c.size_bytes == 4 * f8.float8_weights]
     assert extra and extra[0].count == 1
     assert not gathers("tensorwise", "ddp")[0].float8_all_gather
+
+
+def test_gpu_axes_refuses_in_one_line_without_a_gpu_or_with_an_unknown_cell(capsys):
+    import torch
+
+    from harness.studies import gpu_axes
+
+    assert gpu_axes.main(["--cells", "fsdp,fsdp_fp4"]) == 2
+    assert capsys.readouterr().err.strip().startswith("gpu-axes: unknown cell fsdp_fp4; use some of fsdp,")
+    if not torch.cuda.is_available():
+        assert gpu_axes.main([]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
+    # every cell is a config the rules accept on one CUDA device of compute capability 9.0 (float8 where
+    # torchao is installed); DeepCompile and float8 are the GPU-only ones
+    from importlib.util import find_spec
+
+    for name, overrides in gpu_axes.CELLS.items():
+        cfg = compose([*gpu_axes.COMMON, *overrides, "train.steps=20", "train.warmup_steps=5"])
+        found = [p for p in rules.problems(cfg, cuda_devices=lambda: 1)
+                 if not (p.startswith("train.float8") and not find_spec("torchao"))]
+        found = [p for p in found if "sm" not in p.split(":")[1][:30]]  # this host's capability, not an H100's
+        assert not found, (name, found)
