@@ -1,5 +1,6 @@
-"""`python -m harness.gpu_axes`: the axes beside the strategy on one GPU (`make gpu-axes`); the code is in
-harness/studies/gpu_axes.py."""
+"""`python -m harness.gpu_axes`: compile, float8, checkpointing and DeepCompile on one GPU (`make gpu-axes`).
+
+The code is in harness/studies/gpu_axes.py."""
 import sys
 
 from harness.studies.gpu_axes import main

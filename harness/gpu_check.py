@@ -1,5 +1,7 @@
-"""`python -m harness.gpu_check`: the first thing to run on a GPU machine (versions, CPU Adam, every backend on
-gpt2_124m and llama_1b in bf16, a real CUDA OOM, and the checks), into results/gpu/<device>/.
+"""`python -m harness.gpu_check`: the first thing to run on a GPU machine, into results/gpu/<device>/.
+
+It checks the versions and DeepSpeed's CPU Adam, runs every backend on gpt2_124m and llama_1b in bf16, injects a
+real CUDA OOM, and checks the results.
 
 The code is in harness/studies/gpu_check.py; this file is only the command.
 """

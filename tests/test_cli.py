@@ -219,3 +219,29 @@ def test_an_unsupported_model_type_is_one_line_from_the_estimator_and_the_adviso
         assert one_line(tool, lambda: main(args)) == 2
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert len(err) == 1 and "mixture-of-experts" in err[0], err
+
+
+def test_one_shardbench_command_runs_every_tool_and_names_the_nearest_one(capsys):
+    """`shardbench <command>` (the console script make install puts in .venv/bin: harness/core/commands.py)
+    is `python -m harness.<command>` for every tool module, hyphenated; a wrong name is one line."""
+    from harness.core import commands
+
+    found = commands.commands()
+    assert {"train", "estimate", "advise", "report", "bench", "memory-check", "gpu-check", "axes"} <= set(found)
+    assert all(summary and not summary.endswith((" on", " in", " the")) for summary in found.values()), found
+    assert commands.main(["--help"]) == 0 and "memory-check" in capsys.readouterr().out
+    assert commands.main(["memroy-check"]) == 2
+    assert capsys.readouterr().err.strip() == "shardbench: no command memroy-check; did you mean memory-check?"
+
+
+def test_the_installed_shardbench_script_refuses_bad_input_in_one_line():
+    import subprocess
+
+    script = REPO / ".venv" / "bin" / "shardbench"
+    if not script.exists():
+        pytest.skip("no .venv/bin/shardbench: make install creates it")
+    out = subprocess.run([str(script), "estimate", "--tp", "3"], capture_output=True, text=True, timeout=120,
+                         cwd=REPO)
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert out.returncode != 0 and len(lines) == 1, lines
+    assert "parallelism.tp=3: must divide the 2 ranks of a node" in lines[0]

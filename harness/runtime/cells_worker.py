@@ -21,14 +21,15 @@ import torch.distributed as dist
 
 from ..core.records import RankOutcome, Status
 from ..core.rundir import RunDir, write_json, write_text
-from . import models, preflight
+from . import preflight
+from .compiled_activations import counts_for
 from .worker import best_effort, classify, exit_without_teardown, load_config, reached, run, start
 
 
 def train_cell(run_dir: RunDir, rank: int, world: int, device: torch.device) -> int:
     started = time.time()
     cfg = load_config(run_dir)
-    counts = models.counts_for(cfg)
+    counts = counts_for(cfg)
     params = counts["total"]  # a failed row still says the size
     try:
         preflight.refuse_what_cannot_fit(cfg, counts)  # as a single run's ranks do (worker.main)

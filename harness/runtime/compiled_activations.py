@@ -22,10 +22,20 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Dict, Optional
 
-import torch
 from omegaconf import OmegaConf
 
 TOKENS = (8, 16)  # two token counts (one sequence each): the slope is per token, the intercept per block
+
+
+def counts_for(cfg) -> dict:
+    """A run's model counts (models.param_count) and, when it compiles, what each compiled block keeps for
+    backward (`kept`), which the memory model reads in place of its eager count."""
+    from ..theory.activations import regime
+    from . import models
+
+    counts = models.param_count(cfg.model, cfg.workload)
+    compiled = kept(cfg, regime(cfg.backend, cfg.train.precision))
+    return {**counts, "compiled_kept": compiled} if compiled else counts
 
 
 def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
@@ -46,6 +56,7 @@ def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
 
 @lru_cache(maxsize=64)
 def _kept(model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
+    import torch  # here, not at the top: the studies import counts_for in the parent, before any torch
     # with grad, whatever the caller's mode: under no_grad AOTAutograd makes an inference graph that keeps
     # nothing, and under inference_mode dynamo does not call the backend at all
     with torch.inference_mode(False), torch.enable_grad():
@@ -53,6 +64,7 @@ def _kept(model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
 
 
 def _trace(model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
+    import torch
     from torch._functorch.aot_autograd import aot_module_simplified
     from functools import partial
 
@@ -109,6 +121,8 @@ def _bytes(outputs, block_input) -> float:
     one fused projection; a transposed weight gradient's operand is a view of a kept tensor): not graph inputs
     (parameters, rotary tables) except the block's own input, and not tensors of a data-dependent size (the
     checkpoint's saved RNG state, a few KB)."""
+    import torch
+
     storages = {}
     for node in outputs:
         value = node.meta.get("val") if hasattr(node, "meta") else None

@@ -195,17 +195,6 @@ def compile_blocks(model: nn.Module) -> int:
     return len(found)
 
 
-def counts_for(cfg) -> dict:
-    """A run's model counts (param_count) and, when it compiles, what each compiled block keeps for backward
-    (runtime/compiled_activations.py), which the memory model reads in place of its eager count."""
-    from ..theory.activations import regime
-    from . import compiled_activations
-
-    counts = param_count(cfg.model, cfg.workload)
-    compiled = compiled_activations.kept(cfg, regime(cfg.backend, cfg.train.precision))
-    return {**counts, "compiled_kept": compiled} if compiled else counts
-
-
 def param_count(m, workload=None) -> dict:
     """Exact parameter counts from a meta-device build: total, trainable, embedding (input), per block (and
     its trainable part), largest tensor (and largest trainable one), what the backward touches first (the head,

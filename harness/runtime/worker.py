@@ -35,6 +35,7 @@ from ..core.rundir import RunDir, write_json, write_text
 from ..core.waiting import announced
 from ..reporting import run_summary
 from . import data, faults, loop, models, preflight, probes, train_state
+from .compiled_activations import counts_for
 from .errors import Preempted
 from .sink import open_sink
 from .strategies import make_strategy
@@ -87,7 +88,7 @@ def prepare(cfg, rank: int, world: int, device: torch.device) -> Prepared:
     """Build the model where the strategy wants it, initialise or load its weights, wrap it and build the
     optimizer (shared by a run, runtime/cells_worker.py and studies/memory_check_worker.py)."""
     torch.manual_seed(cfg.train.seed)
-    counts = models.counts_for(cfg)
+    counts = counts_for(cfg)
     strategy = make_strategy(cfg, device, world, counts)
     with strategy.init_context(use_meta_init(cfg, counts["total"])):
         model = models.build(cfg.model, workload=cfg.workload)
@@ -272,7 +273,7 @@ def main() -> int:
     watch_parent(on_parent_lost)
     params, device = None, torch.device("cpu")  # params in every outcome: a failed row still says the size
     try:
-        counts = models.counts_for(cfg)
+        counts = counts_for(cfg)
         params = counts["total"]
         preflight.refuse_what_cannot_fit(cfg, counts)
         rank, world, device = start(cfg, run_dir)

@@ -24,7 +24,7 @@ from ..config.compose import compose, flat_backends
 from ..config.derive import world_size
 from ..core.paths import REPO
 from ..core.rundir import RunDir, read_json, write_json, write_text
-from ..runtime import models
+from ..runtime.compiled_activations import counts_for
 from ..theory.predict import predict
 from ..reporting.plots import pyplot
 from .subprocess_run import train_command
@@ -92,7 +92,7 @@ def search(n: int, guess: int, fits: Callable[[int], bool]) -> tuple[Optional[in
 def predicted(overrides: List[str]) -> tuple[int, float]:
     """Parameters, and the device peak theory predicts (what the budget bounds)."""
     cfg = compose(overrides)
-    counts = models.counts_for(cfg)
+    counts = counts_for(cfg)
     return counts["total"], predict(cfg, world_size(cfg), counts)["memory/device_peak_predicted_bytes"]
 
 

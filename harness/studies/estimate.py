@@ -25,7 +25,7 @@ import copy
 
 from ..config import hf_models
 from ..config.compose import backends, compose, compose_many, flat_backends
-from ..config.rules import TP_DEGREES, tensor_degrees
+from ..config.rules import TP_DEGREES, tensor_degrees, tensor_rules
 from ..config.derive import tokens_per_step, world_size
 from ..core.components import totals
 from ..core.errors import ConfigError
@@ -184,6 +184,11 @@ def main(argv: List[str] | None = None) -> int:
     tps = None if pinned else (list(TP_DEGREES) if args.tp == "all" else [int(t) for t in args.tp.split(",") if t])
     table = rows(overrides, args.params, args.world, rates, names=args.backends.split(",") if args.backends else None,
                  tps=tps)
+    if not table:  # every asked degree refused by the tensor rules: say why, in one line
+        trial = copy.deepcopy(cfg)
+        trial.parallelism.tp = (tps or [cfg.parallelism.tp])[0]
+        raise ConfigError(f"no backend runs this shape at the asked tensor-parallel degree(s): "
+                          f"{(tensor_rules(trial) or ['no rows'])[0]}")
     r = table[0]
     title = (f"{cfg.model.name if not args.params else 'Ψ=%.3g' % args.params}: {r['model_params']:,} params, "
              f"{r['world']} ranks ({cfg.parallelism.nnodes} node(s) of {cfg.parallelism.nproc_per_node}), "

@@ -39,7 +39,7 @@ from ..config.compose import compose
 from ..config.derive import world_size
 from ..core.paths import REPO
 from ..core.rundir import read_json, write_json
-from ..runtime import models
+from ..runtime.compiled_activations import counts_for
 from ..theory.predict import FIT_MARGIN, predict
 from . import capacity
 from .capacity_report import write_report
@@ -74,7 +74,7 @@ def theory(backend: str, rungs: List[List[str]], shape: List[str]) -> List[dict]
     out = []
     for rung in rungs:
         cfg = compose([f"backend={backend}", *rung, *shape])
-        counts = models.counts_for(cfg)
+        counts = counts_for(cfg)
         p = predict(cfg, world_size(cfg), counts)
         out.append({"name": rung[1].split("=")[1], "params": counts["total"],
                     "device_bytes": p["memory/device_peak_predicted_bytes"],

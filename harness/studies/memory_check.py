@@ -37,7 +37,7 @@ from ..config.derive import world_size
 from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
 from ..launcher.torchrun import die_with_parent, launch_config, rank_env, torchrun_cmd
-from ..runtime import models
+from ..runtime.compiled_activations import counts_for
 from ..theory.peak import PHASES, after_backward_buffers, explain_unaccounted
 from ..theory.shape import shape_of
 from ..theory.predict import predict
@@ -167,7 +167,7 @@ def _row(r: dict, ranks) -> dict:
            "checkpointing": recompute_of(cfg).label, "refused": r["refused"]}
     if r["refused"] or not ranks:
         return row
-    counts = models.counts_for(cfg)
+    counts = counts_for(cfg)
     pred = predict(cfg, world_size(cfg), counts)
     peak = max(k["peak"] for k in ranks)
     phase = max(PHASES, key=lambda ph: pred.get(f"memory/peak_at_{ph}_predicted_bytes", 0))

@@ -156,7 +156,7 @@ def compare(row: dict) -> dict:
     """A traced cell beside theory/predict.predict and theory/communication for its config, with the errors."""
     if not row["ok"]:
         return row
-    from ..runtime import models
+    from ..runtime.compiled_activations import counts_for
     from ..theory.communication import collectives, counted_by_link
     from ..theory.peak import PHASES
     from ..theory.predict import predict
@@ -165,7 +165,7 @@ def compare(row: dict) -> dict:
 
     cfg = compose(row["overrides"])
     world = row["world"]
-    counts = models.counts_for(cfg)
+    counts = counts_for(cfg)
     pred = predict(cfg, world, counts)
     states, states_pred = sum(row["states_traced"].values()), pred["memory/model_states_predicted_bytes"]
     peak, peak_pred = row["peak_traced"].get("total", 0), pred["memory/tensor_peak_predicted_bytes"]
