@@ -74,6 +74,10 @@ class Family:
     checkpoint_format = ""
     layout_fix = ""
     async_save_refusal = ""
+    # float8 training (train.float8; config/float8_check.py, theory/float8.py): why it cannot run under this
+    # family, "" where it can; and whether its all-gathers carry tensorwise float8 weights in float8
+    float8_refusal = ""
+    float8_all_gather = False
 
     THEORY = ("paper_stage", "layout", "phase_terms", "step_transients", "after_backward_buffers", "collectives",
               "paper_comm_elements", "optimizer_bytes", "checkpoint_bytes")

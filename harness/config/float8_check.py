@@ -2,13 +2,15 @@
 
 torchao's float8 training (theory/float8.py) needs float8 matmuls (torch._scaled_mm: CUDA, compute capability
 8.9 or later: H100, H200, L4, RTX 4090), bf16 training around them, and nn.Linear layers to convert. It is
-documented with FSDP2 and DDP (torchtitan); DeepSpeed's engine flattens and partitions the parameters the
-converted modules hold, and has no float8 training path of its own, so it is refused there.
+documented with FSDP2 and DDP (torchtitan); a family that cannot run it says why (Family.float8_refusal:
+DeepSpeed's).
 """
 from __future__ import annotations
 
 from importlib.util import find_spec
 from typing import Callable, List, Optional, Tuple
+
+from . import families
 
 TORCHAO = "torchao==0.18.0"
 
@@ -24,9 +26,10 @@ def problems(cfg, capability: Callable[[], Optional[Tuple[int, int]]] = cuda_cap
     if recipe == "none":
         return []
     key = f"train.float8={recipe}"
-    if cfg.backend.family not in ("fsdp", "ddp"):
-        return [f"{key}: not under {cfg.backend.name}; torchao's float8 training runs under FSDP2 and DDP (its "
-                "converted Linears hold the weights DeepSpeed would flatten and partition). Use backend=fsdp or ddp"]
+    refusal = families.of(cfg.backend).float8_refusal
+    if refusal:
+        return [f"{key}: not under {cfg.backend.name} ({refusal}); torchao's float8 training runs under FSDP2 and "
+                "DDP. Use backend=fsdp or ddp"]
     if cfg.model.family != "llama":
         return [f"{key}: model family {cfg.model.family}'s matmuls are transformers' Conv1D, which torchao does "
                 "not convert (only nn.Linear); use a Llama-family model"]

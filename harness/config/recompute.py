@@ -26,10 +26,11 @@ parallelism's recomputed collectives) and the studies.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 POLICIES = ("none", "full", "every_k", "selective_op")
-LEGACY = {"true": "full", "false": "none"}  # a config written when the setting was a boolean
+# a config written when the setting was a boolean, and the studies' old off/on
+LEGACY = {"true": "full", "false": "none", "on": "full", "off": "none"}
 
 
 @dataclass(frozen=True)
@@ -61,52 +62,50 @@ class Recompute:
         """Blocks whose whole forward, matmuls and collectives included, runs again in backward."""
         return 0 if self.selective else len(self.checkpointed_layers)
 
-    def describe(self) -> str:
-        if self.policy == "every_k":
-            return f"every_k (k={self.every}: blocks {', '.join(map(str, self.checkpointed_layers))})"
-        return self.policy
-
     @property
     def label(self) -> str:
         """Short, for a table's cell or a run's name."""
         return f"every_{self.every}" if self.policy == "every_k" else self.policy
 
 
-def normalise(value) -> str:
-    """The policy a config value names (`every_2`, the studies' shorthand, is every_k with k=2)."""
+def _every(text: str) -> Optional[int]:
+    """k of `every_<k>` (the shorthand for every_k with that k), else None."""
+    return int(text[6:]) if text.startswith("every_") and text[6:].isdigit() else None
+
+
+def parse(value, default_every: int = 2) -> Tuple[str, int]:
+    """(policy, k) a config value names: a policy, `every_<k>`, or a legacy boolean (module docstring)."""
     text = str(value).strip().lower()
-    if text.startswith("every_") and text[6:].isdigit():
-        return "every_k"
-    return LEGACY.get(text, text)
+    every = _every(text)
+    return ("every_k", every) if every is not None else (LEGACY.get(text, text), default_every)
 
 
 def recompute_of(cfg) -> Recompute:
     """The run's policy from its config (module docstring)."""
-    t = cfg.train
-    value = str(t.activation_checkpointing).strip().lower()
-    every = int(value[6:]) if value.startswith("every_") and value[6:].isdigit() else t.activation_checkpointing_every
-    return Recompute(normalise(value), max(int(every), 1), cfg.model.num_layers)
+    policy, every = parse(cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every)
+    return Recompute(policy, max(every, 1), cfg.model.num_layers)  # k < 1 is refused by problems()
 
 
-def overrides(label: str) -> List[str]:
-    """The overrides that select `label` (a policy, or `every_<k>`; the studies' shorthand)."""
-    policy = normalise(label)
-    out = [f"train.activation_checkpointing={policy}"]
-    if policy == "every_k":
-        k = label.strip().lower()[6:]
-        out.append(f"train.activation_checkpointing_every={k if k.isdigit() else 2}")
-    return out
+def overrides(label) -> List[str]:
+    """The overrides that select `label` (a policy, `every_<k>`, or a legacy boolean; the studies' shorthand)."""
+    policy, every = parse(label)
+    return [f"train.activation_checkpointing={policy}",
+            *([f"train.activation_checkpointing_every={every}"] if policy == "every_k" else [])]
+
+
+def unknown(label) -> bool:
+    return parse(label)[0] not in POLICIES
 
 
 def problems(cfg) -> List[str]:
     """One line per thing the policy cannot be on this config."""
     t, out = cfg.train, []
-    policy = normalise(t.activation_checkpointing)
+    policy, every = parse(t.activation_checkpointing, t.activation_checkpointing_every)
     if policy not in POLICIES:
         return [f"train.activation_checkpointing={t.activation_checkpointing}: unknown policy; use one of "
                 f"{', '.join(POLICIES)} (true and false still mean full and none)"]
-    if t.activation_checkpointing_every < 1:
-        out.append(f"train.activation_checkpointing_every={t.activation_checkpointing_every}: must be positive; "
+    if every < 1:
+        out.append(f"train.activation_checkpointing_every={every}: must be positive; "
                    "every_k checkpoints blocks 0, k, 2k, ...")
     if policy == "selective_op" and cfg.parallelism.tp > 1:
         out.append("train.activation_checkpointing=selective_op: not with parallelism.tp>1 yet; the tensor-"

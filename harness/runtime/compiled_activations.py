@@ -19,7 +19,7 @@ DeepSpeed's engine compiles the whole module, whose blocks the same partitioner 
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Dict, Optional
 
 from omegaconf import OmegaConf
@@ -66,9 +66,8 @@ def _kept(model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
 def _trace(model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
     import torch
     from torch._functorch.aot_autograd import aot_module_simplified
-    from functools import partial
-
     from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
 
     from ..config.recompute import Recompute
     from . import models
@@ -89,8 +88,6 @@ def _trace(model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
         outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         found.append(outputs[1:])
         return gm
-
-    from torch._inductor.decomposition import select_decomp_table
 
     def backend(gm, inputs):  # inductor's decompositions and partitioner, no code generated
         return aot_module_simplified(gm, inputs, fw_compiler=forward_graph, bw_compiler=lambda g, _: g,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -125,7 +126,12 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--runs", default="results/sweeps/axes", help="the sweep's run dirs")
     parser.add_argument("--out", default="results/axes", help="writes axes.md and axes.json here")
     args = parser.parse_args(argv)
-    rows = rows_of(run_dirs_under(REPO / args.runs))
+    found = run_dirs_under(REPO / args.runs)
+    if not found:
+        print(f"axes: no runs under {args.runs}; run the sweep first (make sweep EXP=axes, or make axes)",
+              file=sys.stderr)
+        return 2
+    rows = rows_of(found)
     out = REPO / args.out
     text = render(rows, "Axes: checkpointing policy x compile x backend", "make sweep EXP=axes; python -m harness.axes")
     write_text(out / "axes.md", text)

@@ -25,6 +25,7 @@ import copy
 
 from ..config import hf_models
 from ..config.compose import backends, compose, compose_many, flat_backends
+from ..config.recompute import Recompute
 from ..config.rules import TP_DEGREES, tensor_degrees, tensor_rules
 from ..config.derive import tokens_per_step, world_size
 from ..core.components import totals
@@ -101,7 +102,8 @@ def step_prediction(cfg, world: int, shape, flops_per_token: float, rates) -> di
 def saved_activations(cfg, par, shape, checkpointing: bool) -> float:
     """What one micro-batch's forward keeps for backward under this backend's precision regime."""
     reg = activations.regime(cfg.backend, shape.precision)
-    return activations.saved(activations.parts(cfg.model, par, reg, checkpointing, shape.matmul_weights,
+    policy = Recompute("full" if checkpointing else "none", 1, cfg.model.num_layers)
+    return activations.saved(activations.parts(cfg.model, par, reg, policy, shape.matmul_weights,
                                                shape.head_matmul_weights, shape.mesh))
 
 

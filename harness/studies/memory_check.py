@@ -77,11 +77,11 @@ def matrix(backends: List[str], models_: List[str], precisions: List[str], polic
     fraction (each level of each factor twice, each pair of two factors' levels once); four models: each
     backend runs each model once and each precision x policy pair once. `make test` runs the fraction (4 cells
     a backend); `make memory-check` the whole."""
-    out, labels = [], ["full" if c is True else "none" if c is False else str(c) for c in policies]
-    square = len(models_) > 2 and len(labels) == len(models_)
+    out = []
+    square = len(models_) > 2 and len(policies) == len(models_)
     for m_i, m in enumerate(models_):
         for p_i, p in enumerate(precisions):
-            for c_i, c in enumerate(labels):
+            for c_i, c in enumerate(policies):
                 pair = (p_i + c_i) if len(models_) <= 2 else (2 * p_i + c_i)
 
                 def kept(b_i: int) -> bool:
@@ -253,12 +253,17 @@ def main(argv: List[str] | None = None) -> int:
     if not any(o.startswith("profile=") for o in overrides):
         overrides = ["profile=parity", *overrides]
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
+    bad = [c for c in split(args.checkpointing) if recompute.unknown(c)]
+    if bad:
+        print(f"memory_check: --checkpointing {bad[0]}: unknown policy; use some of {', '.join(recompute.POLICIES)}"
+              " or every_<k>", file=sys.stderr)
+        return 2
     if args.states_dominated:
         cells, overrides = states_dominated_cells(split(args.backends)), [*overrides, *STATES_DOMINATED]
     else:
         overrides = [*overrides, *(ACTIVATION_DOMINATED if args.activation_dominated else [])]
         cells = matrix(split(args.backends), split(args.models), split(args.precisions),
-                       [{"on": "full", "off": "none"}.get(c, c) for c in split(args.checkpointing)])
+                       split(args.checkpointing))
     default_out = "results/memory_check" + ("/states_dominated" if args.states_dominated else
                                             "/activation_dominated" if args.activation_dominated else "")
     out = (REPO / (args.out or default_out)).resolve()

@@ -140,7 +140,7 @@ def residual_bytes(reg: str) -> int:
     return 2 if reg == "16-bit" else 4
 
 
-def parts(model, par, reg: str, recompute, matmul_weights: int = 0,
+def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
           head_matmul_weights: int = 0, mesh=None, compiled=None) -> Dict[str, float]:
     """The pieces of one micro-batch's activation memory on one rank, in bytes (module docstring):
 
@@ -156,14 +156,12 @@ def parts(model, par, reg: str, recompute, matmul_weights: int = 0,
       block's (`matmul_weights`: every Linear/Conv1D weight, the output layer's included, tied or not; under
       tensor parallelism the rank's shards of them).
 
-    `recompute`: the policy (config/recompute.Recompute; a bool means full or none, as the setting once was).
+    `recompute`: the policy (config/recompute.Recompute).
     `mesh` (config/mesh.py): under tensor parallelism, one rank's part (module docstring).
     `compiled`: under torch.compile, what a compiled block of each kind keeps (runtime/compiled_activations.py:
     {"plain"|"checkpointed": {"per_token", "per_block"}}, read from AOTAutograd's partition of the block's graph),
     which replaces the eager count of what the blocks keep through forward.
     """
-    if not isinstance(recompute, Recompute):
-        recompute = Recompute("full" if recompute else "none", 1, model.num_layers)
     tokens = par.seq_len * par.micro_batch
     h, _, i, _, vocab = _widths(model)
     tp, seq, logits = splits(mesh)
@@ -192,11 +190,16 @@ def kept_by_block(a: Dict[str, float], j: int) -> float:
     ops' outputs (selective)."""
     r = a["recompute"]
     if a.get("compiled"):
-        kind = a["compiled"]["checkpointed" if r.checkpointed(j) else "plain"]
-        return a["tokens"] * kind["per_token"] + kind["per_block"]
+        return compiled_block(a, "checkpointed" if r.checkpointed(j) else "plain")
     if not r.checkpointed(j):
         return a["block"]
     return a["selective_block"] if r.selective else a["block_input"]
+
+
+def compiled_block(a: Dict[str, float], kind: str) -> float:
+    """What a compiled block of `kind` ("plain" or "checkpointed") keeps for one micro-batch."""
+    traced = a["compiled"][kind]
+    return a["tokens"] * traced["per_token"] + traced["per_block"]
 
 
 def kept_by_blocks(a: Dict[str, float]) -> float:
@@ -232,9 +235,8 @@ def in_block(a: Dict[str, float], k: int) -> float:
     freed, blocks 0..k-1 keep what the policy keeps and block k is whole (recomputed, when checkpointed, its
     input shared with its first norm's), and the residual gradient and the two MLP gradients are alive; under
     autocast block k's weight copies and those of the plain blocks below it, not yet freed by their backward."""
-    whole = a["block"]
-    if a.get("compiled"):  # the compiled backward's inputs: what the block's graph keeps, recomputed or not
-        whole = a["tokens"] * a["compiled"]["plain"]["per_token"] + a["compiled"]["plain"]["per_block"]
+    # compiled, the backward's inputs: what the block's graph keeps, recomputed or not
+    whole = compiled_block(a, "plain") if a.get("compiled") else a["block"]
     blocks = sum(kept_by_block(a, j) for j in range(k)) + whole
     copies = a["block_copies"] * (1 + plain_blocks(a, k))
     return blocks + a["per_sequence"] + a["block_input"] + a["mlp_grads"] + copies

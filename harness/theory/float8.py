@@ -10,7 +10,9 @@ What it costs in memory (torchao 0.18, `matmul_with_hp_or_float8_args`): the for
 weight to float8 (1 byte an element) for each matmul, with one fp32 scale a tensor (tensorwise) or a row
 (rowwise), and saves the high-precision input and weight for backward, where it casts again (the axis the
 backward's matmuls scale along differs). So the saved activations are those of bf16 training, and the float8
-copies are transient: one converted matmul's input and weight at a time, beside the bf16 ones (`copy_bytes`).
+copies are transient: one converted matmul's input and weight at a time, beside the bf16 ones (1 byte an
+element; not yet in the predicted peak, and neither is the float8 gathered weight in FSDP2's gathered term:
+the all-gather's bytes below are).
 
 What it changes on the wire (FSDP2, tensorwise only, `enable_fsdp_float8_all_gather`, torchtitan's default
 there): each converted weight is cast to float8 on its shard before the all-gather, so the all-gather carries
@@ -49,9 +51,12 @@ def converted(records: Iterable, family: str) -> Dict[str, int]:
             "largest": max((size(sh) for sh, _ in chosen), default=0)}
 
 
-def all_gathers_in_float8(recipe: str, family: str) -> bool:
-    """FSDP2's float8 all-gather: tensorwise only (rowwise's scales are per row of the gathered whole)."""
-    return recipe == "tensorwise" and family == "fsdp"
+def all_gathers_in_float8(recipe: str, backend) -> bool:
+    """Whether the backend's all-gathers carry float8 weights: a family that gathers in float8
+    (Family.float8_all_gather: FSDP2), tensorwise only (rowwise's scales are per row of the gathered whole)."""
+    from ..config import families
+
+    return recipe == "tensorwise" and families.of(backend).float8_all_gather
 
 
 def gathered_block_bytes(block_params: int, block_converted: int, p: int, in_float8: bool) -> float:
@@ -60,12 +65,6 @@ def gathered_block_bytes(block_params: int, block_converted: int, p: int, in_flo
     if not in_float8:
         return block_params * p
     return (block_params - block_converted) * p + block_converted * FLOAT8_BYTES
-
-
-def copy_bytes(largest_weight: int, tokens: int, in_features: int, in_float8: bool) -> float:
-    """The transient float8 copies alive at once: one matmul's input (tokens x in) and, unless the weight was
-    gathered in float8 already, its weight, plus their fp32 scales (negligible: one a tensor or a row)."""
-    return FLOAT8_BYTES * (tokens * in_features + (0 if in_float8 else largest_weight))
 
 
 def amax_all_reduce_bytes(weights: int) -> int:

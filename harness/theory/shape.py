@@ -159,5 +159,5 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   recomputed_blocks=recompute_of(cfg).fully_recomputed,
                   tensor_plan=families.of(cfg.backend).tensor_plan(cfg), tied_output=bool(cfg.model.tie_embeddings),
                   float8_weights=f8["weights"], float8_block_elements=f8["block_elements"],
-                  float8_all_gather=float8.all_gathers_in_float8(recipe, cfg.backend.family))
+                  float8_all_gather=float8.all_gathers_in_float8(recipe, cfg.backend))
     return Shape(**{**fields, **families.of(cfg.backend).shape_fields(cfg, mesh, counts)})

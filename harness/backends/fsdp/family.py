@@ -45,6 +45,7 @@ class FSDPFamily(DCPCheckpoints, Family):
                             "holds only what it gathers."}
 
     ranged_fields = ("shard_degree", "reshard_degree")
+    float8_all_gather = True  # torchtitan's default under FSDP2 with tensorwise scales (theory/float8.py)
 
     def rules(self, cfg) -> List[str]:
         b, out = cfg.backend, []

@@ -23,8 +23,6 @@ from ...runtime.strategies.base import NativeStrategy
 
 
 class FSDPStrategy(NativeStrategy):
-    float8_all_gather = True  # torchtitan's default under FSDP2 with tensorwise scales
-
     @override
     def init_context(self, use_meta):
         if not use_meta:

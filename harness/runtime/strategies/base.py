@@ -232,8 +232,7 @@ class NativeStrategy(Strategy):
     grad_accum here, fp16 uses a GradScaler, and clipping uses torch's clip_grad_norm_. Tensor parallelism is
     PyTorch's plan (runtime/tensor_parallel.py), applied before the family wraps the model."""
 
-    float8_all_gather = False  # whether the family gathers tensorwise float8 weights in float8 (FSDP2 does)
-    float8_gathered = False  # whether this run does, so the step precomputes their scales
+    float8_gathered = False  # whether this run all-gathers float8 weights, so the step precomputes their scales
 
     def apply_float8(self, model: nn.Module) -> None:
         """torchao's float8 training (train.float8; runtime/float8.py), after tensor parallelism and before
@@ -241,9 +240,10 @@ class NativeStrategy(Strategy):
         recipe = self.cfg.train.float8
         if recipe == "none":
             return
+        from ...theory.float8 import all_gathers_in_float8
         from .. import float8
 
-        self.float8_gathered = self.float8_all_gather and recipe == "tensorwise"
+        self.float8_gathered = all_gathers_in_float8(recipe, self.backend)
         self.settings["float8"] = float8.convert(model, recipe, self.float8_gathered)
 
     def apply_tensor_parallel(self, model: nn.Module) -> None:
