@@ -4,7 +4,8 @@ The code is in harness/studies/advise_agreement.py; this file is only the comman
 """
 import sys
 
+from harness.config.command_line import one_line
 from harness.studies.advise_agreement import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(one_line("advise-agreement", main))

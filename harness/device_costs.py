@@ -4,7 +4,8 @@ The code is in harness/studies/device_costs.py; this file is only the command.
 """
 import sys
 
+from harness.config.command_line import one_line
 from harness.studies.device_costs import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(one_line("device-costs", main))

@@ -3,7 +3,8 @@
 The code is in harness/studies/gpu_axes.py."""
 import sys
 
+from harness.config.command_line import one_line
 from harness.studies.gpu_axes import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(one_line("gpu-axes", main))

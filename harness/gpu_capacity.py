@@ -1,14 +1,13 @@
 """`python -m harness.gpu_capacity`: the largest model each strategy trains on one GPU (`make gpu-capacity`).
 
-The command line is checked first (studies/flags.py: one line, before torch is imported); the code is in
+The command line is checked first (config/command_line.py: one line, before torch is imported); the code is in
 harness/studies/gpu_capacity.py.
 """
 import sys
 
-from harness.studies.flags import gpu_capacity_parser, gpu_capacity_problem, refuse_bad_input
+from harness.config.command_line import one_line
 
 if __name__ == "__main__":
-    refuse_bad_input("gpu_capacity", gpu_capacity_parser(), check=gpu_capacity_problem)
     from harness.studies.gpu_capacity import main
 
-    sys.exit(main())
+    sys.exit(one_line("gpu-capacity", main))

@@ -4,7 +4,8 @@ The code is in harness/studies/memory_check.py; this file is only the command.
 """
 import sys
 
+from harness.config.command_line import one_line
 from harness.studies.memory_check import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(one_line("memory-check", main))

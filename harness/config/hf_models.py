@@ -97,25 +97,37 @@ def fill(model, overrides) -> None:
         model.name = schema.name_of_hf_config(str(locate(model.hf_config)))
 
 
+def file_problem(path: str) -> Optional[str]:
+    """What makes the file at model.hf_config unusable whatever the rest of the config says, as one line: read
+    from the command line alone, before anything is composed (config/overrides.py)."""
+    where = f"model.hf_config={path}"
+    if locate(path) is None:
+        return f"{where}: no config.json there; pass a local model dir or its config.json (nothing is downloaded)"
+    config = load(path)
+    if config is None:
+        return f"{where}: not a readable JSON config"
+    model_type = config.get("model_type")
+    moe = [k for k in MOE_KEYS if config.get(k)]
+    if moe:
+        return (f"{where}: a mixture-of-experts model ({moe[0]}={config[moe[0]]}); the memory, FLOPs and "
+                f"communication theory covers dense MLPs only")
+    if model_type not in MODEL_TYPES:
+        return (f"{where}: model_type {model_type!r} is not covered by the theory, which knows the Llama block "
+                f"(llama, mistral, qwen2) and GPT-2's (gpt2)")
+    return None
+
+
 def problems(cfg) -> List[str]:
     """What the theory cannot cover in model.hf_config, one line each."""
     m = cfg.model
     if not m.hf_config:
         return []
     where = f"model.hf_config={m.hf_config}"
-    if locate(m.hf_config) is None:
-        return [f"{where}: no config.json there; pass a local model dir or its config.json (nothing is downloaded)"]
+    unusable = file_problem(m.hf_config)
+    if unusable:
+        return [unusable]
     config = load(m.hf_config)
-    if config is None:
-        return [f"{where}: not a readable JSON config"]
     model_type = config.get("model_type")
-    moe = [k for k in MOE_KEYS if config.get(k)]
-    if moe:
-        return [f"{where}: a mixture-of-experts model ({moe[0]}={config[moe[0]]}); the memory, FLOPs and "
-                f"communication theory covers dense MLPs only"]
-    if model_type not in MODEL_TYPES:
-        return [f"{where}: model_type {model_type!r} is not covered by the theory, which knows the Llama block "
-                f"(llama, mistral, qwen2) and GPT-2's (gpt2)"]
     out = []
     head_dim = config.get("head_dim")
     if head_dim and head_dim * m.num_heads != m.hidden_size:

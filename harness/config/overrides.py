@@ -13,7 +13,7 @@ import difflib
 import typing
 from typing import Any, List, Optional
 
-from . import families, schema
+from . import families, hf_models, schema
 from ..core.paths import CONF
 from .compose import options
 
@@ -113,6 +113,8 @@ def problem(args: List[str]) -> Optional[str]:
             return missing
         for value in values or []:
             wrong = type_problem(key, kind, value) if kind is not None else None
+            if key == "model.hf_config" and value:  # a file no command can use: refused before composing
+                wrong = wrong or hf_models.file_problem(str(value))
             if wrong:
                 return wrong
     return None

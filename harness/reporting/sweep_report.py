@@ -5,10 +5,12 @@ report.md / report.html with plots, and (at the end of a sweep) a W&B summary ru
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ..config.command_line import parse
 from ..config.derive import wandb_mode
 from . import html_report
 from .collect import collect
@@ -64,11 +66,10 @@ def log_summary_run(config, where: Path, name: str, job_type: str, table_key: st
 
 
 def main(argv: List[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m harness.report <sweep_dir>", file=sys.stderr)
-        return 2
-    sweep_dir = Path(args[0])
+    parser = argparse.ArgumentParser(description="Rebuild a finished sweep's summary.csv, summary.md, report.md, "
+                                                 "report.html and plots from its run dirs.")
+    parser.add_argument("sweep_dir", help="the sweep's dir, e.g. results/sweeps/compare_all")
+    sweep_dir = Path(parse("report", parser, argv, takes_overrides=False)[0].sweep_dir)
     if not sweep_dir.is_dir():
         print(f"shardbench: no sweep dir {sweep_dir} (nothing there to report; sweeps are under results/sweeps/)",
               file=sys.stderr)

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import List
 
+from ..config.command_line import parse
 from ..core.paths import REPO
 from ..core.rundir import write_text
 from .advise import plan
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.advise_agreement", description=__doc__.split("\n\n")[0])
     ap.add_argument("--advice", default=str(REPO / "results" / "advise"))
     ap.add_argument("--out", default=str(REPO / "results" / "advise" / "agreement.md"))
-    args = ap.parse_args(argv)
+    args = parse("advise-agreement", ap, argv, takes_overrides=False)[0]
     rows = [compare(json.loads(path.read_text())) for path in sorted(Path(args.advice).glob("*/advice.json"))]
     n = len(rows)
     count = lambda key: sum(r[key] for r in rows)  # noqa: E731

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ..config.command_line import parse
 from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
 
@@ -125,7 +126,7 @@ def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default="results/sweeps/axes", help="the sweep's run dirs")
     parser.add_argument("--out", default="results/axes", help="writes axes.md and axes.json here")
-    args = parser.parse_args(argv)
+    args = parse("axes", parser, argv, takes_overrides=False)[0]
     found = run_dirs_under(REPO / args.runs)
     if not found:
         print(f"axes: no runs under {args.runs}; run the sweep first (make sweep EXP=axes, or make axes)",

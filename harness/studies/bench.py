@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from ..core.paths import REPO
 from ..core.rundir import RunDir, write_json, write_text
 from ..launcher.torchrun import rank_env, torchrun_cmd
-from .flags import refuse_bad_input
+from ..config.command_line import parse
 from .subprocess_run import train_command
 
 # A model big enough that a step is compute, as it is on a GPU (~0.1-0.2 s per step on 2 CPU cores); short runs,
@@ -170,8 +170,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="results/bench")
     parser.add_argument("--profile", help="instead: profile this backend's step in both loops and diff them")
     parser.add_argument("--profile-steps", type=int, default=3)
-    refuse_bad_input("bench", parser, argv)  # a flag, an override: one line, as train refuses them
-    args, overrides = parser.parse_known_args(argv)
+    args, overrides = parse("bench", parser, argv)  # a flag, an override: one line, as train refuses them
     out_dir = REPO / args.out
     if args.profile:
         print("\n".join(profile(args.profile, overrides, args.profile_steps, out_dir)))

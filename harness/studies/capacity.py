@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from ..config.command_line import parse
 from ..config.compose import compose, flat_backends
 from ..config.derive import world_size
 from ..core.paths import REPO
@@ -204,7 +205,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rungs", type=int, default=20, help="ladder rungs from 1e5 parameters in 1.5x steps")
     parser.add_argument("--micro-batch", action="store_true", help="search micro-batch 1..512 for the given model")
     parser.add_argument("--out", default="results/capacity")
-    args, common = parser.parse_known_args(argv)
+    args, common = parse("capacity", parser, argv)
     budget = int(args.budget_mib * 2**20)
     out = (REPO / args.out).resolve()
     if args.micro_batch:

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ..config.command_line import parse
 from ..config.compose import async_saving_backends, flat_backends
 from ..core.paths import REPO, extensions_dir
 from ..core.rundir import write_text
@@ -104,7 +105,7 @@ def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "results" / "checkpoint"))
     parser.add_argument("--model", default="small_llama")
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parse("checkpoint-costs", parser, argv)
     out = Path(args.out).resolve()
     rows = measure(out / "runs", args.model, extra)
     command = "python -m harness.checkpoint_costs " + " ".join(argv if argv is not None else sys.argv[1:])

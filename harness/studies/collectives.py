@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..config.command_line import parse
 from ..config.compose import compose
 from ..config.derive import wandb_mode
 from ..core.paths import REPO
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
                         help="take the ranks as nodes of this many and time the two levels too (0 = one node)")
     parser.add_argument("--iters", type=int, default=0,
                         help="timed iterations per size (0 = 50, fewer for buffers over 1 MiB, at least 3)")
-    args, overrides = parser.parse_known_args(argv)
+    args, overrides = parse("collectives", parser, argv)
     cfg = compose(overrides)
     out_dir = (REPO / args.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)

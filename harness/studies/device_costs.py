@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+from ..config.command_line import parse
 from ..config.compose import compose, flat_backends
 from ..core.paths import REPO
 from ..core.rundir import RunDir, write_json, write_text
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-calibrate", action="store_true", help="keep the file's host costs; measure the rest")
     ap.add_argument("--out", default=str(REPO / "results" / "device_costs"))
-    args = ap.parse_args(argv)
+    args = parse("device-costs", ap, argv, takes_overrides=False)[0]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.device}.json"

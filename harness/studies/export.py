@@ -18,6 +18,7 @@ from typing import Dict, List
 
 import torch
 
+from ..config.command_line import parse
 from ..config import families
 from ..config.compose import compose
 from ..core.checkpoint_dirs import is_complete, read_marker
@@ -56,7 +57,7 @@ def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path, help="a checkpoints/step_<k> directory")
     parser.add_argument("out", type=Path)
-    args = parser.parse_args(argv)
+    args = parse("export", parser, argv, takes_overrides=False)[0]
     try:
         print(f"wrote {export(args.checkpoint, args.out)}")
     except ConfigError as err:

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import List
 
+from ..config.command_line import parse
 from ..config.schema import FAULT_KINDS, SAVE_FAULT_KINDS
 
 # hang last: the re-run is interrupted while it waits. A save's faults need checkpoints: tests/test_checkpoint_drill.py
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout-s", type=int, default=10, help="dist.timeout_s for the hung rank")
     parser.add_argument("--out", default="results/faults")
     parser.add_argument("--root", default="results/fault_drill", help="paths.root of the drill's runs (emptied)")
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parse("fault-drill", parser, argv)
     root, out = Path(args.root).resolve(), Path(args.out)
     import shutil
 

@@ -1,19 +1,12 @@
-"""The flags of `harness.estimate`, `harness.advise` and `harness.gpu_capacity`, and the check every such command
-runs first.
-
-Light on purpose (argparse and the override checker only): a command checks its command line here, in about a
-second, before it imports torch, transformers or DeepSpeed. A misspelt flag, an unknown option of a config group
-(`model=llama3_8B`), a key the schema lacks or a value of the wrong type is one line naming the nearest valid
-name, as `harness.train` refuses them (config/overrides.py), and the command exits 2. What only the composed
-config can tell (an unsupported `model.hf_config`, a degree the model cannot split) the command's `main` turns
-into one line the same way (`one_line`).
+"""The flags of `harness.estimate`, `harness.advise` and `harness.gpu_capacity`, parsed before torch is imported
+(the check itself, which every command runs first, is config/command_line.py).
 """
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import Callable, List, Optional
+from typing import Optional
 
+from ..config.command_line import one_line, parse, problem, refuse_bad_input  # noqa: F401 - the commands' check
 from ..config.rules import TP_DEGREES  # torch-free, as is the theory's margin
 from ..theory.predict import FIT_MARGIN
 
@@ -96,52 +89,3 @@ def gpu_capacity_problem(args) -> Optional[str]:
     if args.predict_only and not (args.card_gib or args.cpu):
         return "--predict-only needs --card-gib (or --cpu --budget-mib)"
     return None
-
-
-def problem(parser: argparse.ArgumentParser, argv: List[str],
-            check: Optional[Callable] = None) -> Optional[str]:
-    """The first mistake on the command line, as one line; None when the flags parse and the overrides check."""
-    from ..config import overrides
-
-    flags = [o for action in parser._actions for o in action.option_strings]
-    mistake = overrides.flag_problem(flags, argv)
-    if mistake:
-        return mistake
-    parser.exit_on_error = False  # a flag's value of the wrong type: argparse's message, as one of ours
-    try:
-        args, rest = parser.parse_known_args(argv)
-    except argparse.ArgumentError as err:
-        return str(err)
-    finally:
-        parser.exit_on_error = True
-    return (check(args) if check else None) or overrides.problem(rest)
-
-
-def refuse_bad_input(tool: str, parser: argparse.ArgumentParser, argv: Optional[List[str]] = None,
-                     check: Optional[Callable] = None) -> None:
-    """Exit 2 with one line where the command line has a mistake (`--help` prints the parser's help); `check`
-    reads the parsed flags for what they cannot mean together."""
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        parser.print_help()
-        sys.exit(0)
-    mistake = problem(parser, argv, check)
-    if mistake:
-        print(f"{tool}: invalid input: {mistake}", file=sys.stderr)
-        sys.exit(2)
-
-
-def one_line(tool: str, run: Callable[[], int]) -> int:
-    """`run()`, with what the composed config refuses (Hydra, OmegaConf, a rule, an unsupported model) turned
-    into one line and exit 2 instead of a traceback."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from ..core.errors import ConfigError
-
-    try:
-        return run()
-    except (HydraException, OmegaConfBaseException, ConfigError) as err:
-        print(f"{tool}: invalid input: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
-              file=sys.stderr)
-        return 2

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import List
 
+from ..config.command_line import parse
 from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
 from . import axes
@@ -67,7 +68,7 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=480, help="start no run after this long")
     parser.add_argument("--steps", type=int, default=20, help="steps a run, 5 of them warm-up (compiling)")
     parser.add_argument("--cells", default=",".join(CELLS), help="which cells, in this order")
-    args, overrides = parser.parse_known_args(argv)
+    args, overrides = parse("gpu-axes", parser, argv)
     names = [c for c in args.cells.split(",") if c]
     unknown = [c for c in names if c not in CELLS]
     if unknown:

@@ -43,7 +43,8 @@ from ..runtime.compiled_activations import counts_for
 from ..theory.predict import FIT_MARGIN, predict
 from . import capacity
 from .capacity_report import write_report
-from .flags import CAPACITY_BACKENDS, gpu_capacity_parser
+from ..config.command_line import parse
+from .flags import CAPACITY_BACKENDS, gpu_capacity_parser, gpu_capacity_problem
 from .gpu_check import prepare_jit_ops, slug
 
 GIB = 2**30
@@ -174,7 +175,7 @@ def merge(path: Path, result: dict) -> dict:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args, extra = gpu_capacity_parser().parse_known_args(argv)  # checked by the command (flags.py) first
+    args, extra = parse("gpu-capacity", gpu_capacity_parser(), argv, gpu_capacity_problem)
     started = time.monotonic()
     backends = [b for b in args.backends.split(",") if b]
     host = int(args.host_gib * GIB) if args.host_gib else host_total_bytes()

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from ..config.command_line import parse
 from ..config import families
 
 from ..core.paths import REPO, extensions_dir
@@ -235,7 +236,7 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--device-costs", action="store_true",
                         help="first measure this GPU's costs for the time model (`python -m harness.device_costs "
                              "--device cuda`, about a minute), so that every run's step is predicted from them")
-    args, overrides = parser.parse_known_args(argv)
+    args, overrides = parse("gpu-check", parser, argv)
     only = [b for b in args.backends.split(",") if b]
     root = Path(args.runs).resolve()
     started = time.time()

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import List
 
+from ..config.command_line import parse
 from ..config import families
 from ..config.compose import backend_preset, compose, flat_backends, hybrid_backends
 from ..core.paths import REPO
@@ -165,7 +166,7 @@ def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "results" / "hybrid"))
     parser.add_argument("--skip-runs", action="store_true", help="only the predicted tables (seconds)")
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parse("hybrid", parser, argv)
     out = Path(args.out)
     previous = json.loads((out / "hybrid.json").read_text()) if (out / "hybrid.json").exists() else {}
     measured = previous.get("measured", []) if args.skip_runs else measure(out / "runs", extra)

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import List
 
+from ..config.command_line import parse
 from ..config import families, recompute, rules
 from ..config.recompute import recompute_of
 from ..config.compose import flat_backends as all_backends
@@ -249,7 +250,7 @@ def main(argv: List[str] | None = None) -> int:
                         help="the matrix on ACTIVATION_DOMINATED (4 blocks, 4 x 512 tokens a rank): the policies apart")
     parser.add_argument("--out", default=None,
                         help="default results/memory_check[/states_dominated or /activation_dominated]")
-    args, overrides = parser.parse_known_args(argv)
+    args, overrides = parse("memory-check", parser, argv)
     if not any(o.startswith("profile=") for o in overrides):
         overrides = ["profile=parity", *overrides]
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731

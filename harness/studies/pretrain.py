@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import List
 
+from ..config.command_line import parse
 from ..config.compose import compose
 
 
@@ -58,7 +59,7 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="pretraining steps before saving (default 40)")
     parser.add_argument("--shard-mib", type=float, default=0,
                         help="largest safetensors shard (default: a quarter of the model)")
-    args, overrides = parser.parse_known_args(argv)
+    args, overrides = parse("pretrain", parser, argv)
     cfg = compose(overrides)
     record = write(cfg, args.out, args.steps, args.shard_mib)
     print(f"{args.out}: {cfg.model.name}, {record['params']:,} parameters, loss {record['losses'][0]:.3f} -> "

@@ -38,6 +38,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from ..config.command_line import parse
 from ..config.compose import compose
 from ..config.mesh import per_node_overrides
 from ..core.paths import REPO, extensions_dir
@@ -330,7 +331,7 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="trace every cell again")
     parser.add_argument("--report-only", action="store_true", help="write the table from the cells already traced")
     parser.add_argument("--out", default="results/scale_check")
-    args, overrides = parser.parse_known_args(argv)
+    args, overrides = parse("scale-check", parser, argv)
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
     ok, others = traceable()
     args.probe_backends = args.probe_backends if args.probe_backends is not None else ",".join(others)

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from ..config.command_line import parse
 from ..config.compose import compose, flat_backends
 from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
@@ -124,7 +125,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerance", type=float, default=30.0)
     ap.add_argument("--repeats", type=int, default=REPEATS)
     ap.add_argument("--out", default=str(REPO / "results" / "time_check"))
-    args, overrides = ap.parse_known_args(argv)
+    args, overrides = parse("time-check", ap, argv)
     costs = calibrated_costs(overrides, "time-check")
     if costs is None:
         return 2

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+from ..config.command_line import parse
 from ..config.compose import compose, flat_backends
 from ..config.derive import world_size
 from ..core.paths import REPO
@@ -94,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=REPEATS)
     ap.add_argument("--tolerance", type=float, default=30.0)
     ap.add_argument("--out", default=str(REPO / "results" / "time_model"))
-    args, overrides = ap.parse_known_args(argv)
+    args, overrides = parse("time-extrapolate", ap, argv)
     costs = calibrated_costs(overrides, "time-extrapolate")
     if costs is None:
         return 2

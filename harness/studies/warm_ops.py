@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 
+from ..config.command_line import parse
 from ..config import families
 from ..launcher import op_builds
 from ..core.paths import extensions_dir
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default=",".join(families.jit_op_owners()), help="comma-separated ops (default: all of them)")
     parser.add_argument("--timeout-s", type=float, default=900.0,
                         help="how long to wait for another process's build of an op (ops.build_timeout_s)")
-    args = parser.parse_args(argv)
+    args = parse("warm-ops", parser, argv, takes_overrides=False)[0]
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
     ops = [op for op in args.only.split(",") if op]
     known = families.jit_op_owners()
