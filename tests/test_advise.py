@@ -130,7 +130,7 @@ def test_recommends_a_sharded_backend_where_ddp_cannot_fit_and_it_trains_under_t
 
 
 def test_a_dry_run_plans_for_gpus_this_machine_does_not_have(tmp_path, capsys):
-    """The README's theory-only example on a machine without CUDA: the device-count rule is for runs, not for
+    """The docs' theory-only example (docs/strategies.md) on a machine without CUDA: the device-count rule is for runs, not for
     a plan (it used to refuse with "use parallelism.nproc_per_node<=0"); no probe runs."""
     from harness.studies.advise_answer import main
 
@@ -157,6 +157,23 @@ def test_the_dry_run_says_why_micro_batch_1_peaks_above_micro_batch_4_at_one_glo
     assert four.predicted_held_grads_bytes < one.predicted_held_grads_bytes / 10  # one unit's, until its reduce
     print_plan(p)
     assert "keeps every gradient unsharded from the first micro-batch to the last" in capsys.readouterr().out
+
+
+def test_the_dry_run_names_deepspeeds_default_bucket_when_it_alone_rules_deepspeed_out(capsys):
+    # a walkthrough saw every ds_* candidate "no" under a CPU budget with no reason: native DeepSpeed allocates
+    # its 5e8-element reduce bucket whole (1.86 GiB in fp32), whatever the model; parity sizes it to the model
+    from harness.studies import advise, advise_notes
+
+    budget = 64 * 2**20
+    native = advise.plan(["model=small_llama", "parallelism.tp=1"], budget, 16, ["ds_zero2", "ds_zero3", "fsdp"], 0.1)
+    assert not any(c.fits for c in native.candidates if c.backend.startswith("ds_"))
+    assert all(c.predicted_reduce_bucket_bytes == 5e8 * 4 for c in native.candidates if c.backend.startswith("ds_"))
+    (note,) = advise_notes.bucket_bound(native)
+    assert note.startswith("Why ds_zero2, ds_zero3 cannot fit: DeepSpeed's reduce bucket") and "1.863 GiB" in note
+    assert "this CPU's 64.0 MiB budget" in note and "profile=parity" in note
+    parity = advise.plan(["model=small_llama", "parallelism.tp=1", "profile=parity"], budget, 16,
+                         ["ds_zero2", "ds_zero3"], 0.1)
+    assert any(c.fits for c in parity.candidates) and advise_notes.bucket_bound(parity) == []
 
 
 def test_a_probe_is_reused_only_for_the_same_config_code_and_device(tmp_path):

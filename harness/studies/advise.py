@@ -70,6 +70,7 @@ class Candidate:
     # gradients held unsharded from the first micro-batch to the last (FSDP2 with grad_accum > 1 reduces on the
     # last one only: set_requires_gradient_sync(False)), inside the peak
     predicted_held_grads_bytes: float = 0.0
+    predicted_reduce_bucket_bytes: float = 0.0  # DeepSpeed's reduce bucket inside the peak (advise_notes.py)
     fits: bool = False
     role: str = ""  # why it was probed: "best" (of its backend), "next" (after an OOM), "boundary"
     status: str = ""  # the probe's: ok, oom, failed ...; "" = not probed
@@ -228,6 +229,10 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
                      predicted_states_bytes=theory["memory/model_states_device_predicted_bytes"],
                      predicted_held_grads_bytes=max((v for k, v in theory.items()
                                                      if k.endswith("_unsharded_grads_predicted_bytes")), default=0.0),
+                     # ZeRO-1/2's bucket is a transient of the backward; ZeRO-3's lives in its buffers
+                     predicted_reduce_bucket_bytes=max((v for k, v in theory.items()
+                                                        if k.endswith("_reduce_bucket_predicted_bytes")
+                                                        or k == "memory/buffers_predicted_bytes"), default=0.0),
                      family=cfg.backend.family)
 
 

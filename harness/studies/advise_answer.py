@@ -15,7 +15,7 @@ from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
 from ..reporting.plots import pyplot
 from ..reporting.sweep_report import log_summary_run
-from . import advise
+from . import advise, advise_notes
 from .advise import GIB, Candidate, Plan, contenders, gap_pct, measure, plan, size, to_dict
 from .flags import advise_parser
 
@@ -176,13 +176,8 @@ def print_plan(p: Plan) -> None:
           f"budget {size(p.budget_bytes)} per rank ({p.margin:.0%} margin); {len(p.fitting)} of "
           f"{len(p.candidates)} candidates predicted to fit; step times: {p.rates.get('time_model', 'roofline')}")
     print("\n".join(theory_table(p)), flush=True)
-    held = max(p.candidates, key=lambda c: c.predicted_held_grads_bytes, default=None)
-    if held is not None and held.predicted_held_grads_bytes > 0.1 * held.predicted_peak_bytes:
-        print(f"Why a smaller micro-batch can peak higher at the same global batch: with grad_accum > 1, {held.backend} "
-              f"keeps every gradient unsharded from the first micro-batch to the last and reduces on the last only "
-              f"(FSDP2's set_requires_gradient_sync(False), fewer collectives for more memory): "
-              f"{size(held.predicted_held_grads_bytes)} of the {size(held.predicted_peak_bytes)} peak of {held.label}.",
-              flush=True)
+    for note in advise_notes.notes(p):
+        print(note, flush=True)
 
 
 def write(p: Plan, result: dict, out: Path, command: str) -> None:
