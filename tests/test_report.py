@@ -282,3 +282,34 @@ def test_the_loss_plot_shows_each_run_as_its_difference_from_the_baseline(tmp_pa
     assert diffs == {"ds_zero3": [0.0, 0.5, 0.25], "fsdp": [0.0, 0.0, 0.0]}
     for fig in figures.values():
         plots.pyplot().close(fig)
+
+
+def test_the_verdict_names_the_fastest_the_leanest_and_the_ties_inside_the_noise(tmp_path):
+    """The demo's table ranked ds_zero1 ahead of ddp on a loaded machine and nothing said the gap was noise: the
+    verdict bootstraps each run's median step from its timed steps and calls overlapping intervals a tie."""
+    import json as json_
+
+    from harness.reporting import verdict
+
+    steps = {"ddp": [0.010, 0.011, 0.010, 0.012, 0.011, 0.010, 0.011, 0.010],  # ~10.5 ms
+             "ds_zero1": [0.011, 0.010, 0.012, 0.011, 0.010, 0.011, 0.012, 0.011],  # overlaps ddp
+             "ds_zero3": [0.030, 0.031, 0.029, 0.030, 0.032, 0.030, 0.031, 0.030]}  # clearly slower
+    rows = []
+    for backend, times in steps.items():
+        (tmp_path / backend).mkdir()
+        lines = [{"step": 0, "warmup": True, "throughput/step_time_s": 1.0}]  # warm-up: never counted
+        lines += [{"step": i + 1, "warmup": False, "throughput/step_time_s": t} for i, t in enumerate(times)]
+        (tmp_path / backend / "metrics.jsonl").write_text("\n".join(json_.dumps(m) for m in lines))
+        rows.append({"backend": backend, "status": "ok", "run_dir": backend, "device": "cpu: AMD EPYC (2 cores)",
+                     "config": {}, "figures": {"throughput/tokens_per_s": 1000 / sorted(times)[4],
+                                               "memory/peak_mem_bytes": {"ddp": 4, "ds_zero1": 3, "ds_zero3": 2}[backend]
+                                               * 2**20}})
+    lines = verdict.sentences(rows, list(steps), lambda r: (), tmp_path)
+    assert lines[0].startswith("Fastest: ddp, ") and "over its 8 timed steps" in lines[0], lines
+    assert lines[1].startswith("Least memory: ds_zero3, 2.00 MiB") and "the most: ddp, 4.00 MiB" in lines[1]
+    assert lines[2] == ("Inside the noise (their median steps' intervals overlap, so their order is not measured): "
+                        "ddp and ds_zero1."), lines
+    assert "within one launch" in lines[3] and "does not carry over to GPUs" in lines[4]
+    low, high = verdict.median_interval(steps["ddp"])
+    assert 0.010 <= low <= 0.0105 <= high <= 0.011
+    assert verdict.median_interval(steps["ddp"][:4]) is None  # too few steps: no interval, and it says so

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 
 from ..core.rundir import write_text
 from .collect import collect, varying_keys
-from . import memory_story, settings_table
+from . import memory_story, settings_table, verdict
 from .plots import all_plots, caption
 from .time_story import sentences
 
@@ -66,7 +66,11 @@ GROUPS = [
     ("loss", [("final", lambda f: f.get("loss/final_loss"), "{:.5f}", None),
               ("held-out", lambda f: f.get("loss/final_eval_loss"), "{:.5f}", None)]),
 ]
-OPTIONAL_GROUPS = ("checkpoint",)  # a sweep whose runs have none of these figures is shown without the group
+OPTIONAL_GROUPS = ("checkpoint",)
+# the report's headline table: these first, every column below it, folded
+HEADLINE = ("throughput: tokens/s", "step time: p50 ms", "step time: exposed comm %",
+            "peak of live tensors per rank: measured MiB", "peak of live tensors per rank: predicted MiB",
+            "model states per rank: measured MiB", "loss: final")  # a sweep whose runs have none of these figures is shown without the group
 
 
 def _table(groups) -> list:
@@ -160,6 +164,13 @@ class Table:
         self.errors = [(lab, e) for r, lab in zip(rows, self.labels) for e in r.get("errors") or []]
         self.time_story = sentences(rows, self.labels, lambda r: _group(r, varying))
         self.memory_story = memory_story.sentences(rows, self.labels)
+        self.verdict: List[str] = []  # build() reads each run's steps for it
+        self.headline = [i for i, h in enumerate(self.headers) if i < 2 or h in HEADLINE]
+
+    def markdown_rows(self, columns: List[int]) -> List[str]:
+        marked = [[{"best": f"**{c}**", "miss": f"{c} †"}.get(mark, c) for c, mark in cells] for cells in self.body]
+        return ["| " + " | ".join(self.headers[i] for i in columns) + " |", "|" + "---|" * len(columns)] + \
+            ["| " + " | ".join(cells[i] for i in columns) + " |" for cells in marked]
 
 
 def context_line(rows: List[dict], varying: List[str]) -> str:
@@ -172,11 +183,13 @@ def context_line(rows: List[dict], varying: List[str]) -> str:
 
 
 def markdown(name: str, context: str, table: Table, plots: Dict[str, Path]) -> str:
-    md = [f"# Sweep report: {name}", "", context, "",
-          "Best in each column in **bold**, among runs that differ only in backend.", "",
-          "| " + " | ".join(table.headers) + " |", "|" + "---|" * len(table.headers)]
-    md += ["| " + " | ".join({"best": f"**{c}**", "miss": f"{c} †"}.get(mark, c) for c, mark in cells) + " |"
-           for cells in table.body]
+    md = [f"# Sweep report: {name}", "", context, ""]
+    md += ["## Verdict", ""] + [f"- {line}" for line in table.verdict] + [""] if table.verdict else []
+    md += ["Best in each column in **bold**, among runs that differ only in backend.", ""]
+    md += table.markdown_rows(table.headline)
+    md += ["", f"<details><summary>Every column ({len(table.headers) - 2}), grouped: "
+           f"{', '.join(group for group, _ in table.groups)}</summary>", ""] + table.markdown_rows(list(range(len(table.headers))))
+    md += ["", "</details>"]
     md += ["", MISS_LEGEND] if table.missed else []
     if table.time_story:
         md += ["", "## Where the step time goes", ""] + [f"- {line}" for line in table.time_story]
@@ -217,9 +230,16 @@ def page(name: str, context: str, table: Table, plots: Dict[str, Path]) -> str:
     head += "</tr><tr>" + "".join(f'<th scope="col">{esc(header)}</th>' for _, columns in table.groups
                                   for header, *_ in columns)
     miss_title = f' title="off by more than {MISS_PCT}% from the measurement"'
-    rows = "".join("<tr>" + "".join(f'<td class="{mark}"{miss_title if mark == "miss" else ""}>'
-                                    f'{esc(c)}{" †" if mark == "miss" else ""}</td>' for c, mark in cells)
-                   + "</tr>" for cells in table.body)
+    def body(columns):
+        return "".join("<tr>" + "".join(f'<td class="{cells[i][1]}"{miss_title if cells[i][1] == "miss" else ""}>'
+                                        f'{esc(cells[i][0])}{" †" if cells[i][1] == "miss" else ""}</td>'
+                                        for i in columns) + "</tr>" for cells in table.body)
+
+    rows = body(range(len(table.headers)))
+    headline = "<tr>" + "".join(f"<th>{esc(table.headers[i])}</th>" for i in table.headline) + "</tr>"
+    headline = f'<table id="headline"><thead>{headline}</thead><tbody>{body(table.headline)}</tbody></table>'
+    verdict_list = "".join(f"<li>{esc(line)}</li>" for line in table.verdict)
+    verdict_list = f'<h2>Verdict</h2><ul id="verdict">{verdict_list}</ul>' if verdict_list else ""
     methods = "".join(f"<li>{_inline(line.lstrip('- ').strip())}</li>"
                       for line in METHODS.replace("\n  ", " ").splitlines() if line.strip())
     failed = "".join(f"<li>{esc(lab)}: <b>{esc(str(r.get('status')))}</b>: {esc(str(r.get('reason', '')))}</li>"
@@ -237,21 +257,24 @@ def page(name: str, context: str, table: Table, plots: Dict[str, Path]) -> str:
                 f"<tbody>{settings}</tbody></table>") if settings else ""
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>shardbench: {esc(name)}</title>'
             f"<style>{STYLE}</style></head><body><h1>Sweep report: {esc(name)}</h1><p>{esc(context)}</p>"
-            "<p>Best in each column highlighted, among runs that differ only in backend.</p>"
-            f'<table id="summary"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+            f"{verdict_list}<p>Best in each column highlighted, among runs that differ only in backend.</p>"
+            f"{headline}<details><summary>Every column, grouped</summary>"
+            f'<table id="summary"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></details>'
             f'{f"<p>{esc(MISS_LEGEND)}</p>" if table.missed else ""}{failed}{settings}'
             f'<div id="plots">{"".join(_figure(p) for p in plots.values())}</div>'
             f"<h2>How each figure was measured</h2><ul>{methods}</ul><script>{MARK_RENDERED}</script></body></html>")
 
 
-def build(sweep_dir: Path, rows: Optional[List[dict]] = None) -> Path:
-    """Write report.md, report.html and plots/; `rows` are collect(sweep_dir), read again when not given."""
+def build(sweep_dir: Path, rows: Optional[List[dict]] = None) -> Table:
+    """Write report.md, report.html and plots/; `rows` are collect(sweep_dir), read again when not given. Returns
+    the table, its verdict among it."""
     sweep_dir = Path(sweep_dir)
     rows = collect(sweep_dir) if rows is None else rows
     varying = varying_keys(rows)
     table = Table(rows, varying)
+    table.verdict = verdict.sentences(rows, table.labels, lambda r: _group(r, varying), sweep_dir)
     plots = all_plots(rows, table.labels, sweep_dir, sweep_dir / "plots")
     context = context_line(rows, varying)
     write_text(sweep_dir / "report.md", markdown(sweep_dir.name, context, table, plots))
     write_text(sweep_dir / "report.html", page(sweep_dir.name, context, table, plots))
-    return sweep_dir / "report.html"
+    return table

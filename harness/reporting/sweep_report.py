@@ -22,7 +22,8 @@ def build(sweep_dir: Path) -> List[dict]:
     rows = collect(sweep_dir)
     write_tables(Path(sweep_dir), rows)
     print_table(rows)
-    html_report.build(Path(sweep_dir), rows)
+    table = html_report.build(Path(sweep_dir), rows)
+    print("\n".join(table.verdict))
     print(f"wrote {sweep_dir}/summary.csv, summary.md, report.md, report.html and plots/")
     return rows
 
