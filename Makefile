@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo demo-snapshot compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-check gpu-capacity gpu-axes axes capacity collectives finetune faults browser test test-drills test-all clean lock
+.PHONY: help install warm demo demo-snapshot compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-check gpu-capacity gpu-axes axes capacity collectives finetune faults browser docs test test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -118,6 +118,9 @@ faults: install warm ## fault drill: OOM, exception, NaN, kill, hang, then re-ru
 browser: ## install headless Chromium (Debian's `chromium`), which the report test opens report.html in
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+docs: install ## the docs/ pages as a site in site/ (mkdocs build --strict: a broken link between pages fails it)
+	$(PY) -m mkdocs build --strict --quiet
 
 test: install warm browser ## the test suite (~6½ min): unit tests and real runs of every backend (gloo, CPU)
 	$(PY) -m pytest -m "not drill" $(ARGS)

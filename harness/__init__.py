@@ -2,6 +2,6 @@
 
 Every module directly in this folder is a command (`python -m harness.<name>`); the code lives in layered
 subpackages, each importing only from the layers below it: core -> config -> theory -> reporting ->
-runtime | launcher -> studies (tests/test_layers.py holds the rule). The README's "How the code is laid
-out" is the map.
+runtime | launcher -> studies (tests/test_layers.py holds the rule). docs/layout.md ("How the code is laid
+out") is the map.
 """

@@ -85,7 +85,7 @@ def test_on_a_machine_without_cuda_it_refuses_in_one_line():
 
 
 def test_report_only_writes_the_results_from_runs_already_there(tmp_path):
-    # how runs from several 10-minute commands become one check (README, "On a GPU machine")
+    # how runs from several 10-minute commands become one check (docs/gpu.md)
     runs = tmp_path / "runs"
     write_runs(runs, good(runs))
     (runs / "oom").mkdir()

@@ -182,21 +182,6 @@ def test_every_path_a_docstring_names_exists():
     assert not missing, missing
 
 
-def test_the_readme_lists_every_make_target_and_every_config_option():
-    """The README's table of make targets is make help's list, and its config-group table names every file of
-    conf/<group>/ (a newcomer finds small_llama in it, which the README's own examples use)."""
-    from harness.config.compose import options
-
-    readme = (REPO / "README.md").read_text()
-    targets = set(re.findall(r"^([a-z-]+):.*## ", (REPO / "Makefile").read_text(), re.M))
-    assert set(re.findall(r"^\| `make ([a-z-]+)", readme, re.M)) == targets
-    for group in ("backend", "model", "workload", "parallelism", "data", "logger", "experiment"):
-        row = re.search(rf"^\| `{group}` \|(.*)$", readme, re.M)
-        assert row, f"the README's config-group table has no row for {group}"
-        missing = set(options(group)) - set(re.findall(r"`([a-z0-9_]+)`", row.group(1)))
-        assert not missing, f"README's {group} row lacks {sorted(missing)}"
-
-
 def test_a_failed_row_keeps_the_models_size_when_no_rank_reported_it(tmp_path):
     # the fault drill's SIGKILL row lost its size about once in 20 runs: the killed rank leaves no outcome, and
     # torchrun stopped its peer before the peer wrote one; rank 0's settings.json, written once the model was

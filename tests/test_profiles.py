@@ -1,5 +1,5 @@
 """The two settings profiles (config/profiles.py): native is each framework's own defaults, parity the settings
-the exact-accounting tests use. Every run records what really ran; the README lists every difference.
+the exact-accounting tests use. Every run records what really ran; docs/strategies.md lists every difference.
 
 The fp32 sweep runs parity and the bf16 sweep native (conftest), so these read settings back from both."""
 from __future__ import annotations
@@ -17,11 +17,11 @@ TUNING_KEYS = {"overlap_comm", "reduce_bucket_size", "allgather_bucket_size", "s
                "stage3_prefetch_bucket_size", "contiguous_gradients"}
 
 
-def test_the_readme_table_lists_every_difference():
-    readme = (REPO / "README.md").read_text()
+def test_the_docs_table_lists_every_difference():
+    readme = (REPO / "docs" / "strategies.md").read_text()
     for d in profiles.differences():
         row = f"| {d.family} | {d.setting} | {d.native} | {d.parity} | {d.source} |"
-        assert row in readme, f"README lacks: {row}"
+        assert row in readme, f"docs/strategies.md lacks: {row}"
 
 
 @pytest.mark.parametrize("backend", ["ds_zero1", "ds_zero2", "ds_zero3", "ds_zero3_offload"])

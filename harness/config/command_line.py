@@ -6,12 +6,16 @@ override Hydra cannot read, an unknown option of a config group (`model=llama3_8
 a value of the wrong type is one line naming the nearest valid name, as `harness.train` refuses them
 (config/overrides.py), and the command exits 2 within about a second. What only the composed config can tell
 (an unsupported `model.hf_config`, a degree the model cannot split) `one_line` turns into one line the same way.
+With SHARDBENCH_CHECK_ONLY=1 a command stops after the check (tests/test_docs.py checks every documented line so).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, List, Optional, Tuple
+
+CHECK_ONLY = "SHARDBENCH_CHECK_ONLY"  # set: a command checks its line, says so and exits 0 without running
 
 
 def stray_problem(rest: List[str], takes_overrides: bool) -> Optional[str]:
@@ -78,6 +82,9 @@ def refuse_bad_input(tool: str, parser: argparse.ArgumentParser, argv: Optional[
     if mistake:
         print(f"{tool}: invalid input: {mistake}", file=sys.stderr)
         sys.exit(2)
+    if os.environ.get(CHECK_ONLY):
+        print(f"{tool}: the command line checks ({CHECK_ONLY} is set: nothing run)")
+        sys.exit(0)
 
 
 def parse(tool: str, parser: argparse.ArgumentParser, argv: Optional[List[str]] = None,

@@ -9,7 +9,7 @@
   overlap, and gradients accumulated in fp32 everywhere.
 
 `differences()` is every setting that differs, with the documentation behind the native value, gathered from
-each family's package (harness/backends/); the README's table is this list (tests/test_profiles.py holds
+each family's package (harness/backends/); the table in docs/strategies.md is this list (tests/test_profiles.py holds
 them equal). Both profiles run the same optimizer and the same mixed-precision recipe in each family.
 """
 from __future__ import annotations

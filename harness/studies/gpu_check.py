@@ -23,7 +23,7 @@ Where one command may last 10 minutes, run it once per `--sweep`: each keeps the
    (`train.profile=true`), time_by_op.md.
 
 It needs deepspeed, hydra-core, omegaconf, pydantic and friends beside the image's torch and transformers:
-without a network, the wheels `../shared/tools/device-wheels.sh` builds (README, "On a GPU machine"). One
+without a network, the wheels `../shared/tools/device-wheels.sh` builds (docs/gpu.md). One
 GPU means world size 1: nothing is sharded, so the table measures wrapper overhead, precision layout and
 offload, and says so.
 """

@@ -298,7 +298,7 @@ def render_traced(overrides: List[str], world: int | None = None) -> List[dict]:
     Console(width=max(Console().width, 160)).print(t)
     print("Traced: the real strategy code's allocations on fake tensors over a fake process group, on the CPU code "
           "path, set against the theory for that path (AdamW single-tensor). It counts tensors, not the CUDA caching "
-          "allocator's reserve or fragmentation, and it times nothing (README, \"Right at scale without the hardware\").")
+          "allocator's reserve or fragmentation, and it times nothing (docs/memory.md, \"Right at scale without the hardware\").")
     for name, why in others.items():
         print(f"  {name}: not traced: {why}")
     return rows
