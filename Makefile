@@ -9,7 +9,7 @@ ARGS ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo demo-snapshot compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-check gpu-capacity gpu-axes axes capacity collectives finetune faults browser docs test test-drills test-all clean lock
+.PHONY: help install warm demo demo-snapshot compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-check gpu-capacity gpu-axes axes published capacity collectives finetune faults browser docs test test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -83,6 +83,9 @@ time-check: install warm ## the time model against measured steps: every backend
 
 time-extrapolate: install warm ## the time model predicts runs it was not calibrated on (3 and 4 ranks, small_llama), before they run, then runs them -> results/time_model/
 	$(PY) -m harness.time_extrapolate $(ARGS)
+
+published: install ## published runs at 8 to 256 GPUs (torchtitan, llm-foundry) against the theory: peak, roofline tokens/s, counted MFU -> experiments/published/
+	$(PY) -m harness.published $(ARGS)
 
 capacity: install warm ## largest model per backend under a budget: make capacity ARGS="--budget-mib 256 logger=none" -> results/capacity/
 	$(PY) -m harness.capacity $(ARGS)

@@ -87,7 +87,7 @@ def row(cfg, name: str, params: float | None, world: int | None, flops_per_token
         "activations_ckpt_bytes": saved_activations(cfg, par, shape, True),
         **{f"comm_{k}_per_step": v for k, v in comm_per_step(cfg.backend, shape).items() if k != "paper_elements"},
         "peak_bytes": predict(cfg, n, counts)["memory/tensor_peak_predicted_bytes"],
-        "components": comps,
+        "components": comps, "flops_per_token": flops_per_token,
         **(step_prediction(cfg, n, shape, flops_per_token, rates) if rates else {}),
     }
 
