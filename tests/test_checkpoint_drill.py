@@ -46,3 +46,40 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_and_auto_resumes_
     assert [again[s] for s in (2, 3)] == pytest.approx([first[s] for s in (2, 3)], rel=1e-6, abs=0)
     # the run saved again on its way: the half-written step 4 was written over, and completed
     assert (step_dir(checkpoints, 4) / MARKER).is_file() and (step_dir(checkpoints, 6) / MARKER).is_file()
+
+
+def test_a_rerun_never_overwrites_checkpoints_refuses_keeps_them_on_fresh_and_goes_on_with_auto(tmp_path):
+    """A walkthrough re-ran a checkpointed run without train.resume=auto: it trained from step 0 and replaced the
+    earlier step_<k> checkpoints in place. Now the same command is refused in one line naming both ways on;
+    train.resume=fresh moves the checkpoints under attempts/ before training; train.resume=auto goes on."""
+    run_dir = tmp_path / "ddp"
+
+    def train(*overrides):
+        return subprocess.run(train_command("backend=ddp", *RUN, *overrides, run_dir=run_dir), cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+
+    def files(root):
+        return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    assert train().returncode == 0
+    checkpoints = run_dir / "checkpoints"
+    before = files(checkpoints)
+    assert (step_dir(checkpoints, 4) / MARKER).is_file() and before
+
+    again = train()
+    lines = [line for line in again.stderr.splitlines() if line.strip()]
+    assert again.returncode == 2 and len(lines) == 1, again.stderr[-1500:]
+    assert "would overwrite" in lines[0] and "train.resume=auto" in lines[0] and "train.resume=fresh" in lines[0]
+    assert files(checkpoints) == before  # not a byte changed
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "invalid"
+    assert json.loads((run_dir / "attempts" / "1" / "summary.json").read_text())["status"] == "ok"  # kept
+
+    fresh = train("train.resume=fresh")
+    assert fresh.returncode == 0, fresh.stderr[-1500:]
+    (moved,) = [p for p in (run_dir / "attempts").glob("*/checkpoints")]
+    assert files(moved) == before and (step_dir(checkpoints, 4) / MARKER).is_file()
+
+    auto = train("train.resume=auto", "train.steps=8")
+    assert auto.returncode == 0, auto.stderr[-1500:]
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["figures"]["checkpoint/resumed_from_step"] == 6

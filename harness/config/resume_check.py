@@ -15,7 +15,7 @@ from ..core.checkpoint_dirs import MARKER, is_complete, read_marker
 from ..core.errors import ConfigError
 from . import families
 
-RESUME_WORDS = ("never", "auto")
+RESUME_WORDS = ("never", "auto", "fresh")
 
 
 def problems(cfg) -> List[str]:

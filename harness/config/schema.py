@@ -192,7 +192,9 @@ class TrainConfig:
     # training goes on. DeepSpeed saves synchronously here: its asynchronous engines need CUDA
     checkpoint_async: bool = False
     # never | auto (the latest complete checkpoint in this run's dir, if any: a re-run after a crash or a
-    # preemption goes on from it) | the path of a checkpoint (checkpoints/step_<k> of any run)
+    # preemption goes on from it) | fresh (train from step 0 in a run dir that holds checkpoints: they move to
+    # attempts/<n>/ first) | the path of a checkpoint (checkpoints/step_<k> of any run). With never, a run dir that
+    # holds complete checkpoints is refused in one line rather than overwritten (launcher/run.py)
     resume: str = "never"
     # the signal that asks a run to save a checkpoint at the next step boundary and stop, so that a requeued
     # job resumes from it (core/preemption.py): auto (inside a SLURM job, the signal submitit asks SLURM to

@@ -37,9 +37,9 @@ def bytes_on_disk(path: Path) -> int:
 
 
 def to_resume(resume: str, checkpoints: Path) -> Optional[Path]:
-    """Which checkpoint `train.resume` names: never -> None; auto -> the latest complete one under the run's
-    checkpoints, or None; a path -> that checkpoint."""
-    if resume == "never":
+    """Which checkpoint `train.resume` names: never, fresh -> None; auto -> the latest complete one under the
+    run's checkpoints, or None; a path -> that checkpoint."""
+    if resume in ("never", "fresh"):
         return None
     if resume == "auto":
         return latest(checkpoints)

@@ -204,14 +204,16 @@ class RunDir:
     ATTEMPT_FILES = ("summary.json", "metrics.jsonl", "launcher.log", "ranks", "config.yaml", "env.json",
                      "settings.json", "wandb", "ops.log")
 
-    def archive_attempt(self) -> Path | None:
+    def archive_attempt(self, with_checkpoints: bool = False) -> Path | None:
         """Move an earlier attempt's outputs into <run_dir>/attempts/<n>/ before the run starts again.
 
         A re-run must not mix with what the last attempt left: metrics.jsonl is appended to, and a stale
         ranks/rank<R>.json would be read as this attempt's outcome. Nothing is deleted: a failed attempt's
-        steps, tracebacks and summary stay readable there."""
-        present = [name for name in self.ATTEMPT_FILES if (self.root / name).exists()]
-        if not {"summary.json", "metrics.jsonl", "ranks"} & set(present):
+        steps, tracebacks and summary stay readable there. Checkpoints stay where a resume finds them, unless
+        `with_checkpoints` (train.resume=fresh) moves them too."""
+        names = (*self.ATTEMPT_FILES, "checkpoints") if with_checkpoints else self.ATTEMPT_FILES
+        present = [name for name in names if (self.root / name).exists()]
+        if not {"summary.json", "metrics.jsonl", "ranks", "checkpoints"} & set(present):
             return None
         number = 1 + max((int(p.name) for p in self.attempts.glob("*") if p.name.isdigit()), default=0)
         target = self.attempts / str(number)

@@ -15,6 +15,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import derive, rules
+from ..core.checkpoint_dirs import latest
 from ..core.errors import ConfigError
 from ..core.records import RunSummary, Status, one_line
 from ..core.rundir import SWEEP_JOBS_FILE, RunDir, wandb_sync_hint, write_json, write_text
@@ -68,6 +69,28 @@ def refusal(cfg, run_dir: RunDir, in_sweep: bool) -> RunSummary | None:
             sys.exit(2)
         return RunSummary.invalid(derive.identity(cfg), str(err))
     return None
+
+
+def would_overwrite(cfg, run_dir: RunDir) -> str | None:
+    """A run that would train from step 0 over an earlier attempt's complete checkpoints: why it must not."""
+    kept = latest(run_dir.checkpoints)
+    if cfg.train.resume != "never" or kept is None:
+        return None
+    return (f"train.resume=never: {run_dir.checkpoints} holds an earlier attempt's complete checkpoints (the latest "
+            f"{kept.name}), which training from step 0 would overwrite; add train.resume=auto to go on from it, or "
+            "train.resume=fresh to train from step 0 (the earlier checkpoints move to attempts/ first)")
+
+
+def refuse(cfg, run_dir: RunDir, reason: str, in_sweep: bool) -> dict:
+    """An invalid row written in the run dir (the earlier attempt's files are already under attempts/); a single
+    run also exits 2 with the one line."""
+    invalid = RunSummary.invalid(derive.identity(cfg), reason)
+    write_json(run_dir.summary, invalid.to_dict())
+    if not in_sweep:
+        print(f"shardbench: invalid config: {reason}", file=sys.stderr)
+        sys.exit(2)
+    print(one_line(invalid.to_dict(), run_dir.root), flush=True)
+    return invalid.to_dict()
 
 
 def busy(cfg, run_dir: RunDir, err: RunDirBusy, in_sweep: bool) -> dict:
@@ -135,7 +158,10 @@ def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list
             print(f"[skip] {cfg.backend.name}: ok result with the same config in {run_dir.root} (force=true reruns "
                   "it)", flush=True)
             return done
-    earlier = run_dir.archive_attempt()  # a failed or forced earlier attempt: kept, not mixed in
+    kept = would_overwrite(cfg, run_dir)
+    earlier = run_dir.archive_attempt(with_checkpoints=cfg.train.resume == "fresh")  # kept, not mixed in
+    if kept is not None:  # the earlier attempt's files are under attempts/ now; its checkpoints stay put
+        return refuse(cfg, run_dir, kept, in_sweep)
     if earlier is not None:
         print(f"[rerun] {cfg.backend.name}: the earlier attempt moved to {earlier}", flush=True)
     write_text(run_dir.config, OmegaConf.to_yaml(cfg, resolve=True))
@@ -185,6 +211,8 @@ def command(hydra_main) -> None:
         hydra_main()
     except KeyboardInterrupt:
         # the launcher has already stopped the ranks and marked the running run as interrupted
-        print("shardbench: interrupted; finished runs are kept, and re-running the same command resumes the "
-              "sweep (runs that finished ok are skipped)", file=sys.stderr)
+        print("shardbench: interrupted; finished runs are kept. Re-running the same command skips the runs that "
+              "finished ok and starts the others again from step 0, except a run that saved checkpoints: it is "
+              "refused, never overwritten, unless you add train.resume=auto (go on from its latest checkpoint) or "
+              "train.resume=fresh (start again; its checkpoints move to attempts/)", file=sys.stderr)
         sys.exit(130)
