@@ -83,3 +83,42 @@ def test_a_rerun_never_overwrites_checkpoints_refuses_keeps_them_on_fresh_and_go
     assert auto.returncode == 0, auto.stderr[-1500:]
     resumed = json.loads((run_dir / "summary.json").read_text())
     assert resumed["figures"]["checkpoint/resumed_from_step"] == 6
+
+
+def test_a_truncated_or_altered_checkpoint_is_named_before_any_rank_loads_it_and_auto_falls_back(tmp_path):
+    """complete.json lists each file's size and digest. A checkpoint named by path whose file was truncated or
+    altered is refused in one line naming the file; train.resume=auto passes over a damaged newest checkpoint to
+    the previous intact one, and says so."""
+    from harness.core.checkpoint_dirs import damage, read_marker
+
+    run_dir = tmp_path / "ddp"
+
+    def train(*overrides):
+        return subprocess.run(train_command("backend=ddp", *RUN, *overrides, run_dir=run_dir), cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+
+    assert train().returncode == 0
+    checkpoints = run_dir / "checkpoints"
+    newest, previous = step_dir(checkpoints, 6), step_dir(checkpoints, 4)
+    assert damage(newest) is None and set(read_marker(newest)["files"]) == {
+        f.relative_to(newest).as_posix() for f in newest.rglob("*") if f.is_file() and f.name != MARKER}
+    victim = max((f for f in newest.rglob("*") if f.is_file() and f.name != MARKER), key=lambda f: f.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[:-100])  # truncated
+    altered = max((f for f in previous.rglob("*") if f.is_file() and f.name != MARKER), key=lambda f: f.stat().st_size)
+    data = bytearray(altered.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one bit pattern flipped, the size unchanged
+    altered.write_bytes(bytes(data))
+
+    named = train(f"train.resume={newest}", "train.steps=8")
+    lines = [line for line in named.stderr.splitlines() if line.strip()]
+    assert named.returncode == 2 and len(lines) == 1 and victim.name in lines[0] and "truncated" in lines[0], lines
+    named = train(f"train.resume={previous}", "train.steps=8")
+    assert named.returncode == 2 and "altered since it was written" in named.stderr, named.stderr[-800:]
+
+    auto = train("train.resume=auto", "train.steps=8")  # step 6 truncated, step 4 altered: step 2 is intact
+    assert auto.returncode == 0, auto.stderr[-1500:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["figures"]["checkpoint/resumed_from_step"] == 2
+    passed = [n for n in summary["notes"] if "train.resume=auto passed over" in n]
+    assert len(passed) == 2 and all("resuming from step_0000002" in n for n in passed), summary["notes"]
+    assert "step_0000006" in passed[0] and "truncated" in passed[0] and "altered" in passed[1]

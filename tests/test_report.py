@@ -313,3 +313,25 @@ def test_the_verdict_names_the_fastest_the_leanest_and_the_ties_inside_the_noise
     low, high = verdict.median_interval(steps["ddp"])
     assert 0.010 <= low <= 0.0105 <= high <= 0.011
     assert verdict.median_interval(steps["ddp"][:4]) is None  # too few steps: no interval, and it says so
+
+
+def test_user_supplied_strings_are_text_in_report_html_never_markup(tmp_path):
+    """A sweep name, a run's label, a failure's reason and a note are the user's strings (or an exception's):
+    report.html shows them as text. Checked in headless Chromium: the payloads never become elements, so their
+    handlers never run."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert browser, "chromium is not installed: run `make browser`"
+    payload = "<img src=x onerror=\"document.title='pwned'\">"
+    rows = [{"backend": f"ddp{payload}", "status": "ok", "config": {}, "model": "m", "precision": "fp32",
+             "figures": {"throughput/tokens_per_s": 1.0, "loss/final_loss": 3.0}},
+            {"backend": "fsdp", "status": "failed", "reason": f"rank 0 failed: {payload}<script>document.title="
+             "'pwned'</script>", "config": {}, "figures": {}, "errors": [payload]}]
+    table = report.Table(rows, ["backend.name"])
+    table.verdict = [f"Fastest: {payload}"]
+    page = tmp_path / "report.html"
+    page.write_text(report.page(f"sweep{payload}", f"context {payload}", table, {}))
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=3000"]
+    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert "<title>shardbench: sweep&lt;img" in dom and "<title>pwned</title>" not in dom, dom[:600]
+    assert "<img src=\"x\"" not in dom and "<img src=x" not in dom and "<script>document" not in dom
+    assert dom.count("&lt;img src=x onerror=") >= 5  # each one shown, as text

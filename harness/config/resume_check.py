@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import List
 
 from ..core import preemption
-from ..core.checkpoint_dirs import MARKER, is_complete, read_marker
+from ..core.checkpoint_dirs import MARKER, damage, is_complete, read_marker
 from ..core.errors import ConfigError
 from . import families
 
@@ -42,6 +42,9 @@ def resume_problems(cfg, path: Path) -> List[str]:
     if not is_complete(path):
         return [f"{key}: no complete checkpoint at {path} (no {MARKER}: never saved there, or its save never "
                 "finished); name a checkpoints/step_<k> dir that has one, or use train.resume=auto"]
+    damaged = damage(path)
+    if damaged:
+        return [f"{key}: {damaged}; resume from an intact checkpoint (train.resume=auto takes the latest one)"]
     marker, family = read_marker(path), families.of(cfg.backend)
     saved = families.get(marker["family"])
     if saved.checkpoint_format != family.checkpoint_format:

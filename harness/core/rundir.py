@@ -201,7 +201,7 @@ class RunDir:
         return read_json(self.summary)
 
     # what an attempt leaves; moved aside as a whole before the run starts again
-    ATTEMPT_FILES = ("summary.json", "metrics.jsonl", "launcher.log", "ranks", "config.yaml", "env.json",
+    ATTEMPT_FILES = ("summary.json", "metrics.jsonl", "launcher.log", "ranks", "config.yaml", "env.json", "resume.json",
                      "settings.json", "wandb", "ops.log")
 
     def archive_attempt(self, with_checkpoints: bool = False) -> Path | None:

@@ -15,7 +15,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import derive, rules
-from ..core.checkpoint_dirs import latest
+from ..core.checkpoint_dirs import RESOLVED, latest, latest_intact
 from ..core.errors import ConfigError
 from ..core.records import RunSummary, Status, one_line
 from ..core.rundir import SWEEP_JOBS_FILE, RunDir, wandb_sync_hint, write_json, write_text
@@ -79,6 +79,20 @@ def would_overwrite(cfg, run_dir: RunDir) -> str | None:
     return (f"train.resume=never: {run_dir.checkpoints} holds an earlier attempt's complete checkpoints (the latest "
             f"{kept.name}), which training from step 0 would overwrite; add train.resume=auto to go on from it, or "
             "train.resume=fresh to train from step 0 (the earlier checkpoints move to attempts/ first)")
+
+
+def resolve_auto(cfg, run_dir: RunDir) -> list[str]:
+    """For train.resume=auto: the newest complete checkpoint whose files are intact, written to
+    <run_dir>/resume.json for every rank (on every node) to load; a newer damaged one is passed over with a
+    note naming the file."""
+    if cfg.train.resume != "auto":
+        return []
+    chosen, skipped = latest_intact(run_dir.checkpoints)
+    write_json(run_dir.root / RESOLVED, {"path": str(chosen) if chosen else None,
+                                         "skipped": [{"path": str(p), "problem": why} for p, why in skipped]})
+    return [f"train.resume=auto passed over {p.name}: {why}; "
+            + (f"resuming from {chosen.name}" if chosen else "no intact checkpoint is left, so training starts at "
+               "step 0") for p, why in skipped]
 
 
 def refuse(cfg, run_dir: RunDir, reason: str, in_sweep: bool) -> dict:
@@ -166,6 +180,7 @@ def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list
         print(f"[rerun] {cfg.backend.name}: the earlier attempt moved to {earlier}", flush=True)
     write_text(run_dir.config, OmegaConf.to_yaml(cfg, resolve=True))
     write_json(run_dir.env, environment(cfg))
+    notes = notes + resolve_auto(cfg, run_dir)
     for note in notes:
         print(f"shardbench: note: {note}", file=sys.stderr, flush=True)
     preempt = Preemption(cfg)

@@ -32,7 +32,7 @@ from typing import Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from ..core.checkpoint_dirs import MARKER, bytes_on_disk, read_marker, step_dir
+from ..core.checkpoint_dirs import MARKER, bytes_on_disk, manifest, read_marker, step_dir
 from ..core.rundir import write_json
 from . import probes
 from .errors import Preempted
@@ -108,7 +108,8 @@ class Checkpointer:
         started = time.perf_counter()
         self.strategy.load_checkpoint(path, marker["world"])
         if marker["world"] == dist.get_world_size():
-            torch.set_rng_state(torch.load(path / f"rank{self.rank}.pt")["torch"])
+            # tensors and ints only: loaded without unpickling code (weights_only), whoever wrote the file
+            torch.set_rng_state(torch.load(path / f"rank{self.rank}.pt", weights_only=True)["torch"])
         dist.barrier()
         self.resumed = {"path": str(path), "step": marker["step"], "saved_world": marker["world"],
                         "load_s": time.perf_counter() - started, "load_host_peak_bytes": probes.host_peak_bytes(),
@@ -167,5 +168,9 @@ class Checkpointer:
             record["bytes_on_disk"] = bytes_on_disk(directory)
             record["bytes_by_rank"] = [sum(f.stat().st_size for f in self.rank_files(directory, r))
                                        for r in range(dist.get_world_size())]
-            write_json(Path(record["path"]) / MARKER, {**self.identity, "world": dist.get_world_size(), **record})
+            hashed = time.perf_counter()  # every file's size and digest, checked before a resume loads it
+            files = manifest(directory)
+            record["checksum_s"] = time.perf_counter() - hashed
+            write_json(Path(record["path"]) / MARKER, {**self.identity, "world": dist.get_world_size(), **record,
+                                                      "files": files})
         self.saves.append(record)
