@@ -33,7 +33,7 @@ NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_
                 "train.breakdown_steps": "0 = no time breakdown",
                 "train.checkpoint_every": "0 = never", "train.seed": "it seeds the weights and the data",
                 "optim.weight_decay": "0 = none", "optim.grad_clip": "0 = no clipping",
-                "fault.rank": "a rank", "fault.step": "a step",
+                "fault.rank": "a rank", "fault.step": "a step", "fault.slow_s": "0 = no extra work",
                 "parallelism.intra_node_gbps": "0 = the device's stated default",
                 "parallelism.inter_node_gbps": "0 = the device's stated default",
                 "train.eval_every": "0 = no eval loss", "optim.warmup_steps": "0 = no learning-rate warm-up",

@@ -20,7 +20,7 @@ from ..theory.peak import after_backward_buffers, explain_unaccounted
 from ..theory.shape import shape_of
 from ..theory.predict import predict
 from .checkpoint_figures import checkpoint, checkpoint_notes
-from .time_and_comm import communication, time_breakdown, time_model, time_notes
+from .time_and_comm import communication, stragglers, time_breakdown, time_model, time_notes
 
 
 def percentile(values: List[float], q: float) -> float:
@@ -178,6 +178,7 @@ def figures(cfg, ranks: List[RankReport], flop_counts: dict) -> dict:
     out.update(flops(ranks, flop_counts, out["throughput/tokens_per_s_per_device"]))
     out.update(memory(cfg, ranks))
     out.update(time_breakdown(ranks))
+    out.update(stragglers(ranks))
     out.update(communication(cfg, ranks))
     predicted = predict(cfg, None, ranks[0].params)
     out.update(predicted)

@@ -36,6 +36,29 @@ def time_breakdown(ranks: List[RankReport]) -> Dict[str, float]:
     return out
 
 
+STRAGGLER_MARGIN = 0.25  # a rank busier than the median of the others by more than this is named a straggler
+
+
+def stragglers(ranks: List[RankReport]) -> Dict[str, float]:
+    """The rank that keeps the others waiting. Each rank's busy time is its step less its exposed communication
+    (the time it sat in a collective); a rank busier than the median of the others by over STRAGGLER_MARGIN is
+    the straggler, and what the others spend waiting on it is their exposed communication beyond its own."""
+    parts = {r.rank: r.time_breakdown for r in ranks if r.time_breakdown}
+    if len(parts) < 2:
+        return {}
+    busy = {rank: p["step"] - p["comm_exposed"] for rank, p in parts.items()}
+    slow = max(busy, key=busy.get)
+    others = [rank for rank in busy if rank != slow]
+    usual = statistics.median(busy[r] for r in others)
+    if usual <= 0 or busy[slow] / usual - 1 <= STRAGGLER_MARGIN:
+        return {}
+    waiting = statistics.fmean(parts[r]["comm_exposed"] - parts[slow]["comm_exposed"] for r in others)
+    return {"time/straggler_rank": float(slow), "time/straggler_busy_s": busy[slow], "time/others_busy_s": usual,
+            "time/straggler_busy_excess_pct": 100 * (busy[slow] / usual - 1),
+            "time/waiting_on_straggler_s": max(waiting, 0.0),
+            "time/waiting_on_straggler_pct": 100 * max(waiting, 0.0) / statistics.fmean(parts[r]["step"] for r in others)}
+
+
 def communication(cfg, ranks: List[RankReport]) -> Dict[str, float]:
     """Bytes sent in the counted step (runtime/collective_count.py), on the rank that sent most: in all, inside
     a node and across nodes (its groups' ranks against the node size), beside the theory's
@@ -191,6 +214,13 @@ def time_notes(figures: dict) -> List[str]:
               if abs(figures.get(f"time/{part}_error_pct", 0)) > 30]
     out = [f"time: the model misses by over 30% on {'; '.join(misses)} (the misses this model is known for, and "
            "their causes where known: experiments/time_model/README.md)"] if misses else []
+    if "time/straggler_rank" in figures:
+        out.append(f"time: rank {figures['time/straggler_rank']:.0f} is a straggler: it works "
+                   f"{figures['time/straggler_busy_s'] * 1e3:.1f} ms a step, "
+                   f"{figures['time/straggler_busy_excess_pct']:.0f}% over the other ranks' median "
+                   f"{figures['time/others_busy_s'] * 1e3:.1f} ms, and they wait "
+                   f"{figures['time/waiting_on_straggler_s'] * 1e3:.1f} ms a step on it in their collectives "
+                   f"({figures['time/waiting_on_straggler_pct']:.0f}% of their step)")
     if figures.get("time/model_failed"):
         out.append("time: the time model failed on this step's counted work (its traceback is in the launcher's "
                    "log); the measured breakdown stands")

@@ -19,6 +19,14 @@ def _step(f: dict) -> float:
     return f.get("throughput/step_time_p50_s") or f["time/profiled_step_s"]
 
 
+def straggler(f: dict) -> str:
+    """A run's straggler (reporting/time_and_comm.stragglers), named after its label."""
+    if "time/straggler_rank" not in f:
+        return ""
+    return (f" (rank {f['time/straggler_rank']:.0f} straggles: the others wait "
+            f"{f['time/waiting_on_straggler_s'] * 1e3:.1f} ms a step on it)")
+
+
 def sentences(rows: List[dict], labels: List[str], group_of: Callable[[dict], tuple]) -> List[str]:
     """For every ok run with a breakdown: its gap to the fastest run of its group, and the largest part."""
     timed = [(r, lab) for r, lab in zip(rows, labels)
@@ -28,6 +36,7 @@ def sentences(rows: List[dict], labels: List[str], group_of: Callable[[dict], tu
         groups.setdefault(group_of(r), []).append((r, lab))
     out = []
     for members in groups.values():
+        members = [(r, lab + straggler(r["figures"])) for r, lab in members]
         fastest, fastest_label = min(members, key=lambda m: _step(m[0]["figures"]))
         base = fastest["figures"]
         for r, lab in sorted(members, key=lambda m: _step(m[0]["figures"])):

@@ -7,6 +7,8 @@
                 only swap, the request is refused against train.memory_budget_bytes or the host's RAM)
                 | kill_in_save (SIGKILL itself in the middle of the save of the checkpoint of
                 fault.step steps, after writing its files and before the save is marked complete)
+                | slow (a straggler: from fault.step on, fault.slow_s seconds of extra work on the host in
+                every step, which every collective then waits for: reporting/run_summary.py names it)
 
 The worker builds one injector per rank (`injector`) and hands it to the loop, which calls it once per step,
 on the step's first micro-batch loss. The faulting rank writes ranks/fault.json (what, when) first, so the
@@ -45,6 +47,15 @@ def _kill(cfg, rank, step, loss):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _slow(cfg, rank, step, loss):
+    """Work, not sleep: a slow rank computes longer (a throttled GPU, a busy host). Sleeping would read as
+    waiting in the thread clocks that split the step (runtime/time_profile.py)."""
+    end = time.perf_counter() + cfg.fault.slow_s
+    while time.perf_counter() < end:
+        pass
+    return loss
+
+
 def _oom(cfg, rank, step, loss):
     """Request twice what the device can give, through the same path a real OOM takes."""
     if loss.device.type == "cuda":
@@ -57,7 +68,8 @@ def _oom(cfg, rank, step, loss):
                                f"over the {limit:,} B the device can give")
 
 
-ACTIONS = {"raise": _raise, "nan": _nan, "hang": _hang, "kill": _kill, "oom": _oom}
+ACTIONS = {"raise": _raise, "nan": _nan, "hang": _hang, "kill": _kill, "oom": _oom, "slow": _slow}
+EVERY_STEP = {"slow"}  # kinds that act in every step from fault.step on, not once
 # kinds that act inside a checkpoint save (runtime/train_state.py), after the framework wrote this rank's files
 # and before the marker: SIGKILL there leaves a save that never completes
 SAVE_ACTIONS = {"kill_in_save": _kill}
@@ -77,7 +89,7 @@ def injector(cfg, rank: int, run_dir: RunDir | None) -> Injector:
 
     def inject(step: int, loss: torch.Tensor) -> torch.Tensor:
         if step != f.step:
-            return loss
+            return action(cfg, rank, step, loss) if f.kind in EVERY_STEP and step > f.step else loss
         if run_dir is not None:
             write_json(run_dir.fault, {"kind": f.kind, "rank": rank, "step": step, "time": time.time()})
         return action(cfg, rank, step, loss)
