@@ -124,3 +124,41 @@ def test_a_disk_that_fills_during_a_sweep_fails_that_run_and_damages_nothing_ear
         assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
         table = (sweep_dir / "summary.md").read_text()
         assert "| ddp |" in table and "disk full" in table
+
+
+@pytest.mark.slow
+@pytest.mark.drill
+def test_a_save_that_fills_the_disk_fails_naming_it_and_the_previous_checkpoint_resumes(tmp_path):
+    """A real 16 MiB filesystem, filled (all but 128 KiB) once the checkpoint of step 3 is complete: the save of
+    step 6 hits ENOSPC. The row says `disk full while saving step 6`, step 3's checkpoint is intact, and once
+    there is room train.resume=auto goes on from it."""
+    from harness.core.checkpoint_dirs import MARKER, damage, step_dir
+    from harness.studies.subprocess_run import train_command
+
+    with tmpfs(tmp_path / "disk", "16m") as disk:
+        run_dir = disk / "runs" / "save"
+        run = ("backend=ddp", "logger=none", "train.steps=12", "train.warmup_steps=1", "train.checkpoint_every=3",
+               "train.measure_flops=false", "train.profile_memory=false", "train.breakdown_steps=0",
+               "train.count_collectives=false", f"paths.root={disk}", "paths.min_free_mib=1")
+        # rank 0 works 0.25 s more a step, so that the disk fills between two saves
+        proc = subprocess.Popen(train_command(*run, "fault.kind=slow", "fault.slow_s=0.25", run_dir=run_dir),
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = step_dir(run_dir / "checkpoints", 3)
+        deadline = time.time() + 120
+        while time.time() < deadline and not (first / MARKER).exists():
+            time.sleep(0.05)
+        filler = disk / "filler"
+        fill(filler)
+        with open(filler, "r+b") as f:  # leave room for the metrics' lines, not for a checkpoint
+            f.truncate(filler.stat().st_size - 128 * 1024)
+        out, err = proc.communicate(timeout=300)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] == "failed" and "disk full while saving step 6" in summary["reason"], \
+            summary["reason"] + err[-2000:]
+        assert damage(first) is None and not (step_dir(run_dir / "checkpoints", 6) / MARKER).exists()
+        filler.unlink()
+        resumed = subprocess.run(train_command(*run, "train.resume=auto", run_dir=run_dir), cwd=REPO,
+                                 capture_output=True, text=True, timeout=300)
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        figures = json.loads((run_dir / "summary.json").read_text())["figures"]
+        assert figures["checkpoint/resumed_from_step"] == 3

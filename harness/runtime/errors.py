@@ -24,6 +24,11 @@ class MemoryBudgetExceeded(torch.OutOfMemoryError):
         self.figures = dict(figures or {})
 
 
+class DiskFullWhileSaving(OSError):
+    """A checkpoint's save failed with the results filesystem (nearly) full: the save is left without its
+    marker, so the previous complete checkpoint is the one train.resume=auto takes."""
+
+
 class InjectedFault(RuntimeError):
     """fault.kind=raise."""
 

@@ -22,6 +22,7 @@ and the bytes on disk.
 """
 from __future__ import annotations
 
+import errno
 import shutil
 import signal
 import time
@@ -35,7 +36,20 @@ import torch.distributed as dist
 from ..core.checkpoint_dirs import MARKER, bytes_on_disk, manifest, read_marker, step_dir
 from ..core.rundir import write_json
 from . import probes
-from .errors import Preempted
+from .errors import DiskFullWhileSaving, Preempted
+
+
+FULL_BELOW_BYTES = 1 << 20  # a save that fails with less free than this on its filesystem failed for the disk
+
+
+def raise_if_disk_full(err: BaseException, directory: Path, step: int) -> None:
+    """A save's failure, named for what it was when the disk is full: frameworks wrap the OSError (DCP's
+    CheckpointException holds one per rank), so the free space decides, not the exception's type."""
+    free = shutil.disk_usage(directory).free
+    if getattr(err, "errno", None) == errno.ENOSPC or free < FULL_BELOW_BYTES:
+        raise DiskFullWhileSaving(errno.ENOSPC, f"disk full while saving step {step} ({free // 1024} KiB free on "
+                                  f"the filesystem of {directory}); the previous complete checkpoint is intact and "
+                                  "train.resume=auto goes on from it") from err
 
 
 def _rng_state() -> dict:
@@ -136,8 +150,12 @@ class Checkpointer:
         probes.reset_host_peak()
         before = probes.host_rss_bytes()
         started = time.perf_counter()
-        pending = self.strategy.save_checkpoint(directory, self.asynchronous, self._group)
-        torch.save({**_rng_state(), "step": done}, directory / f"rank{self.rank}.pt")
+        try:
+            pending = self.strategy.save_checkpoint(directory, self.asynchronous, self._group)
+            torch.save({**_rng_state(), "step": done}, directory / f"rank{self.rank}.pt")
+        except Exception as err:  # noqa: BLE001 - a full disk is named; anything else goes on as it was
+            raise_if_disk_full(err, directory, done)
+            raise
         peak = probes.host_peak_bytes()
         record = {"step": done, "path": str(directory), "asynchronous": pending is not None,
                   "blocking_s": time.perf_counter() - started, "save_host_peak_bytes": peak,
