@@ -125,7 +125,7 @@ browser: ## install headless Chromium (Debian's `chromium`), which the report te
 docs: install ## the docs/ pages as a site in site/ (mkdocs build --strict: a broken link between pages fails it)
 	$(PY) -m mkdocs build --strict --quiet
 
-test: install warm browser ## the test suite (~6½ min): unit tests and real runs of every backend (gloo, CPU)
+test: install warm browser ## the test suite (~7½ min): unit tests and real runs of every backend (gloo, CPU)
 	$(PY) -m pytest -m "not drill" $(ARGS)
 
 test-drills: install warm ## the launcher drills (~12 min): faults, Ctrl-C, racing launches, killed launcher and op builds
