@@ -194,3 +194,44 @@ def test_tensor_parallelism_inside_each_of_two_nodes_trains_as_ddp_and_keeps_its
         assert measured == pytest.approx(predicted, rel=0.01), (link, measured, predicted)
     # tensor parallelism's collectives stay inside each node; FSDP2's over the data-parallel ranks cross them
     assert f["comm/measured_intra_node_bytes_per_step"] > 0 and f["comm/measured_inter_node_bytes_per_step"] > 0
+
+
+@pytest.mark.drill
+def test_a_lost_node_is_named_with_its_step_and_a_relaunch_resumes_with_the_same_losses(tmp_path):
+    """Node 1's launcher SIGKILLed mid-run (its torchrun and rank go with it): node 0 ends well within
+    dist.timeout_s, its row names the lost node and the steps done, and every step's metrics are kept; both nodes
+    launched again with train.resume=auto go on from the last complete checkpoint with the same losses."""
+    from harness.core.checkpoint_dirs import MARKER, latest, step_dir
+
+    run_dir = tmp_path / "lost"
+    args = ("parallelism.nproc_per_node=1", "logger=none", "train.warmup_steps=2", "train.measure_flops=false",
+            "train.checkpoint_every=5", "dist.timeout_s=30")
+    follower = start_node(1, run_dir, 29662, *args, "train.steps=400")
+    time.sleep(1)
+    owner = start_node(0, run_dir, 29662, *args, "train.steps=400")
+    try:
+        deadline = time.time() + 180
+        metrics = run_dir / "metrics.jsonl"
+        while time.time() < deadline and not ((step_dir(run_dir / "checkpoints", 10) / MARKER).exists()
+                                              and len(metrics.read_text().splitlines()) >= 13):
+            time.sleep(0.1)
+        lost_at = time.time()
+        follower.kill()  # the whole node: its launcher, whose torchrun and rank die with it
+        owner.communicate(timeout=120)
+        assert time.time() - lost_at < 30 + 15  # within dist.timeout_s and a margin
+    finally:
+        for launcher in (owner, follower):
+            launcher.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["reason"].startswith("node 1 lost after "), summary["reason"]
+    done = int(summary["reason"].split("lost after ")[1].split(" steps")[0])
+    first = losses(run_dir)
+    assert len(first) == done == summary["figures"]["train/steps_completed"]  # every step's metrics kept
+    resumed_from = int(latest(run_dir / "checkpoints").name.split("_")[1])
+    assert 10 <= resumed_from <= done
+    two_nodes(run_dir, 29663, *args, "train.resume=auto", f"train.steps={done + 2}")
+    again = json.loads((run_dir / "summary.json").read_text())
+    assert again["status"] == "ok" and again["figures"]["checkpoint/resumed_from_step"] == resumed_from
+    redone = losses(run_dir)  # the steps from the checkpoint on, which the lost attempt ran too up to `done`
+    overlap = min(len(redone), done - resumed_from)
+    assert overlap >= 1 and redone[:overlap] == pytest.approx(first[resumed_from:resumed_from + overlap], abs=1e-6)

@@ -36,6 +36,9 @@ __all__ = ["node_rank", "follow", "owner_lock"]
 OWNER = 0
 
 
+
+NODE_ENDED = "shardbench: this node's torchrun ended with code"  # the last line of launcher.node<k>.log
+
 def node_lock(run_dir: Path, node: int) -> RunLock:
     return RunLock(run_dir, name=f".lock.node{node}", info={"rdzv_id": rdzv_id(run_dir), "node": node})
 
@@ -91,6 +94,9 @@ def follow(cfg, run_dir: RunDir, node: int) -> int:
             print(f"shardbench: node {node}: {blocked.reason}", file=sys.stderr)
             return 1
         returncode = launch_follower(cfg, run_dir, node)
+        # said before the lock goes: a node whose lock is free without this line lost its launcher
+        with open(run_dir.root / f"launcher.node{node}.log", "a") as log:
+            log.write(f"{NODE_ENDED} {returncode}\n")
     finally:
         lock.release()
     outcomes = node_outcomes(run_dir, cfg, node)

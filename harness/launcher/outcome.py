@@ -49,6 +49,19 @@ def missing_nodes(run_dir, nnodes: int) -> List[int]:
     return [k for k in range(1, nnodes) if holder(run_dir, f".lock.node{k}") is None]
 
 
+def lost_nodes(run_dir: RunDir, nnodes: int) -> List[int]:
+    """Nodes whose launcher started and is gone without saying its torchrun ended (launcher/nodes.follow's last
+    line): SIGKILLed, its host lost, its link cut."""
+    from .nodes import NODE_ENDED
+
+    out = []
+    for k in range(1, nnodes):
+        log = run_dir.root / f"launcher.node{k}.log"
+        if log.exists() and holder(run_dir.root, f".lock.node{k}") is None and NODE_ENDED not in log.read_text():
+            out.append(k)
+    return out
+
+
 def rendezvous_timeout(run_dir: RunDir, outcomes: List[RankOutcome], nnodes: int, timeout_s: int) -> str | None:
     """A multi-node run whose nodes never all met: torchrun's rendezvous gave up and no rank started."""
     log = run_dir.launcher_log.read_text(errors="replace") if run_dir.launcher_log.exists() else ""
@@ -98,6 +111,11 @@ def failure_summary(identity: Identity, run_dir: RunDir, mesh: Mesh, returncode:
         reason = f"{where(worst, nnodes)} {worst.status}: {worst.error} {worst.reason}"
         others = [f"{where(o, nnodes)} {o.status}" for o in outcomes if o is not worst]
         reason += f" ({', '.join(others)})" if others else ""
+        lost = lost_nodes(run_dir, nnodes)
+        if lost:  # the cause, before what the ranks saw of it
+            steps = int(figures_reached(run_dir, worst).get("train/steps_completed", 0))
+            reason = (f"node {', '.join(map(str, lost))} lost after {steps} steps: its launcher ended without its "
+                      f"torchrun's end (killed, host or link lost), and its ranks with it; the ranks saw: {reason}")
     traceback = run_dir.rank_traceback(worst.rank)
     return RunSummary.of_status(
         worst.status, identity, " ".join(reason.split()),
