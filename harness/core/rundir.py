@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 
+
+# the last line node k's launcher writes to launcher.node<k>.log (launcher/nodes.py): a node whose lock is free
+# without it lost its launcher (launcher/outcome.lost_nodes)
+NODE_ENDED = "shardbench: this node's torchrun ended with code"
+
 def json_safe(obj: Any) -> Any:
     # JSON has no NaN/inf: write them as null so every reader can parse the file
     if isinstance(obj, float) and not math.isfinite(obj):

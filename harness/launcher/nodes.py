@@ -25,7 +25,7 @@ from typing import List
 
 from ..config.mesh import mesh_of
 from ..core.records import RankOutcome, Status
-from ..core.rundir import RunDir, read_json
+from ..core.rundir import NODE_ENDED, RunDir, read_json
 from ..core.runlock import RunDirBusy, RunLock, describe, holder
 from ..core.waiting import Announcer, stderr_line
 from .ops import ensure_ops
@@ -36,8 +36,6 @@ __all__ = ["node_rank", "follow", "owner_lock"]
 OWNER = 0
 
 
-
-NODE_ENDED = "shardbench: this node's torchrun ended with code"  # the last line of launcher.node<k>.log
 
 def node_lock(run_dir: Path, node: int) -> RunLock:
     return RunLock(run_dir, name=f".lock.node{node}", info={"rdzv_id": rdzv_id(run_dir), "node": node})

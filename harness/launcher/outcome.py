@@ -14,7 +14,7 @@ from typing import Dict, List
 from ..config import derive
 from ..config.mesh import Mesh, mesh_of
 from ..core.records import Identity, RankOutcome, RankReport, RunSummary, Status
-from ..core.rundir import RunDir, read_json, write_json
+from ..core.rundir import NODE_ENDED, RunDir, read_json, write_json
 from ..reporting.run_summary import summary_of_finished_run
 from ..core.runlock import holder
 
@@ -52,8 +52,6 @@ def missing_nodes(run_dir, nnodes: int) -> List[int]:
 def lost_nodes(run_dir: RunDir, nnodes: int) -> List[int]:
     """Nodes whose launcher started and is gone without saying its torchrun ended (launcher/nodes.follow's last
     line): SIGKILLed, its host lost, its link cut."""
-    from .nodes import NODE_ENDED
-
     out = []
     for k in range(1, nnodes):
         log = run_dir.root / f"launcher.node{k}.log"
