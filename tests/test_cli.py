@@ -240,7 +240,7 @@ def test_an_unsupported_model_type_is_one_line_from_the_estimator_and_the_adviso
     import json
 
     from harness.studies import advise_answer, estimate
-    from harness.studies.flags import one_line
+    from harness.config.command_line import one_line
 
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -54,7 +54,8 @@ class Family:
 
     name = ""
     strategy_class_name = ""  # the runtime Strategy subclass in the package's strategy.py (torch; rank only)
-    differences: Tuple[Difference, ...] = ()  # the native/parity rows (config/profiles.py, the table in docs/strategies.md)
+    # the native/parity rows (config/profiles.py; the table in docs/strategies.md)
+    differences: Tuple[Difference, ...] = ()
     layout_notes: Dict[str, str] = {}  # why the real storage differs from the ZeRO paper (harness.estimate)
     pass_through: Tuple[str, ...] = ()  # fields holding the framework's own keys, checked by its rules, not ours
     term_names: Dict[str, str] = {}  # its theory's peak terms, named for a user (reporting/memory_story.py)

@@ -36,13 +36,14 @@ def problems(cfg) -> List[str]:
     return out
 
 
-def resume_problems(cfg, path: Path) -> List[str]:
-    """Why the checkpoint at `path` cannot resume this run, one line each; [] where it can."""
+def resume_problems(cfg, path: Path, check_files: bool = True) -> List[str]:
+    """Why the checkpoint at `path` cannot resume this run, one line each; [] where it can. `check_files` reads
+    every file against its digest; the ranks skip it for auto, whose checkpoint the parent chose intact."""
     key = f"train.resume={cfg.train.resume}"
     if not is_complete(path):
         return [f"{key}: no complete checkpoint at {path} (no {MARKER}: never saved there, or its save never "
                 "finished); name a checkpoints/step_<k> dir that has one, or use train.resume=auto"]
-    damaged = damage(path)
+    damaged = damage(path) if check_files else None
     if damaged:
         return [f"{key}: {damaged}; resume from an intact checkpoint (train.resume=auto takes the latest one)"]
     marker, family = read_marker(path), families.of(cfg.backend)

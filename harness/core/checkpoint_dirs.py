@@ -23,14 +23,23 @@ def step_dir(root: Path, step: int) -> Path:
     return Path(root) / f"step_{step:07d}"
 
 
+def step_of(path: Path) -> int:
+    """The steps a checkpoint dir holds (step_<k>)."""
+    return int(Path(path).name.split("_")[1])
+
+
+def saves(root: Path) -> List[Path]:
+    """Every save dir under `root`, complete or not, newest first."""
+    return sorted((p for p in Path(root).glob("step_*") if p.is_dir()), key=step_of, reverse=True)
+
+
 def is_complete(path: Path) -> bool:
     return (Path(path) / MARKER).is_file()
 
 
 def latest(root: Path) -> Optional[Path]:
     """The complete checkpoint with the most steps under `root`, or None."""
-    done = [p for p in Path(root).glob("step_*") if p.is_dir() and is_complete(p)]
-    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+    return next((p for p in saves(root) if is_complete(p)), None)
 
 
 def read_marker(path: Path) -> dict:
@@ -68,10 +77,8 @@ def damage(path: Path) -> Optional[str]:
 
 def latest_intact(root: Path) -> Tuple[Optional[Path], List[Tuple[Path, str]]]:
     """The newest complete checkpoint whose files are intact, and the newer ones passed over, with why."""
-    done = sorted((p for p in Path(root).glob("step_*") if p.is_dir() and is_complete(p)),
-                  key=lambda p: int(p.name.split("_")[1]), reverse=True)
     skipped = []
-    for path in done:
+    for path in (p for p in saves(root) if is_complete(p)):
         problem = damage(path)
         if problem is None:
             return path, skipped

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional
 
-
-
 # the last line node k's launcher writes to launcher.node<k>.log (launcher/nodes.py): a node whose lock is free
 # without it lost its launcher (launcher/outcome.lost_nodes)
 NODE_ENDED = "shardbench: this node's torchrun ended with code"
+
 
 def json_safe(obj: Any) -> Any:
     # JSON has no NaN/inf: write them as null so every reader can parse the file
@@ -206,8 +205,8 @@ class RunDir:
         return read_json(self.summary)
 
     # what an attempt leaves; moved aside as a whole before the run starts again
-    ATTEMPT_FILES = ("summary.json", "metrics.jsonl", "launcher.log", "ranks", "config.yaml", "env.json", "resume.json",
-                     "settings.json", "wandb", "ops.log")
+    ATTEMPT_FILES = ("summary.json", "metrics.jsonl", "launcher.log", "ranks", "config.yaml", "env.json",
+                     "resume.json", "settings.json", "wandb", "ops.log")
 
     def archive_attempt(self, with_checkpoints: bool = False) -> Path | None:
         """Move an earlier attempt's outputs into <run_dir>/attempts/<n>/ before the run starts again.

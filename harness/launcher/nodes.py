@@ -36,7 +36,6 @@ __all__ = ["node_rank", "follow", "owner_lock"]
 OWNER = 0
 
 
-
 def node_lock(run_dir: Path, node: int) -> RunLock:
     return RunLock(run_dir, name=f".lock.node{node}", info={"rdzv_id": rdzv_id(run_dir), "node": node})
 

@@ -19,7 +19,7 @@ from typing import List, Optional
 
 from ..config import derive
 from ..core import preemption
-from ..core.checkpoint_dirs import is_complete, latest
+from ..core.checkpoint_dirs import is_complete, latest, saves, step_of
 from ..core.paths import REPO, extensions_dir
 from ..core.records import RunSummary
 from ..core.rundir import RunDir, write_json
@@ -250,13 +250,10 @@ def disk_full_reason(run_dir: RunDir, min_free_mib: int) -> str:
     where = (f"{free // 1024} KiB free on the filesystem of {run_dir.root} when the ranks ended "
              f"(paths.min_free_mib={min_free_mib})")
     # a save the disk cut short: newer than the latest complete checkpoint, and never marked complete
-    kept = latest(run_dir.checkpoints)
-    cut = [p for p in run_dir.checkpoints.glob("step_*") if p.is_dir() and not is_complete(p)
-           and int(p.name.split("_")[1]) > (int(kept.name.split("_")[1]) if kept else -1)]
-    if cut:
-        step = int(max(cut, key=lambda p: int(p.name.split("_")[1])).name.split("_")[1])
+    kept, newest = latest(run_dir.checkpoints), next(iter(saves(run_dir.checkpoints)), None)
+    if newest is not None and not is_complete(newest):  # a save the disk cut short, never marked complete
         after = f"{kept.name} is intact and train.resume=auto goes on from it" if kept else "no earlier checkpoint"
-        return f"disk full while saving step {step}: {where}; {after}; "
+        return f"disk full while saving step {step_of(newest)}: {where}; {after}; "
     return f"disk full: {where}; "
 
 

@@ -188,7 +188,8 @@ def markdown(name: str, context: str, table: Table, plots: Dict[str, Path]) -> s
     md += ["Best in each column in **bold**, among runs that differ only in backend.", ""]
     md += table.markdown_rows(table.headline)
     md += ["", f"<details><summary>Every column ({len(table.headers) - 2}), grouped: "
-           f"{', '.join(group for group, _ in table.groups)}</summary>", ""] + table.markdown_rows(list(range(len(table.headers))))
+           f"{', '.join(group for group, _ in table.groups)}</summary>", ""]
+    md += table.markdown_rows(list(range(len(table.headers))))
     md += ["", "</details>"]
     md += ["", MISS_LEGEND] if table.missed else []
     if table.time_story:

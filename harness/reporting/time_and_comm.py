@@ -52,11 +52,11 @@ def stragglers(ranks: List[RankReport]) -> Dict[str, float]:
     usual = statistics.median(busy[r] for r in others)
     if usual <= 0 or busy[slow] / usual - 1 <= STRAGGLER_MARGIN:
         return {}
-    waiting = statistics.fmean(parts[r]["comm_exposed"] - parts[slow]["comm_exposed"] for r in others)
+    waiting = max(statistics.fmean(parts[r]["comm_exposed"] - parts[slow]["comm_exposed"] for r in others), 0.0)
+    their_step = statistics.fmean(parts[r]["step"] for r in others)
     return {"time/straggler_rank": float(slow), "time/straggler_busy_s": busy[slow], "time/others_busy_s": usual,
             "time/straggler_busy_excess_pct": 100 * (busy[slow] / usual - 1),
-            "time/waiting_on_straggler_s": max(waiting, 0.0),
-            "time/waiting_on_straggler_pct": 100 * max(waiting, 0.0) / statistics.fmean(parts[r]["step"] for r in others)}
+            "time/waiting_on_straggler_s": waiting, "time/waiting_on_straggler_pct": 100 * waiting / their_step}
 
 
 def communication(cfg, ranks: List[RankReport]) -> Dict[str, float]:

@@ -119,7 +119,8 @@ def checkpointer_for(cfg, run_dir: RunDir, strategy, rank: int) -> train_state.C
                                             in_save=faults.in_save(cfg, rank, run_dir),
                                             preempt_signal=preemption.signal_of(t.preempt_signal))
     path = to_resume(t.resume, run_dir.checkpoints)
-    found = resume_check.resume_problems(cfg, path) if path is not None and t.resume == "auto" else []
+    found = (resume_check.resume_problems(cfg, path, check_files=False)  # the parent chose it intact: resume.json
+             if path is not None and t.resume == "auto" else [])
     if found:
         raise ConfigError(found[0])
     checkpointer.resume(path)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from ..config.command_line import one_line, parse, problem, refuse_bad_input  # noqa: F401 - the commands' check
 from ..config.rules import TP_DEGREES  # torch-free, as is the theory's margin
 from ..theory.predict import FIT_MARGIN
 

@@ -26,6 +26,7 @@ GIB = 2**30
 ROWS = REPO / "experiments" / "published" / "rows.yaml"
 README = REPO / "experiments" / "published" / "README.md"
 MARKERS = ("<!-- table: written by `make published` -->", "<!-- /table -->")
+GPUS_PER_NODE = 8  # every source's hosts (parallelism=gpu8)
 MEMORY_TARGET_PCT = 10  # the targets: memory within 10%, time within 30%
 TIME_TARGET_PCT = 30
 
@@ -59,12 +60,12 @@ def predict_row(row: dict) -> dict:
 
     card = CARDS[row["card"]]
     backend = row.get("backend", "fsdp")
-    overrides = ["parallelism=gpu8", "train.precision=bf16", f"parallelism.nnodes={row['nodes']}",
+    overrides = [f"parallelism=gpu{GPUS_PER_NODE}", "train.precision=bf16", f"parallelism.nnodes={row['nodes']}",
                  "parallelism.grad_accum=1", *row["overrides"]]
-    world = 8 * row["nodes"]
-    tp = next((int(o.split("=")[1]) for o in overrides if o.startswith("parallelism.tp=")), 1)
-    (est,) = estimate_rows(overrides, rates=rates(card, world), names=[backend], tps=[tp])
-    out = {"id": row["id"], "source": row["source"], "table": row["table"], "card": card["label"], "gpus": world,
+    world = GPUS_PER_NODE * row["nodes"]
+    (est,) = estimate_rows(overrides, rates=rates(card, world), names=[backend])  # at the row's parallelism.tp
+    out = {"id": row["id"], "source": row["source"], "table": row["table"], "card": card["label"],
+           "gpus": est["world"],
            "backend": backend, "mesh": est["mesh"], "overrides": row["overrides"], "assumed": row.get("assumed", ""),
            "published_tokens_per_s_per_gpu": row["tokens_per_s_per_gpu"],
            "roofline_tokens_per_s_per_gpu": est["tokens_per_s"] / world,
@@ -89,7 +90,8 @@ def table(results: List[dict]) -> List[str]:
                   if r.get("published_memory_gib") else f"- | {r['predicted_peak_gib']:.1f} | -")
         mfu = f"{r['published_mfu_pct']:.1f}" if r.get("published_mfu_pct") else "-"
         lines.append(f"| {r['id']} | {r['source']}, {r['table']} | {r['card']} | {r['gpus']} | {r['backend']}, "
-                     f"{r['mesh']} | {r['published_tokens_per_s_per_gpu']:,} | {r['roofline_tokens_per_s_per_gpu']:,.0f} "
+                     f"{r['mesh']} | {r['published_tokens_per_s_per_gpu']:,} | "
+                     f"{r['roofline_tokens_per_s_per_gpu']:,.0f} "
                      f"| {r['roofline_over_published']:.2f}x | {mfu} | {r['counted_mfu_pct']:.1f} | {memory} |")
     with_memory = [r for r in results if r.get("published_memory_gib")]
     within = [r for r in with_memory if abs(r["memory_error_pct"]) <= MEMORY_TARGET_PCT]
@@ -105,8 +107,8 @@ def table(results: List[dict]) -> List[str]:
     stated = [r for r in results if r.get("published_mfu_pct")]
     if stated:
         gaps = [r["counted_mfu_pct"] / r["published_mfu_pct"] - 1 for r in stated]
-        lines += ["", f"FLOPs: on the {len(stated)} rows whose source states an MFU, our counted FLOPs at the published "
-                  f"tokens/s give {100 * min(gaps):+.1f}% to {100 * max(gaps):+.1f}% of it (each source counts with "
+        lines += ["", f"FLOPs: on the {len(stated)} rows whose source states an MFU, our counted FLOPs at the "
+                  f"published tokens/s give {100 * min(gaps):+.1f}% to {100 * max(gaps):+.1f}% of it (each source counts with "
                   "its own formula; ours counts the model's ops, attention's full square included)."]
     lines += ["", "What each row assumes where its source is silent:", ""]
     lines += [f"- {r['id']}: {r['assumed']}" for r in results if r["assumed"]]
@@ -131,7 +133,8 @@ def write(results: List[dict], out: Path, sources: Dict[str, str]) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default=str(ROWS), help="the published rows (default experiments/published/rows.yaml)")
+    parser.add_argument("--rows", default=str(ROWS),
+                        help="the published rows (default experiments/published/rows.yaml)")
     parser.add_argument("--out", default="results/published", help="where published.{md,json} go")
     args, _ = parse("published", parser, argv, takes_overrides=False)
     spec = yaml.safe_load(Path(args.rows).read_text())
