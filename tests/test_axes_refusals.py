@@ -132,3 +132,38 @@ def test_gpu_axes_refuses_in_one_line_without_a_gpu_or_with_an_unknown_cell(caps
                  if not (p.startswith("train.float8") and not find_spec("torchao"))]
         found = [p for p in found if "sm" not in p.split(":")[1][:30]]  # this host's capability, not an H100's
         assert not found, (name, found)
+
+
+def test_a_wrapper_subclass_weight_counts_the_bytes_of_its_inner_tensors():
+    """The H100 run's float8 tensorwise cell failed at its first state count: torchao's float8 weight wrapper
+    (FSDP2's float8 all-gather) stores nothing itself, and its placeholder storage's data_ptr raises. Its bytes
+    are its inner tensors', each storage once, as torch's own wrapper subclass TwoTensor shows on CPU."""
+    import torch
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    from harness.runtime.strategies.base import storage_bytes
+
+    a, b = torch.zeros(10), torch.zeros(10)
+    wrapped = torch.nn.Parameter(TwoTensor(a, b))
+    with pytest.raises(RuntimeError):
+        wrapped.untyped_storage().data_ptr()
+    assert storage_bytes([wrapped], set()) == 80
+    assert storage_bytes([wrapped, a, b[2:]], set()) == 80  # a storage seen through the wrapper is not recounted
+
+
+def test_deepcompile_has_its_op_built_first_dynamo_on_and_an_arch_list_deepspeed_can_parse(monkeypatch):
+    """The H100 run's DeepCompile cell failed in DeepSpeed's op builder: the image's TORCH_CUDA_ARCH_LIST holds
+    "9.0a", which DeepSpeed 0.19.8 cannot parse. Its ranks also started with dynamo disabled (an eager run's
+    default), and the op would have been built inside the first step's setup."""
+    from harness.backends.deepspeed.jit_ops import arch_list_deepspeed_reads
+    from harness.config.derive import jit_ops
+    from harness.launcher.torchrun import rank_env
+
+    assert arch_list_deepspeed_reads("9.0a") == "9.0"
+    assert arch_list_deepspeed_reads("8.0 9.0a;9.0a+PTX") == "8.0;9.0;9.0+PTX"
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+    deepcompile = compose([*LLAMA_GPU, "backend=ds_zero3", "backend.deepcompile=true"])
+    eager = compose([*LLAMA_GPU, "backend=ds_zero3"])
+    assert jit_ops(deepcompile) == ["dc"] and jit_ops(eager) == []
+    assert "TORCHDYNAMO_DISABLE" not in rank_env(deepcompile)
+    assert rank_env(eager)["TORCHDYNAMO_DISABLE"] == "1"

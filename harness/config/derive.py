@@ -65,6 +65,12 @@ def bucket_elements(cfg, params: int) -> int:
     return int(min(25_000_000, params))
 
 
+def compiles(cfg) -> bool:
+    """Whether the run compiles anything: torch.compile (train.compile) or a backend's own compiler
+    (DeepSpeed's DeepCompile, backend.deepcompile). An eager run's ranks start with dynamo disabled."""
+    return bool(cfg.train.compile or cfg.backend.get("deepcompile", False))
+
+
 def jit_ops(cfg) -> list[str]:
     """Native ops the run's ranks load (a family's `jit_op_names`), as the backend's family says: the
     parent builds any that are missing before a rank starts (launcher/ops.py)."""

@@ -39,8 +39,8 @@ def rank_env(cfg) -> dict:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.parallelism.nproc_per_node))
     # Nothing in an eager run compiles. Left enabled, dynamo costs each DeepSpeed rank 1.8 s at setup all
     # the same: DeepSpeed's optimizer check imports its Muon module, whose torch.compile decorators load
-    # inductor. A user who sets the variable keeps their value; train.compile=true needs dynamo.
-    if not cfg.train.compile:
+    # inductor. A user who sets the variable keeps their value; train.compile=true and DeepCompile need dynamo.
+    if not derive.compiles(cfg):
         env.setdefault("TORCHDYNAMO_DISABLE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("WANDB_SILENT", "true")
@@ -50,7 +50,7 @@ def rank_env(cfg) -> dict:
 def launch_config(configs: list):
     """The config whose environment a launch of several cells takes: one that compiles if any does (an eager
     launch disables dynamo, which a compiled cell needs), else the first."""
-    return next((cfg for cfg in configs if cfg.train.compile), configs[0])
+    return next((cfg for cfg in configs if derive.compiles(cfg)), configs[0])
 
 
 def slurm_cancel() -> str:
@@ -91,7 +91,7 @@ def torchrun_cmd(cfg, run_dir: Path, module: tuple[str, ...] = ()) -> list[str]:
     args)."""
     par = cfg.parallelism
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={par.nproc_per_node}",
-           "--max-restarts=0", "--monitor-interval=0.2"]
+           f"--max-restarts={cfg.launch.max_restarts}", "--monitor-interval=0.2"]
     if par.nnodes == 1:
         cmd.append("--standalone")
     else:

@@ -24,7 +24,7 @@ from typing import Dict, Iterator, List, Optional
 
 import torch
 
-from .strategies.base import local_tensor
+from .strategies.base import stored_tensors
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")
 # the strategy's exact components, as kinds of the peak (host_ states are the same memory on a CPU run)
@@ -53,9 +53,9 @@ def state_tensors_on(strategy, device: torch.device):
     groups = {**strategy.state_tensors(), **{"buffers": t for t in strategy.unclassified_tensors().values()}}
     for component, tensors in groups.items():
         kind = COMPONENT_KIND.get(component.removeprefix("host_"), "temporaries")
-        for t in tensors:
-            if t is not None and local_tensor(t).device.type == device.type:
-                yield kind, local_tensor(t)
+        for t in (inner for t in tensors if t is not None for inner in stored_tensors(t)):
+            if t.device.type == device.type:
+                yield kind, t
 
 
 def state_storages(strategy, device: torch.device) -> Dict[int, tuple]:

@@ -34,15 +34,28 @@ TOLERANCE = {"checkpointing": {"fp32": 1e-6, "bf16": 1e-3}, "compile": {"fp32": 
 
 
 def axes_of(run_dir: Path) -> Dict[str, str]:
-    """What a run set on each axis, from the settings that ran (settings.json) and its config."""
-    settings = json.loads((run_dir / "settings.json").read_text())
+    """What a run set on each axis, from the settings that ran (settings.json); for a run that failed before
+    writing them, what its config asked for."""
     summary = json.loads((run_dir / "summary.json").read_text())
+    if not (run_dir / "settings.json").exists():
+        return {"backend": summary["backend"], "precision": summary["precision"], **asked_of(run_dir)}
+    settings = json.loads((run_dir / "settings.json").read_text())
     compile_ = settings.get("compile") or {}
     return {"backend": summary["backend"], "precision": summary["precision"],
             "checkpointing": _policy(settings.get("activation_checkpointing") or {}),
             "compile": "on" if compile_ else "off",
             "deepcompile": "on" if compile_.get("deepcompile") else "off",
             "float8": (settings.get("float8") or {}).get("recipe", "none")}
+
+
+def asked_of(run_dir: Path) -> Dict[str, str]:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    policy = {True: "full", False: "none"}.get(cfg.train.activation_checkpointing, cfg.train.activation_checkpointing)
+    return {"checkpointing": f"every_{cfg.train.activation_checkpointing_every}" if policy == "every_k" else policy,
+            "compile": "on" if cfg.train.compile or cfg.backend.get("deepcompile") else "off",
+            "deepcompile": "on" if cfg.backend.get("deepcompile") else "off", "float8": cfg.train.float8}
 
 
 def _policy(applied: dict) -> str:
@@ -79,7 +92,7 @@ def rows_of(run_dirs: List[Path]) -> List[dict]:
     for d in run_dirs:
         summary = json.loads((d / "summary.json").read_text())
         row = {"run_dir": str(d), "status": summary["status"], **axes_of(d), "figures": summary.get("figures", {}),
-               "steps": len(losses(d)) if summary["status"] == "ok" else 0}
+               "steps": len(losses(d)) if summary["status"] == "ok" else 0, "reason": summary.get("reason", "")}
         runs.append(row)
     for row in runs:
         differs = [a for a, default in DEFAULTS.items() if row[a] != default]
@@ -115,11 +128,15 @@ def render(rows: List[dict], title: str, command: str, peak_key: str = "memory/t
                      f"{f.get('throughput/tokens_per_s', 0):,.0f} | {f.get('flops/mfu_pct', 0):.1f} | "
                      f"{1e3 * f.get('throughput/step_time_p50_s', 0):.1f}"
                      f" | {mib(peak)} | {mib(predicted)} | {error} | {diff} | {tolerance} |")
+    failed = [r for r in rows if r["status"] != "ok"]
+    if failed:
+        lines += ["", "Runs that did not finish, with the reason their run dir records:", ""]
+        lines += [f"- {Path(r['run_dir']).name}: {r['status']}: {r['reason']}" for r in failed]
     return "\n".join(lines) + "\n"
 
 
 def run_dirs_under(root: Path) -> List[Path]:
-    return sorted(p.parent for p in root.rglob("summary.json") if (p.parent / "settings.json").exists())
+    return sorted(p.parent for p in root.rglob("summary.json") if (p.parent / "config.yaml").exists())
 
 
 def main(argv: List[str] | None = None) -> int:

@@ -124,9 +124,11 @@ class DeepSpeedFamily(Family):
         return backend.zero_stage == 3 and backend.hpz_partition_size != 1
 
     def jit_ops(self, cfg):
-        """CPU Adam under optimizer offload, and on CPU the shared-memory collectives DeepSpeed's comm layer
+        """CPU Adam under optimizer offload, DeepCompile's CUDA op (`dc`, built in the rank's setup otherwise:
+        a minute of nvcc inside the run), and on CPU the shared-memory collectives DeepSpeed's comm layer
         starts with."""
         ops = ["cpu_adam"] if cfg.backend.offload_optimizer else []
+        ops += ["dc"] if cfg.backend.deepcompile else []
         return ops + (["deepspeed_shm_comm"] if cfg.parallelism.device == "cpu" else [])
 
     def load_jit_op(self, op):

@@ -13,6 +13,7 @@ from typing import Dict, Iterable
 import torch
 from typing_extensions import override
 
+from .jit_ops import settle_arch_list
 from .json_config import ds_config
 from ...runtime.strategies.base import Strategy
 from .states import classify, placed
@@ -71,7 +72,8 @@ class DeepSpeedStrategy(Strategy):
         )
         if self.cfg.train.compile or self.cfg.backend.deepcompile:
             # DeepSpeed's own compile support: the engine compiles its wrapped module (DeepSpeedEngine.compile);
-            # with compile.deepcompile in the JSON, through DeepCompile's ZeRO passes
+            # with compile.deepcompile in the JSON, through DeepCompile's ZeRO passes, whose op loads here
+            settle_arch_list()
             self.engine.compile()
             self.settings = {**self.settings, "compile": {"engine_compile": True, "deepcompile":
                                                           bool(self.cfg.backend.deepcompile),

@@ -32,6 +32,18 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def stored_tensors(t: torch.Tensor):
+    """The plain tensors that hold `t`'s bytes on this rank. A wrapper subclass stores nothing itself (its storage
+    is a placeholder whose data_ptr raises): torchao's float8 weight wrapper, which FSDP2 shards under float8
+    all-gather, keeps its bytes in the inner tensors that `__tensor_flatten__` names."""
+    t = local_tensor(t)
+    if hasattr(t, "__tensor_flatten__"):
+        for name in t.__tensor_flatten__()[0]:
+            yield from stored_tensors(getattr(t, name))
+    else:
+        yield t
+
+
 def storage_bytes(tensors: Iterable[torch.Tensor], seen: set) -> int:
     """Bytes of the distinct storages behind `tensors`, skipping storages already in `seen`.
 
@@ -39,10 +51,7 @@ def storage_bytes(tensors: Iterable[torch.Tensor], seen: set) -> int:
     buckets, and DeepSpeed's parameters are views of flat buffers; each byte is counted once.
     """
     total = 0
-    for t in tensors:
-        if t is None:
-            continue
-        t = local_tensor(t)
+    for t in (inner for t in tensors if t is not None for inner in stored_tensors(t)):
         if t.device.type == "meta":
             continue
         storage = t.untyped_storage()
