@@ -122,3 +122,28 @@ def test_a_truncated_or_altered_checkpoint_is_named_before_any_rank_loads_it_and
     passed = [n for n in summary["notes"] if "train.resume=auto passed over" in n]
     assert len(passed) == 2 and all("resuming from step_0000002" in n for n in passed), summary["notes"]
     assert "step_0000006" in passed[0] and "truncated" in passed[0] and "altered" in passed[1]
+
+
+def test_an_elastic_restart_goes_on_from_the_latest_checkpoint_records_itself_and_ends_with_unbroken_losses(tmp_path):
+    """launch.max_restarts=1 (torchrun's --max-restarts): rank 1 SIGKILLs itself at step 5, torchelastic starts
+    the group again, and it goes on from the step-3 checkpoint. The row records the restart (from which step, the
+    cause, the steps redone, the time lost); metrics.jsonl holds each step once, the first attempt's steps 3-4 set
+    aside; and every loss equals an uninterrupted run's, exactly (same seed, same data order)."""
+    run = (*RUN, "train.steps=8", "train.checkpoint_every=3")  # the later value of a key wins
+
+    def train(name, *overrides):
+        done = subprocess.run(train_command("backend=ddp", *run, *overrides, run_dir=tmp_path / name), cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads((tmp_path / name / "summary.json").read_text())
+
+    summary = train("restarted", "fault.kind=kill", "fault.rank=1", "fault.step=5", "launch.max_restarts=1")
+    [restart] = summary["restarts"]
+    assert summary["status"] == "ok" and summary["figures"]["launch/restarts"] == 1
+    assert restart["resumed_from_step"] == 3 and restart["failed_at_step"] == 5 and restart["redone_steps"] == 2
+    assert restart["cause"] == "fault.kind=kill on rank 1 at step 5" and 0 < restart["time_lost_s"] < 120
+    restarted = losses(tmp_path / "restarted" / "metrics.jsonl")
+    assert sorted(restarted) == list(range(8))
+    assert sorted(losses(tmp_path / "restarted" / "restarts" / "1.metrics.jsonl")) == [3, 4]
+    train("uninterrupted")
+    assert restarted == losses(tmp_path / "uninterrupted" / "metrics.jsonl")

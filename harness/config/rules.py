@@ -29,6 +29,7 @@ POSITIVE = ("train.steps", "parallelism.micro_batch", "parallelism.grad_accum", 
             "optim.lr", "optim.eps", "data.eval_batches", "parallelism.tp")
 NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_batch": "0 = off",
                 "paths.min_free_mib": "0 = off", "train.memory_budget_bytes": "0 = no budget",
+                "launch.max_restarts": "0 = a dead rank ends the run",
                 "model.meta_above_params": "0 = on the meta device whenever the backend can build there",
                 "train.breakdown_steps": "0 = no time breakdown",
                 "train.checkpoint_every": "0 = never", "train.seed": "it seeds the weights and the data",

@@ -269,6 +269,16 @@ class DistConfig:
 
 
 @dataclass
+class LaunchConfig:
+    """How torchrun runs the ranks (launcher/torchrun.py)."""
+
+    # torchrun's --max-restarts: a rank that dies (fault.kind=kill, a segfault, the OOM killer) stops the group,
+    # and torchelastic starts it again from the latest intact checkpoint, at most this many times
+    # (runtime/elastic.py); 0: a dead rank ends the run
+    max_restarts: int = 0
+
+
+@dataclass
 class OpsConfig:
     """DeepSpeed's JIT ops (launcher/op_builds.py): the parent builds those a run needs before any rank starts."""
 
@@ -308,6 +318,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     ops: OpsConfig = field(default_factory=OpsConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)

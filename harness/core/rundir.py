@@ -168,6 +168,17 @@ class RunDir:
         return self.ranks / "fault.json"
 
     @property
+    def restarts(self) -> Path:
+        """One line per elastic restart (launch.max_restarts; runtime/elastic.py): the step it went on from,
+        the cause, the time lost."""
+        return self.root / "restarts.jsonl"
+
+    def restarts_recorded(self) -> list:
+        if not self.restarts.exists():
+            return []
+        return [json.loads(line) for line in self.restarts.read_text().splitlines() if line.strip()]
+
+    @property
     def reports(self) -> Path:
         """Every rank's RankReport, the FLOP counts and the warnings, left by rank 0 when every rank finished:
         the launcher computes summary.json from them (launcher/outcome.py). NaN stays NaN here (Python's JSON),
@@ -206,7 +217,7 @@ class RunDir:
 
     # what an attempt leaves; moved aside as a whole before the run starts again
     ATTEMPT_FILES = ("summary.json", "metrics.jsonl", "launcher.log", "ranks", "config.yaml", "env.json",
-                     "resume.json", "settings.json", "wandb", "ops.log")
+                     "resume.json", "settings.json", "wandb", "ops.log", "restarts.jsonl", "restarts")
 
     def archive_attempt(self, with_checkpoints: bool = False) -> Path | None:
         """Move an earlier attempt's outputs into <run_dir>/attempts/<n>/ before the run starts again.

@@ -143,5 +143,10 @@ def summarise(cfg, run_dir: RunDir, returncode: int, notes: List[str], reason_pr
     if summary is None:
         summary = failure_summary(derive.identity(cfg), run_dir, mesh, returncode, cfg.dist.rendezvous_timeout_s)
         summary.reason = reason_prefix + summary.reason
-    write_json(run_dir.summary, summary.to_dict())
-    return summary.to_dict()
+    out = summary.to_dict()
+    restarts = run_dir.restarts_recorded()  # torchelastic's restarts (launch.max_restarts), as the ranks wrote them
+    if restarts:
+        out["restarts"] = restarts
+        out.setdefault("figures", {})["launch/restarts"] = len(restarts)
+    write_json(run_dir.summary, out)
+    return out

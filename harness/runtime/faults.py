@@ -26,6 +26,7 @@ import torch
 from ..config.schema import FAULT_KINDS
 from ..core.rundir import RunDir, write_json
 from .errors import InjectedFault, MemoryBudgetExceeded
+from .elastic import restart_count
 
 Injector = Callable[[int, torch.Tensor], torch.Tensor]
 
@@ -83,7 +84,7 @@ def no_fault(step: int, loss: torch.Tensor) -> torch.Tensor:
 def injector(cfg, rank: int, run_dir: RunDir | None) -> Injector:
     """`fn(step, loss) -> loss`: the identity, except on the configured rank and step."""
     f = cfg.fault
-    if f.kind not in ACTIONS or rank != f.rank:
+    if f.kind not in ACTIONS or rank != f.rank or restart_count():  # once: a restarted group goes on
         return no_fault
     action = ACTIONS[f.kind]
 

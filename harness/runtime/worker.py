@@ -34,7 +34,7 @@ from ..core.records import RankOutcome, RankReport, Status
 from ..core.rundir import RunDir, write_json, write_text
 from ..core.waiting import announced
 from ..reporting import run_summary
-from . import data, faults, loop, models, preflight, probes, train_state
+from . import data, elastic, faults, loop, models, preflight, probes, train_state
 from .compiled_activations import counts_for
 from .errors import Preempted
 from .sink import open_sink
@@ -118,12 +118,15 @@ def checkpointer_for(cfg, run_dir: RunDir, strategy, rank: int) -> train_state.C
                                             identity, family.checkpoint_files,
                                             in_save=faults.in_save(cfg, rank, run_dir),
                                             preempt_signal=preemption.signal_of(t.preempt_signal))
-    path = to_resume(t.resume, run_dir.checkpoints)
+    restarted = elastic.restart_count() > 0  # torchelastic restarted the group: the latest intact checkpoint
+    path = elastic.checkpoint_to_resume(run_dir) if restarted else to_resume(t.resume, run_dir.checkpoints)
     found = (resume_check.resume_problems(cfg, path, check_files=False)  # the parent chose it intact: resume.json
-             if path is not None and t.resume == "auto" else [])
+             if path is not None and t.resume == "auto" and not restarted else [])
     if found:
         raise ConfigError(found[0])
     checkpointer.resume(path)
+    if restarted and rank == 0:
+        elastic.record(run_dir, path)
     return checkpointer
 
 
@@ -213,9 +216,10 @@ def start(cfg, run_dir: RunDir) -> tuple[int, int, torch.device]:
             torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.train.memory_budget_bytes / total), device)
     with announced(run_dir.rank_wait(rank), f"the {world} ranks to join the process group",
                    f"dist.timeout_s={cfg.dist.timeout_s} s"):
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=timedelta(seconds=cfg.dist.timeout_s),
-                                device_id=device if device.type == "cuda" else None)
+        timeout = timedelta(seconds=cfg.dist.timeout_s)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
+                                device_id=device if device.type == "cuda" else None,
+                                **(elastic.restart_store(rank, world, timeout) or {}))
     freeze_imports()
     return rank, world, device
 
