@@ -59,9 +59,10 @@ bench: install warm ## harness overhead: 8 interleaved pairs of harness and inde
 advise: install warm ## which strategy? theory prunes, real runs decide: make advise ARGS="model=small_llama --device-gib 0.0625" -> results/advise/
 	$(PY) -m harness.advise $(ARGS)
 
-memory-check: install warm ## the memory model against measured peaks: every backend x model x precision x checkpointing policy, one launch; a states-dominated shape at 4 ranks; an activation-dominated one (the policies apart); the same matrix at dp 2 x tp 2 -> results/memory_check/
+memory-check: install warm ## the memory model against measured peaks: every backend x model x precision x checkpointing policy, one launch; a states-dominated shape at 4 ranks and at 2; an activation-dominated one (the policies apart); the same matrix at dp 2 x tp 2 -> results/memory_check/
 	$(PY) -m harness.memory_check $(ARGS)
 	$(PY) -m harness.memory_check --states-dominated --repeats 2
+	$(PY) -m harness.memory_check --states-dominated --repeats 2 --out results/memory_check/states_dominated_2ranks parallelism.nproc_per_node=2
 	$(PY) -m harness.memory_check --activation-dominated --models tiny_llama,tiny_gpt2 --repeats 2
 	$(PY) -m harness.memory_check --activation-dominated --backends ddp,fsdp,ds_zero2,ds_zero3 --models tiny_llama,tiny_gpt2 --repeats 2 --out results/memory_check/compiled train.compile=true
 	$(PY) -m harness.memory_check --models tiny_llama,tiny_qwen2,tiny_mistral --out results/memory_check/tp parallelism.nproc_per_node=4 parallelism.tp=2

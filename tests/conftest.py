@@ -204,7 +204,25 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         # and DDP (the tensor-parallel shards joined): tests/test_tensor_parallel.py
         "tp_resume": tp_resumed(tp_runs, llama_checkpoint, 6, 2),
         "tp_reshard": tp_resumed(tp_runs, llama_checkpoint, 3, 1, ("fsdp", "ddp")),
+        # the states-dominated memory check's cells again at 2 ranks (tests/test_memory_check.py): at 4 ranks
+        # the sharded states are a quarter, at 2 a half, and the buffers a backend gathers weigh differently
+        "states": states_cells(2),
     })
+
+
+def states_cells(ranks: int):
+    """The states-dominated memory check's cell of each of STATES_BACKENDS (memory_check.states_dominated_cells:
+    the overrides under which its family releases what it gathers), at `ranks` ranks."""
+    from harness.studies import memory_check
+
+    released = {c[0].removeprefix("backend="): c[1:]
+                for c in memory_check.states_dominated_cells(list(STATES_BACKENDS))}
+
+    def overrides(backend: str) -> tuple:
+        return ("profile=parity", *memory_check.STATES_DOMINATED, *memory_check.CELL,
+                f"train.memory_steps={STATES_REPEATS}", f"parallelism.nproc_per_node={ranks}", *released[backend])
+    overrides.backends = list(STATES_BACKENDS)
+    return overrides
 
 
 @pytest.fixture(scope="session")
@@ -226,6 +244,11 @@ def bf16_runs(two_rank_sweeps):
 def policy_runs(two_rank_sweeps):
     """{policy: {backend: (summary, records, run dir)}} of the bf16 sweep's checkpointed reruns."""
     return {"full": two_rank_sweeps["bf16_full"], "selective_op": two_rank_sweeps["bf16_selective"]}
+
+
+@pytest.fixture(scope="session")
+def states_two_ranks(two_rank_sweeps):
+    return two_rank_sweeps["states"]
 
 
 @pytest.fixture(scope="session")

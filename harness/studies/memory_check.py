@@ -260,7 +260,7 @@ def main(argv: List[str] | None = None) -> int:
               " or every_<k>", file=sys.stderr)
         return 2
     if args.states_dominated:
-        cells, overrides = states_dominated_cells(split(args.backends)), [*overrides, *STATES_DOMINATED]
+        cells, overrides = states_dominated_cells(split(args.backends)), [*STATES_DOMINATED, *overrides]
     else:
         overrides = [*overrides, *(ACTIVATION_DOMINATED if args.activation_dominated else [])]
         cells = matrix(split(args.backends), split(args.models), split(args.precisions),
