@@ -150,3 +150,33 @@ def test_every_backend_sends_the_bytes_the_model_predicts(fp32_runs, bf16_runs):
             f = summary["figures"]
             assert abs(f["comm/bytes_error_pct"]) < 1, (backend, f["comm/measured_bytes_per_step"],
                                                         f["comm/predicted_bytes_per_step"])
+
+
+def test_an_offloaded_optimizer_is_priced_on_the_host_and_its_link_not_as_the_device_steps():
+    """A walkthrough found fsdp_offload priced exactly as fsdp on 8 H100s (553.09 ms each), so the advisor tied
+    them. Under offload the host steps AdamW over the rank's fp32 shard (its bytes at the host's memory rate) and
+    the copies cross the host link: FSDP2 the fp32 shard before each all-gather (2 with resharding) and the fp32
+    gradient shard back, DeepSpeed the fp32 gradients down and the updated 16-bit parameters up. On a CPU run
+    FSDP2's copies are the host tensors themselves."""
+    from harness.config.compose import compose
+    from harness.runtime import models
+    from harness.theory.shape import shape_of
+    from harness.theory.time import DEFAULT_HOST_LINK_GBPS, DEFAULT_HOST_MEMORY_GBPS
+
+    gpu = Rates(tflops=989.0, mem_gbps=3350.0, comm=CommTable([], "cuda", 8), device="cuda", stated=True)
+    parts, local = {}, {}
+    for backend in ("fsdp", "fsdp_offload", "ds_zero3", "ds_zero3_offload"):
+        cfg = compose([f"backend={backend}", "model=llama_1b", "parallelism=gpu8", "train.precision=bf16"])
+        s = shape_of(cfg, 8, models.param_count(cfg.model, cfg.workload))
+        parts[backend], local[backend] = predict_parts(cfg.backend, s, 1e15, gpu), s.params / 8
+    gb = 1e9
+    assert parts["fsdp"]["optimizer"] == pytest.approx(40 * local["fsdp"] / (3350 * gb))
+    assert parts["fsdp_offload"]["optimizer"] == pytest.approx(
+        40 * local["fsdp"] / (DEFAULT_HOST_MEMORY_GBPS * gb) + 12 * local["fsdp"] / (DEFAULT_HOST_LINK_GBPS * gb))
+    assert parts["ds_zero3_offload"]["optimizer"] == pytest.approx(
+        46 * local["ds_zero3"] / (DEFAULT_HOST_MEMORY_GBPS * gb) + 6 * local["ds_zero3"] / (DEFAULT_HOST_LINK_GBPS * gb))
+    assert parts["fsdp_offload"]["step"] > parts["fsdp"]["step"]  # no tie for the advisor to break by name
+    cpu = Rates(tflops=1.0, mem_gbps=10.0, comm=CommTable([], "cpu", 2))
+    cfg = compose(["backend=fsdp_offload", "model=tiny_llama"])
+    s = shape_of(cfg, 2, models.param_count(cfg.model, cfg.workload))
+    assert predict_parts(cfg.backend, s, 1e9, cpu)["optimizer"] == pytest.approx(40 * s.params / 2 / (10 * gb))

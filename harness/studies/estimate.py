@@ -168,10 +168,20 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
                   else f"measured on {here}")
         print(f"step ms, tokens/s: the time model (theory/time.py): FLOPs / {rates.tflops:.3g} TFLOP/s, the "
               f"optimizer's bytes / {rates.mem_gbps:.3g} GB/s ({source}), collectives from "
-              f"{'this machine' if rates.comm.measured else 'the stated links'}; a lower bound: what it does not "
-              "model (launches, hooks, kernel efficiency below peak) is not in it.")
+              f"{'this machine' if rates.comm.measured else 'the stated links'}; under offload the host steps the "
+              f"optimizer ({offload_rates(rates)}), not overlapped with compute; a lower bound otherwise: what it does "
+              "not model (launches, hooks, kernel efficiency below peak) is not in it.")
     for key, note in memory.layout_notes().items():
         print(f"  {key}: {note}")
+
+
+def offload_rates(rates) -> str:
+    from ..theory.time import DEFAULT_HOST_LINK_GBPS, DEFAULT_HOST_MEMORY_GBPS
+
+    if rates.device == "cpu":
+        return "this CPU's measured copy rate"
+    return (f"its bytes / {DEFAULT_HOST_MEMORY_GBPS:g} GB/s of host memory and {DEFAULT_HOST_LINK_GBPS:g} GB/s of "
+            "PCIe, both stated")
 
 
 def main(argv: List[str] | None = None) -> int:

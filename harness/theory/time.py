@@ -50,6 +50,10 @@ DEFAULT_INTER_NODE_LINK = {"cpu": (300e-6, 1.0e9), "cuda": (20e-6, 50e9)}
 STATED_CUDA_TFLOPS = {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}
 STATED_CUDA_MEM_GBPS = 3350.0
 DEFAULT_HOST_LINK_GBPS = 20.0  # host<->device copies under offload on CUDA (PCIe 4 x16, practical)
+# the host's memory under an offloaded optimizer step on a GPU node (read + write bytes a second): stated, not
+# measured (no GPU node's host has been timed here), a server socket's practical DRAM copy rate; on a CPU run
+# the host is the device and its measured copy rate prices the step
+DEFAULT_HOST_MEMORY_GBPS = 100.0
 
 
 class CommTable:
@@ -142,7 +146,10 @@ def predict_parts(backend, s: Shape, flops_per_step: float, rates: Rates) -> Dic
     forward = flops_per_step / 3 / (rates.tflops * 1e12)
     backward = 2 * forward + forward * s.recomputed_blocks / max(s.blocks, 1)
     moved = optimizer_bytes(backend, s)
-    optimizer = moved["memory"] / (rates.mem_gbps * 1e9)
+    optimizer = moved.get("memory", 0.0) / (rates.mem_gbps * 1e9)
+    if "host_memory" in moved:  # an offloaded step runs in the host's memory
+        host = rates.mem_gbps if rates.device == "cpu" else DEFAULT_HOST_MEMORY_GBPS
+        optimizer += moved["host_memory"] / (host * 1e9)
     if "host_link" in moved:
         link = rates.mem_gbps if rates.device == "cpu" else DEFAULT_HOST_LINK_GBPS
         optimizer += moved["host_link"] / (link * 1e9)

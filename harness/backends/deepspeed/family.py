@@ -236,10 +236,11 @@ class DeepSpeedFamily(Family):
 
     def optimizer_bytes(self, backend, s):
         local = s.params / s.world
-        out = {"memory": (40 + (6 if s.p == 2 else 0)) * local}  # a 16-bit copy of the master adds 6 B
-        if backend.offload_optimizer:
-            out["host_link"] = (4 + s.p) * local  # gradients down in fp32, updated parameters back up
-        return out
+        stepped = (40 + (6 if s.p == 2 else 0)) * local  # a 16-bit copy of the master adds 6 B
+        if not backend.offload_optimizer:
+            return {"memory": stepped}
+        # the host steps it (DeepSpeed's CPU Adam); gradients down in fp32, updated parameters back up
+        return {"host_memory": stepped, "host_link": (4 + s.p) * local}
 
     def framework_estimate(self, backend, s):
         return theory.own_estimate(backend, s)

@@ -228,7 +228,15 @@ class FSDPFamily(DCPCheckpoints, Family):
         return 2 * s.params + s.t
 
     def optimizer_bytes(self, backend, s):
-        return {"memory": 40 * s.params / s.shards}
+        """AdamW over the fp32 shard (40 B a parameter). Under CPUOffloadPolicy the host steps it, and on a GPU
+        the fp32 shard crosses the host link before each all-gather (forward, and backward again when the blocks
+        reshard after forward) and the reduce-scattered fp32 gradient shard comes back: 4 B each a parameter.
+        On a CPU run those copies are the host tensors themselves."""
+        local = s.params / s.shards
+        if not backend.cpu_offload:
+            return {"memory": 40 * local}
+        gathers = 2 if backend.reshard_after_forward else 1
+        return {"host_memory": 40 * local, **({"host_link": 4 * (gathers + 1) * local} if s.device != "cpu" else {})}
 
     def describe_settings(self, settings):
         f = settings.get("fsdp")
