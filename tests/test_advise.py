@@ -141,6 +141,28 @@ def test_a_dry_run_plans_for_gpus_this_machine_does_not_have(tmp_path, capsys):
     plan = json.loads((tmp_path / "gpu8" / "plan.json").read_text())
     assert plan["world"] == 8 and any(c["fits"] for c in plan["candidates"])
     assert not list((tmp_path / "gpu8").glob("probes/*"))
+    # the frontier, with the band the committed GPU axes measured against the same roofline, and its plot
+    assert plan["frontier"][0].startswith("Frontier (") and "Error band: measured / predicted" in out.out
+    assert (tmp_path / "gpu8" / "frontier.png").stat().st_size > 10_000
+
+
+def test_the_frontier_keeps_what_nothing_beats_on_both_axes_and_calls_overlapping_bands_a_tie():
+    """The Pareto frontier of the fitting candidates (predicted tokens/s against predicted peak), and the tie
+    rule: two predictions whose measured-would-be ranges overlap under the band are not ordered."""
+    from harness.studies.advise import Candidate, Plan
+    from harness.studies.advise_frontier import frontier, tied
+
+    def cand(backend, tokens, peak, fits=True):
+        return Candidate(backend, 1, 1, False, [], predicted_tokens_per_s=tokens, predicted_peak_bytes=peak, fits=fits)
+
+    slow_small, fast_big, beaten = cand("fsdp", 100, 10), cand("ddp", 200, 40), cand("ds_zero2", 90, 20)
+    unfit = cand("ds_zero1", 500, 5, fits=False)
+    p = Plan([], 50, 0.1, 8, 2, "m", "fp32", "cpu", "native", candidates=[slow_small, fast_big, beaten, unfit])
+    assert frontier(p) == [slow_small, fast_big]
+    band = (1.0, 1.5, "a check")
+    assert tied(cand("a", 140, 1), cand("b", 100, 1), band)  # 140/1.5 = 93 < 100: the ranges overlap
+    assert not tied(cand("a", 160, 1), cand("b", 100, 1), band)
+    assert not tied(cand("a", 101, 1), cand("b", 100, 1), None)  # no band measured: ordered as predicted
 
 
 def test_the_dry_run_says_why_micro_batch_1_peaks_above_micro_batch_4_at_one_global_batch(capsys):

@@ -15,7 +15,7 @@ from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
 from ..reporting.plots import pyplot
 from ..reporting.sweep_report import log_summary_run
-from . import advise, advise_notes
+from . import advise, advise_frontier, advise_notes
 from .advise import GIB, Candidate, Plan, contenders, gap_pct, measure, plan, size, to_dict
 from .flags import advise_parser
 
@@ -206,11 +206,13 @@ def write(p: Plan, result: dict, out: Path, command: str) -> None:
               f"{'this machine' if rates['collectives_measured'] else 'the stated default link'}"
               f"; measured ÷ predicted tokens/s: median {statistics.median(speed) if speed else float('nan'):.2f} "
               "(theory orders the candidates; the probes decide).", "", *theory_table(p), "",
-              "![advice](advice.png)", ""]
+              "![advice](advice.png)", "", "## The predicted frontier", "", *advise_frontier.lines(p), "",
+              "![frontier](frontier.png)", ""]
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "advice.json", {"command": command, **result, "plan": to_dict(p)})
     write_text(out / "advice.md", "\n".join(lines))
     plot(p, result, out / "advice.png")
+    advise_frontier.plot(p, out / "frontier.png")
     log_wandb(p, result, out)
     print("\n".join([f"\n{result['sentence']}\n", *table(p), "", *[f"  {b}: {w}" for b, w in result["why"].items()],
                      "", f"written to {out}/advice.{{md,json,png}}"]))
@@ -293,9 +295,11 @@ def main(argv=None) -> int:
         return 2
     print_plan(p)
     if args.dry_run:  # the table, its recommendation, and the plan for scripts (no probe has run)
-        choice = predicted_choice(p)
-        print(f"\n{choice}")
-        write_json(out / "plan.json", {**to_dict(p), "predicted_choice": choice})
+        choice, frontier = predicted_choice(p), advise_frontier.lines(p)
+        print("\n".join([f"\n{choice}", "", *frontier]))
+        write_json(out / "plan.json", {**to_dict(p), "predicted_choice": choice, "frontier": frontier})
+        advise_frontier.plot(p, out / "frontier.png")
+        print(f"written to {out}/plan.json and frontier.png")
         return 0
     measure(p, args.max_probes, out, args.force)
     result = answer(p)
