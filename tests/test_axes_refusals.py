@@ -167,3 +167,10 @@ def test_deepcompile_has_its_op_built_first_dynamo_on_and_an_arch_list_deepspeed
     assert jit_ops(deepcompile) == ["dc"] and jit_ops(eager) == []
     assert "TORCHDYNAMO_DISABLE" not in rank_env(deepcompile)
     assert rank_env(eager)["TORCHDYNAMO_DISABLE"] == "1"
+    # make warm builds every op a family names: on CPU, DeepSpeed has no DeepCompile op, which is "not used by
+    # this accelerator", not an error (a fresh clone's make warm stopped on it)
+    import torch
+
+    from harness.backends.deepspeed.jit_ops import load
+    if not torch.cuda.is_available():
+        assert load("dc") is False
