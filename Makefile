@@ -126,10 +126,10 @@ browser: ## install headless Chromium (Debian's `chromium`), which the report te
 docs: install ## the docs/ pages as a site in site/ (mkdocs build --strict: a broken link between pages fails it)
 	$(PY) -m mkdocs build --strict --quiet
 
-test: install warm browser ## the test suite (~7½ min): unit tests and real runs of every backend (gloo, CPU)
+test: install warm browser ## the test suite (~9 min): unit tests and real runs of every backend (gloo, CPU)
 	$(PY) -m pytest -m "not drill" $(ARGS)
 
-test-drills: install warm ## the launcher drills (~12 min): faults, Ctrl-C, racing launches, killed launcher and op builds
+test-drills: install warm ## the launcher drills (~15 min): faults, Ctrl-C, racing launches, killed launcher and op builds
 	$(PY) -m pytest -m drill $(ARGS)
 
 test-all: test test-drills ## both, as CI runs them
