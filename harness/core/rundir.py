@@ -173,11 +173,6 @@ class RunDir:
         the cause, the time lost."""
         return self.root / "restarts.jsonl"
 
-    def restarts_recorded(self) -> list:
-        if not self.restarts.exists():
-            return []
-        return [json.loads(line) for line in self.restarts.read_text().splitlines() if line.strip()]
-
     @property
     def reports(self) -> Path:
         """Every rank's RankReport, the FLOP counts and the warnings, left by rank 0 when every rank finished:

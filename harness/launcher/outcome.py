@@ -14,7 +14,7 @@ from typing import Dict, List
 from ..config import derive
 from ..config.mesh import Mesh, mesh_of
 from ..core.records import Identity, RankOutcome, RankReport, RunSummary, Status
-from ..core.rundir import NODE_ENDED, RunDir, read_json, write_json
+from ..core.rundir import NODE_ENDED, RunDir, read_json, read_jsonl, write_json
 from ..reporting.run_summary import summary_of_finished_run
 from ..core.runlock import holder
 
@@ -144,7 +144,7 @@ def summarise(cfg, run_dir: RunDir, returncode: int, notes: List[str], reason_pr
         summary = failure_summary(derive.identity(cfg), run_dir, mesh, returncode, cfg.dist.rendezvous_timeout_s)
         summary.reason = reason_prefix + summary.reason
     out = summary.to_dict()
-    restarts = run_dir.restarts_recorded()  # torchelastic's restarts (launch.max_restarts), as the ranks wrote them
+    restarts = read_jsonl(run_dir.restarts)  # torchelastic's restarts (launch.max_restarts), as the ranks wrote them
     if restarts:
         out["restarts"] = restarts
         out.setdefault("figures", {})["launch/restarts"] = len(restarts)

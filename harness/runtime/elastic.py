@@ -55,7 +55,7 @@ def checkpoint_to_resume(run_dir: RunDir) -> Optional[Path]:
 def record(run_dir: RunDir, path: Optional[Path]) -> dict:
     """Rank 0, once the restarted group has loaded `path` (None: from step 0): the restart's line."""
     step = step_of(path) if path is not None else 0
-    fault = read_json(run_dir.fault) or {}
+    fault = (read_json(run_dir.fault) or {}) if restart_count() == 1 else {}  # a fault fires on the first attempt
     moved = set_aside_metrics(run_dir, step, restart_count())
     failed_at = fault.get("step", step + moved)
     cause = (f"fault.kind={fault['kind']} on rank {fault['rank']} at step {fault['step']}" if fault

@@ -16,6 +16,7 @@ from ..core.rundir import write_json, write_text
 from ..reporting.plots import pyplot
 from ..reporting.sweep_report import log_summary_run
 from . import advise, advise_frontier, advise_notes
+from .advise_frontier import link_words
 from .advise import GIB, Candidate, Plan, contenders, gap_pct, measure, plan, size, to_dict
 from .flags import advise_parser
 
@@ -141,11 +142,6 @@ def theory_table(p: Plan) -> List[str]:
               f"{c.predicted_intra_node_bytes / 1e9:,.2f} | {c.predicted_inter_node_bytes / 1e9:,.2f} | "
               f"{c.predicted_step_s * 1e3:,.2f} | {c.predicted_tokens_per_s:,.0f} |" for c in p.candidates]
     return lines
-
-
-def link_words(c: Candidate) -> str:
-    return (f"{c.predicted_intra_node_bytes / 1e9:,.1f} GB a step inside a node and "
-            f"{c.predicted_inter_node_bytes / 1e9:,.1f} GB across nodes per rank")
 
 
 def predicted_choice(p: Plan) -> str:

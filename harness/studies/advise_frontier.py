@@ -89,13 +89,15 @@ def lines(p: Plan) -> List[str]:
                        "less than the band's spread; probe both (advise without --dry-run) to order them.")
         else:
             out.append(f"Winner {first.name}, {gap:.1f}% faster than the runner-up {second.name}, beyond the band; "
-                       f"{link(first)} against {link(second)}, {size(headroom)} of headroom under the budget.")
+                       f"{link_words(first)} against {link_words(second)}, {size(headroom)} of headroom under the "
+                       "budget.")
     return out
 
 
-def link(c: Candidate) -> str:
-    return (f"{c.predicted_intra_node_bytes / 1e9:,.1f} GB inside a node and {c.predicted_inter_node_bytes / 1e9:,.1f} "
-            "GB across nodes a step")
+def link_words(c: Candidate) -> str:
+    """The bytes a rank sends a step, on each kind of link (the dry run's recommendation says them too)."""
+    return (f"{c.predicted_intra_node_bytes / 1e9:,.1f} GB a step inside a node and "
+            f"{c.predicted_inter_node_bytes / 1e9:,.1f} GB across nodes per rank")
 
 
 def plot(p: Plan, path: Path) -> None:
