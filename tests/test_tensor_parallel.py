@@ -137,24 +137,27 @@ def test_the_settings_record_the_mesh_and_the_plan_that_ran(tp_runs):
 
 @pytest.mark.slow
 def test_each_rank_holds_and_sends_what_the_theory_says(tp_runs):
-    # the memory check's tolerance (studies/memory_check.missed): the peak within 10%, or within 10% once the one
-    # buffer gloo may release a phase late on this oversubscribed CPU (4 ranks, 2 cores) is set aside
-    from harness.runtime.worker import load_config
-    from harness.core.rundir import RunDir
-    from harness.theory.peak import after_backward_buffers
+    # the memory check's tolerance (studies/memory_check.missed): each rank's peak within 10%, or within 10% once
+    # the bytes that rank had not released at the after-backward marker are set aside (the closure check's
+    # "unaccounted"). On this oversubscribed CPU (4 ranks, 2 cores) gloo releases a timing-dependent number of the
+    # tensor-parallel all-reduce's activation-sized buffers a phase late: under AutoTP, 5 to 12 of 48 KiB on the
+    # four ranks of one launch, which no GPU would hold
+    import json
 
     for cell, (summary, _, run_dir) in tp_runs.items():
         if cell.startswith("tied/"):
             continue  # losses only
         f = summary["figures"]
-        cfg = load_config(RunDir(run_dir))
-        held = max(after_backward_buffers(cfg.backend, shape_of(cfg, None, models.param_count(cfg.model))).values())
-        peak, predicted = f["memory/tensor_peak_bytes_max"], f["memory/tensor_peak_predicted_bytes"]
-        errors = [100 * (peak - predicted) / predicted, 100 * (peak - held - predicted) / predicted]
-        print(f"TP {cell}: states {f['memory/model_states_error_pct']:+.2f}%, peak {errors[0]:+.1f}% "
-              f"({errors[1]:+.1f}% less {held / 2**20:.2f} MiB gloo may hold late), bytes {f['comm/bytes_error_pct']:+.2f}%")
+        predicted = f["memory/tensor_peak_predicted_bytes"]
+        for rank in json.loads((run_dir / "ranks" / "report.json").read_text())["ranks"]:
+            p = rank["tensor_peak"]
+            errors = [100 * (p["peak"] - predicted) / predicted,
+                      100 * (p["peak"] - p["unaccounted"] - predicted) / predicted]
+            print(f"TP {cell} rank {rank['rank']}: peak {errors[0]:+.1f}% ({errors[1]:+.1f}% less "
+                  f"{p['unaccounted'] / 2**20:.2f} MiB unreleased after backward)")
+            assert min(map(abs, errors)) <= 10, (cell, rank["rank"], errors)
+        print(f"TP {cell}: states {f['memory/model_states_error_pct']:+.2f}%, bytes {f['comm/bytes_error_pct']:+.2f}%")
         assert abs(f["memory/model_states_error_pct"]) <= 1, (cell, f["memory/model_states_error_pct"])
-        assert min(map(abs, errors)) <= 10, (cell, errors)
         assert abs(f["comm/bytes_error_pct"]) <= 5, (cell, f["comm/bytes_error_pct"])
 
 

@@ -19,15 +19,17 @@ def backends() -> List[str]:
     return options("backend")
 
 
-def flat_backends() -> List[str]:
+def flat_backends(device: str | None = None) -> List[str]:
     """The backends that shard or replicate over the whole world. The hybrid ones (HSDP, partial resharding,
     ZeRO++'s hpZ: Family.is_hybrid) group ranks by node and gain nothing over their flat form on one node:
     single-node sweeps leave them out (the experiments' `glob(*,exclude=[...])` lists them); the multi-node
-    drill and `make hybrid` run them."""
+    drill and `make hybrid` run them. With `device`, only those that can run there (Family.device_refusal:
+    FSDP1's CPUOffload needs an accelerator), for the studies that run every backend on this machine."""
     from . import families
 
     presets = {b: backend_preset(b) for b in backends()}
-    return [b for b, node in presets.items() if not families.of(node).is_hybrid(node)]
+    return [b for b, node in presets.items() if not families.of(node).is_hybrid(node)
+            and not (device and families.of(node).device_refusal(node, device))]
 
 
 def async_saving_backends(names: List[str]) -> List[str]:

@@ -24,6 +24,7 @@ from ..core.errors import ConfigError
 FAMILIES = {
     "ddp": "harness.backends.ddp",
     "fsdp": "harness.backends.fsdp",
+    "fsdp1": "harness.backends.fsdp1",
     "deepspeed": "harness.backends.deepspeed",
 }
 
@@ -133,6 +134,11 @@ class Family:
         """Whose tensor-parallel plan splits the model (theory/tensor_plan.PLANS): PyTorch's, as
         runtime/tensor_parallel.py applies it."""
         return "torch"
+
+    def device_refusal(self, backend, device: str) -> str:
+        """Why this backend cannot run on `device` (cpu | cuda), one line; "" where it can. The rules refuse such
+        a run; `compose.flat_backends(device)` leaves it out of that device's sweeps."""
+        return ""
 
     def tensor_parallel_refusal(self, cfg) -> str:
         """Why this backend cannot run with parallelism.tp > 1, one line; "" where it can."""

@@ -200,7 +200,7 @@ def write(rows: List[dict], out: Path, command: str, budget: int) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-mib", type=float, default=256)
-    parser.add_argument("--backends", default=",".join(flat_backends()),
+    parser.add_argument("--backends", default=",".join(flat_backends("cpu")),
                         help="comma-separated (default: every flat backend)")
     parser.add_argument("--rungs", type=int, default=20, help="ladder rungs from 1e5 parameters in 1.5x steps")
     parser.add_argument("--micro-batch", action="store_true", help="search micro-batch 1..512 for the given model")

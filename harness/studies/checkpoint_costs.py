@@ -54,7 +54,7 @@ def measure(root: Path, model: str, extra: List[str]) -> List[dict]:
     from ..launcher.cells import run_cells
 
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
-    backends = flat_backends()
+    backends = flat_backends("cpu")
     common = [f"paths.root={root}", f"model={model}", *RUN, *extra]
     saves = [(b, [f"backend={b}"]) for b in backends] + [(f"{b}+async", [f"backend={b}", "train.checkpoint_async=true"])
                                                            for b in async_saving_backends(backends)]

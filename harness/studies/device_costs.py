@@ -129,7 +129,7 @@ def main(argv=None) -> int:
         record["host"] = {**measured_host, "source": f"measured op by op on {record['machine']} "
                                                      f"(studies/device_costs_cuda.py), {record['measured']}"}
     elif not args.no_calibrate:
-        backends = args.backends.split(",") if args.backends else flat_backends()
+        backends = args.backends.split(",") if args.backends else flat_backends("cpu")
         record["host"] = calibrate_host(backends, out, record)
         h = record["host"]
         print("host costs: " + ", ".join(f"{t} {h[t] * 1e6:.3f} µs" for t in HOST_TERMS))

@@ -237,7 +237,7 @@ def render(rows: List[dict], tolerance: float, command: str) -> str:
 
 def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default=",".join(all_backends()))
+    parser.add_argument("--backends", default=",".join(all_backends("cpu")))
     parser.add_argument("--models", default="tiny_llama,tiny_gpt2,tiny_qwen2,tiny_mistral")
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--checkpointing", default="none,full,every_2,selective_op",

@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     costs = calibrated_costs(overrides, "time-check")
     if costs is None:
         return 2
-    backends = args.backends.split(",") if args.backends else flat_backends()
+    backends = args.backends.split(",") if args.backends else flat_backends("cpu")
     cells = [(f"{m}-{p}-{b}", [f"backend={b}", f"model={m}", f"train.precision={p}"])
              for m in args.models.split(",") for p in args.precisions.split(",") for b in backends]
     out = Path(args.out)

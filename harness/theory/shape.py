@@ -54,6 +54,9 @@ class Shape:
     # holds full chunks), all and trainable; 0: Ψ/N and T/N
     shard_params: int = 0
     shard_trainable: int = 0
+    # the elements AdamW's states cover on the most-loaded rank, where the family decides them (FSDP1's
+    # use_orig_params views of its flat slices); 0: the layout's own count
+    optimizer_elements: int = 0
     # the run's mesh (config/mesh.py): its nodes, the tensor-parallel degree, the groups and the links they
     # cross; None = one node of `world` data-parallel ranks
     mesh: Mesh | None = None

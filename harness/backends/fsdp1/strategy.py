@@ -1,0 +1,90 @@
+"""PyTorch FSDP1 (`FullyShardedDataParallel`): each transformer block a unit (ModuleWrapPolicy over the model's
+own block class, as accelerate's TRANSFORMER_BASED_WRAP), the root another; every rank stores an equal slice of
+each unit's FlatParameter (family.py). FSDP1's own defaults run unless the backend preset says otherwise:
+BACKWARD_PRE prefetch, limit_all_gathers, use_orig_params=False, no forward prefetch.
+
+Mixed precision is FSDP1's MixedPrecision(param_dtype, reduce_dtype=fp32), as FSDP2's policy here: the sharded
+flat parameters, gradients and AdamW states stay fp32 (accelerate's "aligned" mode). The model is built and
+initialised whole on the host, then wrapped: FSDP1 shards it at construction. Clipping is FSDP1's own
+`clip_grad_norm_`, which reduces the shards' norms over the ranks (torch's clip_grad_norm_ would see only this
+rank's slice); fp16 uses its ShardedGradScaler. Checkpoints are DCP through torch's distributed state dict (the
+sharded state dict, keyed by the Hugging Face names), which FSDP2 loads: the migration path.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.distributed.fsdp import (BackwardPrefetch, CPUOffload, FullyShardedDataParallel, MixedPrecision,
+                                    ShardingStrategy)
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from typing_extensions import override
+
+from ...runtime import models
+from ...runtime.strategies.base import NativeStrategy, local_tensor
+
+
+def sharding_strategy(backend) -> ShardingStrategy:
+    if backend.hybrid_shard:
+        return ShardingStrategy.HYBRID_SHARD if backend.reshard_after_forward else ShardingStrategy._HYBRID_SHARD_ZERO2
+    return ShardingStrategy.FULL_SHARD if backend.reshard_after_forward else ShardingStrategy.SHARD_GRAD_OP
+
+
+class FSDP1Strategy(NativeStrategy):
+    @override
+    def setup(self, model, optim_cfg):
+        b = self.backend
+        model.to(self.device if not b.cpu_offload else "cpu")
+        self.initialise(model)
+        if self.cfg.train.compile:
+            self.settings["compile"] = {"compiled_blocks": models.compile_blocks(model)}
+        mp = None if self.precision == "fp32" else MixedPrecision(param_dtype=self.dtype, reduce_dtype=torch.float32)
+        prefetch = None if b.backward_prefetch == "NONE" else BackwardPrefetch[b.backward_prefetch]
+        wrap = ModuleWrapPolicy({type(block) for block in models.blocks(model)})
+        strategy = sharding_strategy(b)
+        # HYBRID_SHARD takes the mesh's 2-D (replicate, shard) DeviceMesh; the flat strategies the default group
+        mesh = {"device_mesh": self.meshes.data_parallel} if b.hybrid_shard else {}
+        self.model = FullyShardedDataParallel(
+            model, sharding_strategy=strategy, cpu_offload=CPUOffload(offload_params=bool(b.cpu_offload)),
+            auto_wrap_policy=wrap, backward_prefetch=prefetch, mixed_precision=mp,
+            device_id=self.device, limit_all_gathers=b.limit_all_gathers,
+            use_orig_params=b.use_orig_params, forward_prefetch=b.forward_prefetch, **mesh)
+        units = [m for m in self.model.modules() if isinstance(m, FullyShardedDataParallel)]
+        self.settings["fsdp1"] = {"sharding_strategy": strategy.name, "use_orig_params": b.use_orig_params,
+                                  "backward_prefetch": str(prefetch), "limit_all_gathers": b.limit_all_gathers,
+                                  "forward_prefetch": b.forward_prefetch, "units": len(units),
+                                  "auto_wrap": sorted(c.__name__ for c in wrap._module_classes),
+                                  "mp_param_dtype": str(mp.param_dtype if mp else None),
+                                  "mp_reduce_dtype": str(mp.reduce_dtype if mp else None),
+                                  "offload_params": bool(b.cpu_offload),
+                                  "flat_elements_per_rank": sum(p.numel() for p in self.model.parameters())
+                                  if not b.use_orig_params else None}
+        self._build_optimizer(optim_cfg)
+        if self.precision == "fp16":  # FSDP1's scaler: unscales the shards, reduces inf checks over the ranks
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self.scaler = ShardedGradScaler(self.device.type)
+        return self.model
+
+    @override
+    def step(self):
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        norm = self.model.clip_grad_norm_(self.grad_clip or float("inf"))  # over every rank's slices
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return local_tensor(norm)
+
+    @override
+    def state_tensors(self):
+        states = super().state_tensors()  # the flat slices (or views of them, use_orig_params) count once each
+        return {f"host_{k}": v for k, v in states.items()} if self.backend.cpu_offload else states
+
+    @override
+    def sync_context(self, last):
+        # without sync FSDP1 accumulates each unit's unsharded gradient and reduce-scatters on the last micro-batch
+        return contextlib.nullcontext() if last else self.model.no_sync()
