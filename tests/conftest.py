@@ -164,6 +164,7 @@ def tp_resumed(tp_runs, llama_checkpoint, micro_batch: int, tp: int, backends=("
     return overrides
 
 
+MODEL_DTYPE_BACKENDS = ("ddp", "fsdp", "fsdp1")
 BF16 = ("model=tiny_gpt2", "train.precision=bf16", "model.init=meta", "train.measure_flops=false")
 
 
@@ -197,6 +198,13 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         # FSDP2 on the meta device and ZeRO-3 under zero.Init must initialise the tied model as the host builds
         # do (runtime/initial_weights.py). FLOPs are tested on the fp32 sweep (test_parity): off saves ~1 s a run
         "bf16": BF16,
+        # the bf16 sweep's shape with the parameters, gradients and AdamW states in bf16 (train.master_weights=model,
+        # accelerate's memory-constrained mode) under the torch families: tests/test_master_weights.py
+        "model_dtype": only(MODEL_DTYPE_BACKENDS, *BF16, "train.master_weights=model"),
+        # FSDP2 resuming FSDP1's fp32 checkpoint (its DCP sharded state dict) at 2 ranks: the migration path
+        "migrate": only(("fsdp",), *FINETUNE, "parallelism.nproc_per_node=2", "parallelism.grad_accum=3",
+                        "model.init=meta", f"model.pretrained_path={llama_checkpoint}",
+                        *cheap(saved(fp32_runs, "fsdp1"))),
         # the bf16 sweep's runs again under two activation-checkpointing policies, losses only: the same losses,
         # step for step (tests/test_recompute.py, and harness/studies/axes.py's table of them)
         "bf16_full": only(("fsdp", "ds_zero3"), *cheap(*BF16, "train.activation_checkpointing=full")),
@@ -230,6 +238,16 @@ def states_cells(ranks: int):
 @pytest.fixture(scope="session")
 def reshard_runs(two_rank_sweeps):
     return two_rank_sweeps["reshard"]
+
+
+@pytest.fixture(scope="session")
+def model_dtype_runs(two_rank_sweeps):
+    return two_rank_sweeps["model_dtype"]
+
+
+@pytest.fixture(scope="session")
+def migrate_runs(two_rank_sweeps):
+    return two_rank_sweeps["migrate"]
 
 
 @pytest.fixture(scope="session")

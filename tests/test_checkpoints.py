@@ -53,6 +53,15 @@ def test_a_checkpoint_from_3_ranks_resumes_at_2_to_the_same_losses(fp32_runs, re
     assert how.get("load_universal", False) == deepspeed, how
 
 
+def test_fsdp2_resumes_an_fsdp1_checkpoint_to_fsdp1s_losses(fp32_runs, migrate_runs):
+    # the migration path: FSDP1's sharded state dict (ShardedTensors of flat slices, through torch's distributed
+    # state dict) saved by DCP at 3 ranks, loaded by FSDP2 (DTensors) at 2, resharded by DCP on load
+    summary, records, _ = migrate_runs["fsdp"]
+    assert summary["status"] == "ok", summary.get("reason")
+    assert summary["figures"]["checkpoint/resumed_from_world"] == 3
+    assert losses(records) == pytest.approx(losses(fp32_runs["fsdp1"][1])[SAVED_AT:], rel=1e-4)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_save_is_timed_and_its_bytes_stand_beside_theory(fp32_runs, backend):
     summary, _, run_dir = fp32_runs[backend]

@@ -75,7 +75,9 @@ def test_lora_flops_skip_the_frozen_weight_gradients():
 @pytest.mark.parametrize("name", BACKENDS)
 def test_lora_model_states_match_the_frozen_base_layout(lora_runs, name):
     # parameters at the backend's dtype for the whole model; gradients, masters and Adam only for the adapters
-    _measured_vs_predicted(lora_runs, name)
+    # (under FSDP1, a gradient for the whole flat slice of each unit that holds an adapter, and AdamW's states on
+    # the ranks whose slices hold them: uneven, the theory the most-loaded rank's)
+    _measured_vs_predicted(lora_runs, name, uneven=name.startswith("fsdp1"))
     f = lora_runs[name][0]["figures"]
     grads = f.get("memory/model_states_grads_bytes_max", 0) + f.get("memory/model_states_host_grads_bytes_max", 0)
     params = f.get("memory/model_states_params_bytes_max", 0) + f.get("memory/model_states_host_params_bytes_max", 0)

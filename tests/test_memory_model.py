@@ -80,16 +80,19 @@ def test_deepspeed_estimators_agree_where_they_model_the_same_thing(model_name):
     # host side is not compared.
 
 
-def _measured_vs_predicted(runs, name):
+def _measured_vs_predicted(runs, name, uneven: bool = False):
+    """Every rank's states within 5% of the theory's; with `uneven`, no rank above it and the most-loaded one
+    within it (FSDP1 under LoRA: AdamW's states sit on the ranks whose flat slices hold the adapters)."""
     summary = runs[name][0]
     assert summary["status"] == "ok", summary.get("reason")
     f = summary["figures"]
-    for rank in summary["per_rank"]:
-        states = rank["model_states"]
-        for part in ("total", "device", "host"):
-            predicted = f[f"memory/model_states_{part}_predicted_bytes" if part != "total"
-                          else "memory/model_states_predicted_bytes"]
-            assert states[part] == pytest.approx(predicted, rel=0.05, abs=1), (name, part, states, predicted)
+    for part in ("total", "device", "host"):
+        predicted = f[f"memory/model_states_{part}_predicted_bytes" if part != "total"
+                      else "memory/model_states_predicted_bytes"]
+        held = [rank["model_states"][part] for rank in summary["per_rank"]]
+        for states in held if not uneven else [max(held)]:
+            assert states == pytest.approx(predicted, rel=0.05, abs=1), (name, part, held, predicted)
+        assert max(held) <= predicted * 1.05 + 1, (name, part, held, predicted)
     assert abs(f["memory/model_states_error_pct"]) < 5
     assert f["memory/model_states_paper_bytes"] > 0 and f["comm/predicted_bytes_per_step"] > 0
     # every tensor the strategy holds is in a component: DeepSpeed's per-class tables name every attribute of

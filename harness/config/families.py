@@ -79,6 +79,9 @@ class Family:
     # float8 training (train.float8; config/float8_check.py, theory/float8.py): why it cannot run under this
     # family, "" where it can; and whether its all-gathers carry tensorwise float8 weights in float8
     float8_refusal = ""
+    # train.master_weights=model (parameters and optimizer states in the model's dtype): why this family cannot
+    # keep them so, "" where it can
+    master_weights_refusal = ""
     float8_all_gather = False
 
     THEORY = ("paper_stage", "layout", "phase_terms", "step_transients", "after_backward_buffers", "collectives",
@@ -154,8 +157,9 @@ class Family:
         """Whether gradients are reduced only on the last micro-batch of a step."""
         return True
 
-    def activation_regime(self, precision: str) -> str:
-        """How a 16-bit run keeps activations (theory/activations.py): `16-bit` parameters, or `autocast`."""
+    def activation_regime(self, precision: str, master: str = "fp32") -> str:
+        """How a 16-bit run keeps activations (theory/activations.py): `16-bit` parameters, or `autocast`
+        (`master`: train.master_weights)."""
         return "fp32" if precision == "fp32" else "16-bit"
 
     @property

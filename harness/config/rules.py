@@ -14,7 +14,8 @@ from typing import Callable, List
 from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import ConfigError
-from . import data_check, derive, families, finetune_check, float8_check, hf_models, recompute, resume_check, schema
+from . import (data_check, derive, families, finetune_check, float8_check, hf_models, master_weights_check, recompute,
+               resume_check, schema)
 from .schema import CHOICES
 
 __all__ = ["ConfigError", "check", "problems", "output_problems"]
@@ -296,7 +297,8 @@ def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[s
     return unknown_key_rules(cfg) or value_rules(cfg) or hf_models.problems(cfg) or [
         *shape_rules(cfg), *tensor_rules(cfg), *device_rules(cfg, cuda_devices), *batch_rules(cfg), *run_rules(cfg),
         *backend_rules(cfg),
-        *finetune_check.problems(cfg), *float8_check.problems(cfg), *resume_check.problems(cfg),
+        *finetune_check.problems(cfg), *float8_check.problems(cfg), *master_weights_check.problems(cfg),
+        *resume_check.problems(cfg),
         *data_check.problems(cfg)]
 
 

@@ -30,6 +30,7 @@ CHOICES = {
     "train.precision": ("fp32", "bf16", "fp16"),
     "train.on_nonfinite": ("stop", "continue"),
     "train.float8": ("none", "tensorwise", "rowwise"),  # theory/float8.py
+    "train.master_weights": ("fp32", "model"),
     "data.name": ("stdlib", "synthetic", "files"),
     "optim.schedule": ("constant", "cosine"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
@@ -138,7 +139,12 @@ class TrainConfig:
     steps: int = 20
     warmup_steps: int = 5  # excluded from every timing and peak-memory figure
     seed: int = 0
-    precision: str = "fp32"  # fp32 | bf16 | fp16; master weights and optimizer state stay fp32 everywhere
+    precision: str = "fp32"  # fp32 | bf16 | fp16: the compute dtype
+    # fp32: the parameters, gradients and optimizer states stay fp32 under every backend (DeepSpeed's way, and
+    # accelerate's "aligned" FSDP mode); model: they are kept in the model's dtype, `precision`, as when a model
+    # loaded in bf16 is handed to FSDP or DDP (accelerate's "memory-constrained" mode): 8 bytes a parameter with
+    # AdamW in bf16, not 16. DeepSpeed always keeps fp32 masters, and refuses it
+    master_weights: str = "fp32"
     # none | full | every_k | selective_op (config/recompute.py), the same under every backend; every_<k> is
     # every_k with that k; true and false, from configs written before the policy, mean full and none
     activation_checkpointing: str = "none"

@@ -34,7 +34,7 @@ def counts_for(cfg) -> dict:
     from . import models
 
     counts = models.param_count(cfg.model, cfg.workload)
-    compiled = kept(cfg, regime(cfg.backend, cfg.train.precision))
+    compiled = kept(cfg, regime(cfg.backend, cfg.train.precision, cfg.train.master_weights))
     return {**counts, "compiled_kept": compiled} if compiled else counts
 
 

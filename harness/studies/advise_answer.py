@@ -276,7 +276,7 @@ def main(argv=None) -> int:
         # a dry run plans for hardware you may not have: only the machine-independent rules apply
         rules.check(cfg, **({"cuda_devices": lambda: cfg.parallelism.nproc_per_node} if args.dry_run else {}))
         chosen = (args.backends.split(",") if args.backends
-                  else all_backends() if cfg.parallelism.nnodes > 1 else flat_backends())
+                  else all_backends() if cfg.parallelism.nnodes > 1 else flat_backends(cfg.parallelism.device))
         p = plan(overrides, budget, args.global_batch, chosen, args.margin)
     except (HydraException, OmegaConfBaseException, ConfigError, ValueError) as err:
         print(f"advise: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)

@@ -101,7 +101,7 @@ def step_prediction(cfg, world: int, shape, flops_per_token: float, rates) -> di
 
 def saved_activations(cfg, par, shape, checkpointing: bool) -> float:
     """What one micro-batch's forward keeps for backward under this backend's precision regime."""
-    reg = activations.regime(cfg.backend, shape.precision)
+    reg = activations.regime(cfg.backend, shape.precision, shape.master_weights)
     policy = Recompute("full" if checkpointing else "none", 1, cfg.model.num_layers)
     return activations.saved(activations.parts(cfg.model, par, reg, policy, shape.matmul_weights,
                                                shape.head_matmul_weights, shape.mesh))

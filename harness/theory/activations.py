@@ -66,11 +66,12 @@ from typing import Dict
 
 from ..config.recompute import Recompute
 
-def regime(backend, precision: str) -> str:
-    """`fp32`, `16-bit` or `autocast` (module docstring): the backend's family says how it runs 16 bits."""
+def regime(backend, precision: str, master: str = "fp32") -> str:
+    """`fp32`, `16-bit` or `autocast` (module docstring): the backend's family says how it runs 16 bits
+    (`master`: train.master_weights, under which DDP's parameters are 16-bit and autocast off)."""
     from ..config import families
 
-    return families.of(backend).activation_regime(precision)
+    return families.of(backend).activation_regime(precision, master)
 
 
 def _widths(model):

@@ -28,7 +28,8 @@ def predict(cfg, world: int, counts: Dict[str, int]) -> Dict[str, float]:
         "memory/model_states_paper_bytes": paper_bytes(paper_stage(cfg.backend), s),
         "memory/buffers_predicted_bytes": components.get("buffers", 0.0),
     })
-    act = activations.parts(cfg.model, cfg.parallelism, activations.regime(cfg.backend, cfg.train.precision),
+    act = activations.parts(cfg.model, cfg.parallelism, activations.regime(cfg.backend, cfg.train.precision,
+                                                                         cfg.train.master_weights),
                             recompute_of(cfg), s.matmul_weights, s.head_matmul_weights, s.mesh,
                             compiled=counts.get("compiled_kept"))
     # what one micro-batch's forward keeps for backward (theory/activations.py)

@@ -17,6 +17,7 @@ class Shape:
     params: int  # Ψ: the elements one rank's model holds (under tensor parallelism, its shard of each tensor)
     world: int  # N, the data-parallel degree
     precision: str  # fp32 | bf16 | fp16
+    master_weights: str = "fp32"  # fp32 | model: the dtype the parameters, gradients and optimizer states keep
     largest_param: int = 0
     bucket_elements: int = 0  # the gradient bucket: DeepSpeed's reduce bucket as it will run, else DDP's
     grad_accum: int = 1
@@ -123,6 +124,12 @@ class Shape:
         return 4 if self.precision == "fp32" else 2
 
     @property
+    def w(self) -> int:
+        """Bytes of a stored parameter, gradient and AdamW state under the torch backends: fp32 masters (4), or
+        the model's dtype (train.master_weights=model)."""
+        return 4 if self.master_weights == "fp32" else self.p
+
+    @property
     def k(self) -> int:
         """Optimizer bytes per parameter in the paper's sense: Adam's m and v, plus an fp32 master copy."""
         return 8 if self.precision == "fp32" else 12
@@ -145,7 +152,7 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
     whole = counts["total"]
     counts = local_counts(counts, families.of(cfg.backend).tensor_plan(cfg), mesh.tp)
     params = counts["total"]
-    fields = dict(params=params, world=mesh.dp, precision=cfg.train.precision,
+    fields = dict(params=params, world=mesh.dp, precision=cfg.train.precision, master_weights=cfg.train.master_weights,
                   largest_param=counts["largest_param"], bucket_elements=bucket_elements(cfg, params),
                   grad_accum=cfg.parallelism.grad_accum, fp32_grads=cfg.train.precision == "fp32",
                   block_params=counts.get("per_block", 0), foreach=cfg.parallelism.device == "cuda",

@@ -36,7 +36,7 @@ def dtypes(backend, s) -> tuple:
     """(bytes an element of the residual stream, of a matmul's output) in this backend's precision regime."""
     from .activations import regime
 
-    reg = regime(backend, s.precision)
+    reg = regime(backend, s.precision, s.master_weights)
     return (4 if reg in ("fp32", "autocast") else 2), (4 if reg == "fp32" else 2)
 
 

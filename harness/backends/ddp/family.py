@@ -29,7 +29,9 @@ def options(cfg, params: int) -> Dict[str, Any]:
     """DistributedDataParallel keyword arguments beyond the model and device: none under native."""
     if cfg.profile == NATIVE:
         return {}
-    return {"gradient_as_bucket_view": True, "bucket_cap_mb": bucket_elements(cfg, params) * 4 / 2**20}
+    # the bucket holds gradients in the parameters' dtype: fp32, or the model's under master_weights=model
+    element = 4 if cfg.train.master_weights == "fp32" else {"bf16": 2, "fp16": 2}.get(cfg.train.precision, 4)
+    return {"gradient_as_bucket_view": True, "bucket_cap_mb": bucket_elements(cfg, params) * element / 2**20}
 
 
 def replicated(backend, s):
@@ -70,14 +72,15 @@ class DDPFamily(DCPCheckpoints, Family):
         # without gradient_as_bucket_view (native) the buckets are a second copy of every gradient
         return {"grad_copy": not options(cfg, counts["total"]).get("gradient_as_bucket_view", False)}
 
-    def activation_regime(self, precision):
-        return "fp32" if precision == "fp32" else "autocast"
+    def activation_regime(self, precision, master="fp32"):
+        # under master_weights=model the parameters are 16-bit themselves and autocast is off
+        return "fp32" if precision == "fp32" else "16-bit" if master == "model" else "autocast"
 
     def paper_stage(self, backend):
         return 0
 
     def layout(self, backend, s):
-        return {"params": 4 * s.params, "grads": 4 * s.t, "optimizer": 8 * s.t}
+        return {"params": s.w * s.params, "grads": s.w * s.t, "optimizer": 2 * s.w * s.t}
 
     def phase_terms(self, backend, s, phase, k):
         if s.tp > 1:
@@ -97,10 +100,10 @@ class DDPFamily(DCPCheckpoints, Family):
         allocated at construction, and .grad does not exist until backward makes it (the optimizer sets it to
         None): inside the last block, the head's and the block's last matmul's gradients exist."""
         if not s.grad_copy:  # micro-batches under no_sync after .grad was set to None accumulate anew
-            return {"accumulated_grads": 4.0 * s.t} if s.grad_accum > 1 else {}
-        out = {"ddp_buckets": 4.0 * s.t, "grads_not_yet_allocated": self.missing_grads(backend, s)}
+            return {"accumulated_grads": s.w * s.t} if s.grad_accum > 1 else {}
+        out = {"ddp_buckets": s.w * s.t, "grads_not_yet_allocated": self.missing_grads(backend, s)}
         if k is not None and s.grad_accum == 1:
-            out["grads_so_far"] = 4.0 * produced(s, k)
+            out["grads_so_far"] = s.w * produced(s, k)
         return out
 
     def step_transients(self, backend, s):
@@ -108,15 +111,15 @@ class DDPFamily(DCPCheckpoints, Family):
             fsdp2, settings, view = replicated(backend, s)
             return fsdp2.step_transients(settings, view)
         # torch's AdamW: foreach makes one temporary per tensor, single-tensor two of the largest at a time
-        return {"optimizer_temporaries": 4 * s.t if s.foreach else 2 * 4 * s.largest_t,
-                "ddp_buckets": 4 * s.t if s.grad_copy else 0.0}
+        return {"optimizer_temporaries": s.w * s.t if s.foreach else 2 * s.w * s.largest_t,
+                "ddp_buckets": s.w * s.t if s.grad_copy else 0.0}
 
     def after_backward_buffers(self, backend, s):
         if s.tp > 1:
             fsdp2, settings, view = replicated(backend, s)
             return fsdp2.after_backward_buffers(settings, view)
         if s.grad_copy:
-            return {"DDP's gradient buckets (a copy of every gradient, in its C++ reducer)": 4.0 * s.t}
+            return {"DDP's gradient buckets (a copy of every gradient, in its C++ reducer)": s.w * s.t}
         return {}
 
     def collectives(self, backend, s):
@@ -124,9 +127,10 @@ class DDPFamily(DCPCheckpoints, Family):
             fsdp2, settings, view = replicated(backend, s)
             return [c._replace(group=None if c.group == "dp_replicate" else c.group)
                     for c in fsdp2.collectives(settings, view) if view.grid.size(c.group) > 1]
-        # fp32 gradients (autocast keeps weights fp32), once per step, hidden behind backward
-        bucket = NATIVE_BUCKET_BYTES // 4 if s.grad_copy else s.bucket_elements
-        return bucketed("all_reduce", s.t, bucket, 4, 1, "backward") + [Collective("all_reduce", 4, 1, None)]
+        # fp32 gradients (autocast keeps weights fp32; the model's dtype under master_weights=model), once per
+        # step, hidden behind backward
+        bucket = NATIVE_BUCKET_BYTES // s.w if s.grad_copy else s.bucket_elements
+        return bucketed("all_reduce", s.t, bucket, s.w, 1, "backward") + [Collective("all_reduce", 4, 1, None)]
 
     def paper_comm_elements(self, backend, s):
         return 2 * s.t

@@ -36,6 +36,7 @@ class DDPStrategy(NativeStrategy):
         self.apply_tensor_parallel(model)
         self.apply_float8(model)
         self.initialise(model)
+        self.to_model_dtype(model)
         if self.mesh.tp > 1:
             return self._replicate(model, optim_cfg)
         if self.cfg.train.compile:
@@ -95,7 +96,9 @@ class DDPStrategy(NativeStrategy):
 
     @override
     def autocast(self):
-        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.precision != "fp32")
+        # none under master_weights=model: the parameters are in the compute dtype already
+        return torch.autocast(self.device.type, dtype=self.dtype,
+                              enabled=self.precision != "fp32" and not self.states_in_model_dtype)
 
     @override
     def sync_context(self, last):

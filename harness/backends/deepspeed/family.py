@@ -36,6 +36,8 @@ class DeepSpeedFamily(Family):
     async_save_refusal = "DeepSpeed's asynchronous checkpoint engines (Nebula, FastPersist) need CUDA or Azure"
     float8_refusal = ("torchao's converted Linears hold the weights DeepSpeed's engine flattens and partitions, and "
                       "DeepSpeed has no float8 training path of its own")
+    master_weights_refusal = ("DeepSpeed's ZeRO optimizers always keep fp32 master weights and Adam states beside "
+                              "the 16-bit parameters")
     representative = "ds_zero2"
     untraceable = ("the engine moves the module to its device (engine._configure_distributed_model), which torch "
                    "cannot do with fake parameters; ZeRO-3 built under zero.Init gets through forward and backward and "

@@ -96,7 +96,7 @@ class FSDPFamily(DCPCheckpoints, Family):
     def layout(self, backend, s):
         params = s.shard_params or s.params / s.shards
         trained = s.shard_trainable or s.t / s.shards
-        out = {"params": 4 * params, "grads": 4 * trained, "optimizer": 8 * trained}
+        out = {"params": s.w * params, "grads": s.w * trained, "optimizer": 2 * s.w * trained}
         # CPUOffloadPolicy keeps every sharded state on the host; what reaches the device is transient
         return {f"host_{k}": v for k, v in out.items()} if backend.cpu_offload else out
 
@@ -116,7 +116,7 @@ class FSDPFamily(DCPCheckpoints, Family):
         out["post_forward_shards"] = held * post_forward_shard(s)
         if k is None:
             if s.grad_accum > 1:
-                out["unsharded_grads"] = 4.0 * s.t
+                out["unsharded_grads"] = s.w * s.t
             if not s.blocks_reshard:
                 out["gathered_params"] = p * s.params
             elif phase == "forward_end":
@@ -129,11 +129,11 @@ class FSDPFamily(DCPCheckpoints, Family):
         else:  # every block not yet through its backward (resharded after it), and the root until the end
             out["gathered_params"] = p * (s.params - (s.blocks - 1 - k) * block)
         # without gradient sync (earlier micro-batches) FSDP2 accumulates every unsharded gradient in fp32
-        out["unsharded_grads"] = (4.0 * s.t if s.grad_accum > 1 else p * (s.head_trainable + s.block_out_trainable))
+        out["unsharded_grads"] = (s.w * s.t if s.grad_accum > 1 else p * (s.head_trainable + s.block_out_trainable))
         if s.grad_accum == 1:
-            out["sharded_grads_so_far"] = 4.0 * (s.blocks - 1 - k) * s.block_t / s.shards
+            out["sharded_grads_so_far"] = s.w * (s.blocks - 1 - k) * s.block_t / s.shards
             # the last reduce-scatter's fp32 input, kept until the next one is issued
-            out["reduce_scatter_input"] = 4.0 * s.block_t if k < s.blocks - 1 else 0.0
+            out["reduce_scatter_input"] = s.w * s.block_t if k < s.blocks - 1 else 0.0
         return out
 
     def reduce_terms(self, backend, s, act):
@@ -151,7 +151,7 @@ class FSDPFamily(DCPCheckpoints, Family):
         Without sync only the last micro-batch reduces, inside the other moments."""
         if s.grad_accum > 1:
             return {}, None
-        clone = 4.0 * s.block_t if s.device == "cpu" else 0.0
+        clone = s.w * s.block_t if s.device == "cpu" else 0.0
 
         def at(j: int, moment: str) -> Dict[str, float]:
             below = sum(activations.kept_by_block(act, i) for i in range(j))
@@ -164,9 +164,9 @@ class FSDPFamily(DCPCheckpoints, Family):
                     "post_forward_shards": j * post_forward_shard(s),
                     "gathered_params": s.p * (s.root_params + gathered),
                     "unsharded_grads": s.p * (s.head_trainable + (s.block_t if complete else 0)),
-                    "reduce_scatter_input": 4.0 * s.block_t if (j < s.blocks - 1 or not complete) else 0.0,
+                    "reduce_scatter_input": s.w * s.block_t if (j < s.blocks - 1 or not complete) else 0.0,
                     "gloo_clone": 0.0 if complete else clone,
-                    "sharded_grads_so_far": 4.0 * (s.blocks - j - (1 if complete else 0)) * s.block_t / s.shards,
+                    "sharded_grads_so_far": s.w * (s.blocks - j - (1 if complete else 0)) * s.block_t / s.shards,
                     "grads_not_yet_allocated": self.missing_grads(backend, s)}
         worst = max(((j, m) for j in range(s.blocks) for m in ("grads_complete", "reduce_scatter")),
                     key=lambda jm: sum(at(*jm).values()))
@@ -177,7 +177,7 @@ class FSDPFamily(DCPCheckpoints, Family):
         local, largest = s.t / s.shards, -(-s.largest_t // s.shards)
         if backend.cpu_offload and s.device != "cpu":
             return {}  # offloaded: AdamW steps the host shards, its temporaries on the host, none on the device
-        return {"optimizer_temporaries": 4 * local if s.foreach else 2 * 4 * largest}
+        return {"optimizer_temporaries": s.w * local if s.foreach else 2 * s.w * largest}
 
     def after_backward_buffers(self, backend, s):
         """FSDP2 keeps a reduce-scatter's fp32 input until the next reduce-scatter is issued, so the last ones (the
@@ -185,10 +185,10 @@ class FSDPFamily(DCPCheckpoints, Family):
         reduce_scatter also clones its input, and its thread may let go of a block's unsharded gradients late."""
         # a block's unsharded gradients, the reduce-scatter's copy-in source, in the parameter dtype: seen alive
         # after backward in 2 of 16 bf16 tiny_llama/tiny_mistral cells, 92,424 bytes = 2 x 46,208 (a block) + 8
-        return {"a block's reduce-scatter input (FSDP2 keeps it until the next)": 4.0 * s.block_t,
-                "its gloo clone": 4.0 * s.block_t if s.device == "cpu" else 0.0,
+        return {"a block's reduce-scatter input (FSDP2 keeps it until the next)": s.w * s.block_t,
+                "its gloo clone": s.w * s.block_t if s.device == "cpu" else 0.0,
                 "a block's unsharded gradients (the copy-in's source)": s.p * s.block_t,
-                "the root's reduce-scatter input": 4.0 * max(s.t - s.blocks * s.block_t, 0),
+                "the root's reduce-scatter input": s.w * max(s.t - s.blocks * s.block_t, 0),
                 "the root's gathered parameters": s.p * s.root_params}
 
     def collectives(self, backend, s):
@@ -216,8 +216,8 @@ class FSDPFamily(DCPCheckpoints, Family):
             regather.append(Collective("all_gather", root * p, ga, "forward+backward", shard))
         gathers = [Collective("all_gather", size, ga, "forward+backward", shard)
                    for size in [block_bytes] * s.blocks + [root * p] if size]
-        reduce = [Collective("reduce_scatter", u * 4 * pad_t, 1, "forward+backward", shard) for u in trained if u]
-        across = ([Collective("all_reduce", -(-u // s.shards) * 4, 1, "backward", replicas) for u in trained if u]
+        reduce = [Collective("reduce_scatter", u * s.w * pad_t, 1, "forward+backward", shard) for u in trained if u]
+        across = ([Collective("all_reduce", -(-u // s.shards) * s.w, 1, "backward", replicas) for u in trained if u]
                   if s.shards < s.world else [])
         scales = ([Collective("all_reduce", float8.amax_all_reduce_bytes(s.float8_weights), 1, None, shard)]
                   if s.float8_all_gather and s.float8_weights else [])
@@ -256,7 +256,7 @@ def offload_staging(backend, s) -> float:
     measured: no GPU has run it."""
     if not backend.cpu_offload or s.device == "cpu":
         return 0.0
-    return 4.0 * (s.root_params + 2 * s.block_params) / s.shards
+    return s.w * (s.root_params + 2 * s.block_params) / s.shards
 
 
 def post_forward_shard(s) -> float:

@@ -34,10 +34,11 @@ class FSDPStrategy(NativeStrategy):
     def setup(self, model, optim_cfg):
         self.apply_tensor_parallel(model)  # first: fully_shard shards each rank's tensor-parallel part
         self.apply_float8(model)  # then float8 and compile (torchtitan's order)
+        self.to_model_dtype(model)  # master_weights=model: sharded in the model's dtype, reduced in it too
         mesh = self.meshes.data_parallel
-        mp = MixedPrecisionPolicy(
-            param_dtype=None if self.precision == "fp32" else self.dtype, reduce_dtype=torch.float32
-        )
+        mp = (MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None) if self.states_in_model_dtype else
+              MixedPrecisionPolicy(param_dtype=None if self.precision == "fp32" else self.dtype,
+                                   reduce_dtype=torch.float32))
         # pinned host memory speeds the copies to and from a GPU (FSDP2's default); there is none on a CPU run
         offload = (CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.backend.cpu_offload
                    else OffloadPolicy())

@@ -161,7 +161,7 @@ class FSDP1Family(FSDPFamily):
         """Every unit's fp32 slice; the gradient of each unit that trains, whole (whole_units); AdamW's two states
         over what the optimizer sees: the trained parameters' views of the slices (use_orig_params), else the
         slices themselves, padding included."""
-        out = {"params": 4 * s.shard_params, "grads": 4 * s.shard_trainable, "optimizer": 8 * s.optimizer_elements}
+        out = {"params": s.w * s.shard_params, "grads": s.w * s.shard_trainable, "optimizer": 2 * s.w * s.optimizer_elements}
         return {f"host_{k}": v for k, v in out.items()} if backend.cpu_offload else out
 
     def phase_terms(self, backend, s, phase, k):
@@ -172,7 +172,7 @@ class FSDP1Family(FSDPFamily):
         s = whole_units(s)
         out = super().phase_terms(backend, s, phase, k)
         if s.grad_accum > 1:
-            out["unsharded_grads"] = s.p * s.t + (4.0 * s.block_t if k is not None and s.p != 4 else 0.0)
+            out["unsharded_grads"] = s.p * s.t + (4.0 * s.block_t if k is not None and s.w > s.p else 0.0)
         return out
 
     def collectives(self, backend, s):

@@ -21,7 +21,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from typing_extensions import override
 
 from ...runtime import models
-from ...runtime.strategies.base import NativeStrategy, local_tensor
+from ...runtime.strategies.base import NativeStrategy, local_tensor, tensors_in
 
 
 def sharding_strategy(backend) -> ShardingStrategy:
@@ -34,11 +34,15 @@ class FSDP1Strategy(NativeStrategy):
     @override
     def setup(self, model, optim_cfg):
         b = self.backend
-        model.to(self.device if not b.cpu_offload else "cpu")
+        home = torch.device("cpu") if b.cpu_offload else self.device
+        if any(p.device != home for p in model.parameters()):
+            model.to(home)  # (a model on fake tensors cannot be moved: runtime/traced.py)
         self.initialise(model)
+        self.to_model_dtype(model)  # master_weights=model: flattened in the model's dtype, no MixedPrecision
         if self.cfg.train.compile:
             self.settings["compile"] = {"compiled_blocks": models.compile_blocks(model)}
-        mp = None if self.precision == "fp32" else MixedPrecision(param_dtype=self.dtype, reduce_dtype=torch.float32)
+        mp = (None if self.precision == "fp32" or self.states_in_model_dtype else
+              MixedPrecision(param_dtype=self.dtype, reduce_dtype=torch.float32))
         prefetch = None if b.backward_prefetch == "NONE" else BackwardPrefetch[b.backward_prefetch]
         wrap = ModuleWrapPolicy({type(block) for block in models.blocks(model)})
         strategy = sharding_strategy(b)
@@ -81,7 +85,12 @@ class FSDP1Strategy(NativeStrategy):
 
     @override
     def state_tensors(self):
-        states = super().state_tensors()  # the flat slices (or views of them, use_orig_params) count once each
+        # the flat slices and their gradients themselves: under use_orig_params a rank whose slice holds no part of
+        # a trained parameter (LoRA's adapters) has no view to reach its unit's flat gradient through, yet holds it
+        flats = [m._handle.flat_param for m in FullyShardedDataParallel.fsdp_modules(self.model) if m._handle]
+        params = [*flats, *self.model.parameters()]  # the views share the slices' storage: counted once
+        states = {"params": params, "grads": [f.grad for f in flats] + [p.grad for p in self.model.parameters()],
+                  "optimizer": tensors_in(list(self.optimizer.state.values()))}
         return {f"host_{k}": v for k, v in states.items()} if self.backend.cpu_offload else states
 
     @override

@@ -243,6 +243,20 @@ class NativeStrategy(Strategy):
 
     float8_gathered = False  # whether this run all-gathers float8 weights, so the step precomputes their scales
 
+    @property
+    def states_in_model_dtype(self) -> bool:
+        """train.master_weights=model in 16 bits: parameters, gradients and AdamW states in the model's dtype."""
+        return self.cfg.train.master_weights == "model" and self.precision != "fp32"
+
+    def to_model_dtype(self, model: nn.Module) -> None:
+        """Under master_weights=model, the parameters in the model's dtype (AdamW then makes its states in it),
+        as when a model loaded in bf16 is handed to the framework; the buffers (RoPE's frequencies) stay as
+        transformers made them. Before the wrap, so that the framework shards and reduces that dtype."""
+        if self.states_in_model_dtype:
+            for p in model.parameters():
+                p.data = p.data.to(self.dtype)
+            self.settings["master_weights"] = {"dtype": str(self.dtype)}
+
     def apply_float8(self, model: nn.Module) -> None:
         """torchao's float8 training (train.float8; runtime/float8.py), after tensor parallelism and before
         compile and the wrap (torchtitan's order), and record what ran."""

@@ -1,0 +1,29 @@
+"""train.master_weights=model: the parameters, gradients and AdamW states kept in the model's dtype instead of
+fp32 (accelerate's "memory-constrained" FSDP mode; accelerate #2624 is the non-convergence it can cause). The
+torch families keep them so when asked; the combinations below are refused before any rank starts, each in one
+line that says why."""
+from __future__ import annotations
+
+from typing import List
+
+from . import families
+
+
+def problems(cfg) -> List[str]:
+    t = cfg.train
+    if t.master_weights != "model":
+        return []
+    key, out = "train.master_weights=model", []
+    refusal = families.of(cfg.backend).master_weights_refusal
+    if refusal:
+        out.append(f"{key}: {refusal}; use train.master_weights=fp32")
+    if t.precision == "fp16":
+        out.append(f"{key}: torch's GradScaler cannot unscale fp16 gradients, so fp16 needs fp32 masters; use "
+                   "train.precision=bf16")
+    if t.float8 != "none":
+        out.append(f"{key}: float8 training (train.float8={t.float8}) keeps its scales over fp32 or bf16 masters as "
+                   "torchao runs it, not measured here in the model's dtype; use train.master_weights=fp32")
+    if cfg.parallelism.tp > 1:
+        out.append(f"{key}: not measured with tensor parallelism (parallelism.tp={cfg.parallelism.tp}); use "
+                   "train.master_weights=fp32")
+    return out

@@ -1,0 +1,58 @@
+"""train.master_weights=fp32|model (config/master_weights_check.py, theory/shape.Shape.w): fp32 masters everywhere
+by default (accelerate's "aligned" FSDP mode), or parameters, gradients and AdamW states in the model's dtype (its
+"memory-constrained" mode, the one accelerate #2624 saw diverge), under DDP, FSDP2 and FSDP1; DeepSpeed refuses
+it. The real runs are the bf16 sweep's shape again (conftest.py's model_dtype cells)."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import BF16, MODEL_DTYPE_BACKENDS
+from harness.config import rules
+from harness.config.compose import compose
+from harness.runtime import models
+from harness.theory.predict import predict
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["backend=ds_zero2"], "DeepSpeed's ZeRO optimizers always keep fp32 master weights"),
+    (["backend=fsdp", "train.precision=fp16", "parallelism.device=cuda"], "GradScaler cannot unscale fp16"),
+    (["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.tp=2"], "not measured with tensor parallelism"),
+])
+def test_what_cannot_keep_the_model_dtype_is_refused_in_one_line(overrides, says):
+    found = rules.problems(compose(["train.precision=bf16", "train.master_weights=model", *overrides]), lambda: 8)
+    assert any(line.startswith("train.master_weights=model: ") and says in line for line in found), found
+
+
+@pytest.mark.parametrize("backend, fp32_bytes, model_bytes", [("ddp", 16, 8), ("fsdp", 16 / 2, 8 / 2),
+                                                              ("fsdp1", 16 / 2, 8 / 2)])
+def test_the_theory_keeps_16_bytes_a_parameter_with_fp32_masters_and_8_in_bf16(backend, fp32_bytes, model_bytes):
+    # AdamW in bf16: parameter, gradient and two states of 2 bytes each, over the 2 ranks the sharded ones split
+    base = ["model=small_llama", "train.precision=bf16", f"backend={backend}"]
+    for mode, per_param in (("fp32", fp32_bytes), ("model", model_bytes)):
+        cfg = compose([*base, f"train.master_weights={mode}"])
+        counts = models.param_count(cfg.model)
+        states = predict(cfg, None, counts)["memory/model_states_predicted_bytes"]
+        assert states == pytest.approx(per_param * counts["total"], rel=1e-3), (backend, mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", MODEL_DTYPE_BACKENDS)
+def test_model_dtype_states_are_half_and_match_theory_and_the_losses_stay_near_fp32_masters(
+        model_dtype_runs, bf16_runs, backend):
+    summary, records, run_dir = model_dtype_runs[backend]
+    assert summary["status"] == "ok", summary.get("reason")
+    f, f32 = summary["figures"], bf16_runs[backend][0]["figures"]
+    assert abs(f["memory/model_states_error_pct"]) <= 1, f["memory/model_states_error_pct"]
+    assert abs(f["memory/tensor_peak_error_pct"]) <= 10, f["memory/tensor_peak_error_pct"]
+    assert abs(f["comm/bytes_error_pct"]) <= 1, f["comm/bytes_error_pct"]
+    # half of what the same run keeps with fp32 masters (the sharded slices' padding aside)
+    ratio = f["memory/model_states_total_bytes_max"] / f32["memory/model_states_total_bytes_max"]
+    assert ratio == pytest.approx(0.5, abs=0.01), ratio
+    import json
+
+    assert json.loads((run_dir / "settings.json").read_text())["master_weights"] == {"dtype": "torch.bfloat16"}
+    # 5 steps in bf16 from the same weights: the updates differ by bf16's rounding of the weights, not more
+    reference = [r["loss/loss"] for r in bf16_runs[backend][1]]
+    assert [r["loss/loss"] for r in records] == pytest.approx(reference, rel=2e-2)
+    print(f"MASTER {backend}: states {ratio:.3f} of fp32 masters; largest loss difference "
+          f"{max(abs(a['loss/loss'] - b) / b for a, b in zip(records, reference)):.1e} ({' '.join(BF16)})")
