@@ -16,11 +16,18 @@ from harness.theory.predict import predict
 @pytest.mark.parametrize("overrides, says", [
     (["backend=ds_zero2"], "DeepSpeed's ZeRO optimizers always keep fp32 master weights"),
     (["backend=fsdp", "train.precision=fp16", "parallelism.device=cuda"], "GradScaler cannot unscale fp16"),
-    (["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.tp=2"], "not measured with tensor parallelism"),
 ])
 def test_what_cannot_keep_the_model_dtype_is_refused_in_one_line(overrides, says):
     found = rules.problems(compose(["train.precision=bf16", "train.master_weights=model", *overrides]), lambda: 8)
     assert any(line.startswith("train.master_weights=model: ") and says in line for line in found), found
+
+
+def test_tensor_parallelism_with_model_dtype_masters_is_refused_and_not_searched():
+    cfg = compose(["train.precision=bf16", "train.master_weights=model", "parallelism.nproc_per_node=4"])
+    assert rules.tensor_degrees(cfg) == [1]
+    cfg.parallelism.tp = 2
+    assert any("train.master_weights=model is not measured with tensor parallelism" in line
+               for line in rules.problems(cfg, lambda: 8))
 
 
 @pytest.mark.parametrize("backend, fp32_bytes, model_bytes", [("ddp", 16, 8), ("fsdp", 16 / 2, 8 / 2),

@@ -249,6 +249,9 @@ def tensor_rules(cfg) -> List[str]:
         refusal = ""  # an unknown family is backend_rules' to say
     if refusal:
         out.append(f"parallelism.tp={tp}: {refusal}")
+    if cfg.train.master_weights == "model":
+        out.append(f"parallelism.tp={tp}: train.master_weights=model is not measured with tensor parallelism; use "
+                   "train.master_weights=fp32 or parallelism.tp=1")
     return out
 
 

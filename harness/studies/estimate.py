@@ -210,6 +210,12 @@ def main(argv: List[str] | None = None) -> int:
         print(markdown(table, title, args.device_gib))
         return 0
     render(table, title, args.device_gib, rates)
+    from ..config import families
+
+    for family in families.every() if cfg.train.master_weights == "model" else ():
+        if family.master_weights_refusal:  # its rows are what it would run: fp32 masters
+            print(f"  {family.name}: train.master_weights=model is refused ({family.master_weights_refusal}); its "
+                  "rows are the fp32-master layout it runs")
     if args.traced:
         from .scale_check import render_traced
 

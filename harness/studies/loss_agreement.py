@@ -58,7 +58,7 @@ def reference_of(row: dict, rows: List[dict], axis: str, target: Optional[str]) 
 
 
 def table(sweep_dir: Path, axis: str, targets: Dict[str, str], diverge: float) -> List[dict]:
-    rows = [r for r in collect(sweep_dir) if r.get("config")]
+    rows = [{**r, "run_dir": Path(sweep_dir) / r["run_dir"]} for r in collect(sweep_dir) if r.get("config")]
     out = []
     for r in rows:
         value = str(r["config"].get("backend.name" if axis == "backend" else axis))

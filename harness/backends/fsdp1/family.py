@@ -100,6 +100,9 @@ class FSDP1Family(FSDPFamily):
                              "flat buffer is transient. fsdp1_offload (CPUOffload) keeps the slices and gradients on "
                              "the host and steps AdamW there."}
     ranged_fields = ("shard_degree",)
+    untraceable = ("FullyShardedDataParallel moves the module to its device_id at construction (_move_module_to_device), "
+                   "which torch cannot do with fake parameters (\"Couldn't swap Embedding.weight\"); without a device_id "
+                   "it asks for an accelerator this CPU path does not have")
     float8_all_gather = False
     float8_refusal = ("torchao's float8 training and its float8 all-gather are written for FSDP2's fully_shard; FSDP1 "
                       "flattens the converted weights into a FlatParameter; use backend=fsdp")
