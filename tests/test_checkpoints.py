@@ -124,3 +124,20 @@ def test_every_checkpoint_exports_to_a_hugging_face_directory_with_its_trained_w
     # the same three steps trained every backend to the same weights (fp32 loss parity, reduction order apart)
     reference = weights(step_dir(fp32_runs["ddp"][2] / "checkpoints", SAVED_AT))
     assert all(torch.allclose(trained[k], reference[k], rtol=1e-4, atol=1e-6) for k in reference)
+
+
+def test_loss_agreement_holds_each_fsdp1_run_to_its_fsdp2_twin(fp32_runs):
+    # `shardbench loss-agreement` over the fp32 sweep (3 ranks, grad_accum 2): FSDP1 against FSDP2, full shard and
+    # grad-op, the same losses step for step, none diverging; its table written beside the sweep
+    from harness.studies import loss_agreement
+
+    sweep = fp32_runs["fsdp1"][2].parent
+    assert loss_agreement.main(["--sweep", str(sweep), "--axis", "backend",
+                                "--pairs", "fsdp1:fsdp,fsdp1_grad_op:fsdp_grad_op"]) == 0
+    rows = {r["run"]: r for r in json.loads((sweep / "agreement.json").read_text())}
+    for mine, twin in (("fsdp1", "fsdp"), ("fsdp1_grad_op", "fsdp_grad_op")):
+        r = rows[f"backend={mine}"]
+        assert r["reference"] == f"backend={twin}" and r["diverges_at"] is None, r
+        assert 0 <= r["max_rel_diff"] <= 1e-4, r
+    assert rows["backend=ddp"]["reference"] is None  # not paired: no comparison invented
+    assert "| backend=fsdp1 | backend=fsdp |" in (sweep / "agreement.md").read_text()

@@ -71,7 +71,9 @@ def collect(sweep_dir: Path) -> List[dict]:
 
 
 def varying_keys(rows: List[dict]) -> List[str]:
-    """Config keys whose value differs between runs (what the sweep varies), run dirs and names aside."""
+    """Config keys whose value differs between runs (what the sweep varies), run dirs and names aside. A run
+    refused before it wrote a config (an invalid cell of a sweep) has none, and varies nothing."""
+    rows = [r for r in rows if r["config"]] or rows
     keys = sorted({k for r in rows for k in r["config"]})
     skip = ("paths.", "hydra.", "backend.", "model.")  # a backend or model is varied as a whole: its name says it
     varying = [k for k in keys if len({repr(r["config"].get(k)) for r in rows}) > 1

@@ -20,8 +20,9 @@ from ..config.command_line import parse
 from ..core.rundir import write_text
 from ..reporting.collect import collect
 
+TAIL = 50  # the last steps whose mean loss says where a run ended, past one batch's noise
 COLUMNS = ("states MiB (theory)", "peak MiB (theory)", "kB sent/step (theory)", "step p50 ms", "final loss",
-           "max rel. loss diff", "diverges at")
+           f"mean loss, last {TAIL}", "max rel. loss diff", "diverges at")
 
 
 def losses(run_dir: Path) -> Dict[int, float]:
@@ -58,9 +59,11 @@ def reference_of(row: dict, rows: List[dict], axis: str, target: Optional[str]) 
 
 
 def table(sweep_dir: Path, axis: str, targets: Dict[str, str], diverge: float) -> List[dict]:
-    rows = [{**r, "run_dir": Path(sweep_dir) / r["run_dir"]} for r in collect(sweep_dir) if r.get("config")]
+    everything = [{**r, "run_dir": Path(sweep_dir) / r["run_dir"], "config": r.get("config") or {}}
+                  for r in collect(sweep_dir)]
+    rows = [r for r in everything if r["config"]]  # a refused run has no config: a row with its reason only
     out = []
-    for r in rows:
+    for r in everything:
         value = str(r["config"].get("backend.name" if axis == "backend" else axis))
         ref = reference_of(r, rows, axis, targets.get(value))
         f = r.get("figures", {})
@@ -73,7 +76,9 @@ def table(sweep_dir: Path, axis: str, targets: Dict[str, str], diverge: float) -
                     "peak": f.get("memory/tensor_peak_bytes_max"), "peak_pred": f.get("memory/tensor_peak_predicted_bytes"),
                     "bytes": f.get("comm/measured_bytes_per_step"), "bytes_pred": f.get("comm/predicted_bytes_per_step"),
                     "step_ms": 1e3 * f["throughput/step_time_p50_s"] if "throughput/step_time_p50_s" in f else None,
-                    "final_loss": mine[max(mine)] if mine else None, "max_rel_diff": worst, "diverges_at": at})
+                    "final_loss": mine[max(mine)] if mine else None, "max_rel_diff": worst, "diverges_at": at,
+                    "tail_mean": (sum(mine[s] for s in sorted(mine)[-TAIL:]) / len(sorted(mine)[-TAIL:]))
+                    if mine else None})
     return out
 
 
@@ -82,7 +87,9 @@ def render(rows: List[dict], command: str, diverge: float) -> str:
         return "" if a is None else f"{a / scale:,.{digits}f} ({b / scale:,.{digits}f})" if b else f"{a / scale:,.{digits}f}"
 
     lines = [f"Command: `{command}`. Each run against its reference (the run that differs only in the axis); "
-             f"\"diverges at\": the first step whose loss differs by more than {diverge:g} (relative).", "",
+             f"\"diverges at\": the first step whose loss differs by more than {diverge:g} (relative) from the "
+             f"reference's at the same step (the same batch); \"mean loss, last {TAIL}\": where the run ended, past "
+             "one batch's noise.", "",
              "| run | reference | " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * len(COLUMNS)]
     for r in rows:
         if r["status"] != "ok":
@@ -92,7 +99,7 @@ def render(rows: List[dict], command: str, diverge: float) -> str:
         at = "" if r["reference"] is None else (f"step {r['diverges_at']}" if r["diverges_at"] is not None else "no")
         lines.append(f"| {r['run']} | {r['reference'] or ''} | {pair(r['states'], r['states_pred'], 2**20, 3)} | "
                      f"{pair(r['peak'], r['peak_pred'], 2**20)} | {pair(r['bytes'], r['bytes_pred'], 1e3, 1)} | "
-                     f"{r['step_ms']:.1f} | {r['final_loss']:.5f} | {diff} | {at} |")
+                     f"{r['step_ms']:.1f} | {r['final_loss']:.5f} | {r['tail_mean']:.5f} | {diff} | {at} |")
     return "\n".join(lines) + "\n"
 
 
