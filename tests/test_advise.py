@@ -18,7 +18,10 @@ from harness.config.compose import flat_backends
 # states leave room for its activations. DeepSpeed's native 5e8-element buckets (1.9 GiB) do not fit either.
 BUDGET_GIB = 2.9e6 / 2**30
 BUDGET_BYTES = int(BUDGET_GIB * 2**30)
-ADVISE = ["model=tiny_llama", "logger=none", f"--device-gib={BUDGET_GIB!r}", "--global-batch=4"]
+# the real probes search checkpointing on and off only: each policy more doubles the replays that price them (the
+# four policies are searched in test_a_dry_run_plans_for_gpus_this_machine_does_not_have, in theory)
+ADVISE = ["model=tiny_llama", "logger=none", f"--device-gib={BUDGET_GIB!r}", "--global-batch=4",
+          "--ac-policies=none,full"]
 SHARDED = set(flat_backends()) - {"ddp"}  # every flat backend shards something but DDP
 
 
@@ -39,7 +42,7 @@ def test_dry_run_prunes_and_a_pruned_candidate_really_runs_out_of_memory(tmp_pat
     # every backend x mesh x micro-batch x checkpointing: at tp 1 micro-batch 1 or 2 (global batch 4 over 2 data-
     # parallel ranks), at tp 2 micro-batch 1, 2 or 4 (one data-parallel rank). Those predicted to fit first (their
     # steps from their replayed, counted work), then the rest (the roofline bound), each fastest first
-    assert len(candidates) == len(flat_backends()) * (2 + 3) * 2
+    assert len(candidates) == len(flat_backends("cpu")) * (2 + 3) * 2
     assert {c["tp"] for c in candidates} == {1, 2}
     assert [c["fits"] for c in candidates] == sorted((c["fits"] for c in candidates), reverse=True)
     for group in (True, False):
@@ -86,7 +89,7 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, says):
     assert code == 2 and says in err, err[-2000:]
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     if "nothing fits" in says:  # it names the smallest predicted peak, and which candidate has it
-        assert "smallest predicted peak is" in err and "activation checkpointing on" in err
+        assert "smallest predicted peak is" in err and ", activation checkpointing " in err
 
 
 @pytest.mark.slow
@@ -144,6 +147,24 @@ def test_a_dry_run_plans_for_gpus_this_machine_does_not_have(tmp_path, capsys):
     # the frontier, with the band the committed GPU axes measured against the same roofline, and its plot
     assert plan["frontier"][0].startswith("Frontier (") and "Error band: measured / predicted" in out.out
     assert (tmp_path / "gpu8" / "frontier.png").stat().st_size > 10_000
+    # backend x micro-batch x activation-checkpointing policy: every policy searched, each its own candidate, and
+    # selective recomputation priced between none and full (it recomputes elementwise work, not the matmuls)
+    policies = {c["policy"] for c in plan["candidates"]}
+    assert policies == {"none", "full", "every_2", "selective_op"}, policies
+    by = {(c["backend"], c["micro_batch"], c["tp"], c["policy"]): c for c in plan["candidates"]}
+    none, full, sel, every_2 = (by[("fsdp", 1, 1, p)] for p in ("none", "full", "selective_op", "every_2"))
+    assert full["predicted_peak_bytes"] < every_2["predicted_peak_bytes"] < sel["predicted_peak_bytes"] \
+        < none["predicted_peak_bytes"]
+    assert none["predicted_step_s"] <= sel["predicted_step_s"] <= full["predicted_step_s"]
+    assert "fsdp-mb1-ckpt-selective_op" in out.out and "fsdp-mb1-ckpt-every_2" in out.out
+
+
+def test_an_unknown_checkpointing_policy_for_the_advisor_is_one_line(capsys):
+    from harness.studies.advise_answer import main
+
+    assert main(["model=tiny_llama", "--dry-run", "--ac-policies=none,sometimes"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--ac-policies none,sometimes: sometimes is not a policy" in err[0], err
 
 
 def test_the_frontier_keeps_what_nothing_beats_on_both_axes_and_calls_overlapping_bands_a_tie():

@@ -81,7 +81,8 @@ def test_lora_model_states_match_the_frozen_base_layout(lora_runs, name):
     f = lora_runs[name][0]["figures"]
     grads = f.get("memory/model_states_grads_bytes_max", 0) + f.get("memory/model_states_host_grads_bytes_max", 0)
     params = f.get("memory/model_states_params_bytes_max", 0) + f.get("memory/model_states_host_params_bytes_max", 0)
-    assert 0 < grads < 0.1 * params
+    # FSDP1 gives each unit that holds an adapter a gradient for its whole flat slice: the blocks', not the root's
+    assert 0 < grads < (params if name.startswith("fsdp1") else 0.1 * params), (grads, params)
 
 
 def _tiny_gpt2(tmp_path, shard_bytes=200_000):

@@ -137,11 +137,11 @@ def test_the_settings_record_the_mesh_and_the_plan_that_ran(tp_runs):
 
 @pytest.mark.slow
 def test_each_rank_holds_and_sends_what_the_theory_says(tp_runs):
-    # the memory check's tolerance (studies/memory_check.missed): each rank's peak within 10%, or within 10% once
-    # the bytes that rank had not released at the after-backward marker are set aside (the closure check's
-    # "unaccounted"). On this oversubscribed CPU (4 ranks, 2 cores) gloo releases a timing-dependent number of the
-    # tensor-parallel all-reduce's activation-sized buffers a phase late: under AutoTP, 5 to 12 of 48 KiB on the
-    # four ranks of one launch, which no GPU would hold
+    # each rank's peak no more than 10% under the prediction, and no more than 10% over it once the bytes that rank
+    # had not released at the after-backward marker (the closure check's "unaccounted") are set aside: on this
+    # oversubscribed CPU (4 ranks, 2 cores) gloo releases a timing-dependent number of the tensor-parallel
+    # all-reduce's activation-sized buffers a phase late (under AutoTP, 5 to 12 of 48 KiB on the four ranks of one
+    # launch), which no GPU would hold, and some of them, not always all, are alive at the peak
     import json
 
     for cell, (summary, _, run_dir) in tp_runs.items():
@@ -155,7 +155,7 @@ def test_each_rank_holds_and_sends_what_the_theory_says(tp_runs):
                       100 * (p["peak"] - p["unaccounted"] - predicted) / predicted]
             print(f"TP {cell} rank {rank['rank']}: peak {errors[0]:+.1f}% ({errors[1]:+.1f}% less "
                   f"{p['unaccounted'] / 2**20:.2f} MiB unreleased after backward)")
-            assert min(map(abs, errors)) <= 10, (cell, rank["rank"], errors)
+            assert errors[0] >= -10 and errors[1] <= 10, (cell, rank["rank"], errors)
         print(f"TP {cell}: states {f['memory/model_states_error_pct']:+.2f}%, bytes {f['comm/bytes_error_pct']:+.2f}%")
         assert abs(f["memory/model_states_error_pct"]) <= 1, (cell, f["memory/model_states_error_pct"])
         assert abs(f["comm/bytes_error_pct"]) <= 5, (cell, f["comm/bytes_error_pct"])

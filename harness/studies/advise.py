@@ -4,7 +4,8 @@ measure the best ones, and the answer names the winner and why every other backe
     python -m harness.advise model=small_llama --device-gib 0.0625 [--global-batch 16] [--max-probes 12]
     python -m harness.advise model=llama_7b parallelism=gpu8 train.precision=bf16 --dry-run --device-gib 80
 
-The candidates are every backend x tensor-parallel degree x micro-batch x activation checkpointing on/off, at
+The candidates are every backend x tensor-parallel degree x micro-batch x activation-checkpointing policy
+(`--ac-policies`: none, full, every_2, selective_op; config/recompute.py), at
 the user's precision, with the global batch held fixed (`--global-batch`, else the config's micro_batch x
 grad_accum x data-parallel ranks), so that every candidate does the same optimizer work per step; grad_accum
 follows from the micro-batch and the data-parallel ranks. The tensor-parallel degrees are those of 1, 2, 4, 8
@@ -40,7 +41,7 @@ from typing import Dict, List, Optional
 
 from ..config.compose import compose
 from ..config.derive import dp_size, tokens_per_step, world_size
-from ..config.recompute import recompute_of
+from ..config.recompute import overrides as recompute_overrides, parse as parse_policy, recompute_of
 from ..config.rules import tensor_degrees
 from . import advise_time
 from .capacity import device_bytes, run_probe
@@ -57,7 +58,7 @@ class Candidate:
     backend: str
     micro_batch: int
     grad_accum: int
-    checkpointing: bool
+    checkpointing: bool  # any block recomputed
     overrides: List[str]
     tp: int = 1  # the tensor-parallel degree: data parallelism over the world / tp others
     mesh: str = ""  # config/mesh.Mesh.describe()
@@ -82,17 +83,29 @@ class Candidate:
     reused: bool = False  # an earlier probe with the same config, code and device (capacity.stale)
     runs: List[float] = field(default_factory=list)  # tokens/s of each run that trained (a repeat adds one)
     noise_pct: Optional[float] = None  # see the module doc
+    policy: str = ""  # train.activation_checkpointing: none, full, every_<k>, selective_op ("": as checkpointing)
+
+    @property
+    def ac(self) -> str:
+        """The checkpointing policy as a user names it."""
+        return self.policy or ("full" if self.checkpointing else "none")
 
     @property
     def name(self) -> str:
         tp = f"-tp{self.tp}" if self.tp > 1 else ""
-        return f"{self.backend}{tp}-mb{self.micro_batch}-ckpt{'on' if self.checkpointing else 'off'}"
+        # ckptoff and ckpton (full) as before the policies were searched: probes recorded under those names stay
+        ac = {"none": "off", "full": "on"}.get(self.ac, f"-{self.ac}")
+        return f"{self.backend}{tp}-mb{self.micro_batch}-ckpt{ac}"
 
     @property
     def label(self) -> str:
         mesh = f" on {self.mesh}" if self.tp > 1 else ""
         return (f"{self.backend}{mesh} with micro-batch {self.micro_batch} (grad_accum {self.grad_accum}), activation "
-                f"checkpointing {'on' if self.checkpointing else 'off'}")
+                f"checkpointing {self.ac_words}")
+
+    @property
+    def ac_words(self) -> str:
+        return {"none": "off", "full": "on (every block)"}.get(self.ac, self.ac)
 
 
 @dataclass
@@ -161,7 +174,7 @@ def rates_for(cfg, world: int):
 
 
 def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Optional[int], backends: List[str],
-         margin: float) -> Plan:
+         margin: float, policies=("none", "full")) -> Plan:
     """Stage 1: every candidate with its predicted peak and step time, those that fit first, fastest first."""
     from ..runtime import models
     from ..runtime.probes import count_flops_per_token
@@ -189,14 +202,15 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
         for tp in tensor_degrees(composed, degrees):
             dp = data_parallel_ranks(composed, tp)
             for mb in micro_batches(batch, dp) if batch % dp == 0 else []:
-                for ckpt in (False, True):
+                for policy in policies:
                     ga = batch // (mb * dp)
                     extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
-                             f"parallelism.global_batch={batch}", f"train.activation_checkpointing={'full' if ckpt else 'none'}",
+                             f"parallelism.global_batch={batch}", *recompute_overrides(policy),
                              *([f"parallelism.tp={tp}"] if tp > 1 or pinned else [])]
                     cfg = copy.deepcopy(composed)
                     cfg.parallelism.micro_batch, cfg.parallelism.grad_accum, cfg.parallelism.tp = mb, ga, tp
-                    cfg.train.activation_checkpointing = "full" if ckpt else "none"
+                    kind, every = parse_policy(policy)
+                    cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every = kind, every
                     out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin))
                     if out.candidates[-1].fits:
                         fitting[out.candidates[-1].name] = cfg
@@ -219,9 +233,12 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
     shape = shape_of(cfg, world, counts)
     peak = theory["memory/device_peak_predicted_bytes"]
     ckpt = recompute_of(cfg).any
+    kind, every = parse_policy(cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every)
+    policy = f"every_{every}" if kind == "every_k" else kind
     step = predict_parts(cfg.backend, shape, flops_per_token * par.micro_batch * par.seq_len * par.grad_accum / par.tp,
                          rates)["step"]
     return Candidate(backend, par.micro_batch, par.grad_accum, ckpt, extra, tp=par.tp, mesh=shape.grid.describe(),
+                     policy=policy,
                      predicted_intra_node_bytes=theory["comm/predicted_intra_node_bytes_per_step"],
                      predicted_inter_node_bytes=theory["comm/predicted_inter_node_bytes_per_step"],
                      predicted_peak_bytes=peak, predicted_step_s=step,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from ..config import families
+from ..config import families, recompute
 from ..config.compose import backends as all_backends, flat_backends
 from ..config.compose import compose
 from ..core.paths import REPO
@@ -35,7 +35,7 @@ def answer(p: Plan) -> dict:
     tie = close if close and gap_pct(*close) <= max(c.noise_pct or 0 for c in close) else None
     if winner:
         sentence = (f"Use {winner.backend} with micro-batch {winner.micro_batch}, activation checkpointing "
-                    f"{'on' if winner.checkpointing else 'off'}: {winner.tokens_per_s:,.0f} tokens/s, peak "
+                    f"{winner.ac_words}: {winner.tokens_per_s:,.0f} tokens/s, peak "
                     f"{size(winner.peak_bytes)} of {size(p.budget_bytes)}.")
     else:
         sentence = (f"No probed candidate trained under {size(p.budget_bytes)} per rank: "
@@ -277,7 +277,12 @@ def main(argv=None) -> int:
         rules.check(cfg, **({"cuda_devices": lambda: cfg.parallelism.nproc_per_node} if args.dry_run else {}))
         chosen = (args.backends.split(",") if args.backends
                   else all_backends() if cfg.parallelism.nnodes > 1 else flat_backends(cfg.parallelism.device))
-        p = plan(overrides, budget, args.global_batch, chosen, args.margin)
+        policies = [a for a in args.ac_policies.split(",") if a]
+        bad = [a for a in policies if recompute.unknown(a)]
+        if bad or not policies:
+            raise ValueError(f"--ac-policies {args.ac_policies}: {bad[0] if bad else 'none given'} is not a policy; use "
+                             "some of none, full, every_<k>, selective_op")
+        p = plan(overrides, budget, args.global_batch, chosen, args.margin, policies)
     except (HydraException, OmegaConfBaseException, ConfigError, ValueError) as err:
         print(f"advise: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
         return 2

@@ -34,6 +34,11 @@ def estimate_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the activation-checkpointing policies the advisor searches (config/recompute.py): none, every block, every
+# second block, and the matmul outputs kept while the rest is recomputed (torchtitan's selective op policy)
+ADVISE_POLICIES = ("none", "full", "every_2", "selective_op")
+
+
 def advise_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness.advise",
                                      description="Which strategy should I use for this model on this hardware? "
@@ -47,6 +52,9 @@ def advise_parser() -> argparse.ArgumentParser:
                         help=f"headroom theory must leave (default {FIT_MARGIN})")
     parser.add_argument("--backends", help="comma-separated (default: every backend; the hybrid ones only when "
                                             "parallelism.nnodes > 1)")
+    parser.add_argument("--ac-policies", default=",".join(ADVISE_POLICIES),
+                        help="activation-checkpointing policies searched (train.activation_checkpointing; default "
+                             f"{','.join(ADVISE_POLICIES)})")
     parser.add_argument("--dry-run", action="store_true", help="theory only: print the table and stop")
     parser.add_argument("--force", action="store_true", help="re-run probes that already have a result")
     parser.add_argument("--name", help="<out>/<name> (default: from the model, ranks, batch, budget)")
