@@ -235,45 +235,25 @@ def states_cells(ranks: int):
     return overrides
 
 
-@pytest.fixture(scope="session")
-def reshard_runs(two_rank_sweeps):
-    return two_rank_sweeps["reshard"]
+def _one_sweep(fixture: str, sweep: str):
+    """A session fixture holding one sweep of the two-rank launch: {backend: (summary, records, run dir)}."""
+    @pytest.fixture(scope="session", name=fixture)
+    def runs(two_rank_sweeps):
+        return two_rank_sweeps[sweep]
+    return runs
 
 
-@pytest.fixture(scope="session")
-def model_dtype_runs(two_rank_sweeps):
-    return two_rank_sweeps["model_dtype"]
-
-
-@pytest.fixture(scope="session")
-def migrate_runs(two_rank_sweeps):
-    return two_rank_sweeps["migrate"]
-
-
-@pytest.fixture(scope="session")
-def lora_runs(two_rank_sweeps):
-    return two_rank_sweeps["lora"]
-
-
-@pytest.fixture(scope="session")
-def bf16_runs(two_rank_sweeps):
-    return two_rank_sweeps["bf16"]
+# each sweep of the two-rank launch by the name its tests take it under
+reshard_runs, model_dtype_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks, user_runs = (
+    _one_sweep(fixture, sweep) for fixture, sweep in (
+        ("reshard_runs", "reshard"), ("model_dtype_runs", "model_dtype"), ("migrate_runs", "migrate"),
+        ("lora_runs", "lora"), ("bf16_runs", "bf16"), ("states_two_ranks", "states"), ("user_runs", "user")))
 
 
 @pytest.fixture(scope="session")
 def policy_runs(two_rank_sweeps):
     """{policy: {backend: (summary, records, run dir)}} of the bf16 sweep's checkpointed reruns."""
     return {"full": two_rank_sweeps["bf16_full"], "selective_op": two_rank_sweeps["bf16_selective"]}
-
-
-@pytest.fixture(scope="session")
-def states_two_ranks(two_rank_sweeps):
-    return two_rank_sweeps["states"]
-
-
-@pytest.fixture(scope="session")
-def user_runs(two_rank_sweeps):
-    return two_rank_sweeps["user"]
 
 
 # tensor parallelism at 4 ranks (dp 2 x tp 2), each cell the shape of a DDP run the suite already has, so that DDP's

@@ -40,9 +40,15 @@ def test_dry_run_prunes_and_a_pruned_candidate_really_runs_out_of_memory(tmp_pat
     candidates = plan["candidates"]
     assert not list((tmp_path / "dry").glob("probes/*"))  # theory only: nothing ran
     # every backend x mesh x micro-batch x checkpointing: at tp 1 micro-batch 1 or 2 (global batch 4 over 2 data-
-    # parallel ranks), at tp 2 micro-batch 1, 2 or 4 (one data-parallel rank). Those predicted to fit first (their
-    # steps from their replayed, counted work), then the rest (the roofline bound), each fastest first
-    assert len(candidates) == len(flat_backends("cpu")) * (2 + 3) * 2
+    # parallel ranks), at tp 2 micro-batch 1, 2 or 4 (one data-parallel rank) where the backend runs tensor
+    # parallelism (FSDP1 does not), each with checkpointing off and on. Those predicted to fit first (their steps
+    # from their replayed, counted work), then the rest (the roofline bound), each fastest first
+    from harness.config.compose import compose
+    from harness.config.rules import tensor_degrees
+
+    meshes = {b: tensor_degrees(compose([f"backend={b}", "model=tiny_llama"])) for b in flat_backends("cpu")}
+    assert len(candidates) == sum((2 + (3 if 2 in tps else 0)) * 2 for tps in meshes.values())
+    assert meshes["fsdp1"] == [1] and meshes["fsdp"] == [1, 2]
     assert {c["tp"] for c in candidates} == {1, 2}
     assert [c["fits"] for c in candidates] == sorted((c["fits"] for c in candidates), reverse=True)
     for group in (True, False):
