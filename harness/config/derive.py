@@ -54,6 +54,12 @@ def fit_to_model(cfg, overrides) -> list[str]:
     return [note]
 
 
+def stored_bytes(precision: str, master_weights: str) -> int:
+    """Bytes of a stored parameter, gradient and AdamW state under the torch backends: 4 with fp32 masters (the
+    default, and every fp32 run), the model's 16-bit dtype's 2 under train.master_weights=model."""
+    return 4 if master_weights == "fp32" or precision == "fp32" else 2
+
+
 def bucket_elements(cfg, params: int) -> int:
     """Gradient bucket size in elements: backend.bucket_elements, or when 0, min(25M, parameters).
 

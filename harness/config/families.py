@@ -139,8 +139,8 @@ class Family:
         return "torch"
 
     def device_refusal(self, backend, device: str) -> str:
-        """Why this backend cannot run on `device` (cpu | cuda), one line; "" where it can. The rules refuse such
-        a run; `compose.flat_backends(device)` leaves it out of that device's sweeps."""
+        """Why this backend cannot run on `device` (cpu | cuda), one line; "" where it can.
+        config/rules.backend_rules refuses such a run; `compose.flat_backends(device)` leaves it out of that device's sweeps."""
         return ""
 
     def tensor_parallel_refusal(self, cfg) -> str:

@@ -287,7 +287,8 @@ def backend_rules(cfg) -> List[str]:
             continue
         out.append(f"backend.{key}={_show(b[key])}: not an option of {b.name} (family {b.family}); it belongs "
                    f"to {', '.join(owners)}: pick one of its backends")
-    return out or family.rules(cfg)
+    refusal = family.device_refusal(b, cfg.parallelism.device)  # what this device cannot run (Family.device_refusal)
+    return out or [*([refusal] if refusal else []), *family.rules(cfg)]
 
 
 def _show(value) -> str:

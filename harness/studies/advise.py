@@ -232,13 +232,11 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
     theory = predict(cfg, world, counts)
     shape = shape_of(cfg, world, counts)
     peak = theory["memory/device_peak_predicted_bytes"]
-    ckpt = recompute_of(cfg).any
-    kind, every = parse_policy(cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every)
-    policy = f"every_{every}" if kind == "every_k" else kind
+    recompute = recompute_of(cfg)
     step = predict_parts(cfg.backend, shape, flops_per_token * par.micro_batch * par.seq_len * par.grad_accum / par.tp,
                          rates)["step"]
-    return Candidate(backend, par.micro_batch, par.grad_accum, ckpt, extra, tp=par.tp, mesh=shape.grid.describe(),
-                     policy=policy,
+    return Candidate(backend, par.micro_batch, par.grad_accum, recompute.any, extra, tp=par.tp,
+                     mesh=shape.grid.describe(), policy=recompute.label,
                      predicted_intra_node_bytes=theory["comm/predicted_intra_node_bytes_per_step"],
                      predicted_inter_node_bytes=theory["comm/predicted_inter_node_bytes_per_step"],
                      predicted_peak_bytes=peak, predicted_step_s=step,

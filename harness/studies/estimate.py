@@ -23,7 +23,7 @@ from typing import List
 
 import copy
 
-from ..config import hf_models
+from ..config import families, hf_models
 from ..config.compose import backends, compose, compose_many, flat_backends
 from ..config.recompute import Recompute
 from ..config.rules import TP_DEGREES, tensor_degrees, tensor_rules
@@ -210,8 +210,6 @@ def main(argv: List[str] | None = None) -> int:
         print(markdown(table, title, args.device_gib))
         return 0
     render(table, title, args.device_gib, rates)
-    from ..config import families
-
     for family in families.every() if cfg.train.master_weights == "model" else ():
         if family.master_weights_refusal:  # its rows are what it would run: fp32 masters
             print(f"  {family.name}: train.master_weights=model is refused ({family.master_weights_refusal}); its "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..config.command_line import parse
-from ..core.rundir import write_text
+from ..core.rundir import read_jsonl, write_text
 from ..reporting.collect import collect
 
 TAIL = 50  # the last steps whose mean loss says where a run ended, past one batch's noise
@@ -26,11 +26,7 @@ COLUMNS = ("states MiB (theory)", "peak MiB (theory)", "kB sent/step (theory)", 
 
 
 def losses(run_dir: Path) -> Dict[int, float]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return {}
-    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return {r["step"]: r["loss/loss"] for r in rows if "loss/loss" in r}
+    return {r["step"]: r["loss/loss"] for r in read_jsonl(Path(run_dir) / "metrics.jsonl") if "loss/loss" in r}
 
 
 def compare(mine: Dict[int, float], ref: Dict[int, float], diverge: float) -> tuple:
@@ -41,21 +37,24 @@ def compare(mine: Dict[int, float], ref: Dict[int, float], diverge: float) -> tu
     return worst, next((s for s, d in diffs if d > diverge), None)
 
 
+def axis_key(axis: str) -> str:
+    """The config key that holds the axis' value: a backend is varied as a whole, by its name."""
+    return "backend.name" if axis == "backend" else axis
+
+
+def rest_of(config: dict, axis: str) -> dict:
+    """What must be equal for two runs to differ only in `axis` (run dirs, sweep names and, across backends, the
+    backends' own fields aside)."""
+    skip = ("hydra", "paths.", "sweep.", *(("backend.",) if axis == "backend" else ()))
+    return {k: v for k, v in config.items() if k != axis_key(axis) and not k.startswith(skip)}
+
+
 def reference_of(row: dict, rows: List[dict], axis: str, target: Optional[str]) -> Optional[dict]:
     """The run whose config differs from `row`'s only in `axis`, where `axis` is `target`."""
-    if target is None:
-        return None
-    key = {k: v for k, v in row["config"].items() if k not in (axis, "backend.name", "sweep.name")
-           and not k.startswith(("backend.", "hydra", "paths."))} if axis == "backend" else None
-    for other in rows:
-        if other is row or str(other["config"].get(axis if axis != "backend" else "backend.name")) != target:
-            continue
-        if axis == "backend":
-            if all(other["config"].get(k) == v for k, v in key.items()):
-                return other
-        elif all(other["config"].get(k) == v for k, v in row["config"].items() if k != axis):
-            return other
-    return None
+    mine = rest_of(row["config"], axis)
+    return next((other for other in rows if target is not None and other is not row
+                 and str(other["config"].get(axis_key(axis))) == target and rest_of(other["config"], axis) == mine),
+                None)
 
 
 def table(sweep_dir: Path, axis: str, targets: Dict[str, str], diverge: float) -> List[dict]:
@@ -64,11 +63,10 @@ def table(sweep_dir: Path, axis: str, targets: Dict[str, str], diverge: float) -
     rows = [r for r in everything if r["config"]]  # a refused run has no config: a row with its reason only
     out = []
     for r in everything:
-        value = str(r["config"].get("backend.name" if axis == "backend" else axis))
-        ref = reference_of(r, rows, axis, targets.get(value))
-        f = r.get("figures", {})
-        worst, at = compare(losses(r["run_dir"]), losses(ref["run_dir"]), diverge) if ref else (None, None)
-        mine = losses(r["run_dir"])
+        ref = reference_of(r, rows, axis, targets.get(str(r["config"].get(axis_key(axis)))))
+        f, mine = r.get("figures", {}), losses(r["run_dir"])
+        worst, at = compare(mine, losses(ref["run_dir"]), diverge) if ref else (None, None)
+        tail = [mine[s] for s in sorted(mine)[-TAIL:]]
         out.append({"run": Path(r["run_dir"]).name, "status": r.get("status"), "reason": r.get("reason", ""),
                     "reference": Path(ref["run_dir"]).name if ref else None,
                     "states": f.get("memory/model_states_total_bytes_max"),
@@ -77,8 +75,7 @@ def table(sweep_dir: Path, axis: str, targets: Dict[str, str], diverge: float) -
                     "bytes": f.get("comm/measured_bytes_per_step"), "bytes_pred": f.get("comm/predicted_bytes_per_step"),
                     "step_ms": 1e3 * f["throughput/step_time_p50_s"] if "throughput/step_time_p50_s" in f else None,
                     "final_loss": mine[max(mine)] if mine else None, "max_rel_diff": worst, "diverges_at": at,
-                    "tail_mean": (sum(mine[s] for s in sorted(mine)[-TAIL:]) / len(sorted(mine)[-TAIL:]))
-                    if mine else None})
+                    "tail_mean": sum(tail) / len(tail) if tail else None})
     return out
 
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Dict
 
 from ..config import families
-from ..config.derive import bucket_elements
+from ..config.derive import bucket_elements, stored_bytes
 from ..config.mesh import Mesh, mesh_of
 from ..config.recompute import recompute_of
 
@@ -127,7 +127,7 @@ class Shape:
     def w(self) -> int:
         """Bytes of a stored parameter, gradient and AdamW state under the torch backends: fp32 masters (4), or
         the model's dtype (train.master_weights=model)."""
-        return 4 if self.master_weights == "fp32" else self.p
+        return stored_bytes(self.precision, self.master_weights)
 
     @property
     def k(self) -> int:

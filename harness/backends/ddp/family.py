@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict
 
-from ...config.derive import bucket_elements
+from ...config.derive import bucket_elements, stored_bytes
 from ...config.families import Difference, Family
 from ...config.profiles import NATIVE
 from ...theory.communication import Collective, bucketed
@@ -30,7 +30,7 @@ def options(cfg, params: int) -> Dict[str, Any]:
     if cfg.profile == NATIVE:
         return {}
     # the bucket holds gradients in the parameters' dtype: fp32, or the model's under master_weights=model
-    element = 4 if cfg.train.master_weights == "fp32" else {"bf16": 2, "fp16": 2}.get(cfg.train.precision, 4)
+    element = stored_bytes(cfg.train.precision, cfg.train.master_weights)
     return {"gradient_as_bucket_view": True, "bucket_cap_mb": bucket_elements(cfg, params) * element / 2**20}
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 from typing import List
 
-from ...config.mesh import DPRequest, mesh_of
 from ..fsdp.family import FSDPFamily
 
 PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NONE")
@@ -108,27 +107,18 @@ class FSDP1Family(FSDPFamily):
                       "flattens the converted weights into a FlatParameter; use backend=fsdp")
 
     def rules(self, cfg) -> List[str]:
+        """FSDP1's own, then FSDP2's on the fields they share (shard_degree's range, HYBRID_SHARD's groups)."""
         b, out = cfg.backend, []
         if b.backward_prefetch not in PREFETCH:
             out.append(f"backend.backward_prefetch={b.backward_prefetch}: FSDP1's BackwardPrefetch is one of "
                        f"{', '.join(PREFETCH)}")
-        if self.device_refusal(b, cfg.parallelism.device):
-            out.append(self.device_refusal(b, cfg.parallelism.device))
-        if b.shard_degree < 0:
-            out.append(f"backend.shard_degree={b.shard_degree}: must be >= 0 (0 = the data-parallel ranks per node)")
-        if out:
-            return out
-        dp = mesh_of(cfg).dp
-        if b.hybrid_shard and b.shard_degree and (dp % b.shard_degree or b.shard_degree > dp):
-            out.append(f"backend.shard_degree={b.shard_degree}: HYBRID_SHARD shards over groups that divide the {dp} "
-                       f"data-parallel ranks; use a divisor of {dp}")
         if not b.use_orig_params:
             needs = [why for asked, why in ((cfg.workload.name == "lora", "workload=lora (frozen and trained "
                                              "parameters in one FlatParameter)"),
                                             (bool(cfg.train.compile), "train.compile=true"))
                      if asked]
             out += [f"{why}: FSDP1 needs backend.use_orig_params=true for it" for why in needs]
-        return out
+        return out + super().rules(cfg)
 
     def device_refusal(self, backend, device):
         if backend.cpu_offload and device == "cpu":
@@ -140,12 +130,6 @@ class FSDP1Family(FSDPFamily):
     def tensor_parallel_refusal(self, cfg) -> str:
         return ("FSDP1 composes with tensor parallelism only through its 2-D DTensor path, which torch has moved to "
                 "FSDP2; use backend=fsdp")
-
-    def mesh_request(self, backend):
-        return DPRequest(shard=backend.shard_degree if backend.hybrid_shard else None, post_forward=None)
-
-    def is_hybrid(self, backend) -> bool:
-        return bool(backend.hybrid_shard)
 
     def shape_fields(self, cfg, mesh, counts):
         # each unit's FlatParameter padded (flat_unit_elements); the 16-bit gathered dtype sets the alignment

@@ -21,7 +21,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from typing_extensions import override
 
 from ...runtime import models
-from ...runtime.strategies.base import NativeStrategy, local_tensor, tensors_in
+from ...runtime.strategies.base import NativeStrategy, tensors_in
 
 
 def sharding_strategy(backend) -> ShardingStrategy:
@@ -53,10 +53,10 @@ class FSDP1Strategy(NativeStrategy):
             auto_wrap_policy=wrap, backward_prefetch=prefetch, mixed_precision=mp,
             device_id=self.device, limit_all_gathers=b.limit_all_gathers,
             use_orig_params=b.use_orig_params, forward_prefetch=b.forward_prefetch, **mesh)
-        units = [m for m in self.model.modules() if isinstance(m, FullyShardedDataParallel)]
         self.settings["fsdp1"] = {"sharding_strategy": strategy.name, "use_orig_params": b.use_orig_params,
                                   "backward_prefetch": str(prefetch), "limit_all_gathers": b.limit_all_gathers,
-                                  "forward_prefetch": b.forward_prefetch, "units": len(units),
+                                  "forward_prefetch": b.forward_prefetch,
+                                  "units": len(FullyShardedDataParallel.fsdp_modules(self.model)),
                                   "auto_wrap": sorted(c.__name__ for c in wrap._module_classes),
                                   "mp_param_dtype": str(mp.param_dtype if mp else None),
                                   "mp_reduce_dtype": str(mp.reduce_dtype if mp else None),
@@ -71,17 +71,8 @@ class FSDP1Strategy(NativeStrategy):
         return self.model
 
     @override
-    def step(self):
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)
-        norm = self.model.clip_grad_norm_(self.grad_clip or float("inf"))  # over every rank's slices
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return local_tensor(norm)
+    def clip_gradients(self, max_norm):
+        return self.model.clip_grad_norm_(max_norm)  # FSDP1's own: the slices' norms reduced over every rank
 
     @override
     def state_tensors(self):

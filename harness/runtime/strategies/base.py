@@ -295,7 +295,7 @@ class NativeStrategy(Strategy):
     def step(self) -> torch.Tensor:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or float("inf"))
+        norm = self.clip_gradients(self.grad_clip or float("inf"))
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -307,6 +307,11 @@ class NativeStrategy(Strategy):
             float8.precompute_scales(self.model)
         self.optimizer.zero_grad(set_to_none=True)
         return local_tensor(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def clip_gradients(self, max_norm: float) -> torch.Tensor:
+        """Clip by the global norm, and return it before clipping: torch's clip_grad_norm_, which reduces a DTensor
+        gradient's norm over its mesh (a framework whose gradients are plain local slices overrides)."""
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def _dcp_state(self) -> dict:
         # torch's distributed state dict: keys without wrapper prefixes, FSDP2's shards as DTensors (DCP
