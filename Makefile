@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 LOCK ?= requirements/cpu.lock
 STAMP := $(VENV)/.installed-$(notdir $(LOCK))
 ARGS ?=
+# make test's pytest-xdist workers (tests/conftest.py keeps the session's launches on one of them); 0: one process
+JOBS ?= 2
 # DeepSpeed's JIT ops, built once per clone (~2 min for both, measured 115 s) and reused by every run and test
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
@@ -126,8 +128,8 @@ browser: ## install headless Chromium (Debian's `chromium`), which the report te
 docs: install ## the docs/ pages as a site in site/ (mkdocs build --strict: a broken link between pages fails it)
 	$(PY) -m mkdocs build --strict --quiet
 
-test: install warm browser ## the test suite (~9 min): unit tests and real runs of every backend (gloo, CPU)
-	$(PY) -m pytest -m "not drill" $(ARGS)
+test: install warm browser ## the test suite (~5 min on 2 workers; JOBS=0 runs it in one process): unit tests and real runs of every backend (gloo, CPU)
+	$(PY) -m pytest -m "not drill" -n $(JOBS) --dist loadgroup $(ARGS)
 
 test-drills: install warm ## the launcher drills (~15 min): faults, Ctrl-C, racing launches, killed launcher and op builds
 	$(PY) -m pytest -m drill $(ARGS)

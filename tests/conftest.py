@@ -11,6 +11,7 @@ import pytest
 
 from harness.config.compose import flat_backends
 from harness.core.paths import extensions_dir
+from workers import pytest_collection_modifyitems, pytest_configure  # noqa: F401 (make test's workers: workers.py)
 
 REPO = Path(__file__).resolve().parent.parent
 BACKENDS = flat_backends("cpu")  # every file in conf/backend/ but the hybrid ones (tested across nodes) and

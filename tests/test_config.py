@@ -216,24 +216,35 @@ def test_a_family_without_theory_or_an_unknown_one_is_refused_in_one_line(monkey
 
 
 def test_composing_a_matrix_at_once_gives_each_runs_own_config():
-    """config.compose_many (memory-check's 64 cells: Hydra once per group choice, plain values set on a copy)
-    resolves every cell exactly as compose() of its overrides does, added keys and derived fields included."""
+    """config.compose_many, and compose() through it (Hydra once a process per group choice, plain values set on
+    a copy by Hydra's own step), resolves every cell exactly as Hydra's whole composition of its overrides does,
+    added keys and derived fields included, and refuses a bad value with Hydra's own error."""
+    from hydra.errors import ConfigCompositionException
     from omegaconf import OmegaConf
 
-    from harness.config.compose import compose, compose_many
+    from harness.config.compose import _derived, _hydra, compose, compose_many
     from harness.studies import memory_check
 
     cells = [["profile=parity", *c, *memory_check.CELL, "train.memory_steps=3"]
              for c in memory_check.matrix(["ddp", "ds_zero3"], ["tiny_llama", "tiny_gpt2"], ["fp32", "bf16"], [True])]
     cells += [["model=small_llama", "backend=ds_zero3", "parallelism.seq_len=16", "backend.bucket_elements=400000",
                "+backend.deepspeed.zero_optimization.stage3_max_reuse_distance=0"],
-              ["parallelism.global_batch=8", "parallelism.micro_batch=2", "optim.lr=3e-4"]]
+              ["parallelism.global_batch=8", "parallelism.micro_batch=2", "optim.lr=3e-4"],
+              # values under a group, set after the groups as Hydra sets them: a user's config.json (which names the
+              # run and fills the model's fields), a list, a backend's own field
+              ["model.hf_config=hf/tiny_mistral", "model.num_layers=3", "data=files", "data.files=[a.txt,b.txt]",
+               "backend=fsdp1", "backend.use_orig_params=true", "model.init=meta"]]
     together = compose_many(cells)
-    for overrides, cfg in zip(cells, together):
-        alone = compose(overrides)
-        assert OmegaConf.to_container(cfg, resolve=True) == OmegaConf.to_container(alone, resolve=True), overrides
-    with pytest.raises(Exception, match="train.steps"):
-        compose_many([["train.steps=ten"]])  # a wrong type still fails, as Hydra's own set would
+    for overrides, cfg, again in zip(cells, together, [compose(c) for c in cells]):
+        whole = OmegaConf.to_container(_derived(_hydra(overrides), overrides), resolve=True)
+        assert OmegaConf.to_container(cfg, resolve=True) == whole == OmegaConf.to_container(again, resolve=True)
+    # a wrong type, an unknown key, each also under a group: Hydra's own errors
+    for bad in (["train.steps=ten"], ["train.stpes=10"], ["model.num_layers=two"], ["backend.stage=2"]):
+        with pytest.raises(ConfigCompositionException) as theirs:
+            _hydra(bad)
+        with pytest.raises(ConfigCompositionException) as ours:
+            compose(bad)
+        assert str(ours.value) == str(theirs.value)
 
 
 def test_the_preemption_signal_is_submitits_inside_a_slurm_job_and_a_requeue_resumes_the_same_run():

@@ -9,7 +9,6 @@ would otherwise wait for it in a collective.
 """
 from __future__ import annotations
 
-import gc
 import json
 import sys
 import time
@@ -23,7 +22,7 @@ from ..core.records import RankOutcome, Status
 from ..core.rundir import RunDir, write_json, write_text
 from . import preflight
 from .compiled_activations import counts_for
-from .worker import best_effort, classify, exit_without_teardown, load_config, reached, run, start
+from .worker import best_effort, classify, collect_cell, exit_without_teardown, load_config, reached, run, start
 
 
 def train_cell(run_dir: RunDir, rank: int, world: int, device: torch.device) -> int:
@@ -55,7 +54,7 @@ def main(cells_file: Path) -> int:
         torch.nn.functional.linear = linear
         if train_cell(run_dir, rank, world, device):
             return 1
-        gc.collect()
+        collect_cell()
     dist.destroy_process_group()
     return 0
 

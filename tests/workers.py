@@ -1,0 +1,70 @@
+"""make test on 2 pytest-xdist workers (`make test JOBS=0`: in one process), imported by conftest.py for its hooks.
+
+Every test that reads one of the session's launches (LAUNCHES: each a start-up of the ranks and its cells, ~3
+minutes in all) runs on one worker, which builds each launch once; every other module runs whole on one worker, so
+that a module's own fixtures (the memory check's launch, the scale check's grid) are built once too. The launches go
+first, then the modules whose fixtures take longest (LONGEST_MODULES), then the rest in collection order, handed to
+whichever worker is free: neither worker is left with a long tail.
+
+The scheduler is xdist's by scope, with the scopes taken from the workers' collection (which knows each test's
+fixtures) through a file: xdist's own `xdist_group` mark travels in the node id, which pytest 9.2 no longer lets a
+plugin change (pytest-dev/pytest-xdist#1386), so the groups would be silently lost.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+LAUNCHES = {"llama_checkpoint", "fp32_runs", "resumed_runs", "two_rank_sweeps", "four_rank_launch"}
+LONGEST_MODULES = ("test_memory_check.py", "test_scale_check.py", "test_gpu_capacity.py")
+GROUPS = "SHARDBENCH_TEST_GROUPS"  # the file the workers write {node id: group} to, set by the controller
+
+
+def group_of(item) -> str:
+    return "launches" if LAUNCHES & set(item.fixturenames) else item.nodeid.split("::")[0]
+
+
+def rank_of(item) -> int:
+    if group_of(item) == "launches":
+        return 0
+    name = item.path.name
+    return 1 + LONGEST_MODULES.index(name) if name in LONGEST_MODULES else 1 + len(LONGEST_MODULES)
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
+        return
+    os.environ[GROUPS] = str(Path(tempfile.mkdtemp(prefix="shardbench-test-groups-")) / "groups.json")
+    config.option.loadscopereorder = False  # our order (rank_of), not xdist's by the number of tests a scope has
+    config.pluginmanager.register(ByLaunch(), "shardbench-scheduler")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=rank_of)  # stable: within a rank, the order of collection
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(GROUPS):
+        path = Path(os.environ[GROUPS])
+        part = path.with_name(f"{os.environ['PYTEST_XDIST_WORKER']}.json")
+        part.write_text(json.dumps({item.nodeid: group_of(item) for item in items}))
+        part.replace(path)  # each worker collects the same tests: the last to finish leaves the same file
+
+
+class ByLaunch:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config, log):
+        from xdist.scheduler import LoadScopeScheduling
+
+        class Scheduling(LoadScopeScheduling):
+            groups: dict | None = None
+
+            def _split_scope(self, nodeid: str) -> str:
+                # read once every worker has collected: xdist schedules only after the last collection
+                if self.groups is None:
+                    self.groups = json.loads(Path(os.environ[GROUPS]).read_text())
+                return self.groups[nodeid]
+
+        return Scheduling(config, log)
