@@ -131,7 +131,7 @@ docs: install ## the docs/ pages as a site in site/ (mkdocs build --strict: a br
 test: install warm browser ## the test suite (~5 min on 2 workers; JOBS=0 runs it in one process): unit tests and real runs of every backend (gloo, CPU)
 	$(PY) -m pytest -m "not drill" -n $(JOBS) --dist loadgroup $(ARGS)
 
-test-drills: install warm ## the launcher drills (~15 min): faults, Ctrl-C, racing launches, killed launcher and op builds
+test-drills: install warm ## the launcher drills (~16 min): faults, Ctrl-C, racing launches, killed launcher and op builds; the longest study runs
 	$(PY) -m pytest -m drill $(ARGS)
 
 test-all: test test-drills ## both, as CI runs them

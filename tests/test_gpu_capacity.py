@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from harness.config.compose import compose
 from harness.runtime import models
 from harness.studies import gpu_capacity
@@ -67,6 +69,9 @@ def test_theory_finds_the_offload_backends_bound_by_the_hosts_ram(tmp_path):
     assert large["fsdp_offload"]["guess"] == small["fsdp_offload"]["card_only_guess"]
 
 
+# with the drills (make test-drills, CI's second stage): the search end to end, two real probes and a rerun
+# (~30 s alone, ~55 s beside make test's launches); the theory's side of the search stays in make test above
+@pytest.mark.drill
 def test_real_search_on_an_emulated_card_probes_the_theory_boundary_and_the_rung_above(tmp_path):
     # 40 MiB, one rank: theory puts DDP's boundary at 1.69M parameters (33.5 MiB; 2.55M needs 49.7). Two real
     # probes: the boundary trains, the rung above runs out of memory, and the peak is the theory's within 10%

@@ -14,7 +14,9 @@ from harness.config.compose import compose
 from harness.runtime import models
 from harness.studies import scale_check
 
-pytestmark = pytest.mark.slow
+# with the drills (make test-drills, CI's second stage): a study's grid end to end, 5 cells traced at 64 ranks in 3
+# processes (~30 s alone, ~75 s beside make test's launches), which kept make test over its 5 minutes
+pytestmark = [pytest.mark.slow, pytest.mark.drill]
 CELL = ["--models", "llama_1b", "--wide", "", "--worlds", "64", "--backends", "fsdp,fsdp_hsdp", "--probe-backends", "ddp",
         "--precisions", "bf16", "--checkpointing", "off", "--tp-grid", "llama_1b:64:2", "--jobs", "2"]
 
