@@ -1,11 +1,10 @@
-"""make test on 2 pytest-xdist workers (`make test JOBS=0`: in one process), imported by conftest.py for its hooks.
+"""make test JOBS=2: the suite on 2 pytest-xdist workers (by default, one process), hooks imported by conftest.py.
 
 Every test that reads one of the session's launches (LAUNCHES: each a start-up of the ranks and its cells, ~3
 minutes in all), and the memory check's module with its own launch, runs on one worker, which builds each launch
 once and runs them one at a time; every other module runs whole on one worker, so that a module's own fixtures are
-built once too. The launches go
-first, then the modules whose fixtures take longest (LONGEST_MODULES), then the rest in collection order, handed to
-whichever worker is free: neither worker is left with a long tail.
+built once too. The launches go first, then the longest modules (LONGEST_MODULES), then the rest in collection
+order, handed to whichever worker is free: neither worker is left with a long tail.
 
 The scheduler is xdist's by scope, with the scopes taken from the workers' collection (which knows each test's
 fixtures) through a file: xdist's own `xdist_group` mark travels in the node id, which pytest 9.2 no longer lets a
@@ -15,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -61,6 +61,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 class ByLaunch:
+    def pytest_unconfigure(self, config):
+        shutil.rmtree(Path(os.environ.pop(GROUPS)).parent, ignore_errors=True)
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(self, config, log):
         from xdist.scheduler import LoadScopeScheduling

@@ -228,16 +228,11 @@ def freeze_imports() -> None:
     """Move what the imports made (torch, transformers, DeepSpeed: about a million objects) out of the
     garbage collector's sight: a full collection then walks only what training made. Measured, it took
     0.18 s; after this, under 0.01 s, whether it falls inside a timed step or between the cells of a launch.
-    Called again after each cell of a launch (collect_cell): what the cells imported lazily (DeepSpeed's engine,
+    Called again after each cell of a launch: what the cells imported lazily (DeepSpeed's engine,
     the memory profiler, dynamo) had put the 0.18 s back into every later cell's collection (the memory
     check's 53 cells: 0.18 s a cell and rank, 0.06 s once refrozen, sampled with py-spy)."""
     gc.collect()
     gc.freeze()
-
-
-# between the cells of a launch: the cell's garbage collected, what survives it (modules, caches: alive for the
-# process) moved out of the next collections' sight
-collect_cell = freeze_imports
 
 
 def best_effort(write, path: Path, content) -> None:
