@@ -54,6 +54,10 @@ def main(cells_file: Path) -> int:
         torch.nn.functional.linear = linear
         if train_cell(run_dir, rank, world, device):
             return 1
+        if "torch._dynamo" in sys.modules:
+            # each cell compiles as a run of its own would: without this, a later cell with the same blocks reuses
+            # the earlier cell's compiled code, and its time/compile_s reads 0.02 s where a run's reads seconds
+            torch._dynamo.reset()
         freeze_imports()  # the cell's garbage collected, what survives it out of the next collections' sight
     dist.destroy_process_group()
     return 0
