@@ -6,7 +6,8 @@ LOCK ?= requirements/cpu.lock
 STAMP := $(VENV)/.installed-$(notdir $(LOCK))
 ARGS ?=
 # make test's pytest-xdist workers: 0, one process, by default; JOBS=2 (tests/workers.py keeps the session's launches
-# on one worker) ran in 297 s against ~400, but the other worker's load made a 4-rank memory cell miss in 1 run of 3
+# on one worker, one at a time) gained nothing on this 2-core machine on 2026-11-27 (384 s): the launches are the
+# critical path (docs/commands.md)
 JOBS ?= 0
 # DeepSpeed's JIT ops, built once per clone (~2 min for both, measured 115 s) and reused by every run and test
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions

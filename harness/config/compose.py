@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from typing import List
 
 from ..core.paths import CONF
@@ -68,31 +69,27 @@ def _hydra(overrides: List[str]):
     return cfg
 
 
-_LOADER: list = []
-
-
+@functools.cache
 def _loader():
     """Hydra's config loader over conf/, made once a process, whose repository reads each config file once and
     hands every composition its own copy: a composition read ~40 files and set up the search path each time
     (0.11 s a composition; 0.06 s so). conf/ does not change under a running process."""
-    if not _LOADER:
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
-        from hydra._internal.utils import create_config_search_path
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
 
-        schema.register()
-        loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF)))
-        read, files = loader.repository.load_config, {}
+    schema.register()
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF)))
+    read, files = loader.repository.load_config, {}
 
-        def load_config(config_path: str):
-            if config_path not in files:
-                files[config_path] = read(config_path)
-            return copy.deepcopy(files[config_path])  # Hydra sets a loaded config's fields as it composes
-        loader.repository.load_config = load_config
-        # each composition copies the repository so as to re-point its copy's sources, and a deep copy would copy
-        # the whole ConfigStore of the structured schemas (10 ms); the copy's new sources are its own either way
-        loader.repository.__deepcopy__ = lambda memo: copy.copy(loader.repository)
-        _LOADER.append(loader)
-    return _LOADER[0]
+    def load_config(config_path: str):
+        if config_path not in files:
+            files[config_path] = read(config_path)
+        return copy.deepcopy(files[config_path])  # Hydra sets a loaded config's fields as it composes
+    loader.repository.load_config = load_config
+    # each composition copies the repository so as to re-point its copy's sources, and a deep copy would copy the
+    # whole ConfigStore of the structured schemas (10 ms); the copy's new sources are its own either way
+    loader.repository.__deepcopy__ = lambda memo: copy.copy(loader.repository)
+    return loader
 
 
 # Hydra's composition of each distinct choice of config groups (and of the overrides of keys under a group), kept

@@ -22,7 +22,7 @@ from ..core.records import RankOutcome, Status
 from ..core.rundir import RunDir, write_json, write_text
 from . import preflight
 from .compiled_activations import counts_for
-from .worker import best_effort, classify, exit_without_teardown, freeze_imports, load_config, reached, run, start
+from .worker import best_effort, classify, end_cell, exit_without_teardown, load_config, reached, run, start
 
 
 def train_cell(run_dir: RunDir, rank: int, world: int, device: torch.device) -> int:
@@ -54,11 +54,7 @@ def main(cells_file: Path) -> int:
         torch.nn.functional.linear = linear
         if train_cell(run_dir, rank, world, device):
             return 1
-        if "torch._dynamo" in sys.modules:
-            # each cell compiles as a run of its own would: without this, a later cell with the same blocks reuses
-            # the earlier cell's compiled code, and its time/compile_s reads 0.02 s where a run's reads seconds
-            torch._dynamo.reset()
-        freeze_imports()  # the cell's garbage collected, what survives it out of the next collections' sight
+        end_cell()
     dist.destroy_process_group()
     return 0
 

@@ -27,7 +27,7 @@ def main(out: Path) -> int:
     from ..config import schema
     from ..runtime import loop
     from ..runtime.sink import NullSink
-    from ..runtime.worker import freeze_imports, prepare
+    from ..runtime.worker import end_cell, freeze_imports, prepare
 
     cells = json.loads((out / "cells.json").read_text())
     first = cells[0]["config"]
@@ -53,7 +53,7 @@ def main(out: Path) -> int:
             with open(out / "cells.jsonl", "a") as f:
                 f.write(json.dumps({"name": cell["name"], "ranks": gathered}) + "\n")
         del ready, result
-        freeze_imports()  # the cell's garbage collected, what survives it out of the next collections' sight
+        end_cell()
     dist.destroy_process_group()
     return 0
 
