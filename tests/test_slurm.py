@@ -46,6 +46,17 @@ def job_of(run_dir: Path) -> str | None:
     return slurm_env_of(run_dir).get("SLURM_JOB_ID")
 
 
+def rows_in_full(sweep: Path) -> str:
+    """Each row's dir, status and whole reason, with any rank's faulthandler dump (a crash's every stack): a
+    string, which pytest prints whole, where it cuts a dict's repr short."""
+    out = []
+    for summary in sorted(sweep.glob("*/summary.json")):
+        row = json.loads(summary.read_text())
+        out.append(f"{summary.parent.name}: {row['status']}: {row.get('reason', '')}")
+        out += [f"{dump}:\n{dump.read_text()}" for dump in sorted(summary.parent.glob("ranks/*.fatal.txt"))]
+    return "\n".join(out)
+
+
 def test_a_sweep_runs_as_slurm_jobs_and_a_cancelled_job_is_a_failed_row(tmp_path, slurm_env):
     sweep = tmp_path / "sweeps" / "slurm"
     proc = subprocess.Popen([*cli_command(), "-m", "train.steps=5,4000", *FAST, f"paths.root={tmp_path}",
@@ -67,7 +78,7 @@ def test_a_sweep_runs_as_slurm_jobs_and_a_cancelled_job_is_a_failed_row(tmp_path
     assert proc.returncode == 0, err[-3000:]  # the sweep ended; the cancelled job is a row, not a crash
     rows = {json.loads(p.read_text())["status"]: (json.loads(p.read_text()), p.parent)
             for p in sweep.glob("*/summary.json")}
-    assert set(rows) == {"ok", "failed"}, rows
+    assert set(rows) == {"ok", "failed"}, rows_in_full(sweep)
     ok, ok_dir = rows["ok"]
     failed, failed_dir = rows["failed"]
     assert failed_dir == long_run and f"SLURM: job {cancelled} cancelled" in failed["reason"], failed["reason"]

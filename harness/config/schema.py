@@ -19,7 +19,7 @@ from .families import FAMILIES, backend_fields
 
 # fault.kind: what runtime/faults.py can inject; `none` first, `hang` last (the drill interrupts it)
 SAVE_FAULT_KINDS = ("kill_in_save",)  # faults inside a checkpoint save (runtime/faults.py)
-FAULT_KINDS = ("none", "oom", "raise", "nan", "kill", "hang", "slow", *SAVE_FAULT_KINDS)
+FAULT_KINDS = ("none", "oom", "raise", "nan", "kill", "segfault", "hang", "slow", *SAVE_FAULT_KINDS)
 
 CHOICES = {
     "profile": ("native", "parity"),  # config/profiles.py

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from .fatal_dump import fatal_frame
+
 
 class Status:
     """A run's status (summary.json) and a rank's (ranks/rank<R>.json)."""
@@ -59,14 +61,20 @@ class RankOutcome:
         return cls(**{k: v for k, v in d.items() if k in names})
 
     @classmethod
-    def killed(cls, rank: int, exit_code: Optional[int], node: Optional[int] = None) -> "RankOutcome":
+    def killed(cls, rank: int, exit_code: Optional[int], node: Optional[int] = None,
+               fatal_dump: str = "") -> "RankOutcome":
+        """A rank with no outcome file; `fatal_dump` is its ranks/rank<R>.fatal.txt, if it died of a fatal
+        signal with faulthandler on: the reason then names the Python frame the signal hit."""
         if exit_code is None:
             how = "killed by a signal?"
         elif exit_code < 0:
             how = f"signal {signal.Signals(-exit_code).name}"
         else:
             how = f"exit code {exit_code}"
-        return cls(rank=rank, status=Status.KILLED, reason=f"exited without a report ({how})", node=node)
+        where = fatal_frame(fatal_dump)
+        return cls(rank=rank, status=Status.KILLED, node=node,
+                   reason=f"exited without a report ({how})" +
+                   (f": {where} (every thread's stack: ranks/rank{rank}.fatal.txt)" if where else ""))
 
     def sort_key(self) -> tuple:
         return Status.SEVERITY.get(self.status, 2), self.peer

@@ -70,6 +70,14 @@ def read_json(path: Path) -> Any:
         return None
 
 
+def read_text(path: Path) -> str:
+    """The file's text, or "" when it is missing or unreadable."""
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def parse_jsonl(text: str) -> List[dict]:
     """Records of a JSON-lines text. The one rule for damage: reading stops at the first line that does not
     parse. A kill can only tear the line being written, which is the last; nothing after a bad line is
@@ -194,6 +202,11 @@ class RunDir:
 
     def rank_traceback(self, rank: int) -> Path:
         return self.ranks / f"rank{rank}.traceback.txt"
+
+    def rank_fatal(self, rank: int) -> Path:
+        """faulthandler's dump of every thread's Python stack, written only when the rank dies of a fatal signal
+        (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL), where no traceback.txt can be (runtime/worker.py)."""
+        return self.ranks / f"rank{rank}.fatal.txt"
 
     def rank_wait(self, rank: int) -> Path:
         """What the rank waits for right now, while it waits (core/waiting.py): the parent announces it."""

@@ -14,7 +14,7 @@ from typing import Dict, List
 from ..config import derive
 from ..config.mesh import Mesh, mesh_of
 from ..core.records import Identity, RankOutcome, RankReport, RunSummary, Status
-from ..core.rundir import NODE_ENDED, RunDir, read_json, read_jsonl, write_json
+from ..core.rundir import NODE_ENDED, RunDir, read_json, read_jsonl, read_text, write_json
 from ..reporting.run_summary import summary_of_finished_run
 from ..core.runlock import holder
 
@@ -34,7 +34,8 @@ def rank_outcomes(run_dir: RunDir, mesh: Mesh) -> List[RankOutcome]:
     for rank in range(mesh.world):
         found = read_json(run_dir.rank_outcome(rank))
         node = mesh.node_of(rank)
-        outcomes.append(RankOutcome.from_dict(found) if found else RankOutcome.killed(rank, codes.get(rank), node))
+        outcomes.append(RankOutcome.from_dict(found) if found else RankOutcome.killed(
+            rank, codes.get(rank), node, read_text(run_dir.rank_fatal(rank))))
     return outcomes
 
 

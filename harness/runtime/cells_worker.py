@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..core.fatal_dump import dumped_on_fatal_signal
 from ..core.records import RankOutcome, Status
 from ..core.rundir import RunDir, write_json, write_text
 from . import preflight
@@ -52,8 +53,9 @@ def main(cells_file: Path) -> int:
     linear = torch.nn.functional.linear
     for run_dir in run_dirs:
         torch.nn.functional.linear = linear
-        if train_cell(run_dir, rank, world, device):
-            return 1
+        with dumped_on_fatal_signal(run_dir.rank_fatal(rank)):  # a crash is named in this cell's row
+            if train_cell(run_dir, rank, world, device):
+                return 1
         end_cell()
     dist.destroy_process_group()
     return 0

@@ -2,7 +2,8 @@
 
     python -m harness.train fault.kind=kill fault.rank=1 fault.step=3     # SIGKILL rank 1 at step 3
     fault.kind: none | raise (an exception) | nan (a non-finite loss) | hang (stop in place, as a rank
-                stuck outside a collective does) | kill (SIGKILL itself) | oom (ask for more memory than
+                stuck outside a collective does) | kill (SIGKILL itself) | segfault (SIGSEGV in native code:
+                the row's reason names the Python frame it hit) | oom (ask for more memory than
                 the device has: a real CUDA OOM from the allocator on GPU; on CPU, where asking would
                 only swap, the request is refused against train.memory_budget_bytes or the host's RAM)
                 | kill_in_save (SIGKILL itself in the middle of the save of the checkpoint of
@@ -48,6 +49,14 @@ def _kill(cfg, rank, step, loss):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _segfault(cfg, rank, step, loss):
+    """A crash in native code, as a C extension's bug makes one: SIGSEGV from reading address 0. The rank can
+    write no outcome; its faulthandler dump (core/fatal_dump.py) names the frame in the row's reason."""
+    import ctypes
+
+    ctypes.string_at(0)
+
+
 def _slow(cfg, rank, step, loss):
     """Work, not sleep: a slow rank computes longer (a throttled GPU, a busy host). Sleeping would read as
     waiting in the thread clocks that split the step (runtime/time_profile.py)."""
@@ -69,7 +78,8 @@ def _oom(cfg, rank, step, loss):
                                f"over the {limit:,} B the device can give")
 
 
-ACTIONS = {"raise": _raise, "nan": _nan, "hang": _hang, "kill": _kill, "oom": _oom, "slow": _slow}
+ACTIONS = {"raise": _raise, "nan": _nan, "hang": _hang, "kill": _kill, "segfault": _segfault, "oom": _oom,
+           "slow": _slow}
 EVERY_STEP = {"slow"}  # kinds that act in every step from fault.step on, not once
 # kinds that act inside a checkpoint save (runtime/train_state.py), after the framework wrote this rank's files
 # and before the marker: SIGKILL there leaves a save that never completes

@@ -30,6 +30,7 @@ from ..config.recompute import recompute_of
 from ..core import preemption
 from ..core.checkpoint_dirs import to_resume
 from ..core.errors import ConfigError
+from ..core.fatal_dump import dumped_on_fatal_signal
 from ..core.records import RankOutcome, RankReport, Status
 from ..core.rundir import RunDir, write_json, write_text
 from ..core.waiting import announced
@@ -289,6 +290,12 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     watch_parent(on_parent_lost)
+    with dumped_on_fatal_signal(run_dir.rank_fatal(rank)):
+        return train_and_report(cfg, run_dir, rank, node, started)
+
+
+def train_and_report(cfg, run_dir: RunDir, rank: int, node: int, started: float) -> int:
+    """Train, then leave this rank's outcome (ok, or the exception classified) and end its process group."""
     params, device = None, torch.device("cpu")  # params in every outcome: a failed row still says the size
     try:
         counts = counts_for(cfg)

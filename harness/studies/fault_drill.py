@@ -2,7 +2,7 @@
 
     python -m harness.fault_drill [--timeout-s 10] [--out results/faults] [overrides...]
 
-1. One sweep, `fault.kind=none,oom,raise,nan,kill,hang` (rank 1, step 3, `dist.timeout_s=--timeout-s`).
+1. One sweep, `fault.kind=none,oom,raise,nan,kill,segfault,hang` (rank 1, step 3, `dist.timeout_s=--timeout-s`).
    Time to detect = the run's summary.json written, minus the moment the faulting rank injected the fault
    (its ranks/fault.json).
 2. The same command again, which skips the ok run and re-runs the failed ones, then SIGINT (a terminal's
