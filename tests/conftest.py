@@ -30,12 +30,12 @@ def cli(*overrides: str, timeout: int = 600, env_extra: dict | None = None) -> s
                           capture_output=True, text=True, timeout=timeout)
 
 
-def sweeps(root: Path, named: dict, report: bool = False) -> dict:
+def sweeps(root: Path, named: dict, report: tuple = ()) -> dict:
     """Every backend on each of the `named` shapes ({sweep name: overrides, or a function backend -> overrides,
     whose `backends` attribute, if any, names the backends it runs}, one world size), all as the cells of
     one launch (harness/launcher/cells.py: each a whole run in its own run dir, <root>/sweeps/<name>/backend=<b>,
-    written by a run's own code; the ranks start once, not once a backend or a sweep), and with `report` each
-    sweep's tables and report (a few seconds of plots, for the tests that read them); return {sweep name:
+    written by a run's own code; the ranks start once, not once a backend or a sweep), and for the sweeps `report`
+    names, their tables and report (a few seconds of plots, for the tests that read them); return {sweep name:
     {backend: (summary, per-step records, run dir)}}."""
     from harness.launcher.cells import run_cells
     from harness.reporting import sweep_report
@@ -52,15 +52,9 @@ def sweeps(root: Path, named: dict, report: bool = False) -> dict:
         metrics_path = run_dir / "metrics.jsonl"
         records = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
         out[cell.split("/")[0]][summary["backend"]] = (summary, records, run_dir)
-    if report:
-        for name in named:
-            sweep_report.build(launch_dir / name)
+    for name in report:
+        sweep_report.build(launch_dir / name)
     return out
-
-
-def sweep(root: Path, name: str, *overrides: str, report: bool = False) -> dict:
-    """One shape's sweep (`sweeps`): {backend: (summary, per-step records, run dir)}."""
-    return sweeps(root, {name: overrides}, report)[name]
 
 
 @pytest.fixture(scope="session")
@@ -81,41 +75,57 @@ FINETUNE = ("model=tiny_llama", "profile=parity", "parallelism.nproc_per_node=3"
 
 
 @pytest.fixture(scope="session")
-def fp32_runs(tmp_path_factory, llama_checkpoint):
-    """Every backend, fine-tuning tiny_llama from a pretrained checkpoint in fp32, on purpose with the hard
+def fp32_launch(tmp_path_factory, llama_checkpoint) -> dict:
+    """The fp32 sweep, then every backend resumed from its checkpoint, as the cells of one 3-rank launch (a
+    resumed cell checks the checkpoint an earlier cell saved when it starts: launcher/cells.py): {"fp32": ...,
+    "resumed": ...}, each {backend: (summary, per-step records, run dir)}.
+
+    fp32: every backend, fine-tuning tiny_llama from a pretrained checkpoint in fp32, on purpose with the hard
     cases (FINETUNE), and model.init=meta: FSDP2 builds on the meta device and ZeRO-3 under zero.Init (DDP and
     ZeRO-1/2 on the host), each reading the checkpoint tensor by tensor into its shards, so that loss parity
-    covers every construction path."""
-    return sweep(tmp_path_factory.mktemp("fp32"), "fp32", *FINETUNE, "model.init=meta",
-                 f"model.pretrained_path={llama_checkpoint}",
+    covers every construction path. resumed: each at the same 3 ranks from its own fp32 checkpoint, training
+    steps 3 and 4 again."""
+    root = tmp_path_factory.mktemp("fp32")
+    pretrained = ("model.init=meta", f"model.pretrained_path={llama_checkpoint}")
+
+    def resumed(backend: str) -> tuple:
+        return (*FINETUNE, *pretrained, *cheap(resume_from(root / "sweeps" / "fp32" / f"backend={backend}")))
+    return sweeps(root, {
+        "fp32": (*FINETUNE, *pretrained,
                  "train.peak_by_kind=false",  # the bf16 sweep splits the peak by kind; this one replays allocations
-                 # a checkpoint after step 3, resumed at 3 ranks (resumed_runs) and at 2 (reshard_runs); DCP's
+                 # a checkpoint after step 3, resumed at 3 ranks (resumed) and at 2 (reshard_runs); DCP's
                  # asynchronous save is resumed in tests/test_checkpoint_drill.py
-                 f"train.checkpoint_every={SAVED_AT}",
-                 report=True)  # tests/test_report.py reads this sweep's tables and report
+                 f"train.checkpoint_every={SAVED_AT}"),
+        "resumed": resumed,
+    }, report=("fp32",))  # tests/test_report.py reads the fp32 sweep's tables and report
+
+
+@pytest.fixture(scope="session")
+def fp32_runs(fp32_launch) -> dict:
+    return fp32_launch["fp32"]
+
+
+@pytest.fixture(scope="session")
+def resumed_runs(fp32_launch) -> dict:
+    return fp32_launch["resumed"]
 
 
 SAVED_AT = 3  # the fp32 sweep's checkpoint: the state after 3 of its 5 steps
 
 
-def saved(fp32_runs, backend: str) -> str:
+def resume_from(run_dir: Path) -> str:
     # quoted: the run dir's name, backend=<b>, holds an `=`, which Hydra's override grammar takes for a key's end
-    return f"train.resume='{fp32_runs[backend][2]}/checkpoints/step_{SAVED_AT:07d}'"
+    return f"train.resume='{run_dir}/checkpoints/step_{SAVED_AT:07d}'"
+
+
+def saved(fp32_runs, backend: str) -> str:
+    return resume_from(fp32_runs[backend][2])
 
 
 def cheap(*overrides: str) -> tuple:
     """A resumed cell measures only its losses and its load: no profiled steps, FLOP count or collectives."""
     return (*overrides, "train.measure_flops=false", "train.breakdown_steps=0", "train.profile_memory=false",
             "train.count_collectives=false")
-
-
-@pytest.fixture(scope="session")
-def resumed_runs(tmp_path_factory, fp32_runs, llama_checkpoint):
-    """Every backend resumed from its own fp32 checkpoint, at the same 3 ranks, training steps 3 and 4 again."""
-    def overrides(backend: str) -> tuple:
-        return (*FINETUNE, "model.init=meta", f"model.pretrained_path={llama_checkpoint}",
-                *cheap(saved(fp32_runs, backend)))
-    return sweeps(tmp_path_factory.mktemp("resumed"), {"resumed": overrides})["resumed"]
 
 
 # the LoRA sweep's overrides but its world

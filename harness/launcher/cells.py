@@ -13,6 +13,7 @@ first cell (results/gpu/nvidia-h100-80gb-hbm3/cells_vs_runs.md); `make gpu-check
 """
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
-from ..config import derive, rules
+from ..config import derive, resume_check, rules
 from ..config.compose import compose
 from ..core.errors import ConfigError
 from ..core.paths import REPO
@@ -41,19 +42,39 @@ def prepare(cfg, run_dir: RunDir) -> None:
     write_json(run_dir.env, environment(cfg))
 
 
+def from_earlier_cell(cfg, earlier: Sequence[RunDir]) -> bool:
+    """Whether the cell resumes a checkpoint under one of the earlier cells' run dirs (their checkpoints/)."""
+    resume = cfg.train.resume
+    if resume in resume_check.RESUME_WORDS:
+        return False
+    return any(Path(resume).resolve().is_relative_to(d.checkpoints.resolve()) for d in earlier)
+
+
+def with_resume(cfg, resume: str):
+    """A copy of `cfg` with another train.resume."""
+    other = copy.deepcopy(cfg)
+    other.train.resume = resume
+    return other
+
+
 def run_cells(sweep_dir: Path, cells: Sequence[Tuple[str, List[str]]], common: Sequence[str] = (),
               report: bool = True) -> Dict[str, dict]:
     """Run every cell (a name, which is its run dir under `sweep_dir`, and its overrides after `common`) in one
     launch; return each cell's summary by name, and write the sweep's tables and report (unless `report` is
     off: `make report SWEEP=<sweep_dir>` writes them later). Every cell must have the first one's ranks per node
-    and nodes; a config the rules refuse raises ConfigError before any launch."""
+    and nodes; a config the rules refuse raises ConfigError before any launch. A cell may resume a checkpoint an
+    earlier cell saves (`train.resume=<earlier cell's run dir>/checkpoints/step_<k>`): it is checked as a run's
+    parent checks it, at the cell's start, and refused there as that cell's failure."""
     sweep_dir = Path(sweep_dir)
     configs = [(RunDir(sweep_dir / name), compose([*common, *overrides])) for name, overrides in cells]
     shape = {(c.parallelism.nproc_per_node, c.parallelism.nnodes) for _, c in configs}
     if len(shape) != 1:
         raise ConfigError(f"cells of one launch share ranks per node and nodes; these ask {sorted(shape)}")
-    for run_dir, cfg in configs:
-        rules.check(cfg)
+    for index, (run_dir, cfg) in enumerate(configs):
+        # a cell may resume a checkpoint an earlier cell of this launch saves: not there yet, so its checks wait for
+        # the cell's start (runtime/cells_worker.py), and every other rule is checked now
+        later = from_earlier_cell(cfg, [d for d, _ in configs[:index]])
+        rules.check(with_resume(cfg, "fresh") if later else cfg)
     first = configs[0][1]
     for run_dir, cfg in configs:
         prepare(cfg, run_dir)

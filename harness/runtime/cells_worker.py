@@ -5,7 +5,8 @@ code of a single run, in one process group, leaving each cell's rank outcome as 
 cells, what a framework changed globally is put back: DeepSpeed's ZeRO-3 engine replaces
 torch.nn.functional.linear for every module built after it ("This will persist unless manually reset", its own
 log line), which would change what a later cell keeps under autocast. A failed cell ends the launch: its peers
-would otherwise wait for it in a collective.
+would otherwise wait for it in a collective. A cell that resumes a named checkpoint checks it first, as a run's
+parent does: it may be one an earlier cell of the launch saved, which did not exist when the launch began.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..config import resume_check
+from ..core.errors import ConfigError
 from ..core.fatal_dump import dumped_on_fatal_signal
 from ..core.records import RankOutcome, Status
 from ..core.rundir import RunDir, write_json, write_text
@@ -33,6 +36,10 @@ def train_cell(run_dir: RunDir, rank: int, world: int, device: torch.device) -> 
     params = counts["total"]  # a failed row still says the size
     try:
         preflight.refuse_what_cannot_fit(cfg, counts)  # as a single run's ranks do (worker.main)
+        if cfg.train.resume not in resume_check.RESUME_WORDS:  # maybe an earlier cell's save: checked only now
+            found = resume_check.resume_problems(cfg, Path(cfg.train.resume))
+            if found:
+                raise ConfigError(found[0])
         run(cfg, run_dir, rank, world, device)
     except BaseException as exc:  # noqa: BLE001 - recorded as a run's rank records it, then the launch ends
         best_effort(write_text, run_dir.rank_traceback(rank), traceback.format_exc())
