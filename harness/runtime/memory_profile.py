@@ -30,6 +30,7 @@ KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattrib
 # the strategy's exact components, as kinds of the peak (host_ states are the same memory on a CPU run)
 COMPONENT_KIND = {"params": "params", "grads": "grads", "master": "optimizer", "optimizer": "optimizer",
                   "buffers": "temporaries"}
+DEFERRED = "deferred"  # a profile's key for what its step's analysis needs, until lowest() picks the step
 MARKER_BYTES = 40_009  # an odd-sized allocation nothing else makes: where the marker sits in the timeline
 
 
@@ -228,7 +229,11 @@ class StepMemory:
                 for _, t in state_tensors_on(self.strategy, self.device):
                     torch.ops.aten.alias.default(t)  # so the profiler sees the pre-existing state tensors
             yield
-        self.profiles.append(self._analysed(prof))
+        # the step's peak from its allocations now; torch's data-flow analysis, which splits it by kind and costs
+        # ~5x more, only for the step lowest() picks (with several profiled steps it was a fifth of a launch's
+        # rank time), on what this step saw
+        self.profiles.append({"method": "allocations", **self._allocations(prof),
+                              DEFERRED: (prof, self._states, self._marker_storages, self._marker_states)})
 
     def lowest(self) -> Optional[dict]:
         """The profile of the step with the lowest peak, with the highest peak beside it (`peak_highest`), and the
@@ -239,10 +244,19 @@ class StepMemory:
         if not found:
             return None
         low = min(found, key=lambda p: p["peak"])
+        if DEFERRED in low:
+            analysed = self._analysed_later(low)
+            found = [analysed if p is low else {k: v for k, v in p.items() if k != DEFERRED} for p in found]
+            low, self.profiles = analysed, found  # and the profiler's events are let go
         closures = [p for p in found if p.get("unaccounted") is not None]
         closest = min(closures, key=lambda p: abs(p["unaccounted"])) if closures else None
         closure = {"unaccounted": closest["unaccounted"], "at_marker": closest["at_marker"]} if closest else {}
         return {**low, **closure, "peak_highest": max(p["peak"] for p in found), "steps": len(found)}
+
+    def _analysed_later(self, deferred: dict) -> dict:
+        """A step's categorised profile, from the states it saw (profiled() and marker() of that step)."""
+        prof, self._states, self._marker_storages, self._marker_states = deferred[DEFERRED]
+        return self._analysed(prof)
 
     def _analysed(self, prof) -> dict:
         moved = collective_frees(prof)
