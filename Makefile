@@ -74,7 +74,7 @@ memory-check: install warm ## the memory model against measured peaks: every bac
 scale-check: install warm ## 8-512 ranks on fake tensors: llama 1b-70b, FSDP2, bf16/fp32, ckpt off/on, and 2-D cells (tp 2-8), traced against theory -> results/scale_check/
 	$(PY) -m harness.scale_check $(ARGS)
 
-hybrid: install warm ## hybrid sharding: every hybrid backend beside ddp, fsdp, ds_zero3 on 2 emulated nodes x 2 ranks, and llama 7b/13b on 4x8 and 16x8 H100s in theory -> results/hybrid/
+hybrid: install warm ## hybrid sharding: every hybrid backend beside ddp, fsdp, ds_zero3 on 2 emulated nodes x 2 ranks, and llama 7b/13b on 4x8 and 16x8 GPUs in theory -> results/hybrid/
 	$(PY) -m harness.hybrid $(ARGS)
 
 checkpoint: install warm ## checkpoints: every backend saves small_llama (sync, and DCP async), resumes at 2 ranks and reshards to 1: seconds, bytes against theory, host memory -> results/checkpoint/

@@ -163,6 +163,13 @@ def test_a_dry_run_plans_for_gpus_this_machine_does_not_have(tmp_path, capsys):
         < none["predicted_peak_bytes"]
     assert none["predicted_step_s"] <= sel["predicted_step_s"] <= full["predicted_step_s"]
     assert "fsdp-mb1-ckpt-selective_op" in out.out and "fsdp-mb1-ckpt-every_2" in out.out
+    # priced at the GPU a lent machine measured (results/device_costs/cuda.json), not at a datasheet, and it says so
+    measured = json.loads((REPO / "results" / "device_costs" / "cuda.json").read_text())
+    rates = measured["worlds"]["1"]
+    assert plan["rates"]["matmul_tflops"] == rates["matmul_tflops"][plan["precision"]]
+    assert plan["rates"]["copy_gbps"] == rates["copy_gbps"]
+    assert f"measured on an {measured['machine']} on {measured['measured']}" in plan["rates"]["time_model"]
+    assert f"{rates['matmul_tflops'][plan['precision']]:.3g} TFLOP/s" in out.out
 
 
 def test_an_unknown_checkpointing_policy_for_the_advisor_is_one_line(capsys):

@@ -141,6 +141,20 @@ def test_estimate_prices_each_backends_step_with_the_time_model_when_asked(capsy
     assert all(name in out for name in BACKENDS)
 
 
+def test_a_gpu_shape_here_is_priced_at_the_last_lent_gpus_measured_rates_with_its_error_band(capsys):
+    # a walkthrough read 156k tokens/s for 8B on 8 H100s, a roofline at the datasheet's peak, as a prediction
+    import json
+
+    from harness.studies.estimate import main
+
+    measured = json.loads((REPO / "results" / "device_costs" / "cuda.json").read_text())
+    assert main(["model=llama_7b", "parallelism=gpu8", "train.precision=bf16", "--backends", "fsdp", "--time"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"FLOPs / {measured['worlds']['1']['matmul_tflops']['bf16']:.3g} TFLOP/s" in out
+    assert f"measured on an {measured['machine']} on {measured['measured']}" in out
+    assert "On the last GPU check the measured steps took" in out and "make gpu-axes" in out
+
+
 def test_estimate_says_its_budget_in_both_units_and_fits_with_the_advisors_margin(capsys):
     from harness.studies.estimate import GIB, fits, main
 

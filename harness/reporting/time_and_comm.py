@@ -141,6 +141,20 @@ def load_device_costs(cfg) -> Tuple[Optional[DeviceCosts], str]:
     return None, f"no results/device_costs/{device}.json: `make device-costs` measures this device's costs"
 
 
+def committed_gpu_rates() -> Optional[dict]:
+    """The matmul peaks by precision and the copy bandwidth one GPU measured (results/device_costs/cuda.json,
+    `make device-costs` on a lent GPU), for pricing a CUDA shape on a machine without one: {"tflops":
+    {precision: TFLOP/s}, "copy_gbps", "source": which card, when, where}; None where none is committed."""
+    path = REPO / "results" / "device_costs" / "cuda.json"
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    one = record["worlds"].get("1") or next(iter(record["worlds"].values()))
+    return {"tflops": one["matmul_tflops"], "copy_gbps": one["copy_gbps"],
+            "source": f"measured on an {record['machine']} on {record['measured']}, results/device_costs/cuda.json: "
+                      "no GPU here, the GPU kind measured last"}
+
+
 def slowest_rank(ranks: List[RankReport]) -> RankReport:
     """The rank whose measured step was slowest (time_breakdown's), else rank 0."""
     timed = [r for r in ranks if r.time_breakdown]

@@ -149,18 +149,23 @@ def micro_batches(global_batch: int, dp: int) -> List[int]:
 def rates_for(cfg, world: int):
     """This device's measured matmul peak and copy bandwidth (one rank's share of the host on CPU: torchrun
     runs each rank with one thread), and the collectives table the runs' own time model uses. A CUDA shape
-    where no GPU is gets an H100's datasheet peaks instead (theory/time.py's STATED_CUDA_*), never this CPU's."""
+    where no GPU is gets the committed rates of the GPU measured last (results/device_costs/cuda.json), else an
+    H100's datasheet peaks (theory/time.py's STATED_CUDA_*), never this CPU's."""
     import torch
 
-    from ..reporting.time_and_comm import collectives_table
+    from ..reporting.time_and_comm import collectives_table, committed_gpu_rates
     from ..runtime import probes
     from ..theory.time import STATED_CUDA_MEM_GBPS, STATED_CUDA_TFLOPS, CommTable, Rates
 
     par = cfg.parallelism
     comm = CommTable(collectives_table(cfg), par.device, world, par.intra_node_gbps, par.inter_node_gbps)
     if par.device == "cuda" and not torch.cuda.is_available():
+        measured = committed_gpu_rates()
+        if measured and cfg.train.precision in measured["tflops"]:
+            return Rates(tflops=measured["tflops"][cfg.train.precision], mem_gbps=measured["copy_gbps"], comm=comm,
+                         device="cuda", source=measured["source"])
         return Rates(tflops=STATED_CUDA_TFLOPS[cfg.train.precision], mem_gbps=STATED_CUDA_MEM_GBPS, comm=comm,
-                     device="cuda", stated=True)
+                     device="cuda", stated=True, source="an H100 SXM's datasheet peaks: no GPU here, none measured")
     device = torch.device("cuda", 0) if par.device == "cuda" else torch.device("cpu")  # a GPU is here (above)
     threads = torch.get_num_threads()
     if device.type == "cpu" and cfg.parallelism.nproc_per_node > 1:
@@ -192,7 +197,7 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     rates = rates_for(base, world)
     flops_per_token = count_flops_per_token(base.model, par.seq_len, base.workload)
     out = Plan(overrides, budget, margin, batch, world, base.model.name, base.train.precision, par.device, base.profile,
-               rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps,
+               rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps, "rates_source": rates.source,
                       "collectives_measured": float(rates.comm.measured), "flops_per_token": flops_per_token})
     fitting = {}  # the candidates that fit, by name: their step times come from their counted work
     for backend in backends:

@@ -6,9 +6,10 @@ The band is not fitted to anything: it is the spread of measured ÷ predicted th
 the same time model on the same kind of device found.
 - A plan priced by the counted-work model on this CPU: the step times of `make time-check`
   (results/time_check/time_check.json), 10th to 90th percentile of measured ÷ predicted.
-- A CUDA plan with no GPU here: step times are the roofline at an H100's datasheet peak. Its band is what one
-  H100 measured against that roofline on llama_1b (results/gpu/*/axes.json, `make gpu-axes`): measured ÷
-  roofline = 100 / MFU of each run that trained.
+- A CUDA plan with no GPU here: step times are the roofline at the committed rates of the GPU measured last
+  (results/device_costs/cuda.json), else at an H100's datasheet peak. Its band is what the lent GPUs measured
+  against that roofline on llama_1b (results/gpu/*/axes.json, `make gpu-axes`): measured ÷ roofline = the
+  roofline's matmul rate in the run's precision ÷ the rate the run achieved (100 / MFU at the datasheet peak).
 
 Two candidates whose bands overlap are a tie: the model cannot order them.
 """
@@ -35,10 +36,23 @@ def band(p: Plan) -> Optional[Tuple[float, float, str]]:
             return None
         deciles = statistics.quantiles(ratios, n=10)
         return deciles[0], deciles[-1], f"make time-check's {len(ratios)} CPU steps, 10th to 90th percentile"
+    return cuda_band(p.rates.get("rates_source", ""))
+
+
+def cuda_band(rates_source: str) -> Optional[Tuple[float, float, str]]:
+    """The band of a CUDA shape priced where no GPU is (advise.rates_for's Rates.source says at which rates):
+    measured ÷ the roofline's compute, over the lent GPUs' llama_1b runs, is the roofline's matmul rate in the
+    run's precision over the rate the run achieved (at the datasheet peak, 100 / MFU)."""
+    from ..reporting.time_and_comm import committed_gpu_rates
+    from ..theory.time import STATED_CUDA_TFLOPS
+
+    measured = committed_gpu_rates() if rates_source.startswith("measured") else None
+    rates = measured["tflops"] if measured else STATED_CUDA_TFLOPS
     ratios, where = [], []
     for path in sorted((REPO / "results" / "gpu").glob("*/axes.json")):
         rows = [r for r in json.loads(path.read_text())["rows"] if r["status"] == "ok"]
-        ratios += [100 / r["figures"]["flops/mfu_pct"] for r in rows if r["figures"].get("flops/mfu_pct")]
+        ratios += [rates[r["precision"]] / r["figures"]["flops/achieved_tflops_per_device"] for r in rows
+                   if r["figures"].get("flops/achieved_tflops_per_device") and r["precision"] in rates]
         where.append(path.parent.name)
     if not ratios:
         return None

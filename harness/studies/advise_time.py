@@ -27,7 +27,10 @@ def price(plan, configs: Dict[str, object], base, counts: dict) -> None:
     elif costs is not None and costs.host is None:
         why = "the device costs hold no host costs"
     if why:
-        plan.rates["time_model"] = f"roofline lower bound ({why})"
+        rates = plan.rates
+        at = (f" at {rates['matmul_tflops']:.3g} TFLOP/s and {rates['copy_gbps']:.3g} GB/s, {rates['rates_source']}"
+              if rates.get("rates_source") else "")
+        rates["time_model"] = f"roofline lower bound{at} ({why})"
         return
     replays = {}
     for name, cfg in configs.items():

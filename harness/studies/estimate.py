@@ -164,15 +164,23 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
         import torch
 
         here = "this GPU" if torch.cuda.is_available() else "this machine's CPU"
-        source = ("an H100 SXM's datasheet peaks: no GPU here" if rates.stated
-                  else f"measured on {here}")
+        source = rates.source or f"measured on {here}"
         print(f"step ms, tokens/s: the time model (theory/time.py): FLOPs / {rates.tflops:.3g} TFLOP/s, the "
               f"optimizer's bytes / {rates.mem_gbps:.3g} GB/s ({source}), collectives from "
               f"{'this machine' if rates.comm.measured else 'the stated links'}; under offload the host steps the "
               f"optimizer ({offload_rates(rates)}), not overlapped with compute; a lower bound otherwise: what it does "
-              "not model (launches, hooks, kernel efficiency below peak) is not in it.")
+              "not model (launches, hooks, kernel efficiency below peak) is not in it." + measured_band(rates))
     for key, note in memory.layout_notes().items():
         print(f"  {key}: {note}")
+
+
+def measured_band(rates) -> str:
+    """How far measured steps fell from this roofline on the lent GPUs, for a CUDA shape priced without one."""
+    from .advise_frontier import cuda_band
+
+    band = cuda_band(rates.source) if rates.device == "cuda" and rates.source else None
+    return (f" On the last GPU check the measured steps took {band[0]:.2f} to {band[1]:.2f}x this roofline's compute "
+            f"time, {band[2]}: expect a step that many times longer." if band else "")
 
 
 def offload_rates(rates) -> str:

@@ -16,8 +16,9 @@ to backward, so on tiny_llama neither ZeRO-3 nor ZeRO++ gathers anything in back
 its parameters after forward as on a large model, and hpZ's backward gathers show.
 
 Predicted: harness.estimate's rows for llama_7b and llama_13b, bf16, on 4 x 8 and 16 x 8 H100s: model states,
-peak, bytes per step by link, and the time model's step (at the stated links and an H100's datasheet peaks;
-theory/time.py, a lower bound).
+peak, bytes per step by link, and the time model's step (at the stated links and the matmul and copy rates the
+GPU measured last measured, results/device_costs/cuda.json, else an H100's datasheet peaks; theory/time.py, a
+lower bound).
 
 Writes hybrid.json and hybrid.md to --out.
 """
@@ -137,6 +138,13 @@ def predicted() -> List[dict]:
     return out
 
 
+def rates_words() -> str:
+    """Where the predicted rows' compute and copy rates come from (advise.rates_for on a CUDA shape here)."""
+    from .advise import rates_for
+
+    return rates_for(compose(["parallelism=gpu8", "train.precision=bf16"]), 8).source or "measured on this GPU"
+
+
 def render(measured: List[dict], theory: List[dict]) -> str:
     mib = lambda v: "-" if v is None else f"{v / 2**20:,.2f}"  # noqa: E731
     kb = lambda v: "-" if v is None else f"{v / 1e3:,.1f}"  # noqa: E731
@@ -152,8 +160,8 @@ def render(measured: List[dict], theory: List[dict]) -> str:
                      f"{mib(r['peak'])} ({mib(r['peak_pred'])}) | {kb(r['intra'])} ({kb(r['intra_pred'])}) | "
                      f"{kb(r['inter'])} ({kb(r['inter_pred'])}) | {ms(r['step_s'])} |")
     gb = lambda v: f"{v / 1e9:,.2f}"  # noqa: E731
-    lines += ["", "## Predicted: bf16 on H100 nodes of 8 (harness.estimate; stated links 450 / 50 GB/s, "
-              "datasheet peaks)", "",
+    lines += ["", "## Predicted: bf16 on nodes of 8 GPUs (harness.estimate; stated links 450 / 50 GB/s, matmul and "
+              f"copy rates {rates_words()})", "",
               "| model | nodes x 8 | backend | states GB | peak GB | intra-node GB/step | inter-node GB/step | "
               "step ms (lower bound) |", "|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in theory:

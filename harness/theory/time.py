@@ -133,6 +133,7 @@ class Rates:
     comm: CommTable
     device: str = "cpu"
     stated: bool = False  # tflops and mem_gbps are the datasheet's (STATED_CUDA_*), not measured here
+    source: str = ""  # where tflops and mem_gbps come from, in words, when not from this device
 
 
 def optimizer_bytes(backend, s: Shape) -> Dict[str, float]:
