@@ -144,13 +144,14 @@ def load_device_costs(cfg) -> Tuple[Optional[DeviceCosts], str]:
 def committed_gpu_rates() -> Optional[dict]:
     """The matmul peaks by precision and the copy bandwidth one GPU measured (results/device_costs/cuda.json,
     `make device-costs` on a lent GPU), for pricing a CUDA shape on a machine without one: {"tflops":
-    {precision: TFLOP/s}, "copy_gbps", "source": which card, when, where}; None where none is committed."""
+    {precision: TFLOP/s}, "copy_gbps", "machine", "source": which card, when, where}; None where none is
+    committed."""
     path = REPO / "results" / "device_costs" / "cuda.json"
     if not path.exists():
         return None
     record = json.loads(path.read_text())
     one = record["worlds"].get("1") or next(iter(record["worlds"].values()))
-    return {"tflops": one["matmul_tflops"], "copy_gbps": one["copy_gbps"],
+    return {"tflops": one["matmul_tflops"], "copy_gbps": one["copy_gbps"], "machine": record["machine"],
             "source": f"measured on an {record['machine']} on {record['measured']}, results/device_costs/cuda.json: "
                       "no GPU here, the GPU kind measured last"}
 

@@ -2,10 +2,12 @@
 config and predicted by the same theory `shardbench estimate` prints, set beside the published figure.
 
 Theory only, nothing runs: each row's peak of live tensors per GPU (theory/peak.py) and its tokens/s per GPU from
-the time model at the row's card (its datasheet's dense bf16 peak and memory bandwidth, and its links' stated
-bandwidths, each in CARDS with its source). No GPU costs are measured for these shapes, so the time model gives
-its roofline estimate (theory/time.py: compute at the dense peak, the optimizer at the memory bandwidth, the
-collectives at the stated links): meant to lie above what ran, not a prediction of it, and the table says so.
+the time model at the row's card (card_rates: the matmul and copy rates a lent GPU measured where it is this card,
+else the card's datasheet scaled by measured ÷ datasheet on the measured card; its links' stated bandwidths, each in
+CARDS with its source). No GPU costs are measured for these shapes at their scale, so the time model gives its
+roofline estimate (theory/time.py: compute at the matmul rate, the optimizer at the copy rate, the collectives at
+the stated links): meant to lie above what ran, not a prediction of it, and the table says so. MFU stays against
+the datasheet's peak, as the sources count it.
 Nothing is fitted to a row. `make published` (`shardbench published`) writes results/published/published.{md,json}
 and the table inside experiments/published/README.md (between its markers), in well under a minute.
 """
@@ -47,10 +49,33 @@ CARDS: Dict[str, dict] = {
 }
 
 
-def rates(card: dict, world: int):
+# the card each committed GPU measurement (results/device_costs/cuda.json's machine, torch's device name) is
+MEASURED_CARDS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100_80gb"}
+
+
+def card_rates(name: str) -> dict:
+    """A card's bf16 matmul TFLOP/s and copy GB/s as the time model takes them: measured where the committed GPU
+    measurement is this card; otherwise its datasheet's, scaled by measured ÷ datasheet on the measured card
+    (nothing runs at its datasheet peak); the datasheet's alone where nothing is committed."""
+    from ..reporting.time_and_comm import committed_gpu_rates
+
+    card, measured = CARDS[name], committed_gpu_rates()
+    kind = MEASURED_CARDS.get(measured["machine"]) if measured and "bf16" in measured["tflops"] else None
+    if kind is None:
+        return {"tflops": card["tflops"], "mem_gbps": card["mem_gbps"], "how": "its datasheet's"}
+    compute = measured["tflops"]["bf16"] / CARDS[kind]["tflops"]
+    memory = measured["copy_gbps"] / CARDS[kind]["mem_gbps"]
+    how = (f"measured on an {measured['machine']}" if kind == name else
+           f"its datasheet's x {compute:.3f} (matmul) and x {memory:.3f} (copy), measured ÷ datasheet on an "
+           f"{measured['machine']}")
+    return {"tflops": card["tflops"] * compute, "mem_gbps": card["mem_gbps"] * memory, "how": how}
+
+
+def rates(name: str, world: int):
     from ..theory.time import CommTable, Rates
 
-    return Rates(tflops=card["tflops"], mem_gbps=card["mem_gbps"], device="cuda", stated=True,
+    card, at = CARDS[name], card_rates(name)
+    return Rates(tflops=at["tflops"], mem_gbps=at["mem_gbps"], device="cuda", source=at["how"],
                  comm=CommTable([], "cuda", world, card["intra_gbps"], card["inter_gbps"]))
 
 
@@ -63,7 +88,7 @@ def predict_row(row: dict) -> dict:
     overrides = [f"parallelism=gpu{GPUS_PER_NODE}", "train.precision=bf16", f"parallelism.nnodes={row['nodes']}",
                  "parallelism.grad_accum=1", *row["overrides"]]
     world = GPUS_PER_NODE * row["nodes"]
-    (est,) = estimate_rows(overrides, rates=rates(card, world), names=[backend])  # at the row's parallelism.tp
+    (est,) = estimate_rows(overrides, rates=rates(row["card"], world), names=[backend])  # at the row's parallelism.tp
     out = {"id": row["id"], "source": row["source"], "table": row["table"], "card": card["label"],
            "gpus": est["world"],
            "backend": backend, "mesh": est["mesh"], "overrides": row["overrides"], "assumed": row.get("assumed", ""),
@@ -101,7 +126,7 @@ def table(results: List[dict]) -> List[str]:
     lines += ["", f"Memory: {len(within)} of {len(with_memory)} published peaks within {MEMORY_TARGET_PCT}% of the "
               f"prediction. Time: the roofline estimate is {min(ratios):.2f}x to {max(ratios):.2f}x the published "
               f"tokens/s; {len(close)} of {len(results)} rows within {TIME_TARGET_PCT}%. It prices compute at the "
-              f"card's dense peak and the collectives at the stated links, so it should lie above what ran; "
+              f"card's measured matmul rate and the collectives at the stated links, so it should lie above what ran; "
               + (f"it lies below on {', '.join(under)}, where its collectives cost more than the run's did."
                  if under else "it does on every row.")]
     stated = [r for r in results if r.get("published_mfu_pct")]
@@ -117,10 +142,11 @@ def table(results: List[dict]) -> List[str]:
 
 def write(results: List[dict], out: Path, sources: Dict[str, str]) -> None:
     lines = table(results)
-    cards = ["", "The cards' rates and links:", ""] + [f"- {c['label']}: {c['tflops']} TFLOP/s bf16 dense, "
-                                                       f"{c['mem_gbps']:,} GB/s, {c['intra_gbps']} GB/s in a node and "
-                                                       f"{c['inter_gbps']} GB/s across nodes a GPU each way; "
-                                                       f"{c['source']}." for c in CARDS.values()]
+    cards = ["", "The cards' rates and links:", ""] + [
+        f"- {c['label']}: {c['tflops']} TFLOP/s bf16 dense, {c['mem_gbps']:,} GB/s, {c['intra_gbps']} GB/s in a node "
+        f"and {c['inter_gbps']} GB/s across nodes a GPU each way; {c['source']}. The roofline takes "
+        f"{at['tflops']:.0f} TFLOP/s and {at['mem_gbps']:,.0f} GB/s, {at['how']}."
+        for c, at in ((CARDS[n], card_rates(n)) for n in CARDS)]
     sourced = ["", "Sources:", ""] + [f"- {name}: {text}" for name, text in sources.items()]
     write_text(out / "published.md", "\n".join(["# Published runs against the theory", "", *lines, *cards, *sourced])
                + "\n")
