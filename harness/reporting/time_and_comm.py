@@ -3,6 +3,7 @@ rank, the bytes counted in one step by the link they cross, and the time model's
 (harness/theory/time.py). run_summary.py puts them into the summary."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -141,6 +142,7 @@ def load_device_costs(cfg) -> Tuple[Optional[DeviceCosts], str]:
     return None, f"no results/device_costs/{device}.json: `make device-costs` measures this device's costs"
 
 
+@functools.lru_cache(maxsize=None)
 def committed_gpu_rates() -> Optional[dict]:
     """The matmul peaks by precision and the copy bandwidth one GPU measured (results/device_costs/cuda.json,
     `make device-costs` on a lent GPU), for pricing a CUDA shape on a machine without one: {"tflops":

@@ -37,7 +37,9 @@ def train_cell(run_dir: RunDir, rank: int, world: int, device: torch.device) -> 
     try:
         preflight.refuse_what_cannot_fit(cfg, counts)  # as a single run's ranks do (worker.main)
         if cfg.train.resume not in resume_check.RESUME_WORDS:  # maybe an earlier cell's save: checked only now
-            found = resume_check.resume_problems(cfg, Path(cfg.train.resume))
+            # complete and compatible; the files' digests are the parent's check (an earlier cell's save is this
+            # launch's own), not every rank's again
+            found = resume_check.resume_problems(cfg, Path(cfg.train.resume), check_files=False)
             if found:
                 raise ConfigError(found[0])
         run(cfg, run_dir, rank, world, device)

@@ -163,9 +163,9 @@ def rates_for(cfg, world: int):
         measured = committed_gpu_rates()
         if measured and cfg.train.precision in measured["tflops"]:
             return Rates(tflops=measured["tflops"][cfg.train.precision], mem_gbps=measured["copy_gbps"], comm=comm,
-                         device="cuda", source=measured["source"])
+                         device="cuda", source=measured["source"], committed=True)
         return Rates(tflops=STATED_CUDA_TFLOPS[cfg.train.precision], mem_gbps=STATED_CUDA_MEM_GBPS, comm=comm,
-                     device="cuda", stated=True, source="an H100 SXM's datasheet peaks: no GPU here, none measured")
+                     device="cuda", source="an H100 SXM's datasheet peaks: no GPU here, none measured")
     device = torch.device("cuda", 0) if par.device == "cuda" else torch.device("cpu")  # a GPU is here (above)
     threads = torch.get_num_threads()
     if device.type == "cpu" and cfg.parallelism.nproc_per_node > 1:
@@ -198,6 +198,7 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     flops_per_token = count_flops_per_token(base.model, par.seq_len, base.workload)
     out = Plan(overrides, budget, margin, batch, world, base.model.name, base.train.precision, par.device, base.profile,
                rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps, "rates_source": rates.source,
+                      "rates_committed": rates.committed,
                       "collectives_measured": float(rates.comm.measured), "flops_per_token": flops_per_token})
     fitting = {}  # the candidates that fit, by name: their step times come from their counted work
     for backend in backends:

@@ -36,17 +36,18 @@ def band(p: Plan) -> Optional[Tuple[float, float, str]]:
             return None
         deciles = statistics.quantiles(ratios, n=10)
         return deciles[0], deciles[-1], f"make time-check's {len(ratios)} CPU steps, 10th to 90th percentile"
-    return cuda_band(p.rates.get("rates_source", ""))
+    return cuda_band(bool(p.rates.get("rates_committed")))
 
 
-def cuda_band(rates_source: str) -> Optional[Tuple[float, float, str]]:
-    """The band of a CUDA shape priced where no GPU is (advise.rates_for's Rates.source says at which rates):
+def cuda_band(committed: bool) -> Optional[Tuple[float, float, str]]:
+    """The band of a CUDA shape's roofline, at the committed GPU measurement's rates (`committed`, as
+    advise.rates_for priced it where no GPU is) or at the datasheet's:
     measured ÷ the roofline's compute, over the lent GPUs' llama_1b runs, is the roofline's matmul rate in the
     run's precision over the rate the run achieved (at the datasheet peak, 100 / MFU)."""
     from ..reporting.time_and_comm import committed_gpu_rates
     from ..theory.time import STATED_CUDA_TFLOPS
 
-    measured = committed_gpu_rates() if rates_source.startswith("measured") else None
+    measured = committed_gpu_rates() if committed else None
     rates = measured["tflops"] if measured else STATED_CUDA_TFLOPS
     ratios, where = [], []
     for path in sorted((REPO / "results" / "gpu").glob("*/axes.json")):

@@ -178,7 +178,7 @@ def measured_band(rates) -> str:
     """How far measured steps fell from this roofline on the lent GPUs, for a CUDA shape priced without one."""
     from .advise_frontier import cuda_band
 
-    band = cuda_band(rates.source) if rates.device == "cuda" and rates.source else None
+    band = cuda_band(rates.committed) if rates.device == "cuda" and rates.source else None
     return (f" On the last GPU check the measured steps took {band[0]:.2f} to {band[1]:.2f}x this roofline's compute "
             f"time, {band[2]}: expect a step that many times longer." if band else "")
 

@@ -17,7 +17,7 @@ its parameters after forward as on a large model, and hpZ's backward gathers sho
 
 Predicted: harness.estimate's rows for llama_7b and llama_13b, bf16, on 4 x 8 and 16 x 8 H100s: model states,
 peak, bytes per step by link, and the time model's step (at the stated links and the matmul and copy rates the
-GPU measured last measured, results/device_costs/cuda.json, else an H100's datasheet peaks; theory/time.py, a
+last lent GPU measured, results/device_costs/cuda.json, else an H100's datasheet peaks; theory/time.py, a
 lower bound).
 
 Writes hybrid.json and hybrid.md to --out.
@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 from ..config.command_line import parse
 from ..config import families
@@ -118,15 +118,17 @@ def release(backend: str) -> List[str]:
     return families.of(cfg.backend).forward_release_overrides(cfg.backend)
 
 
-def predicted() -> List[dict]:
+def predicted() -> Tuple[List[dict], str]:
+    """The predicted rows, and where their compute and copy rates come from (advise.rates_for's words)."""
     from .advise import rates_for
     from .estimate import rows
 
-    out, quantised_backends = [], quantisable(hybrid_backends())
+    out, quantised_backends, source = [], quantisable(hybrid_backends()), ""
     for model, nodes in SHAPES:
         overrides = [f"model={model}", "parallelism=gpu8", f"parallelism.nnodes={nodes}", "train.precision=bf16"]
         cfg = compose(overrides)
         rates = rates_for(cfg, 8 * nodes)
+        source = rates.source or "measured on this GPU"
         quantised = [{**r, "backend": f"{r['backend']} +qwZ +qgZ"} for r in rows(
             [*overrides, "backend.quantized_weights=true", "backend.quantized_gradients=true"], rates=rates,
             names=quantised_backends)]
@@ -135,17 +137,10 @@ def predicted() -> List[dict]:
                         "states": r["device_bytes"], "peak": r["peak_bytes"],
                         "intra": r["comm_intra_node_bytes_per_step"], "inter": r["comm_inter_node_bytes_per_step"],
                         "step_s": r["step_s"], "tokens_per_s": r["tokens_per_s"]})
-    return out
+    return out, source
 
 
-def rates_words() -> str:
-    """Where the predicted rows' compute and copy rates come from (advise.rates_for on a CUDA shape here)."""
-    from .advise import rates_for
-
-    return rates_for(compose(["parallelism=gpu8", "train.precision=bf16"]), 8).source or "measured on this GPU"
-
-
-def render(measured: List[dict], theory: List[dict]) -> str:
+def render(measured: List[dict], theory: List[dict], rates_source: str = "") -> str:
     mib = lambda v: "-" if v is None else f"{v / 2**20:,.2f}"  # noqa: E731
     kb = lambda v: "-" if v is None else f"{v / 1e3:,.1f}"  # noqa: E731
     ms = lambda v: "-" if v is None else f"{v * 1e3:,.1f}"  # noqa: E731
@@ -161,7 +156,7 @@ def render(measured: List[dict], theory: List[dict]) -> str:
                      f"{kb(r['inter'])} ({kb(r['inter_pred'])}) | {ms(r['step_s'])} |")
     gb = lambda v: f"{v / 1e9:,.2f}"  # noqa: E731
     lines += ["", "## Predicted: bf16 on nodes of 8 GPUs (harness.estimate; stated links 450 / 50 GB/s, matmul and "
-              f"copy rates {rates_words()})", "",
+              f"copy rates {rates_source})", "",
               "| model | nodes x 8 | backend | states GB | peak GB | intra-node GB/step | inter-node GB/step | "
               "step ms (lower bound) |", "|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in theory:
@@ -178,8 +173,9 @@ def main(argv: List[str] | None = None) -> int:
     out = Path(args.out)
     previous = json.loads((out / "hybrid.json").read_text()) if (out / "hybrid.json").exists() else {}
     measured = previous.get("measured", []) if args.skip_runs else measure(out / "runs", extra)
-    theory = predicted()
+    theory, rates_source = predicted()
     write_text(out / "hybrid.json", json.dumps({"measured": measured, "predicted": theory}, indent=1))
-    write_text(out / "hybrid.md", render(measured, theory))
-    print(render(measured, theory))
+    text = render(measured, theory, rates_source)
+    write_text(out / "hybrid.md", text)
+    print(text)
     return 0 if all(r["status"] == "ok" for r in measured) else 1

@@ -132,8 +132,8 @@ class Rates:
     mem_gbps: float  # the measured copy bandwidth (read + write bytes per second / 1e9)
     comm: CommTable
     device: str = "cpu"
-    stated: bool = False  # tflops and mem_gbps are the datasheet's (STATED_CUDA_*), not measured here
     source: str = ""  # where tflops and mem_gbps come from, in words, when not from this device
+    committed: bool = False  # they are a lent GPU's measurement (results/device_costs/cuda.json), not this device's
 
 
 def optimizer_bytes(backend, s: Shape) -> Dict[str, float]:
