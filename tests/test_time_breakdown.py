@@ -162,7 +162,8 @@ def test_an_offloaded_optimizer_is_priced_on_the_host_and_its_link_not_as_the_de
     from harness.theory.shape import shape_of
     from harness.theory.time import DEFAULT_HOST_LINK_GBPS, DEFAULT_HOST_MEMORY_GBPS
 
-    gpu = Rates(tflops=989.0, mem_gbps=3350.0, comm=CommTable([], "cuda", 8), device="cuda", stated=True)
+    gpu = Rates(tflops=989.0, mem_gbps=3350.0, comm=CommTable([], "cuda", 8), device="cuda",
+                source="an H100 SXM's datasheet peaks")
     parts, local = {}, {}
     for backend in ("fsdp", "fsdp_offload", "ds_zero3", "ds_zero3_offload"):
         cfg = compose([f"backend={backend}", "model=llama_1b", "parallelism=gpu8", "train.precision=bf16"])
