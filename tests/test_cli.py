@@ -11,10 +11,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import OmegaConfBaseException
 
 from conftest import REPO, cli
-from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
 
 from harness.config import derive, overrides, rules, schema
+from harness.config.compose import composed_as_given
 
 
 BAD_INPUT = [
@@ -120,8 +119,7 @@ def refusal(overrides) -> str:
     """What the parent says of these overrides: Hydra's composition error, or the rules' problems (checked, as
     the parent does, after a preset's seq_len is fitted and before a global batch sets grad_accum)."""
     try:
-        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+        cfg = composed_as_given(list(overrides))  # Hydra's own composition and errors (tests/test_config.py)
         derive.fit_to_model(cfg, overrides)
     except (ConfigCompositionException, OmegaConfBaseException) as err:
         return f"{err} {err.__cause__ or ''}"
@@ -267,14 +265,22 @@ def test_one_shardbench_command_runs_every_tool_and_names_the_nearest_one(capsys
     assert capsys.readouterr().err.strip() == "shardbench: no command memroy-check; did you mean memory-check?"
 
 
-def test_the_installed_shardbench_script_refuses_bad_input_in_one_line():
+def test_the_installed_shardbench_script_refuses_bad_input_in_one_line(capsys):
     import subprocess
+
+    from harness.config.command_line import one_line
+    from harness.studies import estimate
 
     script = REPO / ".venv" / "bin" / "shardbench"
     if not script.exists():
         pytest.skip("no .venv/bin/shardbench: make install creates it")
-    out = subprocess.run([str(script), "estimate", "--tp", "3"], capture_output=True, text=True, timeout=120,
+    # the script, with a mistake its line check refuses before the heavy imports (0.5 s, not 5)
+    out = subprocess.run([str(script), "estimate", "backend=ds_zero4"], capture_output=True, text=True, timeout=120,
                          cwd=REPO)
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
-    assert out.returncode != 0 and len(lines) == 1, lines
-    assert "parallelism.tp=3: must divide the 2 ranks of a node" in lines[0]
+    assert out.returncode == 2 and len(lines) == 1 and "did you mean ds_zero3?" in lines[0], lines
+    # and a flag whose value a rule refuses after composing: the same one line (in this process, whose imports
+    # are already paid)
+    assert one_line("estimate", lambda: estimate.main(["--tp", "3"])) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "parallelism.tp=3: must divide the 2 ranks of a node" in err[0], err

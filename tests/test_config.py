@@ -7,13 +7,13 @@ import os
 
 import pytest
 from omegaconf import OmegaConf
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import OmegaConfBaseException
 
 from conftest import BACKENDS, REPO
 from harness.config import derive, schema
 from harness.config.compose import compose as compose_run
+from harness.config.compose import composed_as_given
 from harness.config.compose import options
 from harness.config import rules as validate
 
@@ -21,8 +21,9 @@ schema.register()
 
 
 def make(*overrides: str):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    """Hydra's composition of the overrides as given, nothing derived (composed_as_given: the same as Hydra's
+    public compose(), which test_composing_a_matrix_at_once_gives_each_runs_own_config holds)."""
+    return composed_as_given(list(overrides))
 
 
 def no_cuda():
@@ -226,7 +227,7 @@ def test_composing_a_matrix_at_once_gives_each_runs_own_config():
     from omegaconf import OmegaConf
 
     from harness.config import schema
-    from harness.config.compose import CONF, _derived, compose, compose_many
+    from harness.config.compose import CONF, _derived, compose, compose_many, composed_as_given
     from harness.studies import memory_check
 
     def _hydra(overrides):  # Hydra's own, set up for each call as its documentation shows
@@ -246,7 +247,11 @@ def test_composing_a_matrix_at_once_gives_each_runs_own_config():
               ["backend=fsdp", "parallelism=cpu2", "model=tiny_qwen2", "logger=none"]]
     together = compose_many(cells)
     for overrides, cfg, again in zip(cells, together, [compose(c) for c in cells]):
-        whole = OmegaConf.to_container(_derived(_hydra(overrides), overrides), resolve=True)
+        theirs = _hydra(overrides)
+        # as given, before the parent derives anything (the rules' and the command line's checks read this)
+        assert OmegaConf.to_container(composed_as_given(overrides), resolve=True) == OmegaConf.to_container(
+            theirs, resolve=True)
+        whole = OmegaConf.to_container(_derived(theirs, overrides), resolve=True)
         assert OmegaConf.to_container(cfg, resolve=True) == whole == OmegaConf.to_container(again, resolve=True)
     # a wrong type, an unknown key, each also under a group: Hydra's own errors
     for bad in (["train.steps=ten"], ["train.stpes=10"], ["model.num_layers=two"], ["backend.stage=2"],
@@ -254,9 +259,10 @@ def test_composing_a_matrix_at_once_gives_each_runs_own_config():
         error = MissingConfigException if bad == ["backend=ds_zero4"] else ConfigCompositionException
         with pytest.raises(error) as theirs:
             _hydra(bad)
-        with pytest.raises(error) as ours:
-            compose(bad)
-        assert str(ours.value) == str(theirs.value)
+        for ours_of in (compose, composed_as_given):
+            with pytest.raises(error) as ours:
+                ours_of(bad)
+            assert str(ours.value) == str(theirs.value)
 
 
 def test_the_preemption_signal_is_submitits_inside_a_slurm_job_and_a_requeue_resumes_the_same_run():

@@ -1,22 +1,21 @@
 """Gradient accumulation without gradient synchronisation on non-final micro-batches, measured by counting
 the reduction collectives the profiler sees (real gloo collectives, no mocks), on two ranks: for the backends that
 shard parameters, which reduce nothing on the one rank of tests/test_strategy_interface.py (every other backend,
-ZeRO-2/3 reducing every micro-batch by design, is held there)."""
+ZeRO-2/3 reducing every micro-batch by design, is held there). The two ranks are forked from this process
+(tests/forked_ranks.py): no start-up to pay."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-from conftest import BACKENDS, REPO
+from conftest import BACKENDS
+from forked_ranks import run_ranks
 from harness.config import families
 from harness.config.compose import compose
-from harness.core.paths import extensions_dir
 
 pytestmark = pytest.mark.slow
+REDUCTIONS = ("allreduce", "all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_base")
 
 
 def sharded_deferring_backends() -> list:
@@ -32,17 +31,41 @@ def sharded_deferring_backends() -> list:
     return found
 
 
+def reductions(fn) -> int:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(any(r in e.name.lower() for r in REDUCTIONS) for e in prof.events())
+
+
+def counted_reductions(backends: list) -> dict:
+    """On each rank: a micro-batch's forward and backward with sync suppressed (non-final), then one with it
+    (final), each backend's reduction collectives counted."""
+    import torch.distributed as dist
+
+    from harness.runtime import models
+    from harness.runtime.strategies import make_strategy
+
+    out = {}
+    for backend in backends:
+        cfg = compose([f"backend={backend}", "parallelism.grad_accum=2"])
+        torch.manual_seed(0)
+        strategy = make_strategy(cfg, torch.device("cpu"), dist.get_world_size(), models.param_count(cfg.model))
+        model = strategy.setup(models.build(cfg.model), cfg.optim)
+        ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(dist.get_rank()))
+
+        def micro(last):
+            with strategy.sync_context(last):
+                strategy.backward(model(input_ids=ids).logits.float().mean())
+
+        out[backend] = {"non_final": reductions(lambda: micro(False)), "final": reductions(lambda: micro(True))}
+        strategy.step()
+    return out
+
+
 def test_no_gradient_reduction_before_the_last_micro_batch_and_one_on_it():
     backends = sharded_deferring_backends()
     assert backends, "no backend both defers gradient sync and shards parameters"
-    env = {**os.environ, "PYTHONPATH": str(REPO),
-           "TORCH_EXTENSIONS_DIR": extensions_dir()}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(REPO / "tests" / "nosync_worker.py"), str(REPO / "conf"), ",".join(backends)],
-                          capture_output=True, text=True, env=env, timeout=300)
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    assert line, proc.stderr[-3000:]
-    counts = json.loads(line[0][len("RESULT "):])
-    for backend in backends:
-        assert counts[backend]["non_final"] == 0, (backend, counts[backend])
-        assert counts[backend]["final"] > 0, (backend, counts[backend])
+    for counts in run_ranks(counted_reductions, 2, backends):
+        for backend in backends:
+            assert counts[backend]["non_final"] == 0, (backend, counts[backend])
+            assert counts[backend]["final"] > 0, (backend, counts[backend])

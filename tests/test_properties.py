@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
-from hydra import compose, initialize_config_dir
 
-from conftest import BACKENDS, REPO, cli
+from conftest import BACKENDS, cli
 from harness.config import derive, schema
+from harness.config.compose import composed_as_given
 from harness.config import rules as validate
 from harness.backends.deepspeed.json_config import ds_config
 from harness.runtime import models
@@ -35,11 +35,10 @@ RULE = re.compile(r"^[a-z_]+(\.[a-z_0-9.]+)+(=\S*)?[,:]")  # every message start
        cuda_devices=st.integers(0, 8))
 def test_every_combination_validates_or_is_refused_by_a_named_rule(backend, model, parallelism, precision,
                                                                    micro_batch, grad_accum, seq_len, cuda_devices):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            f"backend={backend}", f"model={model}", f"parallelism={parallelism}", f"train.precision={precision}",
-            f"parallelism.micro_batch={micro_batch}", f"parallelism.grad_accum={grad_accum}",
-            f"parallelism.seq_len={seq_len}"])
+    cfg = composed_as_given([
+        f"backend={backend}", f"model={model}", f"parallelism={parallelism}", f"train.precision={precision}",
+        f"parallelism.micro_batch={micro_batch}", f"parallelism.grad_accum={grad_accum}",
+        f"parallelism.seq_len={seq_len}"])
     problems = validate.problems(cfg, lambda: cuda_devices)
     for p in problems:
         assert RULE.match(p), p
@@ -86,8 +85,7 @@ def test_valid_draws_train_inside_real_ranks(backend, model, precision, micro_ba
                  f"parallelism.global_batch={global_batch}",
                  f"parallelism.seq_len={seq_len}", f"train.activation_checkpointing={checkpointing}",
                  f"model.init={init}"]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = composed_as_given(overrides)
     assume(not validate.problems(cfg))
     root = Path(tempfile.mkdtemp(prefix="shardbench-prop-"))
     proc = cli(*overrides, "logger=none", "train.steps=2", "train.warmup_steps=1", "train.measure_flops=false",

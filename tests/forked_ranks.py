@@ -1,0 +1,60 @@
+"""Real gloo ranks for a test, without a start-up: the test process forks them, so that each child inherits the
+imports the session has already paid (a torchrun of 2 fresh ranks costs ~5 s of imports on this machine, the
+collectives counted here well under one). Each child is a real process in a real gloo group over TCP; nothing of
+torch.distributed is mocked."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import traceback
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(fn, world: int, *args, timeout_s: float = 120) -> list:
+    """fn(*args) on each of `world` forked ranks in one gloo group; the list of what each returned, by rank. A
+    rank that raises fails the test with its traceback; one that hangs, with the timeout."""
+    context, port = multiprocessing.get_context("fork"), free_port()
+    pipes = [context.Pipe(duplex=False) for _ in range(world)]
+    children = [context.Process(target=_rank, args=(fn, rank, world, port, pipes[rank][1], args), daemon=True)
+                for rank in range(world)]
+    for child in children:
+        child.start()
+    results = []
+    try:
+        for rank, (reader, _) in enumerate(pipes):
+            if not reader.poll(timeout_s):
+                raise AssertionError(f"forked rank {rank} of {world} sent nothing within {timeout_s} s")
+            status, value = reader.recv()
+            if status != "ok":
+                raise AssertionError(f"forked rank {rank} of {world} failed:\n{value}")
+            results.append(value)
+    finally:
+        for child in children:
+            child.join(timeout=10)
+            if child.is_alive():
+                child.kill()
+    return results
+
+
+def _rank(fn, rank: int, world: int, port: int, writer, args) -> None:
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)  # one core a rank, as torchrun runs them here
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port))
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        value = fn(*args)
+        dist.destroy_process_group()
+        writer.send(("ok", value))
+    except BaseException:  # noqa: BLE001 (the parent reports it)
+        writer.send(("error", traceback.format_exc()))
+    finally:
+        os._exit(0)  # not the test process's exit handlers: this is its fork
