@@ -3,8 +3,27 @@ whether the whole interval lies under the target, over it, or spans it (harness/
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
+
+import pytest
 
 from harness.studies.bench import paired_interval, verdict
+
+
+def test_the_launch_interval_widens_when_launches_disagree_though_each_launchs_pairs_agree():
+    # make bench's pairs share a launch's process and cores: two launches whose pairs agree within themselves
+    # but not with each other must not read as a tight interval (a bootstrap over the pairs alone would)
+    from harness.studies.bench import launch_interval
+
+    launches = [0.99, 1.0, 1.01, 1.02]  # four launches, each of 8 pairs within 0.002 of its own level
+    spread = [-0.003, -0.002, -0.001, 0.0, 0.0005, 0.001, 0.002, 0.003]
+    apart = [[level + d for d in spread] for level in launches]
+    low, high = launch_interval(apart)
+    flat_low, flat_high = paired_interval([r for launch in apart for r in launch])
+    assert low < 0.995 and high > 1.015 and (high - low) > 2 * (flat_high - flat_low), (low, high, flat_low, flat_high)
+    together = [[1.01 + d for d in spread] for _ in launches]  # launches that agree: as tight as the pairs
+    low, high = launch_interval(together)
+    assert 1.007 <= low <= 1.01 <= high <= 1.013 and launch_interval(together) == (low, high)  # seeded
 
 
 def test_the_interval_holds_the_median_and_narrows_as_the_pairs_agree():
@@ -45,3 +64,29 @@ def test_the_yardstick_trains_what_the_harness_run_resolved():
     ours, theirs = models.hf_config(cfg.model).to_dict(), LlamaConfig(**spec["model"]).to_dict()
     differ = {k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k)}
     assert not differ - {"transformers_version", "_attn_implementation_autoset"}, differ
+
+
+@pytest.mark.drill  # a launch of 2 pairs (~25 s): make test-drills and CI
+def test_a_paired_launch_trains_both_loops_in_the_same_ranks_in_alternating_order(tmp_path):
+    """make bench's default design (studies/bench_worker.py): one launch a backend, each pair a harness run (a
+    cell, with its own metrics) and the independent loop in the same ranks, the order alternating; each side's
+    timed steps after the same warm-up, both loops training from an untrained model (loss near ln(vocab))."""
+    import json
+    import math
+
+    from harness.studies.bench import pairs_in_one_launch, row_of_launches
+
+    launch = pairs_in_one_launch("ddp", ["model=tiny_llama", "train.steps=6", "train.warmup_steps=2"], 2, tmp_path)
+    assert [len(s) for s in launch["harness"] + launch["independent"]] == [4] * 4 and not launch["retries"], launch
+    row = row_of_launches("ddp", [launch, launch])
+    assert row["design"] == "2 launches" and len(row["ratio_per_pair"]) == 4, row
+    assert 0.5 < row["ratio"] < 2 and row["interval_95"][0] <= row["ratio"] <= row["interval_95"][1], row
+    pairs = json.loads((tmp_path / "attempt0" / "plan.json").read_text())["pairs"]
+    assert [p["order"] for p in pairs] == [["harness", "independent"], ["independent", "harness"]]
+    for pair in pairs:
+        harness_losses = [json.loads(line)["loss/loss"] for line in
+                          (Path(pair["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+        independent_losses = json.loads(Path(pair["out"]).read_text())["loss"]
+        assert len(harness_losses) == len(independent_losses) == 6
+        for first in (harness_losses[0], independent_losses[0]):
+            assert abs(first - math.log(256)) < 0.5, (harness_losses, independent_losses)

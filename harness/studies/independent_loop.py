@@ -112,14 +112,10 @@ class no_autocast:
         return False
 
 
-def main() -> int:
-    spec, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local) if spec["device"] == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if not spec["backend"].startswith("accelerate"):  # accelerate starts its own process group
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+def train(spec: dict, device) -> dict:
+    """Train the spec's steps on this rank (the process group already started) and, with `profile` in the spec,
+    profile `profile_steps` more; {"step_time_s": each step's wall time, "loss": each step's loss}. `make bench`
+    calls this in the harness's own ranks too (studies/bench_worker.py), after a harness run in the same process."""
     torch.manual_seed(spec["seed"])
     module, backward_and_step, autocast = setup(spec, build_model(spec), device)
     module.train()
@@ -159,8 +155,20 @@ def main() -> int:
             for _ in range(spec["profile_steps"] + 1):
                 train_step()
                 prof.step()
+    return {"step_time_s": times, "loss": losses}
+
+
+def main() -> int:
+    spec, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local) if spec["device"] == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not spec["backend"].startswith("accelerate"):  # accelerate starts its own process group
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    result = train(spec, device)
     if int(os.environ.get("RANK", 0)) == 0:
-        out.write_text(json.dumps({"step_time_s": times, "loss": losses}))
+        out.write_text(json.dumps(result))
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
