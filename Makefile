@@ -130,7 +130,7 @@ browser: ## install headless Chromium (Debian's `chromium`), which the report te
 docs: install ## the docs/ pages as a site in site/ (mkdocs build --strict: a broken link between pages fails it)
 	$(PY) -m mkdocs build --strict --quiet
 
-test: install warm browser ## the test suite (~6 min; JOBS=2 on 2 pytest-xdist workers, see tests/workers.py): unit tests and real runs of every backend (gloo, CPU)
+test: install warm browser ## the test suite (~5 min; JOBS=2 on 2 pytest-xdist workers, see tests/workers.py): unit tests and real runs of every backend (gloo, CPU)
 	$(PY) -m pytest -m "not drill" -n $(JOBS) $(ARGS)
 
 test-drills: install warm ## the launcher drills (~16 min): faults, Ctrl-C, racing launches, killed launcher and op builds; the longest study runs

@@ -15,6 +15,7 @@ from harness.studies import memory_check
 
 pytestmark = pytest.mark.slow
 REPEATS = STATES_REPEATS  # profiled steps per cell: the lowest per rank (gloo can hold a buffer a phase late)
+DRILL_REPEATS = 5  # the 4-rank states-dominated cells (a drill): 4 ranks on 2 cores hold buffers late more often
 
 
 POLICIES = ["none", "full", "every_2", "selective_op"]
@@ -90,9 +91,10 @@ def states_dominated(tmp_path_factory):
     # enough to miss. REPEATS profiled steps, the lowest per rank: a gloo buffer held a phase late (up to 2.4 MiB
     # on one step's ZeRO-2 peak) is set aside where it could swap two peaks (the ZeRO-1/ZeRO-2 assertion). With two
     # steps, ZeRO-3's peak here was +9.5 to +11.5% of its prediction in 6 launches and +17.0% in one (28.86 MiB
-    # against 24.67 predicted: two such buffers left), which failed the 10% rule in CI on 2026-11-25
+    # against 24.67 predicted: two such buffers left), which failed the 10% rule in CI on 2026-11-25; with three,
+    # +20.4% once in a fresh clone's CI on 2026-11-27 (and within 10% on the re-run): five here, the drills' own
     cells = [[*memory_check.STATES_DOMINATED, *c] for c in memory_check.states_dominated_cells(list(STATES_BACKENDS))]
-    rows = memory_check.run_cells(cells, ["profile=parity"], REPEATS, tmp_path_factory.mktemp("states_dominated"))
+    rows = memory_check.run_cells(cells, ["profile=parity"], DRILL_REPEATS, tmp_path_factory.mktemp("states_dominated"))
     print(memory_check.render(rows, 10, "tests/test_memory_check.py (states-dominated)"))
     assert all("error_pct" in r for r in rows), [r.get("refused") for r in rows]
     return {r["backend"]: r for r in rows}
