@@ -156,14 +156,14 @@ def pairs_in_one_launch(backend: str, overrides: list[str], pairs: int, launch_d
 
     cfg = compose([f"backend={HARNESS_OF.get(backend, backend)}", *DEFAULTS, *IN_LAUNCH, *overrides])
     rules.check(cfg)
-    retries = []
+    spec, retries = spec_of(cfg, backend), []
     for attempt in range(2):
         attempt_dir = launch_dir / f"attempt{attempt}"
         plan = []
         for pair in range(pairs):
             run_dir = RunDir(attempt_dir / f"pair{pair}")
             prepare(cfg, run_dir)
-            plan.append({"run_dir": str(run_dir.root), "spec": spec_of(cfg, backend),
+            plan.append({"run_dir": str(run_dir.root), "spec": spec,
                          "out": str(run_dir.root / "independent.json"),
                          "order": ["harness", "independent"] if pair % 2 == 0 else ["independent", "harness"]})
         blocked = ensure_ops(cfg, RunDir(attempt_dir / "pair0"), rank_env(cfg))
@@ -200,27 +200,29 @@ def launch_interval(ratios_by_launch: list[list[float]], draws: int = 10_000, se
     return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
 
 
-def row_of(backend: str, harness_s: list, independent_s: list, retries: list, design: str) -> dict:
-    """A backend's row from each pair's timed steps, harness and independent."""
+def row_of(backend: str, harness_s: list, independent_s: list, retries: list, design: str,
+           launch_sizes: list[int] | None = None) -> dict:
+    """A backend's row from each pair's timed steps, harness and independent. With `launch_sizes` (how many of
+    the pairs, in order, each launch ran), the interval is over launches, then pairs (launch_interval), and the
+    row gives each launch's median ratio; without, each pair was its own launches (paired_interval)."""
     ratios = [statistics.median(h) / statistics.median(i) for h, i in zip(harness_s, independent_s)]
-    low, high = paired_interval(ratios)
+    by_launch = [ratios[sum(launch_sizes[:k]):sum(launch_sizes[:k + 1])] for k in range(len(launch_sizes))] \
+        if launch_sizes else None
+    low, high = launch_interval(by_launch) if by_launch else paired_interval(ratios)
     every_h, every_i = [t for h in harness_s for t in h], [t for i in independent_s for t in i]
     return {"backend": backend, "harness_backend": HARNESS_OF.get(backend, backend), "design": design,
             "harness_median_s": statistics.median(every_h), "independent_median_s": statistics.median(every_i),
             "ratio": statistics.median(ratios), "interval_95": [low, high], "ratio_per_pair": ratios,
             "pooled_ratio": statistics.median(every_h) / statistics.median(every_i),
-            "steps": {"harness": len(every_h), "independent": len(every_i)}, "retries": retries}
+            "steps": {"harness": len(every_h), "independent": len(every_i)}, "retries": retries,
+            **({"ratio_per_launch": [statistics.median(r) for r in by_launch]} if by_launch else {})}
 
 
 def row_of_launches(backend: str, launches: list[dict]) -> dict:
-    """A backend's row from its launches (pairs_in_one_launch's), the interval over launches and pairs."""
-    by_launch = [[statistics.median(h) / statistics.median(i) for h, i in zip(x["harness"], x["independent"])]
-                 for x in launches]
-    row = row_of(backend, [h for x in launches for h in x["harness"]],
-                 [i for x in launches for i in x["independent"]], [r for x in launches for r in x["retries"]],
-                 f"{len(launches)} launches")
-    low, high = launch_interval(by_launch)
-    return {**row, "interval_95": [low, high], "ratio_per_launch": [statistics.median(r) for r in by_launch]}
+    """A backend's row from its launches (pairs_in_one_launch's)."""
+    return row_of(backend, [h for x in launches for h in x["harness"]],
+                  [i for x in launches for i in x["independent"]], [r for x in launches for r in x["retries"]],
+                  f"{len(launches)} launches", [len(x["harness"]) for x in launches])
 
 
 def profile(backend: str, overrides: list[str], steps: int, out_dir: Path) -> List[str]:
@@ -288,13 +290,14 @@ def main(argv=None) -> int:
               f"{verdict(row, TARGET)}", flush=True)
     command = "python -m harness.bench " + shlex.join(argv if argv is not None else sys.argv[1:])
     settings = DEFAULTS + ([] if args.processes else IN_LAUNCH) + overrides
-    record = {"command": command, "settings": settings, "pairs": args.pairs,
+    pairs = args.pairs if args.processes else per_launch * args.launches  # what ran: whole launches
+    record = {"command": command, "settings": settings, "pairs": pairs,
               "launches": None if args.processes else args.launches,
               "date": time.strftime("%Y-%m-%d %H:%M"), "target_ratio": TARGET, "rows": rows}
     write_json(out_dir / "bench.json", record)
     lines = ["# Harness overhead: steady-state step time, harness / a loop written without it", "",
              f"Command: `{command}` (`make bench`). Settings: `{' '.join(settings)}`.",
-             f"{args.pairs} interleaved pairs of a harness run and an independent run "
+             f"{pairs} interleaved pairs of a harness run and an independent run "
              "(`harness/studies/independent_loop.py`: transformers' `from_config`, each framework's plain calls, no "
              "harness code) per backend, alternating which goes first, "
              + ("each run its own launch" if args.processes else
