@@ -214,7 +214,9 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         "bf16": BF16,
         # the bf16 sweep's shape with the parameters, gradients and AdamW states in bf16 (train.master_weights=model,
         # accelerate's memory-constrained mode) under the torch families: tests/test_master_weights.py
-        "model_dtype": only(MODEL_DTYPE_BACKENDS, *BF16, "train.master_weights=model"),
+        # (the peak, the states and the bytes are read: not the time breakdown or the peak's split by kind)
+        "model_dtype": only(MODEL_DTYPE_BACKENDS, *BF16, "train.master_weights=model", "train.breakdown_steps=0",
+                            "train.peak_by_kind=false"),
         # FSDP2 resuming FSDP1's fp32 checkpoint (its DCP sharded state dict) at 2 ranks: the migration path
         "migrate": only(("fsdp",), *FINETUNE, "parallelism.nproc_per_node=2", "parallelism.grad_accum=3",
                         "model.init=meta", f"model.pretrained_path={llama_checkpoint}",

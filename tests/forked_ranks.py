@@ -1,7 +1,7 @@
 """Real gloo ranks for a test, without a start-up: the test process forks them, so that each child inherits the
 imports the session has already paid (a torchrun of 2 fresh ranks costs ~5 s of imports on this machine, the
 collectives counted here well under one). Each child is a real process in a real gloo group over TCP; nothing of
-torch.distributed is mocked."""
+torch.distributed is mocked. ForkedPopen does the same for a command a caller would start with subprocess.Popen."""
 from __future__ import annotations
 
 import multiprocessing
@@ -58,3 +58,52 @@ def _rank(fn, rank: int, world: int, port: int, writer, args) -> None:
         writer.send(("error", traceback.format_exc()))
     finally:
         os._exit(0)  # not the test process's exit handlers: this is its fork
+
+
+class ForkedPopen:
+    """subprocess.Popen for a command `python -m <module> <args...>`, run in a fork of this process instead of a
+    fresh interpreter: the module runs as __main__ with the command's arguments, environment and working
+    directory, and the child exits with its exit code. For a caller that takes a Popen (launcher/replays.py's
+    `popen`): the fork inherits the test session's imports (a replay process's cost 5 s of them here)."""
+
+    def __init__(self, cmd, cwd=None, env=None, stdout=None, stderr=None, stdin=None):
+        assert cmd[1] == "-m", cmd
+        self.args, self.returncode = cmd, None
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                import runpy
+                import sys
+
+                for fd, target in ((0, stdin), (1, stdout), (2, stderr)):
+                    if target is not None:  # subprocess.DEVNULL, as the callers pass it
+                        os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+                if cwd:
+                    os.chdir(cwd)
+                if env is not None:
+                    os.environ.clear()
+                    os.environ.update(env)
+                sys.argv = [cmd[2], *cmd[3:]]
+                try:
+                    runpy.run_module(cmd[2], run_name="__main__", alter_sys=True)
+                    code = 0
+                except SystemExit as end:
+                    code = end.code if isinstance(end.code, int) else (0 if end.code is None else 1)
+            except BaseException:  # noqa: BLE001 - the exit code says it; the parent reads the results
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode

@@ -92,9 +92,10 @@ BAD_INPUT = [
 
 # Every case goes through the real CLI once per category (a process costs ~1 s of imports, so not all 56):
 # exit code, the message, no traceback, no rank. Every case goes through the parent's own composition and
-# rules in-process below, which is where each message comes from.
+# rules in-process below, which is where each message comes from. The DeepSpeed pass-through goes through the
+# CLI with a key the harness contradicts; a key DeepSpeed's own schema refuses (overlap_com) only in-process,
+# where it costs no second import of DeepSpeed (2.3 s)
 THROUGH_THE_CLI = {"backend=nope", "train.stepz=5", "+train.stpes=100", "train.steps=ten", "train.precision=fp16",
-                   "backend=ds_zero2 +backend.deepspeed.zero_optimization.overlap_com=true",
                    "backend=ds_zero2 +backend.deepspeed.train_batch_size=999", "parallelism.seq_len=100000",
                    "parallelism.global_batch=6", "model.init=lazy", "paths.min_free_mib=1000000000",
                    "hydra.run.dir=/tmp/shardbench-outside", "-m sweep.name=../../escape"}

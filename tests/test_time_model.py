@@ -226,7 +226,9 @@ def test_a_replayed_rank_counts_the_work_its_real_run_counted(bf16_runs, tmp_pat
         configs[backend] = OmegaConf.merge(OmegaConf.structured(schema.RunConfig),
                                            OmegaConf.load(run_dir / "config.yaml"))
         real[backend] = slowest_work(RunDir(run_dir), rank=1)  # ranks differ (ZeRO's partitions): the last's
-    replayed = replay_work(configs, tmp_path, jobs=1, rank=1)
+    from forked_ranks import ForkedPopen
+
+    replayed = replay_work(configs, tmp_path, jobs=1, rank=1, popen=ForkedPopen)  # a fork: no imports to pay
     for backend in configs:
         assert replayed[backend]["ok"], replayed[backend].get("traceback")
         mine, theirs = replayed[backend]["work"], real[backend]

@@ -22,9 +22,12 @@ from .torchrun import rank_env
 MODULE = "harness.runtime.replay"
 
 
-def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank: int = 0) -> Dict[str, dict]:
+def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank: int = 0,
+                popen=subprocess.Popen) -> Dict[str, dict]:
     """{name: {"ok": True, "work": Work dict} or {"ok": False, "error": ...}} for every config, as its rank
-    `rank` counts it."""
+    `rank` counts it. `popen` starts each replay process (`python -m harness.runtime.replay <batch>`) with
+    subprocess.Popen's arguments: a test passes one that forks the test process instead, which has paid the
+    imports already (tests/forked_ranks.ForkedPopen)."""
     directory = Path(directory) / f"rank{rank}"
     todo: Dict[str, str] = {}
     for name, cfg in configs.items():
@@ -57,8 +60,8 @@ def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank
         for batch, cmd, env in procs:  # `jobs` at a time
             while sum(p.poll() is None for p in started.values()) >= jobs:
                 next(p for p in started.values() if p.poll() is None).wait()
-            started[batch] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+            started[batch] = popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   stdin=subprocess.DEVNULL)
         for batch, proc in started.items():
             proc.wait()
             for yaml in batch.glob("*.yaml"):

@@ -62,7 +62,8 @@ def sizes(max_mib: float) -> list[int]:
     return out
 
 
-def _report(rows: list[dict], out_dir: Path, cfg, command: str) -> None:
+def report(rows: list[dict], out_dir: Path, cfg, command: str) -> None:
+    """collectives.png, collectives.md (printed too) and the W&B table, from the ranks' rows."""
     plt = pyplot()
     n, device = rows[0]["ranks"], cfg.parallelism.device
     levels = list(dict.fromkeys(r.get("level", "world") for r in rows))
@@ -139,7 +140,7 @@ def main(argv=None) -> int:
         print(f"collectives: ranks failed (exit {proc.returncode})", file=sys.stderr)
         return 1
     rows = json.loads((out_dir / "collectives.json").read_text())
-    _report(rows, out_dir, cfg, "python -m harness.collectives " + " ".join(argv if argv is not None else sys.argv[1:]))
+    report(rows, out_dir, cfg, "python -m harness.collectives " + " ".join(argv if argv is not None else sys.argv[1:]))
     return 0
 
 

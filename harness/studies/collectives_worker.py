@@ -33,6 +33,8 @@ def levels(n: int, per_node: int, rank: int, dist) -> list:
 
 
 def run(out_dir: Path, max_mib: float, device_type: str, per_node: int = 0, fixed_iters: int = 0) -> None:
+    """Time every op and size on this rank, in the process group already made (a test's forked ranks,
+    tests/forked_ranks.py) or in one made here from torchrun's environment and ended when done."""
     import torch
     import torch.distributed as dist
 
@@ -40,7 +42,9 @@ def run(out_dir: Path, max_mib: float, device_type: str, per_node: int = 0, fixe
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if device_type == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
     def sync():
         if device.type == "cuda":
@@ -82,7 +86,8 @@ def run(out_dir: Path, max_mib: float, device_type: str, per_node: int = 0, fixe
                              **bandwidths(op, elems * 4, t.item(), g)})
     if rank == 0:
         (out_dir / "collectives.json").write_text(json.dumps(rows, indent=1))
-    dist.destroy_process_group()
+    if owned:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
