@@ -6,8 +6,8 @@ LOCK ?= requirements/cpu.lock
 STAMP := $(VENV)/.installed-$(notdir $(LOCK))
 ARGS ?=
 # make test's pytest-xdist workers: 0, one process, by default; JOBS=2 (tests/workers.py keeps the session's launches
-# on one worker, one at a time) gained nothing on this 2-core machine on 2026-11-27 (384 s): the launches are the
-# critical path (docs/commands.md)
+# on one worker, one at a time) ran in 280 s against 296 s back to back on this 2-core machine on 2026-11-27: the
+# launches are the critical path, slowed by the other worker, and the memory checks run beside it (docs/commands.md)
 JOBS ?= 0
 # DeepSpeed's JIT ops, built once per clone (~2 min for both, measured 115 s) and reused by every run and test
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
