@@ -90,3 +90,13 @@ def test_a_paired_launch_trains_both_loops_in_the_same_ranks_in_alternating_orde
         assert len(harness_losses) == len(independent_losses) == 6
         for first in (harness_losses[0], independent_losses[0]):
             assert abs(first - math.log(256)) < 0.5, (harness_losses, independent_losses)
+
+
+@pytest.mark.parametrize("flag", ["--launches", "--pairs", "--profile-steps"])
+def test_a_count_below_one_is_refused_in_one_line(flag, capsys):
+    from harness.studies.bench import main
+
+    with pytest.raises(SystemExit) as end:
+        main([flag, "0"])
+    err = capsys.readouterr().err.strip()
+    assert end.value.code == 2 and err == f"bench: invalid input: {flag}=0: must be at least 1", err

@@ -151,3 +151,17 @@ def test_a_checkpoint_of_another_shape_is_refused_before_any_rank_starts(tmp_pat
         cfg = compose([f"model.pretrained_path={tmp_path}", *overrides])
         found = rules.problems(cfg, lambda: 0)
         assert len(found) == 1 and says in found[0] and "\n" not in found[0], found
+
+
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_gpt2"])
+def test_adding_the_adapters_prints_no_framework_warning(model):
+    # peft warned of GPT-2's Conv1D fan_in_fan_out and read transformers' deprecated is_gradient_checkpointing:
+    # lines in every LoRA estimate and advise that the user could do nothing about
+    import warnings
+
+    cfg = compose([f"model={model}", "workload=lora"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        models.build(cfg.model, device="meta", workload=cfg.workload)
+    assert not [str(w.message) for w in caught if "peft" in w.filename or "transformers" in w.filename], \
+        [f"{w.filename}: {w.message}" for w in caught]

@@ -108,6 +108,8 @@ def adapt(model: nn.Module, workload) -> nn.Module:
 
     with warnings.catch_warnings():  # GPT-2's Conv1D: peft says it sets fan_in_fan_out itself
         warnings.filterwarnings("ignore", message=".*fan_in_fan_out.*")
+        # peft's PeftModel reads transformers' deprecated `is_gradient_checkpointing`: its words, not the user's
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         return get_peft_model(model, lora_config(workload))
 
 

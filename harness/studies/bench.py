@@ -225,6 +225,12 @@ def row_of_launches(backend: str, launches: list[dict]) -> dict:
                   f"{len(launches)} launches", [len(x["harness"]) for x in launches])
 
 
+def counts_problem(args) -> str | None:
+    """The command line's counts that cannot run (--launches 0 would divide the pairs by zero)."""
+    return next((f"--{name.replace('_', '-')}={getattr(args, name)}: must be at least 1"
+                 for name in ("pairs", "launches", "profile_steps") if getattr(args, name) < 1), None)
+
+
 def profile(backend: str, overrides: list[str], steps: int, out_dir: Path) -> List[str]:
     """The harness and the independent loop, each with `steps` profiled steps, diffed by op and by Python frame
     (studies/profile_diff.py); the tables, also written to <out>/profile_<backend>.md. Two profiles of each:
@@ -265,7 +271,7 @@ def main(argv=None) -> int:
                         help="each run its own launch, as the bench ran before its paired launch (noisier here)")
     parser.add_argument("--profile", help="instead: profile this backend's step in both loops and diff them")
     parser.add_argument("--profile-steps", type=int, default=3)
-    args, overrides = parse("bench", parser, argv)  # a flag, an override: one line, as train refuses them
+    args, overrides = parse("bench", parser, argv, check=counts_problem)  # one line, as train refuses them
     out_dir = REPO / args.out
     if args.profile:
         print("\n".join(profile(args.profile, overrides, args.profile_steps, out_dir)))
