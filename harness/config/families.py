@@ -157,6 +157,13 @@ class Family:
         """Whether gradients are reduced only on the last micro-batch of a step."""
         return True
 
+    def compile_scope(self, backend) -> str:
+        """What train.compile compiles, which decides what the compiled graphs keep for backward
+        (runtime/compiled_activations.py): `blocks`, each Transformer block, the wrapper's hooks outside the graphs
+        (torchtitan's way); `module`, the whole model as one graph; `module_split`, the whole model with a graph
+        break at every submodule, where hooks that dynamo must not trace run."""
+        return "blocks"
+
     def activation_regime(self, precision: str, master: str = "fp32") -> str:
         """How a 16-bit run keeps activations (theory/activations.py): `16-bit` parameters, or `autocast`
         (`master`: train.master_weights)."""

@@ -14,3 +14,9 @@ def extensions_dir() -> str:
     Not shared between clones: torch's JIT hashes the build flags, which include the venv's include paths,
     so another clone's venv rebuilds anyway (measured: 112 s in a fresh clone with a warm shared cache)."""
     return os.environ.get("TORCH_EXTENSIONS_DIR") or str(REPO / ".cache" / "torch_extensions")
+
+
+def traces_dir() -> Path:
+    """Where what compiled whole modules keep is kept between processes (runtime/compiled_activations.py): in the
+    clone, as its torch and transformers decide it."""
+    return REPO / ".cache" / "compiled_kept"

@@ -14,8 +14,21 @@ a compiler that only reads the forward graph (no code is generated). The weights
 (`to_empty`, never touched) and the input is a few tokens, so a 70B block costs about two seconds. Two token
 counts give the per-token bytes and the per-block constant (autocast's 16-bit weight copies, which the compiled
 graph keeps as values too); parameters and the rotary tables are graph inputs, counted elsewhere, and the block's
-own input is counted as a kept tensor, as eager's count does. Applies to DDP's and FSDP2's per-block compile;
-DeepSpeed's engine compiles the whole module, whose blocks the same partitioner sees (a named approximation).
+own input is counted as a kept tensor, as eager's count does. This is DDP's, FSDP1's and FSDP2's per-block compile.
+
+DeepSpeed's engine compiles the whole module instead (the family's `compile_scope`), and what the partitioner
+keeps then differs: one graph over every block and the output layer keeps less than the blocks' graphs do apart
+(ZeRO-1/2), and ZeRO-3's disabled pre-forward hook on every submodule splits the module into a graph a submodule,
+each of which keeps what the next one's backward reads: more than eager keeps. A compiled module also keeps the
+causal mask transformers builds under compile (sequences x positions x positions; eager SDPA takes is_causal and
+builds none), and the partitioner's choices depend on the sizes (at 512 positions it recomputes a mask it keeps at
+16), so a small trace cannot be scaled up. A whole-module run is therefore traced whole, at its own sequence length,
+on fake tensors (no memory, no arithmetic): as its engine compiles it, with a disabled no-op pre-forward hook on
+every submodule for ZeRO-3, counting once every storage that autograd packs for backward
+(`torch.autograd.graph.saved_tensors_hooks`: the compiled graphs' saved values and the eager ops' between them),
+less the parameters. Four traces, two and three blocks (`LAYERS`) by one and two sequences, give what a block keeps
+and what the rest of the module keeps (the embedding's ids, the final norm, the output layer's input, the rotary tables, the
+mask), each per sequence and per micro-batch.
 """
 from __future__ import annotations
 
@@ -25,6 +38,10 @@ from typing import Dict, Optional
 from omegaconf import OmegaConf
 
 TOKENS = (8, 16)  # two token counts (one sequence each): the slope is per token, the intercept per block
+# a whole module's block counts: from two up, each checkpointed block adds the same (with one, the module keeps no
+# mask, which two checkpointed blocks share: tiny_llama fully checkpointed keeps 0.26, 1.39, 1.52, 1.65 MiB a
+# sequence at 1-4 blocks)
+LAYERS = (2, 3)
 
 
 def counts_for(cfg) -> dict:
@@ -39,19 +56,26 @@ def counts_for(cfg) -> dict:
 
 
 def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
-    """{"plain": {...}, "checkpointed": {...}} for the run's policy: each {"per_token", "per_block"} bytes a
-    compiled block of that kind keeps (module docstring). "plain" is always there: it is also what a block's
+    """{"plain": {...}, "checkpointed": {...}, "scope": ...} for the run's policy: each {"per_token", "per_block"}
+    bytes a compiled block of that kind keeps (module docstring), and where the whole module is compiled its
+    "per_position" bytes and what the rest of the module keeps ("outside": the same three terms). "plain" is always there: it is also what a block's
     backward has alive when its checkpointed forward has been recomputed. None when the run does not compile
     or is under tensor parallelism (its blocks are DTensor-sharded: not traced here, eager's count stands)."""
     from ..config.recompute import recompute_of
 
     if not cfg.train.compile or cfg.parallelism.tp > 1:
         return None
+    from ..config import families
+
     r = recompute_of(cfg)
     kinds = {"plain": "none"}
     if r.any:
         kinds["checkpointed"] = "full" if r.policy == "every_k" else r.policy
-    return {kind: _kept(OmegaConf.to_yaml(cfg.model), regime, policy) for kind, policy in kinds.items()}
+    scope = families.of(cfg.backend).compile_scope(cfg.backend)
+    trace = _kept if scope == "blocks" else partial(_kept_module, split=scope == "module_split",
+                                                       positions=cfg.parallelism.seq_len)
+    out = {kind: trace(OmegaConf.to_yaml(cfg.model), regime, policy) for kind, policy in kinds.items()}
+    return {**out, "scope": scope}
 
 
 @lru_cache(maxsize=64)
@@ -133,3 +157,142 @@ def _bytes(outputs, block_input) -> float:
         except Exception:  # a data-dependent size: torch raises when asked for its value
             continue
     return float(sum(storages.values()))
+
+
+@lru_cache(maxsize=64)
+def _kept_module(model_yaml: str, regime: str, policy: str, split: bool, positions: int) -> Dict[str, float]:
+    """A whole module's traced terms at `positions` tokens a sequence, from the clone's cache when this code, torch
+    and transformers traced the same model, regime, policy and length before (the four traces take seconds, and every
+    rank of a run, the memory check's parent and the advisor ask; the file is written whole, then renamed)."""
+    import hashlib
+    import json
+    import os
+
+    import torch
+    import transformers
+
+    from ..core.paths import traces_dir
+
+    this_code = hashlib.sha256(open(__file__, "rb").read()).hexdigest()  # a change to the tracing traces again
+    key = json.dumps([this_code, torch.__version__, transformers.__version__, model_yaml, regime, policy, split,
+                      positions])
+    path = traces_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    with torch.inference_mode(False), torch.enable_grad():
+        m = OmegaConf.create(model_yaml)
+        saved = {(layers, sequences): _module_saved(m, layers, (sequences, positions), regime, policy, split)
+                 for layers in LAYERS for sequences in (1, 2)}
+    # a block is what the third adds; the rest is what two blocks' module keeps beside them; each a sequence and
+    # a micro-batch's constant, as per-token bytes at this length
+    fewer, more = LAYERS
+    block = {b: saved[more, b] - saved[fewer, b] for b in (1, 2)}
+    rest = {b: saved[fewer, b] - fewer * block[b] for b in (1, 2)}
+    terms = lambda at: {"per_token": (at[2] - at[1]) / positions, "per_block": 2 * at[1] - at[2]}  # noqa: E731
+    out = {**terms(block), "outside": terms(rest), "positions": positions}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial_path = path.with_suffix(f".{os.getpid()}.tmp")
+    partial_path.write_text(json.dumps(out))
+    partial_path.replace(path)
+    return out
+
+
+def _module_saved(m, layers: int, shape: tuple, regime: str, policy: str, split: bool) -> float:
+    """Bytes autograd keeps for backward (each storage once, parameters not) after one forward of the whole
+    model at `layers` blocks and `shape` (sequences, positions), compiled as DeepSpeed's engine compiles it, on
+    fake tensors (module docstring)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..config.recompute import Recompute
+    from . import models
+
+    dtype = torch.bfloat16 if regime == "16-bit" else torch.float32
+    torch._dynamo.reset()
+    kept = {}
+    default = torch.get_default_dtype()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        torch.set_default_dtype(dtype)  # built in it: a fake module's .to() cannot swap its parameters
+        try:
+            model = models.build(OmegaConf.merge(m, {"num_layers": layers})).train()
+        finally:
+            torch.set_default_dtype(default)
+        model.config.use_cache = False
+        if policy != "none":
+            models.enable_activation_checkpointing(model, Recompute(policy, 1, layers))
+        sac_caches = _record_selective_caches(models.blocks(model)) if split else []
+        if split:
+            for sub in model.modules():
+                sub.register_forward_pre_hook(_disabled_hook())
+        params = {p.untyped_storage()._cdata for p in model.parameters()}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage._cdata not in params:
+                kept[storage._cdata] = storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast("cpu", torch.bfloat16, enabled=regime == "autocast"):
+            torch.compile(model, backend=_no_codegen, dynamic=False)(input_ids=torch.zeros(shape, dtype=torch.long))
+            for tensor in _tensors_in(sac_caches):
+                pack(tensor)
+    torch._dynamo.reset()
+    return float(sum(kept.values()))
+
+
+def _record_selective_caches(blocks) -> list:
+    """Where a checkpoint that runs eagerly (ZeRO-3's graph breaks inside it) keeps what its selective policy
+    saves: in torch's caching dispatch mode's own storage, not through the saved-tensor hooks. Each block's
+    context_fn is wrapped to hand that storage over; the list fills as the forward runs. Only there: a wrapped
+    context_fn is not one dynamo traces into its checkpoint operator, so a whole graph would run it eagerly."""
+    from torch.utils.checkpoint import checkpoint
+
+    caches = []
+    for block in blocks:
+        run = getattr(block, "_gradient_checkpointing_func", None)
+        make = getattr(run, "keywords", {}).get("context_fn")
+        if make is None:
+            continue
+
+        def recording(make=make):
+            contexts = make()
+            caches.append(getattr(contexts[0], "storage", None))
+            return contexts
+        block._gradient_checkpointing_func = partial(checkpoint, **{**run.keywords, "context_fn": recording})
+    return caches
+
+
+def _tensors_in(found):
+    """Every tensor inside `found`: containers, and torch's _VersionWrapper around a cached value."""
+    import torch
+
+    if isinstance(found, torch.Tensor):
+        yield found
+    elif isinstance(found, dict):
+        for value in found.values():
+            yield from _tensors_in(value)
+    elif isinstance(found, (list, tuple)):
+        for value in found:
+            yield from _tensors_in(value)
+    elif hasattr(found, "val"):
+        yield from _tensors_in(found.val)
+
+
+@lru_cache(maxsize=1)
+def _disabled_hook():
+    """A no-op pre-forward hook dynamo does not trace: a graph break, as ZeRO-3's own hook makes."""
+    import torch
+
+    return torch.compiler.disable(lambda module, args: None)
+
+
+def _no_codegen(gm, inputs):
+    """Inductor's decompositions and partitioner, the graphs run as traced (no code generated)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    return aot_module_simplified(gm, inputs, fw_compiler=lambda g, _: g, bw_compiler=lambda g, _: g,
+                                 decompositions=select_decomp_table(),
+                                 partition_fn=partial(min_cut_rematerialization_partition, compiler="inductor"))

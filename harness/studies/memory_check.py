@@ -110,6 +110,9 @@ def run_cells(cells: List[list], common: List[str], repeats: int, out: Path) -> 
         rows.append({"name": name, "overrides": overrides, "cfg": cfg, "refused": found[0] if found else None})
         if not found:
             runnable.append({"name": name, "config": _plain(cfg)})
+    for r in rows:  # a compiled whole module is traced here once, into the clone's cache that every rank reads
+        if not r["refused"] and r["cfg"].train.compile:
+            counts_for(r["cfg"])
     if runnable:
         launch(runnable, launch_config([r["cfg"] for r in rows if not r["refused"]]), out)
     measured = {}

@@ -161,14 +161,15 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
     `mesh` (config/mesh.py): under tensor parallelism, one rank's part (module docstring).
     `compiled`: under torch.compile, what a compiled block of each kind keeps (runtime/compiled_activations.py:
     {"plain"|"checkpointed": {"per_token", "per_block"}}, read from AOTAutograd's partition of the block's graph),
-    which replaces the eager count of what the blocks keep through forward.
+    which replaces the eager count of what the blocks keep through forward; where the whole module is compiled,
+    also of what the rest of the model keeps (`outside`, but the loss's log-softmax).
     """
     tokens = par.seq_len * par.micro_batch
     h, _, i, _, vocab = _widths(model)
     tp, seq, logits = splits(mesh)
     a = 4 if reg == "fp32" else 2
     autocast = reg == "autocast"
-    return {
+    out = {
         "layers": model.num_layers, "recompute": recompute, "compiled": compiled, "tokens": tokens,
         "block": tokens * block_bytes_per_token(model, reg, mesh),
         "block_input": tokens * residual_bytes(reg) * h / seq,
@@ -184,6 +185,9 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
         "head_copy": 2 * head_matmul_weights if autocast else 0,
         "block_copies": 2 * (matmul_weights - head_matmul_weights) / model.num_layers if autocast else 0,
     }
+    if compiled and "outside" in compiled["plain"]:  # the whole module compiled: what its graphs keep outside
+        out["outside"] = compiled_terms(out, compiled["plain"]["outside"]) + out["log_softmax"]  # the loss's, eager
+    return out
 
 
 def kept_by_block(a: Dict[str, float], j: int) -> float:
@@ -199,7 +203,12 @@ def kept_by_block(a: Dict[str, float], j: int) -> float:
 
 def compiled_block(a: Dict[str, float], kind: str) -> float:
     """What a compiled block of `kind` ("plain" or "checkpointed") keeps for one micro-batch."""
-    traced = a["compiled"][kind]
+    return compiled_terms(a, a["compiled"][kind])
+
+
+def compiled_terms(a: Dict[str, float], traced: Dict[str, float]) -> float:
+    """A traced count's bytes for one micro-batch: per token and constant (a whole-module trace's per token is its
+    bytes a sequence at the run's length, over that length)."""
     return a["tokens"] * traced["per_token"] + traced["per_block"]
 
 

@@ -143,6 +143,11 @@ class DeepSpeedFamily(Family):
         reduce-scatter every micro-batch by design (DeepSpeed's no_sync() raises for them)."""
         return backend.zero_stage < 2
 
+    def compile_scope(self, backend):
+        """DeepSpeedEngine.compile() compiles the whole module; ZeRO-3's pre-forward hook on every submodule is
+        torch.compiler.disable'd (its zero/parameter_offload.py), so dynamo breaks the graph at each of them."""
+        return "module_split" if backend.zero_stage == 3 else "module"
+
     def mesh_request(self, backend):
         """ZeRO-3 shards over every data-parallel rank; ZeRO++'s hpZ keeps a released parameter's secondary
         shard over `hpz_partition_size` of them (0: a node's; 1: off)."""
