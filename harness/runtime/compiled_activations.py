@@ -57,16 +57,16 @@ def counts_for(cfg) -> dict:
 
 def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     """{"plain": {...}, "checkpointed": {...}, "scope": ...} for the run's policy: each {"per_token", "per_block"}
-    bytes a compiled block of that kind keeps (module docstring), and where the whole module is compiled its
-    "per_position" bytes and what the rest of the module keeps ("outside": the same three terms). "plain" is always there: it is also what a block's
-    backward has alive when its checkpointed forward has been recomputed. None when the run does not compile
+    bytes a compiled block of that kind keeps (module docstring) and, where the whole module is compiled (the
+    family's compile_scope), what the rest of the module keeps ("outside": the same two terms) and the sequence
+    length traced ("positions"). "plain" is always there: it is also what a block's backward has alive when its
+    checkpointed forward has been recomputed. None when the run does not compile
     or is under tensor parallelism (its blocks are DTensor-sharded: not traced here, eager's count stands)."""
+    from ..config import families
     from ..config.recompute import recompute_of
 
     if not cfg.train.compile or cfg.parallelism.tp > 1:
         return None
-    from ..config import families
-
     r = recompute_of(cfg)
     kinds = {"plain": "none"}
     if r.any:
