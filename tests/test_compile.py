@@ -1,8 +1,8 @@
 """train.compile=true on CPU (inductor, g++): DDP and FSDP2 compile each Transformer block and keep the eager
 DDP run's fp32 losses; compiling happens in the warm-up and is reported as time/compile_s, outside the timed
-window; and the memory check's compiled cell, whose peak is predicted from what AOTAutograd's partition of a block
-keeps (runtime/compiled_activations.py), DeepSpeed's whole compiled module's too. Seven cells of one launch, about 2 minutes with a cold inductor cache:
-make test-drills (CI runs it)."""
+window; and the memory check's compiled cells, whose peaks are predicted from what AOTAutograd's partition of a
+block keeps (runtime/compiled_activations.py), or of DeepSpeed's whole compiled module. Seven cells of one launch,
+about 2 minutes with a cold inductor cache: make test-drills (CI runs it)."""
 from __future__ import annotations
 
 import json
