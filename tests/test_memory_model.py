@@ -164,6 +164,32 @@ def test_estimate_says_its_budget_in_both_units_and_fits_with_the_advisors_margi
     assert "peak GiB" in out and "the budget of 80 GiB (85.9 GB) per rank" in out and "10% headroom" in out
 
 
+def test_a_compiled_shape_is_estimated_and_advised_with_what_its_compiled_blocks_keep():
+    # `shardbench estimate` and the advisor priced a compiled run's activations as eager's count; the runs'
+    # own prediction reads what AOTAutograd's partition of each block keeps. The three must say the same peak
+    from harness.config.compose import compose
+    from harness.config.derive import world_size
+    from harness.core.paths import traces_dir
+    from harness.runtime import compiled_activations
+    from harness.studies import advise, estimate
+    from harness.theory.predict import predict
+
+    shape = ["model=tiny_llama", "parallelism=gpu8", "train.precision=bf16", "parallelism.seq_len=512",
+             "train.activation_checkpointing=selective_op"]
+    (eager,) = estimate.rows(shape, names=["fsdp"])
+    (compiled,) = estimate.rows([*shape, "train.compile=true"], names=["fsdp"])
+    cfg = compose([*shape, "train.compile=true", "backend=fsdp"])
+    counts = compiled_activations.counts_for(cfg)
+    assert set(counts["compiled_kept"]) == {"plain", "checkpointed"}
+    run = predict(cfg, world_size(cfg), counts)["memory/tensor_peak_predicted_bytes"]
+    assert compiled["peak_bytes"] == run and compiled["peak_bytes"] < eager["peak_bytes"]
+    candidate = advise.candidate(cfg, "fsdp", [], {k: v for k, v in counts.items() if k != "compiled_kept"}, 0.0,
+                                 advise.rates_for(cfg, world_size(cfg)), 2**40, 0.1)
+    assert candidate.predicted_peak_bytes == predict(cfg, world_size(cfg), counts)["memory/device_peak_predicted_bytes"]
+    # the trace is kept on disk: another process reads it instead of compiling the block again
+    assert any(traces_dir().glob("*.json"))
+
+
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")
 
 

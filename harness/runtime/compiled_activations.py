@@ -47,10 +47,16 @@ LAYERS = (2, 3)
 def counts_for(cfg) -> dict:
     """A run's model counts (models.param_count) and, when it compiles, what each compiled block keeps for
     backward (`kept`), which the memory model reads in place of its eager count."""
-    from ..theory.activations import regime
     from . import models
 
-    counts = models.param_count(cfg.model, cfg.workload)
+    return with_compiled(cfg, models.param_count(cfg.model, cfg.workload))
+
+
+def with_compiled(cfg, counts: dict) -> dict:
+    """`counts` with what the run's compiled graphs keep (`kept`) where it compiles: for the candidates of one
+    model that differ in backend, policy or batch (the advisor's), whose parameter counts are the same."""
+    from ..theory.activations import regime
+
     compiled = kept(cfg, regime(cfg.backend, cfg.train.precision, cfg.train.master_weights))
     return {**counts, "compiled_kept": compiled} if compiled else counts
 
@@ -77,7 +83,40 @@ def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     return {kind: trace(OmegaConf.to_yaml(cfg.model), regime, policy) for kind, policy in kinds.items()}
 
 
-@lru_cache(maxsize=64)
+def _on_disk(trace):
+    """`trace`'s result from the clone's cache when this code, torch and transformers traced the same arguments
+    before: a trace takes seconds (an 8B block's four compiles about 15 s here), and every rank of a run, the memory
+    check's parent, the estimator and the advisor ask. The file is written whole, then renamed."""
+    import functools
+
+    @lru_cache(maxsize=64)
+    @functools.wraps(trace)
+    def cached(*args):
+        import hashlib
+        import json
+        import os
+        from pathlib import Path
+
+        import torch
+        import transformers
+
+        from ..core.paths import traces_dir
+
+        this_code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # a change to the tracing traces again
+        key = json.dumps([this_code, torch.__version__, transformers.__version__, trace.__name__, *args])
+        path = traces_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        out = trace(*args)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial_path = path.with_suffix(f".{os.getpid()}.tmp")
+        partial_path.write_text(json.dumps(out))
+        partial_path.replace(path)
+        return out
+    return cached
+
+
+@_on_disk
 def _kept(model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
     import torch  # here, not at the top: the studies import counts_for in the parent, before any torch
     # with grad, whatever the caller's mode: under no_grad AOTAutograd makes an inference graph that keeps
@@ -152,27 +191,11 @@ def _bytes(outputs, block_input) -> float:
     return float(sum(storages.values()))
 
 
-@lru_cache(maxsize=64)
+@_on_disk
 def _kept_module(model_yaml: str, regime: str, policy: str, split: bool, positions: int) -> Dict[str, float]:
-    """A whole module's traced terms at `positions` tokens a sequence, from the clone's cache when this code, torch
-    and transformers traced the same model, regime, policy and length before (the four traces take seconds, and every
-    rank of a run and the memory check's parent ask; the file is written whole, then renamed)."""
-    import hashlib
-    import json
-    import os
-    from pathlib import Path
-
+    """A whole module's traced terms at `positions` tokens a sequence (module docstring)."""
     import torch
-    import transformers
 
-    from ..core.paths import traces_dir
-
-    this_code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # a change to the tracing traces again
-    key = json.dumps([this_code, torch.__version__, transformers.__version__, model_yaml, regime, policy, split,
-                      positions])
-    path = traces_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
     with torch.inference_mode(False), torch.enable_grad():
         m = OmegaConf.create(model_yaml)
         saved = {(layers, sequences): _module_saved(m, layers, (sequences, positions), regime, policy, split)
@@ -183,12 +206,7 @@ def _kept_module(model_yaml: str, regime: str, policy: str, split: bool, positio
     block = {b: saved[more, b] - saved[fewer, b] for b in (1, 2)}
     rest = {b: saved[fewer, b] - fewer * block[b] for b in (1, 2)}
     terms = lambda at: {"per_token": (at[2] - at[1]) / positions, "per_block": 2 * at[1] - at[2]}  # noqa: E731
-    out = {**terms(block), "outside": terms(rest), "positions": positions}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial_path = path.with_suffix(f".{os.getpid()}.tmp")
-    partial_path.write_text(json.dumps(out))
-    partial_path.replace(path)
-    return out
+    return {**terms(block), "outside": terms(rest), "positions": positions}
 
 
 def _module_saved(m, layers: int, shape: tuple, regime: str, policy: str, split: bool) -> float:

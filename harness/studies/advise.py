@@ -230,11 +230,13 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
               margin: float) -> Candidate:
     """One candidate's theory: its predicted device peak, its mesh's bytes by link, and its roofline step (the
     FLOPs of its data-parallel rank's tokens, split over its tensor-parallel ranks)."""
+    from ..runtime.compiled_activations import with_compiled
     from ..theory.predict import predict
     from ..theory.shape import shape_of
     from ..theory.time import predict_parts
 
     par, world = cfg.parallelism, world_size(cfg)
+    counts = with_compiled(cfg, counts)  # a compiled candidate keeps what its graphs keep (traced, then cached)
     theory = predict(cfg, world, counts)
     shape = shape_of(cfg, world, counts)
     peak = theory["memory/device_peak_predicted_bytes"]

@@ -12,7 +12,9 @@ Figures are per rank, in GB (1e9 bytes, as the ZeRO paper). "paper" is the paper
 where it models the same backend. Activations are for one micro-batch, without and with checkpointing.
 "peak" is the predicted peak of live tensors on a device: model states on it + buffers + the largest of the
 terms at the end of forward, the start of backward, inside a block's backward and the optimizer step
-(activations as train.activation_checkpointing says, and the backend's transients: theory/peak.py); with
+(activations as train.activation_checkpointing says, and the backend's transients: theory/peak.py; with
+train.compile=true, what the compiled graphs keep, traced as the run would trace them, seconds a shape the first
+time and then read from .cache/compiled_kept/; the "activations" columns stay eager's count); with
 --device-gib it says whether that fits (no margin: the CUDA context and fragmentation come on top).
 With --params, terms sized by the largest tensor (offload staging, DeepSpeed's gathered layer) are left out.
 """
@@ -30,7 +32,7 @@ from ..config.rules import TP_DEGREES, tensor_degrees, tensor_rules
 from ..config.derive import tokens_per_step, world_size
 from ..core.components import totals
 from ..core.errors import ConfigError
-from ..runtime import models
+from ..runtime.compiled_activations import counts_for
 from ..runtime.probes import count_flops_per_token
 from ..theory import activations, memory
 from ..theory.communication import comm_per_step
@@ -68,9 +70,9 @@ def row(cfg, name: str, params: float | None, world: int | None, flops_per_token
     """One backend at one mesh: the figures of `rows`."""
     n = world or world_size(cfg)
     # a hypothetical model has no tensors: the terms sized by its tensors (offload staging, DeepSpeed's
-    # gathered layer, ZeRO-3's persistent small parameters) are left out
-    counts = ({"total": int(params), "largest_param": 0, "sizes": ()} if params
-              else models.param_count(cfg.model, cfg.workload))
+    # gathered layer, ZeRO-3's persistent small parameters) are left out. A compiled run's counts carry what its
+    # compiled graphs keep for backward, traced as the run traces them (runtime/compiled_activations.py)
+    counts = ({"total": int(params), "largest_param": 0, "sizes": ()} if params else counts_for(cfg))
     shape = shape_of(cfg, n, counts)
     comps = memory.layout(cfg.backend, shape)
     total = totals(comps)
