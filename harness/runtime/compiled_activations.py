@@ -37,6 +37,8 @@ from typing import Dict, Optional
 
 from omegaconf import OmegaConf
 
+from .trace_cache import on_disk
+
 TOKENS = (8, 16)  # two token counts (one sequence each): the slope is per token, the intercept per block
 # a whole module's block counts: from two up, each checkpointed block adds the same (with one, the module keeps no
 # mask, which two checkpointed blocks share: tiny_llama fully checkpointed keeps 0.26, 1.39, 1.52, 1.65 MiB a
@@ -83,40 +85,7 @@ def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     return {kind: trace(OmegaConf.to_yaml(cfg.model), regime, policy) for kind, policy in kinds.items()}
 
 
-def _on_disk(trace):
-    """`trace`'s result from the clone's cache when this code, torch and transformers traced the same arguments
-    before: a trace takes seconds (an 8B block's four compiles about 15 s here), and every rank of a run, the memory
-    check's parent, the estimator and the advisor ask. The file is written whole, then renamed."""
-    import functools
-
-    @lru_cache(maxsize=64)
-    @functools.wraps(trace)
-    def cached(*args):
-        import hashlib
-        import json
-        import os
-        from pathlib import Path
-
-        import torch
-        import transformers
-
-        from ..core.paths import traces_dir
-
-        this_code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # a change to the tracing traces again
-        key = json.dumps([this_code, torch.__version__, transformers.__version__, trace.__name__, *args])
-        path = traces_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
-        if path.is_file():
-            return json.loads(path.read_text())
-        out = trace(*args)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial_path = path.with_suffix(f".{os.getpid()}.tmp")
-        partial_path.write_text(json.dumps(out))
-        partial_path.replace(path)
-        return out
-    return cached
-
-
-@_on_disk
+@on_disk(__file__)
 def _kept(model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
     import torch  # here, not at the top: the studies import counts_for in the parent, before any torch
     # with grad, whatever the caller's mode: under no_grad AOTAutograd makes an inference graph that keeps
@@ -191,7 +160,7 @@ def _bytes(outputs, block_input) -> float:
     return float(sum(storages.values()))
 
 
-@_on_disk
+@on_disk(__file__)
 def _kept_module(model_yaml: str, regime: str, policy: str, split: bool, positions: int) -> Dict[str, float]:
     """A whole module's traced terms at `positions` tokens a sequence (module docstring)."""
     import torch

@@ -1,0 +1,39 @@
+"""What a compiled graph keeps, kept on disk between processes (runtime/compiled_activations.py): a trace takes
+seconds (an 8B block's four compiles about 15 s here, a whole tiny module's four 6-12 s), and every rank of a run,
+the memory check's parent, the estimator and the advisor ask for the same ones."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from ..core.paths import traces_dir
+
+
+def on_disk(code_file: str):
+    """Decorate a trace of JSON-able arguments: its result is read from the clone's cache (core/paths.traces_dir)
+    when the same code (`code_file`'s bytes: a change to the tracing traces again), torch and transformers traced
+    the same arguments before. The file is written whole, then renamed, so a reader never sees half of it."""
+    def decorate(trace):
+        @lru_cache(maxsize=64)
+        @functools.wraps(trace)
+        def cached(*args):
+            import torch
+            import transformers
+
+            code = hashlib.sha256(Path(code_file).read_bytes()).hexdigest()
+            key = json.dumps([code, torch.__version__, transformers.__version__, trace.__name__, *args])
+            path = traces_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+            if path.is_file():
+                return json.loads(path.read_text())
+            out = trace(*args)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial_path = path.with_suffix(f".{os.getpid()}.tmp")
+            partial_path.write_text(json.dumps(out))
+            partial_path.replace(path)
+            return out
+        return cached
+    return decorate
