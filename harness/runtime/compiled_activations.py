@@ -80,8 +80,8 @@ def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     if r.any:
         kinds["checkpointed"] = "full" if r.policy == "every_k" else r.policy
     scope = families.of(cfg.backend).compile_scope(cfg.backend)
-    trace = _kept if scope == "blocks" else partial(_kept_module, split=scope == "module_split",
-                                                       positions=cfg.parallelism.seq_len)
+    # positional: the traces are cached by their arguments (trace_cache.on_disk)
+    trace = _kept if scope == "blocks" else partial(_kept_module_at, scope == "module_split", cfg.parallelism.seq_len)
     return {kind: trace(OmegaConf.to_yaml(cfg.model), regime, policy) for kind, policy in kinds.items()}
 
 
@@ -158,6 +158,10 @@ def _bytes(outputs, block_input) -> float:
         except Exception:  # a data-dependent size: torch raises when asked for its value
             continue
     return float(sum(storages.values()))
+
+
+def _kept_module_at(split: bool, positions: int, model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
+    return _kept_module(model_yaml, regime, policy, split, positions)
 
 
 @on_disk(__file__)
