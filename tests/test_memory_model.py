@@ -190,6 +190,26 @@ def test_a_compiled_shape_is_estimated_and_advised_with_what_its_compiled_blocks
     assert any(traces_dir().glob("*.json"))
 
 
+@pytest.mark.parametrize("backend, split", [("ds_zero2", False), ("ds_zero3", True), ("ddp", None)])
+def test_each_backend_asks_for_the_trace_its_engine_compiles(monkeypatch, backend, split):
+    # DeepSpeed's engine compiles the whole module (ZeRO-3 split at every submodule's hook), at the run's own
+    # length; DDP and FSDP compile each block. Which trace a config asks for, without tracing (seconds each)
+    from harness.config.compose import compose
+    from harness.runtime import compiled_activations
+
+    asked = []
+    monkeypatch.setattr(compiled_activations, "_kept_module", lambda *args: asked.append(("module", *args)) or {})
+    monkeypatch.setattr(compiled_activations, "_kept", lambda *args: asked.append(("blocks", *args)) or {})
+    cfg = compose(["model=tiny_llama", f"backend={backend}", "train.compile=true", "parallelism.seq_len=96",
+                   "train.activation_checkpointing=every_2"])
+    assert set(compiled_activations.kept(cfg, "fp32")) == {"plain", "checkpointed"}
+    policies = sorted(a[3] for a in asked)
+    assert policies == ["full", "none"]  # every_k's checkpointed blocks are fully checkpointed ones
+    assert {a[0] for a in asked} == {"blocks" if split is None else "module"}
+    if split is not None:
+        assert {a[4:] for a in asked} == {(split, 96)}
+
+
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")
 
 
