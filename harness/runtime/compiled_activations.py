@@ -29,6 +29,9 @@ autograd packs for backward (`torch.autograd.graph.saved_tensors_hooks`: the com
 eager ops' between them), less the parameters. Four traces, two and three blocks (`LAYERS`) by one and two
 sequences, give what a block keeps and what the rest of the module keeps (the embedding's ids, the final norm, the
 output layer's input, the rotary tables, the mask), each per sequence and per micro-batch.
+
+What a block's compiled backward holds at its peak (the recompute and its buffers) is not what its forward kept:
+it is read from the code inductor generates for it (runtime/compiled_backward.py), for the block-by-block scope.
 """
 from __future__ import annotations
 
@@ -65,11 +68,12 @@ def with_compiled(cfg, counts: dict) -> dict:
 
 def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     """{"plain": {...}, "checkpointed": {...}} for the run's policy: each {"per_token", "per_block"}
-    bytes a compiled block of that kind keeps (module docstring) and, where the whole module is compiled (the
-    family's compile_scope), what the rest of the module keeps ("outside": the same two terms) and the sequence
-    length traced ("positions"). "plain" is always there: it is also what a block's backward has alive when its
-    checkpointed forward has been recomputed. None when the run does not compile
-    or is under tensor parallelism (its blocks are DTensor-sharded: not traced here, eager's count stands)."""
+    bytes a compiled block of that kind keeps (module docstring), with its compiled backward's peak at the run's
+    shape ("backward_peak", runtime/compiled_backward.py) where it could be read, and, where the whole module is
+    compiled (the family's compile_scope), what the rest of the module keeps ("outside": the same two terms) and
+    the sequence length traced ("positions"). "plain" is always there: it is also what a block's backward has alive
+    when its checkpointed forward has been recomputed. None when the run does not compile or is under tensor
+    parallelism (its blocks are DTensor-sharded: not traced here, eager's count stands)."""
     from ..config import families
     from ..config.recompute import recompute_of
 
@@ -82,7 +86,15 @@ def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     scope = families.of(cfg.backend).compile_scope(cfg.backend)
     # positional: the traces are cached by their arguments (trace_cache.on_disk)
     trace = _kept if scope == "blocks" else partial(_kept_module_at, scope == "module_split", cfg.parallelism.seq_len)
-    return {kind: trace(OmegaConf.to_yaml(cfg.model), regime, policy) for kind, policy in kinds.items()}
+    out = {kind: trace(OmegaConf.to_yaml(cfg.model), regime, policy) for kind, policy in kinds.items()}
+    if scope == "blocks":  # what each kind's compiled backward holds at its peak (runtime/compiled_backward.py)
+        from .compiled_backward import backward_peak
+
+        for kind, policy in kinds.items():
+            peak = backward_peak(cfg, regime, policy)
+            if peak is not None:
+                out[kind] = {**out[kind], "backward_peak": peak}
+    return out
 
 
 @on_disk(__file__)

@@ -244,9 +244,17 @@ def in_block(a: Dict[str, float], k: int) -> float:
     """Inside block k's backward (k = L - 1 first), at its MLP product's backward: the head's tensors are
     freed, blocks 0..k-1 keep what the policy keeps and block k is whole (recomputed, when checkpointed, its
     input shared with its first norm's), and the residual gradient and the two MLP gradients are alive; under
-    autocast block k's weight copies and those of the plain blocks below it, not yet freed by their backward."""
+    autocast block k's weight copies and those of the plain blocks below it, not yet freed by their backward.
+    Compiled block by block, block k's backward is one generated function, whose peak (what it was handed, the
+    recompute under checkpointing, its buffers) is read from its code (runtime/compiled_backward.py) where it
+    could be; only the blocks below are then added."""
+    compiled = a.get("compiled")
+    if compiled:
+        traced = compiled["checkpointed" if a["recompute"].checkpointed(k) else "plain"].get("backward_peak")
+        if traced is not None:
+            return sum(kept_by_block(a, j) for j in range(k)) + traced
     # compiled, the backward's inputs: what the block's graph keeps, recomputed or not
-    whole = compiled_block(a, "plain") if a.get("compiled") else a["block"]
+    whole = compiled_block(a, "plain") if compiled else a["block"]
     blocks = sum(kept_by_block(a, j) for j in range(k)) + whole
     copies = a["block_copies"] * (1 + plain_blocks(a, k))
     return blocks + a["per_sequence"] + a["block_input"] + a["mlp_grads"] + copies
