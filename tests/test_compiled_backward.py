@@ -52,3 +52,26 @@ def test_a_wrapper_it_cannot_read_is_an_error_not_a_figure():
 
     with pytest.raises(ValueError):
         wrapper_peak("def something_else(): pass", [], element_bytes=4)
+
+
+def test_a_trace_is_read_back_from_disk_and_a_failed_one_is_tried_again(tmp_path, monkeypatch):
+    # runtime/trace_cache.on_disk: what one process traced, the next reads instead of tracing again; a trace that
+    # found nothing (None: the generated code could not be read) is not kept, so the next process tries again
+    from harness.runtime import trace_cache
+
+    monkeypatch.setattr(trace_cache, "traces_dir", lambda: tmp_path)
+    calls = []
+
+    def traced(*args):
+        calls.append(args)
+        return None if args[0] == "fails" else {"per_token": 2.0}
+
+    def process():  # a new process: the same code, its own in-memory cache
+        def trace(name: str, tokens: int):
+            return traced(name, tokens)
+        return trace_cache.on_disk(__file__)(trace)
+
+    assert process()("reads", 8) == {"per_token": 2.0} and process()("reads", 8) == {"per_token": 2.0}
+    assert process()("fails", 8) is None and process()("fails", 8) is None
+    assert calls == [("reads", 8), ("fails", 8), ("fails", 8)]
+    assert len(list(tmp_path.glob("*.json"))) == 1

@@ -84,9 +84,10 @@ def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     if r.any:
         kinds["checkpointed"] = "full" if r.policy == "every_k" else r.policy
     scope = families.of(cfg.backend).compile_scope(cfg.backend)
+    model_yaml, split, positions = OmegaConf.to_yaml(cfg.model), scope == "module_split", cfg.parallelism.seq_len
     # positional: the traces are cached by their arguments (trace_cache.on_disk)
-    trace = _kept if scope == "blocks" else partial(_kept_module_at, scope == "module_split", cfg.parallelism.seq_len)
-    out = {kind: trace(OmegaConf.to_yaml(cfg.model), regime, policy) for kind, policy in kinds.items()}
+    out = {kind: _kept(model_yaml, regime, policy) if scope == "blocks"
+           else _kept_module(model_yaml, regime, policy, split, positions) for kind, policy in kinds.items()}
     if scope == "blocks":  # what each kind's compiled backward holds at its peak (runtime/compiled_backward.py)
         from .compiled_backward import backward_peak
 
@@ -170,10 +171,6 @@ def _bytes(outputs, block_input) -> float:
         except Exception:  # a data-dependent size: torch raises when asked for its value
             continue
     return float(sum(storages.values()))
-
-
-def _kept_module_at(split: bool, positions: int, model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
-    return _kept_module(model_yaml, regime, policy, split, positions)
 
 
 @on_disk(__file__)

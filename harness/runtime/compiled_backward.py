@@ -20,8 +20,8 @@ generates that code for one block on fake tensors (no memory, no arithmetic) and
   and the block's compute dtype.
 
 Against the memory check's measured peaks inside block 3's backward (runtime/memory_profile.py), with the three
-blocks below's kept inputs beside it: DDP tiny_llama fp32 full 17.81 MiB predicted for 17.711 measured, tiny_gpt2
-15.99 for 15.962 (the eager-count model: 15.82 and 17.88).
+blocks below's kept inputs beside it: DDP tiny_llama fp32 full 18.02 MiB predicted for 17.711 measured, tiny_gpt2
+16.01 for 15.962 (the eager-count model: 15.82 and 17.88; results/memory_check/compiled).
 
 This reads inductor's generated text, which torch may change: any failure to read it returns None, and the memory
 model then keeps its eager terms for the block's backward. The code is generated for the CPU here; on a GPU
@@ -29,16 +29,13 @@ inductor generates Triton kernels, whose fusion (and so buffers) may differ.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import List, Optional
 
 from omegaconf import OmegaConf
 
 from .trace_cache import on_disk
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "uint8": 1, "int8": 1,
-               "float64": 8}
-
 
 def backward_peak(cfg, regime: str, policy: str) -> Optional[float]:
     """Bytes a compiled block's backward holds at its peak, inputs included but parameters not, at the run's
@@ -54,7 +51,11 @@ def _backward_peak(model_yaml: str, regime: str, policy: str, sequences: int, po
     try:
         with torch.inference_mode(False), torch.enable_grad():
             return _generate_and_walk(OmegaConf.create(model_yaml), regime, policy, sequences, positions)
-    except Exception:  # inductor's internals or its text changed: the memory model keeps its eager terms
+    except Exception as e:  # inductor's internals or its text changed: the memory model keeps its eager terms
+        import warnings
+
+        warnings.warn(f"compiled_backward: the generated backward could not be read ({type(e).__name__}: {e}); "
+                      "the memory model keeps its eager terms for a block's backward")
         return None
     finally:
         torch._dynamo.reset()
@@ -112,19 +113,19 @@ def _generate_and_walk(m, regime: str, policy: str, sequences: int, positions: i
 
 
 def _numel(shape: str) -> int:
-    n = 1
-    for d in shape.split(","):
-        if d.strip():
-            n *= int(d)
-    return n
+    return math.prod(int(d) for d in shape.split(",") if d.strip())
 
 
 def wrapper_peak(source: str, input_bytes: List[int], element_bytes: int) -> float:
     """The most bytes the generated wrapper's `call` holds at once (module docstring): `input_bytes` are its
     arguments' in order (0 for a parameter), `element_bytes` a fallback kernel's results' element size."""
-    start = source.index("def call(self, args):") if "def call(self, args):" in source else source.index("def call(args):")
+    import torch
+
+    call = re.search(r"def call\((self, )?args\):", source)
+    if call is None:
+        raise ValueError("compiled_backward: no call(args) in the generated wrapper")
     held, live, peak, taken_out, indent = {}, 0, 0, set(), None
-    for raw in source[start:].splitlines()[1:]:
+    for raw in source[call.end():].splitlines()[1:]:
         if not raw.strip():
             continue
         depth = len(raw) - len(raw.lstrip())
@@ -136,7 +137,7 @@ def wrapper_peak(source: str, input_bytes: List[int], element_bytes: int) -> flo
                 held.update(zip((n.strip() for n in m.group(1).split(",")), input_bytes))
                 live = sum(held.values())
             elif (m := re.match(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)$", stmt)):
-                held[m.group(1)] = _numel(m.group(2)) * DTYPE_BYTES[m.group(3)]
+                held[m.group(1)] = _numel(m.group(2)) * getattr(torch, m.group(3)).itemsize
                 live += held[m.group(1)]
             elif (m := re.match(r"^(\w+) = reinterpret_tensor\((\w+),", stmt)) and f"del {m.group(2)}" in raw \
                     and m.group(2) in held:

@@ -16,7 +16,8 @@ from ..core.paths import traces_dir
 def on_disk(code_file: str):
     """Decorate a trace of JSON-able arguments: its result is read from the clone's cache (core/paths.traces_dir)
     when the same code (`code_file`'s bytes: a change to the tracing traces again), torch and transformers traced
-    the same arguments before. The file is written whole, then renamed, so a reader never sees half of it."""
+    the same arguments before. The file is written whole, then renamed, so a reader never sees half of it. A trace
+    that found nothing (None) is not written: the next process tries again."""
     def decorate(trace):
         @lru_cache(maxsize=64)
         @functools.wraps(trace)
@@ -30,6 +31,8 @@ def on_disk(code_file: str):
             if path.is_file():
                 return json.loads(path.read_text())
             out = trace(*args)
+            if out is None:
+                return None
             path.parent.mkdir(parents=True, exist_ok=True)
             partial_path = path.with_suffix(f".{os.getpid()}.tmp")
             partial_path.write_text(json.dumps(out))
