@@ -195,21 +195,33 @@ def test_a_compiled_shape_is_estimated_and_advised_with_what_its_compiled_blocks
 @pytest.mark.parametrize("backend, split", [("ds_zero2", False), ("ds_zero3", True), ("ddp", None)])
 def test_each_backend_asks_for_the_trace_its_engine_compiles(monkeypatch, backend, split):
     # DeepSpeed's engine compiles the whole module (ZeRO-3 split at every submodule's hook), at the run's own
-    # length; DDP and FSDP compile each block. Which trace a config asks for, without tracing (seconds each)
+    # length; DDP and FSDP compile each block. Which trace a config asks for, without tracing (seconds each), and
+    # which generated backward is read: each block's (DDP), the whole module's (ZeRO-1/2, whose one backward holds
+    # every block), none under ZeRO-3's split module, whose checkpointed blocks recompute eagerly
     from harness.config.compose import compose
-    from harness.runtime import compiled_activations
+    from harness.runtime import compiled_activations, compiled_backward
 
-    asked = []
+    asked, read = [], []
     monkeypatch.setattr(compiled_activations, "_kept_module", lambda *args: asked.append(("module", *args)) or {})
     monkeypatch.setattr(compiled_activations, "_kept", lambda *args: asked.append(("blocks", *args)) or {})
+    monkeypatch.setattr(compiled_backward, "backward_peak", lambda cfg, regime, policy: read.append(policy) or 1.0)
+    monkeypatch.setattr(compiled_backward, "module_backward_peak",
+                        lambda cfg, regime: read.append("module") or {"peak": 2.0, "kept": 1.0})
     cfg = compose(["model=tiny_llama", f"backend={backend}", "train.compile=true", "parallelism.seq_len=96",
                    "train.activation_checkpointing=every_2"])
-    assert set(compiled_activations.kept(cfg, "fp32")) == {"plain", "checkpointed"}
+    kept = compiled_activations.kept(cfg, "fp32")
     policies = sorted(a[3] for a in asked)
     assert policies == ["full", "none"]  # every_k's checkpointed blocks are fully checkpointed ones
     assert {a[0] for a in asked} == {"blocks" if split is None else "module"}
-    if split is not None:
+    if split is None:
+        assert sorted(read) == ["full", "none"] and set(kept) == {"plain", "checkpointed"}
+        assert kept["checkpointed"]["backward_peak"] == 1.0
+    else:
         assert {a[4:] for a in asked} == {(split, 96)}
+    if split is False:
+        assert read == ["module"] and (kept["module_backward_peak"], kept["module_kept"]) == (2.0, 1.0)
+    if split is True:
+        assert read == [] and kept["eager_recompute"]
 
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")

@@ -30,8 +30,12 @@ eager ops' between them), less the parameters. Four traces, two and three blocks
 sequences, give what a block keeps and what the rest of the module keeps (the embedding's ids, the final norm, the
 output layer's input, the rotary tables, the mask), each per sequence and per micro-batch.
 
-What a block's compiled backward holds at its peak (the recompute and its buffers) is not what its forward kept:
-it is read from the code inductor generates for it (runtime/compiled_backward.py), for the block-by-block scope.
+What a compiled backward holds at its peak (the recompute and its buffers) is not what its forward kept: it is
+read from the code inductor generates for it (runtime/compiled_backward.py): a block's, for the block-by-block
+scope; the whole module's for ZeRO-1/2, whose inputs are then also what the module kept (read at the run's own
+depth, which the four traces' extrapolation over-counted by 2 MiB under selective checkpointing). Under ZeRO-3's
+split module a checkpoint runs eagerly (its graph breaks inside it), and so does its recompute: a checkpointed
+block is then eager's, handed the mask the compiled module built (theory/activations.masked_attention_bytes).
 """
 from __future__ import annotations
 
@@ -71,7 +75,8 @@ def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     bytes a compiled block of that kind keeps (module docstring), with its compiled backward's peak at the run's
     shape ("backward_peak", runtime/compiled_backward.py) where it could be read, and, where the whole module is
     compiled (the family's compile_scope), what the rest of the module keeps ("outside": the same two terms) and
-    the sequence length traced ("positions"). "plain" is always there: it is also what a block's backward has alive
+    the sequence length traced ("positions"); for ZeRO-1/2's one module backward, its peak and what it is handed
+    ("module_backward_peak", "module_kept"), for ZeRO-3's split module under checkpointing "eager_recompute". "plain" is always there: it is also what a block's backward has alive
     when its checkpointed forward has been recomputed. None when the run does not compile or is under tensor
     parallelism (its blocks are DTensor-sharded: not traced here, eager's count stands)."""
     from ..config import families
@@ -88,13 +93,19 @@ def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     # positional: the traces are cached by their arguments (trace_cache.on_disk)
     out = {kind: _kept(model_yaml, regime, policy) if scope == "blocks"
            else _kept_module(model_yaml, regime, policy, split, positions) for kind, policy in kinds.items()}
-    if scope == "blocks":  # what each kind's compiled backward holds at its peak (runtime/compiled_backward.py)
-        from .compiled_backward import backward_peak
+    from . import compiled_backward  # what a compiled backward holds at its peak, read from its generated code
 
+    if scope == "blocks":  # each kind's block
         for kind, policy in kinds.items():
-            peak = backward_peak(cfg, regime, policy)
+            peak = compiled_backward.backward_peak(cfg, regime, policy)
             if peak is not None:
                 out[kind] = {**out[kind], "backward_peak": peak}
+    elif scope == "module":  # the whole module's one backward, every block of it, whatever its policy
+        walked = compiled_backward.module_backward_peak(cfg, regime)
+        if walked is not None:  # and what its forward kept, read at the run's own depth
+            out["module_backward_peak"], out["module_kept"] = walked["peak"], walked["kept"]
+    elif r.any:  # split at every submodule, the graph breaks inside the checkpoint: it recomputes eagerly
+        out["eager_recompute"] = True
     return out
 
 

@@ -1,37 +1,47 @@
-"""What a compiled block's backward holds at its peak, read from the code inductor generates for it.
+"""What a compiled backward holds at its peak, read from the code inductor generates for it.
 
-Under torch.compile a block's backward is one generated function (inductor's wrapper): it receives what the
-forward kept and the incoming gradient, allocates its buffers, frees each after its last use or hands it on to a
-later buffer of the same size, and runs its kernels. Under checkpointing the recompute is inside it too. What it
-holds at its worst moment is therefore in its code, not in eager's count of a block's tensors: this module
-generates that code for one block on fake tensors (no memory, no arithmetic) and walks it.
+Under torch.compile a backward is one generated function (inductor's wrapper): it receives what the forward kept
+and the incoming gradient, allocates its buffers, frees each after its last use or hands it on to a later buffer
+of the same size, and runs its kernels. Under checkpointing the recompute is inside it too. What it holds at its
+worst moment is therefore in its code, not in eager's count of a block's tensors: this module generates that code
+on fake tensors (no memory, no arithmetic) and walks it, for the two scopes a run compiles:
 
-- The block is built on fake tensors, its checkpointing policy set (config/recompute.py), and compiled with
-  `block.compile()` as the run compiles it (runtime/models.compile_blocks), at the run's own micro-batch and
-  sequence length, called as the model calls it (no mask: eager SDPA's causal kernel). A whole model traced on fake
-  tensors would take transformers' masked path instead, and hand inductor another graph.
+- a block (DDP, FSDP2, FSDP1: `backward_peak`): built with its checkpointing policy set (config/recompute.py) and
+  compiled with `block.compile()` as the run compiles it (runtime/models.compile_blocks), at the run's own
+  micro-batch and sequence length, called as the model calls it (no mask: eager SDPA's causal kernel). A whole
+  model traced on fake tensors would take transformers' masked path instead, and hand inductor another graph.
+- the whole module (DeepSpeed ZeRO-1/2, whose engine compiles it: `module_backward_peak`): built at the run's own
+  depth and compiled whole, its loss eager as the loop computes it. Its one backward holds every activation alive
+  in backward, and what it is handed is what the compiled forward kept. A graph's peak is not linear in its
+  blocks (tiny_llama fully checkpointed: 21.3, 21.2, 21.9 MiB at 2, 3, 4 blocks), so it is generated at depth.
 - The forward graph runs as traced (no code); the backward graph goes through inductor's own `compile_fx_inner`,
   which generates its wrapper and kernels (the kernels are compiled, never run). Measured on tiny_llama and
-  tiny_gpt2 (fp32, 4 x 512 tokens, full checkpointing): the same backward graph as the real run's, node for node.
+  tiny_gpt2 (fp32, 4 x 512 tokens, full checkpointing): the same backward graph as the real run's, node for node;
+  DeepSpeed's ZeRO-2 run generated the same module backward, line for line, as the fake trace.
 - The walk (`wrapper_peak`): the wrapper's inputs that are not parameters are held until their `del`; each
   `empty_strided` buffer from its allocation to its `del`; a buffer handed on (`bufB = bufA` or
-  `reinterpret_tensor(bufA, ...); del bufA  # reuse`) keeps its one storage; a fallback kernel's tuple of results
-  (attention's kernels) holds each element from the line that takes it out, sized by the shape the wrapper asserts
-  and the block's compute dtype.
+  `reinterpret_tensor(bufA, ...)`) keeps its one storage, live until its last name goes; inputs that are views
+  of one storage (GPT-2's q, k and v, split from one projection) hold it once; a fallback kernel's tuple of
+  results (attention's kernels) holds each element from the line that takes it out, sized by the shape the
+  wrapper asserts and the compute dtype. A parameter is known by the forward input it came in as: AOTAutograd
+  hands the backward fresh fake tensors, which share no storage with the module's (a whole tiny_gpt2's weights
+  were once read as activations, 0.8 MiB on the compile drill's shape).
 
-Against the memory check's measured peaks inside block 3's backward (runtime/memory_profile.py), with the three
-blocks below's kept inputs beside it: DDP tiny_llama fp32 full 18.02 MiB predicted for 17.711 measured, tiny_gpt2
-16.01 for 15.962 (the eager-count model: 15.82 and 17.88; results/memory_check/compiled).
+Against results/memory_check/compiled (the peaks measured inside the backward, runtime/memory_profile.py): every
+DDP and FSDP2 cell within 1.3%, fully checkpointed included; every ZeRO-2 cell within 7.5%, the worst tiny_llama
+fully checkpointed (+5.2% in fp32, +7.5% in bf16: CPU flash attention's backward allocates inside the kernel,
+which no wrapper line shows).
 
 This reads inductor's generated text, which torch may change: any failure to read it returns None, and the memory
-model then keeps its eager terms for the block's backward. The code is generated for the CPU here; on a GPU
-inductor generates Triton kernels, whose fusion (and so buffers) may differ.
+model then keeps its eager terms. The code is generated for the CPU here; on a GPU inductor generates Triton
+kernels, whose fusion (and so buffers) may differ.
 """
 from __future__ import annotations
 
 import math
 import re
-from typing import List, Optional
+from functools import partial
+from typing import Dict, Hashable, List, Optional
 
 from omegaconf import OmegaConf
 
@@ -44,13 +54,49 @@ def backward_peak(cfg, regime: str, policy: str) -> Optional[float]:
     return _backward_peak(OmegaConf.to_yaml(cfg.model), regime, policy, par.micro_batch, par.seq_len)
 
 
+def module_backward_peak(cfg, regime: str) -> Optional[Dict[str, float]]:
+    """A whole compiled module's one backward (DeepSpeed ZeRO-1/2's engine compile), at the run's depth,
+    checkpointing policy, micro-batch and sequence length: {"peak": the bytes it holds at its peak, inputs
+    included but parameters not (every activation alive in backward is among them), "kept": what it is handed
+    but the incoming gradient, which is what the compiled forward kept}; None where the generated code could not
+    be read (module docstring)."""
+    from ..config.recompute import recompute_of
+
+    par, r = cfg.parallelism, recompute_of(cfg)
+    return _module_backward_peak(OmegaConf.to_yaml(cfg.model), regime, r.policy, r.every, par.micro_batch,
+                                 par.seq_len)
+
+
 @on_disk(__file__)
 def _backward_peak(model_yaml: str, regime: str, policy: str, sequences: int, positions: int) -> Optional[float]:
+    walked = _generated(_block_backward, OmegaConf.create(model_yaml), regime, policy, sequences, positions)
+    return None if walked is None else walked["peak"]
+
+
+@on_disk(__file__)
+def _module_backward_peak(model_yaml: str, regime: str, policy: str, every: int, sequences: int,
+                          positions: int) -> Optional[Dict[str, float]]:
+    return _generated(partial(_module_backward, every=every), OmegaConf.create(model_yaml), regime, policy,
+                      sequences, positions)
+
+
+def _generated(run, m, regime: str, policy: str, sequences: int, positions: int) -> Optional[Dict[str, float]]:
+    """`run`'s one generated backward walked: {"peak", "kept"} (None if it made none, or more than one, or could
+    not be read)."""
     import torch
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     try:
         with torch.inference_mode(False), torch.enable_grad():
-            return _generate_and_walk(OmegaConf.create(model_yaml), regime, policy, sequences, positions)
+            torch._dynamo.reset()
+            walked: List[Dict[str, float]] = []
+            # the caches would hand back a compiled backward without generating it here
+            with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False), \
+                    FakeTensorMode(allow_non_fake_inputs=True):
+                run(m, regime, policy, sequences, positions, walked)
+            return walked[0] if len(walked) == 1 and walked[0]["peak"] > 0 else None
     except Exception as e:  # inductor's internals or its text changed: the memory model keeps its eager terms
         import warnings
 
@@ -61,70 +107,122 @@ def _backward_peak(model_yaml: str, regime: str, policy: str, sequences: int, po
         torch._dynamo.reset()
 
 
-def _generate_and_walk(m, regime: str, policy: str, sequences: int, positions: int) -> Optional[float]:
+def _fake_model(m, regime: str, policy: str, layers: int, every: int = 1):
+    """The model built on fake tensors in the regime's dtype, its checkpointing policy set on every block."""
     import torch
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-    from functorch.compile import make_boxed_func
-    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..config.recompute import Recompute
     from . import models
 
-    dtype = torch.bfloat16 if regime == "16-bit" else torch.float32
-    element = 4 if regime == "fp32" else 2  # a fallback kernel's results: the block's compute dtype
-    walked: List[float] = []
-    params: set = set()
-
-    def inner(gm, example_inputs, **kwargs):
-        if kwargs.get("is_backward"):
-            source = compile_fx_inner(gm, example_inputs, **kwargs).source_code
-            held = [0 if not isinstance(t, torch.Tensor) or t.untyped_storage()._cdata in params
-                    else int(t.untyped_storage().nbytes()) for t in example_inputs]
-            walked.append(wrapper_peak(source, held, element))
-        return make_boxed_func(gm)  # the forward runs as traced, on fake tensors
-
-    torch._dynamo.reset()
     default = torch.get_default_dtype()
-    # the caches would hand back a compiled backward without generating it here
-    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False), \
-            FakeTensorMode(allow_non_fake_inputs=True):
-        torch.set_default_dtype(dtype)  # built in it: a fake module's .to() cannot swap its parameters
-        try:
-            model = models.build(OmegaConf.merge(m, {"num_layers": 1})).train()
-        finally:
-            torch.set_default_dtype(default)
-        block = models.blocks(model)[0]
-        if policy != "none":
-            models.enable_activation_checkpointing(model, Recompute(policy, 1, 1))
-        params.update(p.untyped_storage()._cdata for p in model.parameters())
-        block.compile(backend=lambda gm, inputs: compile_fx(gm, inputs, inner_compile=inner))
-        x = torch.zeros(sequences, positions, m.hidden_size, dtype=dtype, requires_grad=True)
-        kwargs = {}
-        if m.family == "llama":
-            table = torch.zeros(sequences, positions, m.hidden_size // m.num_heads, dtype=dtype)
-            kwargs["position_embeddings"] = (table, table.clone())
-        with torch.autocast("cpu", torch.bfloat16, enabled=regime == "autocast"):
-            out = block(x, **kwargs)
-        out = out[0] if isinstance(out, tuple) else out
-        out.float().sum().backward()
-    return walked[0] if len(walked) == 1 and walked[0] > 0 else None
+    torch.set_default_dtype(torch.bfloat16 if regime == "16-bit" else torch.float32)
+    try:  # built in it: a fake module's .to() cannot swap its parameters
+        model = models.build(OmegaConf.merge(m, {"num_layers": layers})).train()
+    finally:
+        torch.set_default_dtype(default)
+    if policy != "none":
+        models.enable_activation_checkpointing(model, Recompute(policy, every, layers))
+    return model
+
+
+def _walking_compiler(model, regime: str, walked: List[Dict[str, float]]):
+    """A torch.compile backend: inductor's, whose backward is generated (never run) and walked into `walked`
+    ({"peak": wrapper_peak, "kept": its inputs but parameters and incoming gradients, each storage once}), and
+    whose forward runs as traced on fake tensors. A parameter is known by the graph's input it came in as
+    (the backward's `primals_<k>` is the forward's k-th input): AOTAutograd hands the backward fresh fake tensors,
+    which share no storage with the module's parameters (a whole module's weights were counted as activations)."""
+    import torch
+    from functorch.compile import make_boxed_func
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    element = 4 if regime == "fp32" else 2  # a fallback kernel's results: the compute dtype
+
+    def compiler(gm, inputs):
+        parameter = [isinstance(t, torch.Tensor) and t.untyped_storage()._cdata in params for t in inputs]
+
+        def inner(graph, example_inputs, **kwargs):
+            if kwargs.get("is_backward"):
+                source = getattr(compile_fx_inner(graph, example_inputs, **kwargs), "source_code", None)
+                if source is None:  # nothing generated (a graph of views only): not a backward to read
+                    return make_boxed_func(graph)
+                names = [n.name for n in graph.graph.nodes if n.op == "placeholder"]
+                tensors = [t if isinstance(t, torch.Tensor) else None for t in example_inputs]
+                held = [0 if t is None or _is_parameter(name, parameter) else int(t.untyped_storage().nbytes())
+                        for name, t in zip(names, tensors)]
+                storages = [None if t is None else t.untyped_storage()._cdata for t in tensors]
+                kept = {key: size for name, key, size in zip(names, storages, held) if not name.startswith("tangents")}
+                walked.append({"peak": wrapper_peak(source, held, element, storages),
+                               "kept": float(sum(kept.values()))})
+            return make_boxed_func(graph)
+
+        return compile_fx(gm, inputs, inner_compile=inner)
+
+    return compiler
+
+
+def _is_parameter(placeholder: str, parameter: List[bool]) -> bool:
+    """Whether a backward graph's input is one of the module's parameters (`parameter`: the compiled graph's
+    inputs that are), by AOTAutograd's name for the forward's inputs."""
+    found = re.fullmatch(r"primals_(\d+)", placeholder)
+    return bool(found) and int(found.group(1)) <= len(parameter) and parameter[int(found.group(1)) - 1]
+
+
+def _block_backward(m, regime: str, policy: str, sequences: int, positions: int, walked: list) -> None:
+    """One block compiled as the run compiles it, called as the model calls it (module docstring)."""
+    import torch
+
+    from . import models
+
+    dtype = torch.bfloat16 if regime == "16-bit" else torch.float32
+    model = _fake_model(m, regime, policy, 1)
+    block = models.blocks(model)[0]
+    block.compile(backend=_walking_compiler(model, regime, walked))
+    x = torch.zeros(sequences, positions, m.hidden_size, dtype=dtype, requires_grad=True)
+    kwargs = {}
+    if m.family == "llama":
+        table = torch.zeros(sequences, positions, m.hidden_size // m.num_heads, dtype=dtype)
+        kwargs["position_embeddings"] = (table, table.clone())
+    with torch.autocast("cpu", torch.bfloat16, enabled=regime == "autocast"):
+        out = block(x, **kwargs)
+    out = out[0] if isinstance(out, tuple) else out
+    out.float().sum().backward()
+
+
+def _module_backward(m, regime: str, policy: str, sequences: int, positions: int, walked: list,
+                     every: int = 1) -> None:
+    """The whole model at its own depth compiled as DeepSpeed's engine compiles it, its loss eager as the
+    training loop computes it (runtime/loop.py)."""
+    import torch
+    import torch.nn.functional as F
+
+    model = _fake_model(m, regime, policy, m.num_layers, every)
+    model.config.use_cache = False
+    compiled = torch.compile(model, backend=_walking_compiler(model, regime, walked), dynamic=False)
+    ids = torch.zeros((sequences, positions), dtype=torch.long)
+    with torch.autocast("cpu", torch.bfloat16, enabled=regime == "autocast"):
+        logits = compiled(input_ids=ids).logits
+    F.cross_entropy(logits.float().flatten(0, 1), ids.flatten()).backward()
 
 
 def _numel(shape: str) -> int:
     return math.prod(int(d) for d in shape.split(",") if d.strip())
 
 
-def wrapper_peak(source: str, input_bytes: List[int], element_bytes: int) -> float:
+def wrapper_peak(source: str, input_bytes: List[int], element_bytes: int,
+                 input_storages: Optional[List[Hashable]] = None) -> float:
     """The most bytes the generated wrapper's `call` holds at once (module docstring): `input_bytes` are its
-    arguments' in order (0 for a parameter), `element_bytes` a fallback kernel's results' element size."""
+    arguments' in order (0 for a parameter), `element_bytes` a fallback kernel's results' element size, and
+    `input_storages` which storage each argument is a view of (views of one storage, such as GPT-2's query, key
+    and value split from one projection, hold it once, until the last of them is deleted); each its own if not
+    given."""
     import torch
 
     call = re.search(r"def call\((self, )?args\):", source)
     if call is None:
         raise ValueError("compiled_backward: no call(args) in the generated wrapper")
-    held, live, peak, taken_out, indent = {}, 0, 0, set(), None
+    storages = _Storages()
+    taken_out, peak, indent = set(), 0, None
     for raw in source[call.end():].splitlines()[1:]:
         if not raw.strip():
             continue
@@ -134,24 +232,53 @@ def wrapper_peak(source: str, input_bytes: List[int], element_bytes: int) -> flo
             break  # the end of call()
         for stmt in (s.split("#")[0].strip() for s in raw.strip().split(";")):
             if (m := re.match(r"^([\w, ]+) = args$", stmt)):
-                held.update(zip((n.strip() for n in m.group(1).split(",")), input_bytes))
-                live = sum(held.values())
+                names = [n.strip() for n in m.group(1).split(",")]
+                keys = input_storages or [("input", i) for i in range(len(names))]
+                for name, key, size in zip(names, keys, input_bytes):
+                    storages.hold(name, ("input", key), size)
             elif (m := re.match(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)$", stmt)):
-                held[m.group(1)] = _numel(m.group(2)) * getattr(torch, m.group(3)).itemsize
-                live += held[m.group(1)]
-            elif (m := re.match(r"^(\w+) = reinterpret_tensor\((\w+),", stmt)) and f"del {m.group(2)}" in raw \
-                    and m.group(2) in held:
-                held[m.group(1)] = held.pop(m.group(2))  # handed on: the same storage as a new view
+                storages.hold(m.group(1), m.group(1), _numel(m.group(2)) * getattr(torch, m.group(3)).itemsize)
+            elif (m := re.match(r"^(\w+) = reinterpret_tensor\((\w+),", stmt)) and storages.has(m.group(2)):
+                storages.alias(m.group(1), m.group(2))  # a view of the same storage (handed on if then deleted)
             elif (m := re.match(r"^(\w+) = (\w+)\[(\d+)\]$", stmt)):
                 taken_out.add(m.group(1))  # one result of a fallback kernel's tuple, sized by its assert
             elif (m := re.match(r"^assert_size_stride\((\w+), \(([^)]*)\)", stmt)) and m.group(1) in taken_out:
                 taken_out.discard(m.group(1))
-                held[m.group(1)] = _numel(m.group(2)) * element_bytes
-                live += held[m.group(1)]
-            elif (m := re.match(r"^(\w+) = (\w+)$", stmt)) and m.group(2) in held:
-                held[m.group(1)] = held.pop(m.group(2))  # handed on under a new name
+                storages.hold(m.group(1), m.group(1), _numel(m.group(2)) * element_bytes)
+            elif (m := re.match(r"^(\w+) = (\w+)$", stmt)) and storages.has(m.group(2)):
+                storages.alias(m.group(1), m.group(2))  # handed on under a new name
             elif (m := re.match(r"^del (.+)$", stmt)):
                 for name in m.group(1).split(","):
-                    live -= held.pop(name.strip(), 0)
-            peak = max(peak, live)
+                    storages.drop(name.strip())
+            peak = max(peak, storages.live)
     return float(peak)
+
+
+class _Storages:
+    """The wrapper's names and the storages they hold: a storage is live while any name refers to it."""
+
+    def __init__(self):
+        self.of: Dict[str, Hashable] = {}
+        self.size: Dict[Hashable, int] = {}
+        self.names: Dict[Hashable, int] = {}
+        self.live = 0
+
+    def has(self, name: str) -> bool:
+        return name in self.of
+
+    def hold(self, name: str, key: Hashable, size: int) -> None:
+        self.drop(name)
+        self.size.setdefault(key, size)
+        self.of[name] = key
+        self.names[key] = self.names.get(key, 0) + 1
+        self.live += self.size[key] if self.names[key] == 1 else 0
+
+    def alias(self, name: str, other: str) -> None:
+        key = self.of[other]
+        self.hold(name, key, self.size[key])
+
+    def drop(self, name: str) -> None:
+        key = self.of.pop(name, None)
+        if key is not None:
+            self.names[key] -= 1
+            self.live -= self.size[key] if self.names[key] == 0 else 0

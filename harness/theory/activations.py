@@ -136,6 +136,19 @@ def per_sequence_bytes(model, par, reg: str) -> float:
     return 8 * s
 
 
+def masked_attention_bytes(model, par, reg: str) -> Dict[str, float]:
+    """What a block's eager attention keeps beyond is_causal's count when it is handed an explicit causal mask
+    (transformers builds one under torch.compile): SDPA keeps the mask as an additive float tensor in the
+    activations' dtype, sequences x positions x positions, a block (`per_block`); Llama's GQA repeats k and v to
+    every head before it (transformers' repeat_kv), which are kept instead of the unrepeated ones; and the boolean
+    mask it is made from, one byte an element, is alive until the first block's backward (`shared`)."""
+    h, h_kv, _, _, _ = _widths(model)
+    p = 4 if reg == "fp32" else 2
+    square = par.micro_batch * par.seq_len * par.seq_len
+    repeated = par.micro_batch * par.seq_len * 2 * (h - h_kv) * p if model.family == "llama" else 0
+    return {"per_block": square * p + repeated, "shared": float(square)}
+
+
 def residual_bytes(reg: str) -> int:
     """Bytes per element of the residual stream (a checkpointed block's input, the gradient between blocks)."""
     return 2 if reg == "16-bit" else 4
@@ -184,6 +197,7 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
         "copies": 2 * matmul_weights if autocast else 0,
         "head_copy": 2 * head_matmul_weights if autocast else 0,
         "block_copies": 2 * (matmul_weights - head_matmul_weights) / model.num_layers if autocast else 0,
+        "masked_attention": masked_attention_bytes(model, par, reg),
     }
     if compiled and "outside" in compiled["plain"]:  # the whole module compiled: what its graphs keep outside
         out["outside"] = compiled_terms(out, compiled["plain"]["outside"]) + out["log_softmax"]  # the loss's, eager
@@ -225,8 +239,12 @@ def plain_blocks(a: Dict[str, float], below: int) -> int:
 def saved(a: Dict[str, float]) -> float:
     """Everything one micro-batch keeps for backward at the end of forward (autocast's weight copies: the output
     layer's and the blocks' that are not checkpointed; a checkpointed block's are made again when it is
-    recomputed; a compiled block's are among the values its graph keeps)."""
-    copies = 0.0 if a.get("compiled") else a["block_copies"] * plain_blocks(a, a["layers"])
+    recomputed; a compiled block's are among the values its graph keeps). A whole compiled module (ZeRO-1/2)
+    keeps what its generated backward is handed."""
+    compiled = a.get("compiled")
+    if compiled and compiled.get("module_kept") is not None:  # what the whole compiled module's backward is handed
+        return compiled["module_kept"] + a["log_softmax"] + a["head_copy"]  # and the loss's, eager
+    copies = 0.0 if compiled else a["block_copies"] * plain_blocks(a, a["layers"])
     return kept_by_blocks(a) + a["outside"] + a["head_copy"] + copies
 
 
@@ -247,14 +265,22 @@ def in_block(a: Dict[str, float], k: int) -> float:
     autocast block k's weight copies and those of the plain blocks below it, not yet freed by their backward.
     Compiled block by block, block k's backward is one generated function, whose peak (what it was handed, the
     recompute under checkpointing, its buffers) is read from its code (runtime/compiled_backward.py) where it
-    could be; only the blocks below are then added."""
+    could be; only the blocks below are then added. Compiled whole (ZeRO-1/2), the module's one backward holds
+    every activation alive then: its read peak is the whole term. Split at every submodule (ZeRO-3), a
+    checkpointed block recomputes eagerly, with the mask the compiled module built (masked_attention_bytes)."""
     compiled = a.get("compiled")
-    if compiled:
+    if compiled and compiled.get("module_backward_peak") is not None:  # one backward over the whole module
+        return compiled["module_backward_peak"]
+    recomputed_eagerly = compiled and compiled.get("eager_recompute") and a["recompute"].checkpointed(k)
+    if compiled and not recomputed_eagerly:
         traced = compiled["checkpointed" if a["recompute"].checkpointed(k) else "plain"].get("backward_peak")
         if traced is not None:
             return sum(kept_by_block(a, j) for j in range(k)) + traced
     # compiled, the backward's inputs: what the block's graph keeps, recomputed or not
     whole = compiled_block(a, "plain") if compiled else a["block"]
+    if recomputed_eagerly:  # eager's block, handed the compiled module's mask (the mask's own bytes with it)
+        mask = a["masked_attention"]
+        whole = a["block"] + mask["per_block"] + mask["shared"]
     blocks = sum(kept_by_block(a, j) for j in range(k)) + whole
     copies = a["block_copies"] * (1 + plain_blocks(a, k))
     return blocks + a["per_sequence"] + a["block_input"] + a["mlp_grads"] + copies

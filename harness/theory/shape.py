@@ -78,6 +78,9 @@ class Shape:
     float8_weights: int = 0
     float8_block_elements: int = 0
     float8_all_gather: bool = False
+    # the backward is one compiled graph (DeepSpeed ZeRO-1/2's engine compile of the whole module): every gradient
+    # is that graph's output, so no gradient hook runs (and no bucket is made) until it returns
+    one_graph_backward: bool = False
 
     @property
     def root_params(self) -> int:

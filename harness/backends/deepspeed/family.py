@@ -170,7 +170,8 @@ class DeepSpeedFamily(Family):
                # ZeRO-1/2 all-reduce each gradient bucket over every rank, then keep their partition
                # (stage_1_and_2.average_tensor: use_multi_rank_bucket_allreduce, on by default), or without
                # reduce_scatter all-reduce the whole gradient
-               "grad_all_reduce": bool(zero["use_multi_rank_bucket_allreduce"] or not zero["reduce_scatter"])}
+               "grad_all_reduce": bool(zero["use_multi_rank_bucket_allreduce"] or not zero["reduce_scatter"]),
+               "one_graph_backward": bool(cfg.train.compile) and self.compile_scope(cfg.backend) == "module"}
         if cfg.backend.zero_stage == 3:
             out["quantized_weights"], out["quantized_gradients"] = (cfg.backend.quantized_weights,
                                                                     cfg.backend.quantized_gradients)

@@ -136,6 +136,10 @@ def zero12_terms(family, backend, s, k: Optional[int]) -> Dict[str, float]:
         if keeps_grad and s.grad_accum > 1:
             out["grads_so_far"] = s.p * s.t
         return out
+    if s.one_graph_backward:  # inside the one compiled backward no hook has run: no bucket, nothing reduced yet
+        if keeps_grad and s.grad_accum > 1:
+            out["grads_so_far"] = s.p * s.t
+        return out
     if not bf16_optimizer(backend, s):
         out["reduce_bucket"] = s.p * s.bucket_elements
     if keeps_grad:  # with several micro-batches every .grad exists from the first one
