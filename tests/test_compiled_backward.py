@@ -161,3 +161,27 @@ def test_a_split_module_recomputes_a_checkpointed_block_eagerly_with_the_mask_th
     _, _, a = _parts(["backend=ds_zero3", "train.activation_checkpointing=full"], split)
     assert a["masked_attention"] == {"per_block": 4.5 * MIB, "shared": 1.0 * MIB}
     assert activations.in_block(a, 3) - activations.in_block(eager, 3) == 5.5 * MIB
+
+
+def test_a_deep_module_s_backward_is_generated_at_two_depths_and_each_further_block_adds_the_same(monkeypatch):
+    # generating llama_7b's 32 blocks took 51 s, its 3 and 4 blocks 18 s, and they gave the same peak (33.047 GiB);
+    # every_k's blocks differ, so its module is generated at the run's own depth
+    from omegaconf import OmegaConf
+
+    from harness.config.compose import compose
+    from harness.runtime import compiled_backward
+
+    asked = []
+
+    def generated(model_yaml, regime, policy, every, sequences, positions):
+        depth = OmegaConf.create(model_yaml).num_layers
+        asked.append((depth, policy))
+        return {"peak": 10.0 + 3.0 * depth, "kept": 1.0 + 2.0 * depth}
+
+    monkeypatch.setattr(compiled_backward, "_module_backward_peak", generated)
+    deep = ["model=tiny_llama", "model.num_layers=32", "backend=ds_zero2", "train.compile=true"]
+    walked = compiled_backward.module_backward_peak(compose([*deep, "train.activation_checkpointing=full"]), "fp32")
+    assert asked == [(3, "full"), (4, "full")] and walked == {"peak": 10.0 + 3.0 * 32, "kept": 1.0 + 2.0 * 32}
+    asked.clear()
+    compiled_backward.module_backward_peak(compose([*deep, "train.activation_checkpointing=every_2"]), "fp32")
+    assert asked == [(32, "every_k")]
