@@ -76,8 +76,9 @@ def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     shape ("backward_peak", runtime/compiled_backward.py) where it could be read, and, where the whole module is
     compiled (the family's compile_scope), what the rest of the module keeps ("outside": the same two terms) and
     the sequence length traced ("positions"); for ZeRO-1/2's one module backward, its peak and what it is handed
-    ("module_backward_peak", "module_kept"), for ZeRO-3's split module under checkpointing "eager_recompute". "plain" is always there: it is also what a block's backward has alive
-    when its checkpointed forward has been recomputed. None when the run does not compile or is under tensor
+    ("module_backward_peak", "module_kept"), for ZeRO-3's split module under checkpointing "eager_recompute".
+    "plain" is always there: it is also what a block's backward has alive when its checkpointed forward has been
+    recomputed. None when the run does not compile or is under tensor
     parallelism (its blocks are DTensor-sharded: not traced here, eager's count stands)."""
     from ..config import families
     from ..config.recompute import recompute_of

@@ -57,7 +57,7 @@ def backward_peak(cfg, regime: str, policy: str) -> Optional[float]:
 
 # a deep module's backward is generated at two depths, each further block adding what the last of them added: exact
 # at 6 blocks (tiny_llama and tiny_gpt2, 4 x 512 tokens, none, full and selective_op), where generating llama_7b's 32
-# blocks took 51 s; from 2 and 3 blocks tiny_llama fully checkpointed was 7.8% under (its 2-block graph is off the line)
+# blocks took 47 s; from 2 and 3 blocks tiny_llama fully checkpointed was 7.8% under (its 2-block graph is off the line)
 DEPTHS = (3, 4)
 
 
