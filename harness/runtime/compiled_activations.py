@@ -210,22 +210,14 @@ def _module_saved(m, layers: int, shape: tuple, regime: str, policy: str, split:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ..config.recompute import Recompute
     from . import models
+    from .compiled_backward import fake_model
 
-    dtype = torch.bfloat16 if regime == "16-bit" else torch.float32
     torch._dynamo.reset()
     kept = {}
-    default = torch.get_default_dtype()
     with FakeTensorMode(allow_non_fake_inputs=True):
-        torch.set_default_dtype(dtype)  # built in it: a fake module's .to() cannot swap its parameters
-        try:
-            model = models.build(OmegaConf.merge(m, {"num_layers": layers})).train()
-        finally:
-            torch.set_default_dtype(default)
+        model = fake_model(m, regime, policy, layers)
         model.config.use_cache = False
-        if policy != "none":
-            models.enable_activation_checkpointing(model, Recompute(policy, 1, layers))
         sac_caches = _record_selective_caches(models.blocks(model)) if split else []
         if split:
             for sub in model.modules():

@@ -123,8 +123,9 @@ def _generated(run, m, regime: str, policy: str, sequences: int, positions: int)
         torch._dynamo.reset()
 
 
-def _fake_model(m, regime: str, policy: str, layers: int, every: int = 1):
-    """The model built on fake tensors in the regime's dtype, its checkpointing policy set on every block."""
+def fake_model(m, regime: str, policy: str, layers: int, every: int = 1):
+    """The model at `layers` blocks, built in the caller's FakeTensorMode in the regime's dtype, its checkpointing
+    policy set on every block (also compiled_activations' whole-module trace)."""
     import torch
 
     from ..config.recompute import Recompute
@@ -191,7 +192,7 @@ def _block_backward(m, regime: str, policy: str, sequences: int, positions: int,
     from . import models
 
     dtype = torch.bfloat16 if regime == "16-bit" else torch.float32
-    model = _fake_model(m, regime, policy, 1)
+    model = fake_model(m, regime, policy, 1)
     block = models.blocks(model)[0]
     block.compile(backend=_walking_compiler(model, regime, walked))
     x = torch.zeros(sequences, positions, m.hidden_size, dtype=dtype, requires_grad=True)
@@ -212,7 +213,7 @@ def _module_backward(m, regime: str, policy: str, sequences: int, positions: int
     import torch
     import torch.nn.functional as F
 
-    model = _fake_model(m, regime, policy, m.num_layers, every)
+    model = fake_model(m, regime, policy, m.num_layers, every)
     model.config.use_cache = False
     compiled = torch.compile(model, backend=_walking_compiler(model, regime, walked), dynamic=False)
     ids = torch.zeros((sequences, positions), dtype=torch.long)

@@ -276,11 +276,10 @@ def in_block(a: Dict[str, float], k: int) -> float:
         traced = compiled["checkpointed" if a["recompute"].checkpointed(k) else "plain"].get("backward_peak")
         if traced is not None:
             return sum(kept_by_block(a, j) for j in range(k)) + traced
-    # compiled, the backward's inputs: what the block's graph keeps, recomputed or not
-    whole = compiled_block(a, "plain") if compiled else a["block"]
     if recomputed_eagerly:  # eager's block, handed the compiled module's mask (the mask's own bytes with it)
-        mask = a["masked_attention"]
-        whole = a["block"] + mask["per_block"] + mask["shared"]
+        whole = a["block"] + a["masked_attention"]["per_block"] + a["masked_attention"]["shared"]
+    else:  # compiled, the backward's inputs: what the block's graph keeps, recomputed or not
+        whole = compiled_block(a, "plain") if compiled else a["block"]
     blocks = sum(kept_by_block(a, j) for j in range(k)) + whole
     copies = a["block_copies"] * (1 + plain_blocks(a, k))
     return blocks + a["per_sequence"] + a["block_input"] + a["mlp_grads"] + copies

@@ -132,11 +132,9 @@ def zero12_terms(family, backend, s, k: Optional[int]) -> Dict[str, float]:
     else:
         missing = family.missing_grads(backend, s)
     out = {"grads_not_yet_allocated": missing}
-    if k is None:
-        if keeps_grad and s.grad_accum > 1:
-            out["grads_so_far"] = s.p * s.t
-        return out
-    if s.one_graph_backward:  # inside the one compiled backward no hook has run: no bucket, nothing reduced yet
+    # outside a block's backward, or inside the one compiled backward of a whole module, where no hook has run: no
+    # bucket, nothing reduced yet
+    if k is None or s.one_graph_backward:
         if keeps_grad and s.grad_accum > 1:
             out["grads_so_far"] = s.p * s.t
         return out
