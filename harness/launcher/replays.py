@@ -23,11 +23,12 @@ MODULE = "harness.runtime.replay"
 
 
 def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank: int = 0,
-                popen=subprocess.Popen) -> Dict[str, dict]:
+                popen=subprocess.Popen, fake: bool = False) -> Dict[str, dict]:
     """{name: {"ok": True, "work": Work dict} or {"ok": False, "error": ...}} for every config, as its rank
     `rank` counts it. `popen` starts each replay process (`python -m harness.runtime.replay <batch>`) with
     subprocess.Popen's arguments: a test passes one that forks the test process instead, which has paid the
-    imports already (tests/forked_ranks.ForkedPopen)."""
+    imports already (tests/forked_ranks.ForkedPopen). `fake`: on fake tensors (runtime/fake_replay.py), for
+    ranks too large for this host."""
     directory = Path(directory) / f"rank{rank}"
     todo: Dict[str, str] = {}
     for name, cfg in configs.items():
@@ -37,10 +38,11 @@ def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank
             continue
         todo[name] = text
     if todo:
-        # one world size a process (runtime/replay.py), each world's configs split over up to `jobs` processes
+        # one world size a process (runtime/replay.py), each world's configs split over up to `jobs` processes;
+        # a fake replay's process takes any worlds, so that `jobs` processes pay the imports once each
         by_world: Dict[int, list] = {}
         for name in todo:
-            by_world.setdefault(world_size(configs[name]), []).append(name)
+            by_world.setdefault(0 if fake else world_size(configs[name]), []).append(name)
         per_world = max(1, jobs // len(by_world))
         shares = [names[i::per_world] for names in by_world.values() for i in range(min(per_world, len(names)))]
         procs = []
@@ -55,7 +57,7 @@ def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank
             env["OMP_NUM_THREADS"] = "1"
             env["MASTER_PORT"] = str(29511 + i)
             env["SHARDBENCH_REPLAY_RANK"] = str(rank)
-            procs.append((batch, [sys.executable, "-m", MODULE, str(batch)], env))
+            procs.append((batch, [sys.executable, "-m", MODULE, str(batch), *(["--fake"] if fake else [])], env))
         started: Dict[Path, subprocess.Popen] = {}
         for batch, cmd, env in procs:  # `jobs` at a time
             while sum(p.poll() is None for p in started.values()) >= jobs:

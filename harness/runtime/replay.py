@@ -4,13 +4,14 @@ rank counts it (runtime/work_count.py), without starting the run. The time model
 (theory/op_costs.py): a prediction for a world, a model or a backend not yet run.
 
     python -m harness.runtime.replay <dir>     # every <dir>/<name>.yaml (a resolved run config) -> <dir>/<name>.json
+    python -m harness.runtime.replay <dir> --fake   # the same on fake tensors (runtime/fake_replay.py)
 
 Ranks can differ in their work (ZeRO-1/2's partitions hold different parameters, the last one the padding), so
 a prediction replays the first and the last rank and takes the slower (studies/time_extrapolation.py). The
 rank is built as a run builds it (runtime/worker.prepare), trains `train.steps` steps through the loop's
 own step (so that what a framework settles in its first steps, DDP's bucket order or ZeRO-3's prefetch trace,
-is settled), then runs the two counted steps. It needs the model to fit this host: the work of a model too large
-for it is not counted (the time model then falls back on its roofline lower bound, theory/time.py).
+is settled), then runs the two counted steps. On real tensors it needs the model to fit this host; a model too
+large for it is replayed on fake tensors instead (`--fake`, runtime/fake_replay.py: shapes without values).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from .loop import TrainStep
 
 
 def start(world: int, rank: int = 0) -> None:
-    """The mirror process group of `world` ranks, this process its rank `rank` (once a process: the configs it
+    """The mirror process group of `world` ranks, this process its rank `rank` (once a world: the configs it
     replays share it, as the cells of a launch share theirs, so that a framework's cached groups stay valid)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -41,46 +42,59 @@ def start(world: int, rank: int = 0) -> None:
     dist.init_process_group(mirror_group.NAME, store=FakeStore(), rank=rank, world_size=world)
 
 
-def replay(cfg) -> dict:
-    """The counted work of this process's rank of `cfg`'s world (Work.to_dict()), over the group `start` made."""
+def settled_step(cfg, first_steps: int = 2):
+    """This process's rank of `cfg`'s world, built as a run builds it and trained through its first steps (at
+    least `first_steps`): a callable that runs its next step."""
     from .worker import prepare
 
     device = torch.device("cpu")
     ready = prepare(cfg, dist.get_rank(), dist.get_world_size(), device)
     step = TrainStep(ready.model, ready.strategy, ready.batches, cfg.parallelism.grad_accum, device,
                      functools.partial(schedule.learning_rate, cfg.optim, cfg.train.steps))
-    for i in range(max(cfg.train.steps, 2)):
+    for i in range(max(cfg.train.steps, first_steps)):
         step(i)
     counted = iter(range(cfg.train.steps, cfg.train.steps + 2))
-    return work_count.count(lambda: step(next(counted)), mirror_group.CallLog()).to_dict()
+    return lambda: step(next(counted))
 
 
-def main(directory: Path) -> int:
-    """Replay every config in `directory`, which must share one world size (launcher/replays.py groups them)."""
+def replay(cfg) -> dict:
+    """The counted work of this process's rank of `cfg`'s world (Work.to_dict()), over the group `start` made."""
+    return work_count.count(settled_step(cfg), mirror_group.CallLog()).to_dict()
+
+
+def main(directory: Path, fake: bool = False) -> int:
+    """Replay every config in `directory`, which must share one world size (launcher/replays.py groups them);
+    with `fake`, on fake tensors."""
     from ..config.derive import world_size
+    from .fake_replay import replay_fake
 
     torch.set_num_threads(1)  # as torchrun runs each rank here
     linear = torch.nn.functional.linear
     failed = 0
     paths = sorted(directory.glob("*.yaml"))
     configs = [OmegaConf.merge(OmegaConf.structured(schema.RunConfig), OmegaConf.load(p)) for p in paths]
-    worlds = {world_size(cfg) for cfg in configs}
-    if len(worlds) != 1:
-        raise SystemExit(f"replay: the configs in {directory} ask {sorted(worlds)} ranks; one world a process")
-    start(worlds.pop(), int(os.environ.get("SHARDBENCH_REPLAY_RANK", "0")))
+    by_world: dict = {}
     for path, cfg in zip(paths, configs):
-        torch.nn.functional.linear = linear  # ZeRO-3 replaces it for modules built after it (cells_worker.py)
-        try:
-            out = {"ok": True, "work": replay(cfg)}
-        except Exception as exc:  # noqa: BLE001 - a config that cannot be replayed is a result, with its cause
-            out = {"ok": False, "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}",
-                   "traceback": traceback.format_exc()}
-            failed += 1
-        path.with_suffix(".json").write_text(json.dumps(out))
-        gc.collect()
-    dist.destroy_process_group()
+        by_world.setdefault(world_size(cfg), []).append((path, cfg))
+    # DeepSpeed keeps its groups for the process: a real replay is one world a process. A fake one is FSDP2's
+    # (studies/published_counted.py), whose mesh is made anew by each config: the group is made again per world
+    if len(by_world) != 1 and not fake:
+        raise SystemExit(f"replay: the configs in {directory} ask {sorted(by_world)} ranks; one world a process")
+    for world, items in by_world.items():
+        start(world, int(os.environ.get("SHARDBENCH_REPLAY_RANK", "0")))
+        for path, cfg in items:
+            torch.nn.functional.linear = linear  # ZeRO-3 replaces it for modules built after it (cells_worker.py)
+            try:
+                out = {"ok": True, "work": replay_fake(cfg, settled_step) if fake else replay(cfg)}
+            except Exception as exc:  # noqa: BLE001 - a config that cannot be replayed is a result, with its cause
+                first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+                out = {"ok": False, "error": f"{type(exc).__name__}: {first}", "traceback": traceback.format_exc()}
+                failed += 1
+            path.with_suffix(".json").write_text(json.dumps(out))
+            gc.collect()
+        dist.destroy_process_group()
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main(Path(sys.argv[1]), fake="--fake" in sys.argv[2:]))

@@ -115,6 +115,8 @@ class OpCounter(TorchDispatchMode):
             size = t.numel() * t.element_size()
             if not size:
                 continue
+            if type(t).__name__ == "FakeTensor":  # a replay on fake tensors (runtime/fake_replay.py) has no
+                continue  # addresses: its bytes count, their reuse distance is unknown (a GPU prices none)
             try:
                 address = t.untyped_storage().data_ptr()
             except RuntimeError:  # no storage Python can read (a view loss_parallel's custom op makes): its
@@ -128,9 +130,13 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if is_collective(func):  # priced as communication (theory/time.py), not as an op
-            return out
+        if _FAKE[0]:  # below this mode is FakeTensorMode's Python, where a real rank runs a C++ kernel
+            with quiet():
+                out = func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
+        if is_collective(func) or func.namespace == "prim":  # communication is priced as such (theory/time.py);
+            return out  # `prim::device` and its kind reach a mode only from a fake tensor's properties
         leaves = pytree.tree_leaves((args, kwargs))
         kind = kind_of(func, leaves)
         flops = nbytes = elements = 0
@@ -153,8 +159,10 @@ class OpCounter(TorchDispatchMode):
         return out
 
 
-_OWN_FILES = (__file__, os.path.join(os.path.dirname(__file__), "mirror_group.py"))
+_OWN_FILES = tuple(os.path.join(os.path.dirname(__file__), f) for f in ("work_count.py", "mirror_group.py",
+                                                                          "fake_replay.py"))
 _UNCOUNTED = [0]  # > 0 while the replay's mirror group stands in for a peer: its Python is no rank's work
+_FAKE = [False]  # a replay on fake tensors (runtime/fake_replay.py): every op's dispatch below the counter is quiet
 
 
 @contextlib.contextmanager
@@ -165,6 +173,28 @@ def uncounted() -> Iterator[None]:
         yield
     finally:
         _UNCOUNTED[0] -= 1
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Uncounted and untraced: Python that stands in for C++ (fake tensors' dispatch) costs the count no time."""
+    trace = sys.gettrace()
+    sys.settrace(None)
+    try:
+        with uncounted():
+            yield
+    finally:
+        sys.settrace(trace)
+
+
+@contextlib.contextmanager
+def on_fake_tensors() -> Iterator[None]:
+    """While inside, each op the counter sees is dispatched quietly (runtime/fake_replay.py)."""
+    _FAKE[0] = True
+    try:
+        yield
+    finally:
+        _FAKE[0] = False
 
 
 class LineCounter:
@@ -213,11 +243,21 @@ class Work:
 def count(step, collective_counter) -> Work:
     """Run `step()` twice: once under the op counter and `collective_counter` (a CollectiveCounter, or the
     replay's mirror group's log), once under the line counter."""
+    return Work(**count_ops(step, collective_counter), lines=count_lines(step))
+
+
+def count_ops(step, collective_counter) -> dict:
+    """{"ops": op rows, "collectives": rows} of one `step()`."""
     ops = OpCounter()
     with collective_counter, ops:
         step()
+    return {"ops": [[*key[:7], list(key[7]), n] for key, n in sorted(ops.calls.items())],
+            "collectives": collective_counter.rows()}
+
+
+def count_lines(step) -> Dict[str, int]:
+    """Python lines by phase of one `step()`."""
     lines = LineCounter()
     with lines:
         step()
-    return Work(ops=[[*key[:7], list(key[7]), n] for key, n in sorted(ops.calls.items())], lines=dict(lines.lines),
-                collectives=collective_counter.rows())
+    return dict(lines.lines)

@@ -1,0 +1,73 @@
+"""A rank too large for this host counted on fake tensors (runtime/fake_replay.py), and the published rows it
+prices (studies/published_counted.py): the fake replay counts what a real replay of the same rank counts, its
+two shallow depths extend to a deeper one exactly, and a card's costs are the committed GPU's scaled by the
+datasheets."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from harness.config.compose import compose
+from harness.runtime.fake_replay import extend
+from harness.studies import published, published_counted
+
+
+def _ops(work: dict) -> Counter:
+    out = Counter()
+    for row in work["ops"]:  # summed over the cold bytes, which fake tensors do not know
+        out[tuple(row[:7])] += row[-1]
+    return out
+
+
+def _collectives(work: dict) -> Counter:
+    return Counter({(c["op"], c["size_bytes"], c["group"], c["phase"]): c["count"] for c in work["collectives"]})
+
+
+def test_a_rank_replayed_on_fake_tensors_counts_what_a_real_replay_counts(tmp_path):
+    """tiny_llama under FSDP2, rank 0 of 2, counted on fake tensors at 1 and 2 blocks and extended to 4, against
+    a real replay of 4 blocks: every op of every phase with its FLOPs and bytes, and every collective, are the
+    real replay's (transformers' causal mask is skipped as on real tensors, and FSDP2's gradient-norm
+    all-reduce, which DTensor issues as a functional collective, comes from the narrow replay); the Python lines,
+    counted at a narrow width, within 5% (DTensor's sharding cache differs from run to run)."""
+    from forked_ranks import ForkedPopen
+    from harness.launcher.replays import replay_work
+
+    def at(depth: int):
+        return compose(["model=tiny_llama", "backend=fsdp", "parallelism.micro_batch=2", "parallelism.seq_len=64",
+                        "train.steps=1", f"model.num_layers={depth}"])
+
+    real = replay_work({"d4": at(4)}, tmp_path / "real", jobs=1, popen=ForkedPopen)["d4"]
+    fake = replay_work({f"d{d}": at(d) for d in (1, 2)}, tmp_path / "fake", jobs=1, popen=ForkedPopen, fake=True)
+    assert real["ok"] and all(r["ok"] for r in fake.values()), [r.get("traceback") for r in (real, *fake.values())]
+    mine, theirs = extend(fake["d1"]["work"], fake["d2"]["work"], (1, 2), 4), real["work"]
+    assert _ops(mine) == _ops(theirs)
+    assert _collectives(mine) == _collectives(theirs)
+    for phase, lines in theirs["lines"].items():
+        assert abs(mine["lines"][phase] - lines) <= 0.05 * lines, (phase, mine["lines"][phase], lines)
+
+
+def test_what_fake_tensors_cannot_count_is_named_and_eager_rows_drop_compile_and_float8():
+    assert published_counted.not_counted("fsdp", ["model=llama3_8b"]) is None
+    assert "DeepSpeed" in published_counted.not_counted("ds_zero3", [])
+    assert "tensor parallelism" in published_counted.not_counted("fsdp", ["parallelism.tp=8"])
+    counted = published_counted.counted_overrides(["backend=fsdp"], ["model.num_layers=32", "train.compile=true",
+                                                                      "train.float8=tensorwise"], depth=3)
+    assert counted[-1] == "model.num_layers=3" and not any(o.startswith(("train.compile", "train.float8",
+                                                                           "model.num_layers=32")) for o in counted)
+
+
+def test_a_cards_costs_are_the_measured_gpus_scaled_by_the_datasheets():
+    h200 = published_counted.card_costs(published.CARDS["h200"], 8)
+    if h200 is None:
+        pytest.skip("no GPU's device costs are committed")
+    a100 = published_counted.card_costs(published.CARDS["a100_80gb"], 64)
+    compute = published.CARDS["a100_80gb"]["tflops"] / published.CARDS["h200"]["tflops"]
+    memory = published.CARDS["a100_80gb"]["mem_gbps"] / published.CARDS["h200"]["mem_gbps"]
+    for flops in (1e9, 1e12):
+        assert a100.matmul_rate("bf16", flops) == pytest.approx(h200.matmul_rate("bf16", flops) * compute)
+    assert a100.bandwidth(1 << 20) == pytest.approx(h200.bandwidth(1 << 20) * memory)
+    assert a100.elementwise["bf16"] == pytest.approx(h200.elementwise["bf16"] * memory)
+    assert a100.kernel_s == h200.kernel_s and a100.host == h200.host  # the host is not scaled
+    # the links are the card's stated ones: 64 GPUs' gather across nodes at 25 GB/s a GPU, not NVLink's 300
+    assert a100.comm.seconds("all_gather", 1e9, 64, True) > 5 * a100.comm.seconds("all_gather", 1e9, 8, False)
