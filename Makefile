@@ -89,7 +89,7 @@ time-check: install warm ## the time model against measured steps: every backend
 time-extrapolate: install warm ## the time model predicts runs it was not calibrated on (3 and 4 ranks, small_llama), before they run, then runs them -> results/time_model/
 	$(PY) -m harness.time_extrapolate $(ARGS)
 
-published: install ## published runs at 8 to 256 GPUs (torchtitan, llm-foundry) against the theory: peak, roofline tokens/s, counted MFU -> experiments/published/
+published: install ## published runs at 4 to 256 GPUs (torchtitan, llm-foundry, Hugging Face) against the theory: peak, counted-work and roofline tokens/s, counted MFU -> experiments/published/
 	$(PY) -m harness.published $(ARGS)
 
 capacity: install warm ## largest model per backend under a budget: make capacity ARGS="--budget-mib 256 logger=none" -> results/capacity/

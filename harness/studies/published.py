@@ -1,19 +1,23 @@
 """Predict what others measured: every published run in experiments/published/rows.yaml, expressed as a harness
 config and predicted by the same theory `shardbench estimate` prints, set beside the published figure.
 
-Theory only, nothing runs: each row's peak of live tensors per GPU (theory/peak.py) and its tokens/s per GPU from
-the time model at the row's card (card_rates: the matmul and copy rates a lent GPU measured where it is this card,
-else the card's datasheet scaled by measured ÷ datasheet on the measured card; its links' stated bandwidths, each in
-CARDS with its source). No GPU costs are measured for these shapes at their scale, so the time model gives its
-roofline estimate (theory/time.py: compute at the matmul rate, the optimizer at the copy rate, the collectives at
-the stated links): meant to lie above what ran, not a prediction of it, and the table says so. MFU stays against
-the datasheet's peak, as the sources count it.
+Theory only, no step runs. For each row:
+- its peak of live tensors per GPU (theory/peak.py);
+- its tokens/s per GPU from the time model's roofline at the row's card (card_rates: the matmul and copy rates a
+  lent GPU measured where it is this card, else the card's datasheet scaled by measured ÷ datasheet on the
+  measured card; its links' stated bandwidths, each in studies/published_cards.py with its source): compute at
+  the matmul rate, the optimizer at the copy rate, the collectives at the stated links, meant to lie above
+  what ran;
+- and its tokens/s per GPU from its counted work (studies/published_counted.py): the rank's step counted op by
+  op on fake tensors and priced at the card's costs, the time model the runs' own summaries use.
+MFU stays against the datasheet's peak, as the sources count it.
 Nothing is fitted to a row. `make published` (`shardbench published`) writes results/published/published.{md,json}
-and the table inside experiments/published/README.md (between its markers), in well under a minute.
+and the table inside experiments/published/README.md (between its markers), in under a minute.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 from pathlib import Path
 from typing import Dict, List
@@ -23,35 +27,16 @@ import yaml
 from ..config.command_line import parse
 from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
+from .published_cards import CARDS, MEASURED_CARDS
+from .published_counted import price_rows
 
 GIB = 2**30
 ROWS = REPO / "experiments" / "published" / "rows.yaml"
 README = REPO / "experiments" / "published" / "README.md"
 MARKERS = ("<!-- table: written by `make published` -->", "<!-- /table -->")
-GPUS_PER_NODE = 8  # every source's hosts (parallelism=gpu8)
+GPUS_PER_NODE = 8  # the sources' hosts, where a row does not say (its gpus_per_node)
 MEMORY_TARGET_PCT = 10  # the issue's targets: memory within 10%, time within 30%
 TIME_TARGET_PCT = 30
-
-# each card: dense bf16 TFLOP/s, HBM GB/s, bus bandwidth a GPU each way inside a node and across nodes (GB/s)
-CARDS: Dict[str, dict] = {
-    "h100_96gb_hbm2e": {"label": "H100 SXM 96GB HBM2e (500 W)", "tflops": 989.4, "mem_gbps": 2400, "intra_gbps": 450,
-                        "inter_gbps": 50, "source": "torchtitan's benchmark: 2.4 TB/s HBM2e, 400 Gb/s RDMA a GPU, "
-                        "NVLink (H100's 900 GB/s both ways); the SXM peak, as its MFU footnote uses, though at 500 W "
-                        "the chip runs below it"},
-    "h100_80gb": {"label": "H100 SXM 80GB", "tflops": 989.4, "mem_gbps": 3350, "intra_gbps": 450, "inter_gbps": 50,
-                  "source": "NVIDIA's H100 datasheet (SXM5); links as a DGX H100 (one 400 Gb/s NIC a GPU), which the "
-                            "llm-foundry table does not state"},
-    "h200": {"label": "H200 SXM 141GB", "tflops": 989.4, "mem_gbps": 4800, "intra_gbps": 450, "inter_gbps": 50,
-             "source": "NVIDIA's H200 datasheet; the submission's 400 Gb/s CX-7 a GPU"},
-    "a100_80gb": {"label": "A100 SXM 80GB", "tflops": 312.0, "mem_gbps": 2039, "intra_gbps": 300, "inter_gbps": 25,
-                  "source": "NVIDIA's A100 datasheet (NVLink 3: 600 GB/s both ways); 200 Gb/s HDR a GPU across "
-                            "nodes assumed, as the torchtitan document does not state it"},
-}
-
-
-# the card each committed GPU measurement (results/device_costs/cuda.json's machine, torch's device name) is
-MEASURED_CARDS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100_80gb"}
-
 
 def card_rates(name: str) -> dict:
     """A card's bf16 matmul TFLOP/s and copy GB/s as the time model takes them: measured where the committed GPU
@@ -79,15 +64,21 @@ def rates(name: str, world: int):
                  comm=CommTable([], "cuda", world, card["intra_gbps"], card["inter_gbps"]))
 
 
+def base_of(row: dict) -> List[str]:
+    """The overrides every config of `row` starts from: its hosts, bf16, one micro-batch a step, its backend."""
+    return [f"parallelism=gpu{GPUS_PER_NODE}", f"parallelism.nproc_per_node={row.get('gpus_per_node', GPUS_PER_NODE)}",
+            "train.precision=bf16", f"parallelism.nnodes={row['nodes']}", "parallelism.grad_accum=1",
+            f"backend={row.get('backend', 'fsdp')}"]
+
+
 def predict_row(row: dict) -> dict:
     """One published row beside the theory's figures for the config that expresses it."""
     from .estimate import rows as estimate_rows
 
     card = CARDS[row["card"]]
     backend = row.get("backend", "fsdp")
-    overrides = [f"parallelism=gpu{GPUS_PER_NODE}", "train.precision=bf16", f"parallelism.nnodes={row['nodes']}",
-                 "parallelism.grad_accum=1", *row["overrides"]]
-    world = GPUS_PER_NODE * row["nodes"]
+    overrides = [*base_of(row), *row["overrides"]]
+    world = row.get("gpus_per_node", GPUS_PER_NODE) * row["nodes"]
     (est,) = estimate_rows(overrides, rates=rates(row["card"], world), names=[backend])  # at the row's parallelism.tp
     out = {"id": row["id"], "source": row["source"], "table": row["table"], "card": card["label"],
            "gpus": est["world"],
@@ -108,8 +99,9 @@ def predict_row(row: dict) -> dict:
 
 def table(results: List[dict]) -> List[str]:
     lines = ["| row | source, table | card | GPUs | backend, mesh | published tokens/s/GPU | roofline | roofline / "
-             "published | published MFU % | counted MFU % | published GiB | predicted peak GiB | error |",
-             "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "published | counted work | counted / published | published MFU % | counted MFU % | published GiB | "
+             "predicted peak GiB | error |",
+             "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         memory = (f"{r['published_memory_gib']:.1f} | {r['predicted_peak_gib']:.1f} | {r['memory_error_pct']:+.1f}%"
                   if r.get("published_memory_gib") else f"- | {r['predicted_peak_gib']:.1f} | -")
@@ -117,7 +109,8 @@ def table(results: List[dict]) -> List[str]:
         lines.append(f"| {r['id']} | {r['source']}, {r['table']} | {r['card']} | {r['gpus']} | {r['backend']}, "
                      f"{r['mesh']} | {r['published_tokens_per_s_per_gpu']:,} | "
                      f"{r['roofline_tokens_per_s_per_gpu']:,.0f} "
-                     f"| {r['roofline_over_published']:.2f}x | {mfu} | {r['counted_mfu_pct']:.1f} | {memory} |")
+                     f"| {r['roofline_over_published']:.2f}x | {counted_cells(r)} | {mfu} | {r['counted_mfu_pct']:.1f} "
+                     f"| {memory} |")
     with_memory = [r for r in results if r.get("published_memory_gib")]
     within = [r for r in with_memory if abs(r["memory_error_pct"]) <= MEMORY_TARGET_PCT]
     ratios = [r["roofline_over_published"] for r in results]
@@ -129,6 +122,7 @@ def table(results: List[dict]) -> List[str]:
               f"card's measured matmul rate and the collectives at the stated links, so it should lie above what ran; "
               + (f"it lies below on {', '.join(under)}, where its collectives cost more than the run's did."
                  if under else "it does on every row.")]
+    lines += counted_summary(results)
     stated = [r for r in results if r.get("published_mfu_pct")]
     if stated:
         gaps = [r["counted_mfu_pct"] / r["published_mfu_pct"] - 1 for r in stated]
@@ -138,6 +132,35 @@ def table(results: List[dict]) -> List[str]:
     lines += ["", "What each row assumes where its source is silent:", ""]
     lines += [f"- {r['id']}: {r['assumed']}" for r in results if r["assumed"]]
     return lines
+
+
+def counted_cells(r: dict) -> str:
+    if not r.get("counted_tokens_per_s_per_gpu"):
+        return "- | -"
+    return f"{r['counted_tokens_per_s_per_gpu']:,.0f}{' *' if r.get('counted_note') else ''} | " \
+           f"{r['counted_over_published']:.2f}x"
+
+
+def counted_summary(results: List[dict]) -> List[str]:
+    """The counted-work model's line under the table: how many rows it prices within the target, and what it
+    does not count."""
+    priced = [r for r in results if r.get("counted_tokens_per_s_per_gpu")]
+    if not priced:
+        return []
+    ratios = [r["counted_over_published"] for r in priced]
+    close = [x for x in ratios if abs(x - 1) * 100 <= TIME_TARGET_PCT]
+    eager = [r["id"] for r in priced if r.get("counted_note")]
+    whole = [r["counted_over_published"] for r in priced if not r.get("counted_note")]
+    whole_close = [x for x in whole if abs(x - 1) * 100 <= TIME_TARGET_PCT]
+    out = ["", f"Counted work: {len(close)} of {len(priced)} counted rows within {TIME_TARGET_PCT}% of the published "
+           f"tokens/s ({min(ratios):.2f}x to {max(ratios):.2f}x), {len(whole_close)} of the {len(whole)} whose every op "
+           "is counted as it ran: each row's step counted op by op on fake tensors and priced at the card's costs "
+           "(harness/studies/published_counted.py)."
+           + (f" * Counted as the eager bf16 step, its compile and float8 left out: {', '.join(eager)}." if eager else "")]
+    skipped = [r for r in results if not r.get("counted_tokens_per_s_per_gpu")]
+    if skipped:
+        out += ["", "Not counted: " + "; ".join(f"{r['id']} ({r.get('counted_note', '')})" for r in skipped) + "."]
+    return out
 
 
 def write(results: List[dict], out: Path, sources: Dict[str, str]) -> None:
@@ -164,7 +187,16 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="results/published", help="where published.{md,json} go")
     args, _ = parse("published", parser, argv, takes_overrides=False)
     spec = yaml.safe_load(Path(args.rows).read_text())
-    results = [predict_row(row) for row in spec["rows"]]
+    # the counted rows' replays run in processes of their own (studies/published_counted.py), which this thread
+    # only waits on: the roofline and the peaks are predicted meanwhile
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        replays = pool.submit(price_rows, spec["rows"], base_of)
+        results = [predict_row(row) for row in spec["rows"]]
+        counted = replays.result()
+    for r in results:
+        r.update(counted.get(r["id"], {}))
+        if r.get("counted_tokens_per_s_per_gpu"):
+            r["counted_over_published"] = r["counted_tokens_per_s_per_gpu"] / r["published_tokens_per_s_per_gpu"]
     write(results, REPO / args.out, spec["sources"])
     print("\n".join(table(results)))
     print(json.dumps({"rows": len(results)}))
