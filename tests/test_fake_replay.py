@@ -1,5 +1,5 @@
 """A rank too large for this host counted on fake tensors (runtime/fake_replay.py), and the published rows it
-prices (studies/published_counted.py): the fake replay counts what a real replay of the same rank counts, its
+prices (studies/counted_shapes.py): the fake replay counts what a real replay of the same rank counts, its
 two shallow depths extend to a deeper one exactly, and a card's costs are the committed GPU's scaled by the
 datasheets."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from harness.config.compose import compose
 from harness.runtime.fake_replay import extend
-from harness.studies import published, published_counted
+from harness.studies import counted_shapes, published
 
 
 def _ops(work: dict) -> Counter:
@@ -47,21 +47,25 @@ def test_a_rank_replayed_on_fake_tensors_counts_what_a_real_replay_counts(tmp_pa
         assert abs(mine["lines"][phase] - lines) <= 0.05 * lines, (phase, mine["lines"][phase], lines)
 
 
-def test_what_fake_tensors_cannot_count_is_named_and_eager_rows_drop_compile_and_float8():
-    assert published_counted.not_counted("fsdp", ["model=llama3_8b"]) is None
-    assert "DeepSpeed" in published_counted.not_counted("ds_zero3", [])
-    assert "tensor parallelism" in published_counted.not_counted("fsdp", ["parallelism.tp=8"])
-    counted = published_counted.counted_overrides(["backend=fsdp"], ["model.num_layers=32", "train.compile=true",
-                                                                      "train.float8=tensorwise"], depth=3)
-    assert counted[-1] == "model.num_layers=3" and not any(o.startswith(("train.compile", "train.float8",
-                                                                           "model.num_layers=32")) for o in counted)
+def test_what_fake_tensors_cannot_count_is_named_and_every_k_is_replayed_at_k_and_2k_blocks():
+    assert counted_shapes.not_counted("fsdp") is None and counted_shapes.not_counted("fsdp_grad_op") is None
+    assert "DeepSpeed" in counted_shapes.not_counted("ds_zero3")
+    assert "tensor parallelism" in counted_shapes.not_counted("fsdp", tp=8)
+    assert "not yet held" in counted_shapes.not_counted("fsdp_offload")
+    # every 2nd block checkpointed: 2 and 4 blocks differ by one checkpointed block and one kept, as the pattern
+    # repeats; 1 and 2 would extend a kept block's work to every block
+    cfg = compose(["model=llama3_8b", "backend=fsdp", "train.activation_checkpointing=every_2"])
+    assert counted_shapes.depths_for(cfg) == (2, 4)
+    assert counted_shapes.depths_for(compose(["model=llama3_8b", "backend=fsdp"])) == counted_shapes.DEPTHS
+    counted = counted_shapes.at_depth(cfg, 3)
+    assert (counted.model.num_layers, counted.parallelism.device, cfg.model.num_layers) == (3, "cpu", 32)
 
 
 def test_a_cards_costs_are_the_measured_gpus_scaled_by_the_datasheets():
-    h200 = published_counted.card_costs(published.CARDS["h200"], 8)
+    h200 = counted_shapes.card_costs(published.CARDS["h200"], 8)
     if h200 is None:
         pytest.skip("no GPU's device costs are committed")
-    a100 = published_counted.card_costs(published.CARDS["a100_80gb"], 64)
+    a100 = counted_shapes.card_costs(published.CARDS["a100_80gb"], 64)
     compute = published.CARDS["a100_80gb"]["tflops"] / published.CARDS["h200"]["tflops"]
     memory = published.CARDS["a100_80gb"]["mem_gbps"] / published.CARDS["h200"]["mem_gbps"]
     for flops in (1e9, 1e12):
@@ -71,3 +75,13 @@ def test_a_cards_costs_are_the_measured_gpus_scaled_by_the_datasheets():
     assert a100.kernel_s == h200.kernel_s and a100.host == h200.host  # the host is not scaled
     # the links are the card's stated ones: 64 GPUs' gather across nodes at 25 GB/s a GPU, not NVLink's 300
     assert a100.comm.seconds("all_gather", 1e9, 64, True) > 5 * a100.comm.seconds("all_gather", 1e9, 8, False)
+
+
+def test_the_estimate_counts_only_a_cuda_shape_it_can_build(capsys):
+    from harness.studies.estimate import print_counted
+
+    print_counted([], ["model=tiny_llama"], compose(["model=tiny_llama"]), hypothetical=False)
+    print_counted([], [], compose(["model=llama3_8b", "parallelism=gpu8"]), hypothetical=True)
+    said = capsys.readouterr().out.splitlines()
+    assert said == ["--counted: not counted here, it prices a CUDA shape (parallelism=gpu8 ...)",
+                    "--counted: not counted here, it builds the model: not with --params or --world"]

@@ -77,7 +77,7 @@ def main(directory: Path, fake: bool = False) -> int:
     for path, cfg in zip(paths, configs):
         by_world.setdefault(world_size(cfg), []).append((path, cfg))
     # DeepSpeed keeps its groups for the process: a real replay is one world a process. A fake one is FSDP2's
-    # (studies/published_counted.py), whose mesh is made anew by each config: the group is made again per world
+    # (studies/counted_shapes.py), whose mesh is made anew by each config: the group is made again per world
     if len(by_world) != 1 and not fake:
         raise SystemExit(f"replay: the configs in {directory} ask {sorted(by_world)} ranks; one world a process")
     for world, items in by_world.items():

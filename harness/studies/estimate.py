@@ -176,6 +176,40 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
         print(f"  {key}: {note}")
 
 
+def print_counted(table: List[dict], overrides: List[str], cfg, hypothetical: bool) -> None:
+    """--counted: each FSDP2 row's step from its counted work at the committed GPU's costs (studies/counted_shapes.py)
+    beside the roofline's, and why each other row is not counted."""
+    from .counted_shapes import (card_costs, count_configs, counted_step, depths_for, measured_card, not_counted,
+                                 published_record)
+    from .published_cards import CARDS
+
+    card = measured_card()
+    why = ("it prices a CUDA shape (parallelism=gpu8 ...)" if cfg.parallelism.device != "cuda" else
+           "it builds the model: not with --params or --world" if hypothetical else
+           "no GPU's device costs are committed (results/device_costs/cuda.json)" if card is None else "")
+    if why:
+        print(f"--counted: not counted here, {why}")
+        return
+    keys = [f"{r['backend']} (dp {r['dp']} x tp {r['tp']})" for r in table]
+    configs = compose_many([[*overrides, f"backend={r['backend']}", f"parallelism.tp={r['tp']}"] for r in table])
+    notes = {k: not_counted(r["backend"], r["tp"]) for k, r in zip(keys, table)}
+    counted = count_configs({k: (c, depths_for(c)) for k, c in zip(keys, configs) if not notes[k]})
+    print(f"Counted work ({CARDS[card]['label']}'s measured costs, results/device_costs/cuda.json; the step counted op "
+          f"by op on fake tensors, as `make published` prices published runs{published_record()}):")
+    for key, r, c in zip(keys, table, configs):
+        result = counted.get(key, {})
+        if notes[key] or not result.get("ok"):
+            print(f"  {key}: not counted, {notes[key] or result.get('error', 'its replay failed')}")
+            continue
+        world = c.parallelism.nproc_per_node * c.parallelism.nnodes
+        costs = card_costs(CARDS[card], world, c.parallelism.intra_node_gbps, c.parallelism.inter_node_gbps)
+        step = counted_step(c, result["work"], costs, world, c.parallelism.nproc_per_node)
+        print(f"  {key}: {step['step'] * 1e3:,.0f} ms a step, {step['tokens_per_s_per_gpu']:,.0f} tokens/s a GPU "
+              f"({step['step'] / r['step_s']:.2f}x the roofline's {r['step_s'] * 1e3:,.0f} ms; forward "
+              f"{step['forward'] * 1e3:,.0f}, backward {step['backward'] * 1e3:,.0f}, optimizer "
+              f"{step['optimizer'] * 1e3:,.0f}, exposed communication {step['comm_exposed'] * 1e3:,.0f} ms)")
+
+
 def measured_band(rates) -> str:
     """How far measured steps fell from this roofline on the lent GPUs, for a CUDA shape priced without one."""
     from .advise_frontier import cuda_band
@@ -201,6 +235,7 @@ def main(argv: List[str] | None = None) -> int:
     unsupported = hf_models.problems(cfg)  # a model the theory cannot cover: one line, not a KeyError
     if unsupported:
         raise ConfigError(unsupported[0])
+    args.time = args.time or args.counted  # the counted step is set beside the roofline's
     rates = rates_for(cfg, args.world or world_size(cfg)) if args.time else None  # measured once, here
     pinned = any(o.startswith("parallelism.tp=") for o in overrides)
     tps = None if pinned else (list(TP_DEGREES) if args.tp == "all" else [int(t) for t in args.tp.split(",") if t])
@@ -224,6 +259,8 @@ def main(argv: List[str] | None = None) -> int:
         if family.master_weights_refusal:  # its rows are what it would run: fp32 masters
             print(f"  {family.name}: train.master_weights=model is refused ({family.master_weights_refusal}); its "
                   "rows are the fp32-master layout it runs")
+    if args.counted:
+        print_counted(table, overrides, cfg, bool(args.params or args.world))
     if args.traced:
         from .scale_check import render_traced
 

@@ -31,6 +31,10 @@ def estimate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--time", action="store_true",
                         help="also the time model's step time and tokens/s, at this machine's measured matmul and copy "
                              "rates (a calibration: about a second, or ~15 s for bf16 on a CPU without bf16 units)")
+    parser.add_argument("--counted", action="store_true",
+                        help="with --time, on a CUDA shape: also each FSDP2 row's step counted op by op on fake "
+                             "tensors and priced at the committed GPU's costs, as `make published` prices its rows "
+                             "(harness/studies/counted_shapes.py; ~8 s to start, about a second a row)")
     return parser
 
 

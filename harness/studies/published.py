@@ -8,7 +8,7 @@ Theory only, no step runs. For each row:
   measured card; its links' stated bandwidths, each in studies/published_cards.py with its source): compute at
   the matmul rate, the optimizer at the copy rate, the collectives at the stated links, meant to lie above
   what ran;
-- and its tokens/s per GPU from its counted work (studies/published_counted.py): the rank's step counted op by
+- and its tokens/s per GPU from its counted work (studies/counted_shapes.py): the rank's step counted op by
   op on fake tensors and priced at the card's costs, the time model the runs' own summaries use.
 MFU stays against the datasheet's peak, as the sources count it.
 Nothing is fitted to a row. `make published` (`shardbench published`) writes results/published/published.{md,json}
@@ -27,16 +27,15 @@ import yaml
 from ..config.command_line import parse
 from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
+from .counted_shapes import TIME_TARGET_PCT
 from .published_cards import CARDS, MEASURED_CARDS
-from .published_counted import price_rows
 
 GIB = 2**30
 ROWS = REPO / "experiments" / "published" / "rows.yaml"
 README = REPO / "experiments" / "published" / "README.md"
 MARKERS = ("<!-- table: written by `make published` -->", "<!-- /table -->")
 GPUS_PER_NODE = 8  # the sources' hosts, where a row does not say (its gpus_per_node)
-MEMORY_TARGET_PCT = 10  # the issue's targets: memory within 10%, time within 30%
-TIME_TARGET_PCT = 30
+MEMORY_TARGET_PCT = 10  # the issue's targets: memory within 10%, time within 30% (counted_shapes.TIME_TARGET_PCT)
 
 def card_rates(name: str) -> dict:
     """A card's bf16 matmul TFLOP/s and copy GB/s as the time model takes them: measured where the committed GPU
@@ -134,6 +133,48 @@ def table(results: List[dict]) -> List[str]:
     return lines
 
 
+EAGER_ONLY = ("train.compile", "train.float8")  # what the count leaves out of a row's overrides
+
+
+def price_rows(rows: List[dict]) -> Dict[str, dict]:
+    """For each row, its counted step at its card's costs (studies/counted_shapes.py): {row id:
+    {"counted_tokens_per_s_per_gpu", "counted_parts_ms", "counted_costs", "counted_note"}}, or only the note of why
+    it is not counted. A compiled or float8 row is counted as its eager step, and its note says so."""
+    from ..config.compose import compose_many
+    from .counted_shapes import card_costs, count_configs, counted_step, depths_for, not_counted
+
+    out: Dict[str, dict] = {}
+    eager = {}
+    for row in rows:
+        tp = next((int(o.split("=")[1]) for o in row["overrides"] if o.startswith("parallelism.tp=")), 1)
+        reason = not_counted(row.get("backend", "fsdp"), tp)
+        if reason:
+            out[row["id"]] = {"counted_note": reason}
+        else:
+            eager[row["id"]] = [*base_of(row), *(o for o in row["overrides"] if not o.startswith(EAGER_ONLY))]
+    configs = dict(zip(eager, compose_many(list(eager.values()))))
+    counted = count_configs({k: (cfg, depths_for(cfg)) for k, cfg in configs.items()})
+    for row in rows:
+        if row["id"] not in configs:
+            continue
+        result, cfg = counted[row["id"]], configs[row["id"]]
+        world = cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes
+        costs = card_costs(CARDS[row["card"]], world)
+        if not result.get("ok") or costs is None:
+            out[row["id"]] = {"counted_note": f"its replay failed: {result.get('error', '')}" if not result.get("ok")
+                              else "no GPU's device costs are committed to price it"}
+            continue
+        step = counted_step(cfg, result["work"], costs, world, cfg.parallelism.nproc_per_node)
+        left_out = [o for o in row["overrides"] if o.startswith(EAGER_ONLY)]
+        out[row["id"]] = {
+            "counted_tokens_per_s_per_gpu": step["tokens_per_s_per_gpu"],
+            "counted_parts_ms": {k: 1000 * step[k] for k in ("forward", "backward", "optimizer", "other",
+                                                              "comm_exposed", "comm_total", "step")},
+            "counted_costs": costs.source,
+            "counted_note": f"counted eager, without {' '.join(left_out)}" if left_out else ""}
+    return out
+
+
 def counted_cells(r: dict) -> str:
     if not r.get("counted_tokens_per_s_per_gpu"):
         return "- | -"
@@ -155,7 +196,7 @@ def counted_summary(results: List[dict]) -> List[str]:
     out = ["", f"Counted work: {len(close)} of {len(priced)} counted rows within {TIME_TARGET_PCT}% of the published "
            f"tokens/s ({min(ratios):.2f}x to {max(ratios):.2f}x), {len(whole_close)} of the {len(whole)} whose every op "
            "is counted as it ran: each row's step counted op by op on fake tensors and priced at the card's costs "
-           "(harness/studies/published_counted.py)."
+           "(harness/studies/counted_shapes.py)."
            + (f" * Counted as the eager bf16 step, its compile and float8 left out: {', '.join(eager)}." if eager else "")]
     skipped = [r for r in results if not r.get("counted_tokens_per_s_per_gpu")]
     if skipped:
@@ -187,10 +228,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="results/published", help="where published.{md,json} go")
     args, _ = parse("published", parser, argv, takes_overrides=False)
     spec = yaml.safe_load(Path(args.rows).read_text())
-    # the counted rows' replays run in processes of their own (studies/published_counted.py), which this thread
+    # the counted rows' replays run in processes of their own (studies/counted_shapes.py), which this thread
     # only waits on: the roofline and the peaks are predicted meanwhile
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        replays = pool.submit(price_rows, spec["rows"], base_of)
+        replays = pool.submit(price_rows, spec["rows"])
         results = [predict_row(row) for row in spec["rows"]]
         counted = replays.result()
     for r in results:

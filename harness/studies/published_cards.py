@@ -1,6 +1,6 @@
 """The cards the published runs ran on (experiments/published/): each one's datasheet rates and links, with
 where they come from, and which committed GPU measurement is which card. Read by the roofline
-(studies/published.py) and by the counted-work model's card costs (studies/published_counted.py)."""
+(studies/published.py) and by the counted-work model's card costs (studies/counted_shapes.py)."""
 from __future__ import annotations
 
 from typing import Dict
