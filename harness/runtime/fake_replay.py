@@ -11,10 +11,10 @@ from a real replay, each handled here:
   True); the numbers are not the point, the work is. A framework that decides from values it reads back cannot
   be counted this way (DeepSpeed compares list lengths across ranks, torch's loss parallel asks `nonzero`): the
   caller reports it as not counted;
-- FakeTensorMode's own Python (its dispatch, for every op) is no rank's work: it runs uncounted and untraced, as
-  a real op's C++ kernel is; and since reaching a Python mode costs every op Python lines of its own, the step's
-  lines are counted on real tensors at a narrow width instead (`narrow`), where the same Python runs; so is a
-  collective DTensor issues inside its own dispatch, which fake tensors answer without the process group.
+- FakeTensorMode's own Python (its dispatch, for every op) is no rank's work, and reaching a Python mode costs
+  every op Python lines of its own: so no line is counted on fake tensors. The step's lines are counted on real
+  tensors at a narrow width instead (`narrow`), where the same Python runs; so is a collective DTensor issues
+  inside its own dispatch, which fake tensors answer without the process group.
 
 The model's blocks are alike, so its work grows by one block's worth per block. `extend` replays two depths
 (`DEPTHS`) and adds the deeper one's increment once per further block, exact wherever every block's work is its
@@ -30,21 +30,19 @@ from typing import Dict, List, Tuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .work_count import count, count_ops, on_fake_tensors, quiet
+from .work_count import count, count_ops
 
 DEPTHS = (1, 2)  # the root's own work is in both; the second block adds what every block adds
 
 
 class StandIns(TorchDispatchMode):
-    """Under FakeTensorMode (entered before it): a value read back answers a stand-in, and the fake dispatch
-    below runs uncounted (work_count.uncounted) and untraced (no line trace: it is not the rank's Python)."""
+    """Over FakeTensorMode (entered after it): a value read back answers a stand-in."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default:
             dtype = args[0].dtype
             return True if dtype == torch.bool else 1.0 if dtype.is_floating_point else 0
-        with quiet():
-            return func(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
 
 
 def replay_fake(cfg, settled_step) -> dict:
@@ -56,8 +54,7 @@ def replay_fake(cfg, settled_step) -> dict:
     from .mirror_group import CallLog
 
     narrow_work = count(settled_step(narrow(cfg), first_steps=1), CallLog())
-    with FakeTensorMode(allow_non_fake_inputs=True), StandIns(), on_fake_tensors(), _masks_as_real(), \
-            _no_initial_values():
+    with FakeTensorMode(allow_non_fake_inputs=True), StandIns(), _masks_as_real(), _no_initial_values():
         # FSDP2 settles in its first step (its lazy init); a fake step costs this host 0.3-0.5 s
         counted = count_ops(settled_step(cfg, first_steps=1), CallLog())
     # a collective DTensor issues inside its own dispatch (FSDP2's gradient norm) is a functional one, which fake

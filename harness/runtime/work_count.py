@@ -130,11 +130,7 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _FAKE[0]:  # below this mode is FakeTensorMode's Python, where a real rank runs a C++ kernel
-            with quiet():
-                out = func(*args, **kwargs)
-        else:
-            out = func(*args, **kwargs)
+        out = func(*args, **kwargs)
         if is_collective(func) or func.namespace == "prim":  # communication is priced as such (theory/time.py);
             return out  # `prim::device` and its kind reach a mode only from a fake tensor's properties
         leaves = pytree.tree_leaves((args, kwargs))
@@ -159,10 +155,8 @@ class OpCounter(TorchDispatchMode):
         return out
 
 
-_OWN_FILES = tuple(os.path.join(os.path.dirname(__file__), f) for f in ("work_count.py", "mirror_group.py",
-                                                                          "fake_replay.py"))
+_OWN_FILES = (__file__, os.path.join(os.path.dirname(__file__), "mirror_group.py"))
 _UNCOUNTED = [0]  # > 0 while the replay's mirror group stands in for a peer: its Python is no rank's work
-_FAKE = [False]  # a replay on fake tensors (runtime/fake_replay.py): every op's dispatch below the counter is quiet
 
 
 @contextlib.contextmanager
@@ -173,28 +167,6 @@ def uncounted() -> Iterator[None]:
         yield
     finally:
         _UNCOUNTED[0] -= 1
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """Uncounted and untraced: Python that stands in for C++ (fake tensors' dispatch) costs the count no time."""
-    trace = sys.gettrace()
-    sys.settrace(None)
-    try:
-        with uncounted():
-            yield
-    finally:
-        sys.settrace(trace)
-
-
-@contextlib.contextmanager
-def on_fake_tensors() -> Iterator[None]:
-    """While inside, each op the counter sees is dispatched quietly (runtime/fake_replay.py)."""
-    _FAKE[0] = True
-    try:
-        yield
-    finally:
-        _FAKE[0] = False
 
 
 class LineCounter:

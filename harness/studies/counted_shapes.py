@@ -78,18 +78,21 @@ def count_configs(wanted: Dict[str, tuple], jobs: int = 2) -> Dict[str, dict]:
     from ..launcher.replays import replay_work
     from ..runtime.fake_replay import extend
 
-    names: Dict[str, str] = {}
-    configs = {}
-    for cfg, depths in wanted.values():
+    names: Dict[str, str] = {}  # a replay's config as text -> its name
+    configs, asked = {}, {}
+    for key, (cfg, depths) in wanted.items():
+        asked[key] = []
         for d in depths:
-            text = OmegaConf.to_yaml(at_depth(cfg, d), resolve=True)
+            shallow = at_depth(cfg, d)
+            text = OmegaConf.to_yaml(shallow, resolve=True)
             if text not in names:
                 names[text] = f"c{len(names)}_" + hashlib.sha256(text.encode()).hexdigest()[:10]
-                configs[names[text]] = at_depth(cfg, d)
+                configs[names[text]] = shallow
+            asked[key].append(names[text])
     replays = replay_work(configs, REPO / ".cache" / "counted_work" / _code_key(), jobs=jobs, fake=True)
     out = {}
     for key, (cfg, depths) in wanted.items():
-        a, b = (replays[names[OmegaConf.to_yaml(at_depth(cfg, d), resolve=True)]] for d in depths)
+        a, b = (replays[name] for name in asked[key])
         failed = next((r for r in (a, b) if not r.get("ok")), None)
         out[key] = failed or {"ok": True, "work": extend(a["work"], b["work"], depths, cfg.model.num_layers)}
     return out
@@ -141,18 +144,16 @@ def counted_step(cfg, work: dict, costs, world: int, per_node: int) -> Dict[str,
 
 def measured_card() -> Optional[str]:
     """The CARDS name of the committed GPU measurement, or None."""
-    import json
-
+    from ..reporting.time_and_comm import committed_gpu_rates
     from .published_cards import MEASURED_CARDS
 
-    path = REPO / "results" / "device_costs" / "cuda.json"
-    return MEASURED_CARDS.get(json.loads(path.read_text())["machine"]) if path.exists() else None
+    measured = committed_gpu_rates()
+    return MEASURED_CARDS.get(measured["machine"]) if measured else None
 
 
 def published_record() -> str:
     """How the counted-work model did against published runs (results/published/published.json), in words."""
     import json
-
 
     path = REPO / "results" / "published" / "published.json"
     ratios = [r["counted_over_published"] for r in json.loads(path.read_text())["rows"]
