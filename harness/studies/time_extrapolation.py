@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     if costs is None:
         return 2
     out = Path(args.out)
-    backends = args.backends.split(",") if args.backends else flat_backends()
+    backends = args.backends.split(",") if args.backends else flat_backends(compose(overrides).parallelism.device)
     targets = args.targets.split(",")
     names = {f"{b}/{t}": [f"backend={b}", *TARGETS[t]] for t in targets for b in backends}
     predicted = predict(names, overrides, costs, out)
