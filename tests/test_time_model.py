@@ -154,6 +154,33 @@ def test_cached_bytes_are_priced_at_the_copy_of_their_size():
     assert t_cold == pytest.approx((1 << 20) / 1e9) and t_warm == pytest.approx(t_cold / 8)
 
 
+def test_other_runs_cold_after_an_optimizer_that_streamed_more_than_the_caches_hold():
+    """`other` runs its ops and lines once a step: after an optimizer whose cold bytes exceed the caches, every
+    one of them pays the cold start (theory/cold_start.py); after one the caches hold, none does; never on CUDA,
+    and not where no cache size was measured."""
+    from harness.theory.cold_start import ColdStart
+
+    host = HostCosts(**{t: 0.0 for t in HOST_TERMS} | {"compute": 1e-5, "line": 1e-7})
+    c = costs(host, copy_gbps_by_size=[(1 << 16, 8.0), (1 << 22, 8.0), (1 << 26, 1.0)])  # a 4 MiB cache
+    c.cold_start = ColdStart(op=5e-6, line=1e-7)
+    other = [("other", "compute", "aten::add_", "float32", 0, 8, 2, [8] * 3, 3),
+             ("other", "view", "aten::slice", "", 0, 0, 0, [0] * 3, 2)]
+
+    def after(streamed: int) -> dict:
+        optimizer = ("optimizer", "compute", "aten::_foreach_add_", "float32", 0, streamed, 1, [streamed] * 3, 1)
+        return work([optimizer, *other], lines={"other": 100},
+                    collectives=[{"op": "all_reduce", "size_bytes": 4, "group": 2, "phase": "other", "count": 1}])
+
+    flushed = priced_phases(after(8 << 20), c)["other"]
+    assert flushed["cold"] == pytest.approx(6 * 5e-6 + 100 * 1e-7)  # 5 ops, a collective, 100 lines: all cold
+    assert flushed["total"] == pytest.approx(sum(flushed[t] for t in ("host", "lines", "cold", "arithmetic", "memory")))
+    assert priced_phases(after(2 << 20), c)["other"]["cold"] == 0.0  # the caches held the optimizer's bytes
+    on_gpu, no_curve = costs(host, device="cuda", copy_gbps_by_size=c.copy_gbps_by_size), costs(host)
+    on_gpu.cold_start = no_curve.cold_start = c.cold_start
+    assert priced_phases(after(8 << 20), on_gpu)["other"]["cold"] == 0.0
+    assert priced_phases(after(8 << 20), no_curve)["other"]["cold"] == 0.0
+
+
 def test_collectives_are_priced_after_the_host_work_before_them_and_exposed_without_a_spare_core():
     rows = [{"op": "all_reduce", "ranks": 2, "size_bytes": 4, "gap_s": gap, "time_s": t, "busy": True}
             for gap, t in ((1e-4, 1e-3), (1e-2, 3e-3))]

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..core.paths import REPO
 from ..core.records import RankReport
+from ..theory.cold_start import ColdStart
 from ..theory.communication import counted_by_link
 from ..theory.op_costs import HOST_TERMS, DeviceCosts, HostCosts, predict_counted, work_totals
 from ..config.mesh import mesh_of
@@ -125,6 +126,7 @@ def device_costs(record: dict, host: Optional[dict] = "file", tight: Optional[li
                        comm=CommTable(rows, record["device"], max(worlds)), device=record["device"], cores=cores(),
                        copy_gbps_by_size=[tuple(x) for x in rates.get("copy_gbps_by_size", [])],
                        matmul_curve=rates.get("matmul_curve", {}), kernel_s=rates.get("kernel_s", 0.0),
+                       cold_start=ColdStart.from_record(record["cold_start"]) if record.get("cold_start") else None,
                        source=f"results/device_costs/{record['device']}.json ({record['machine']}, {record['measured']})")
 
 
@@ -204,6 +206,7 @@ def time_model(cfg, ranks: List[RankReport], measured: dict) -> Dict[str, float]
 
 
 TERM_NAMES = {"host": "the host's cost per op", "lines": "the host's cost per Python line",
+              "cold": "the host's cold start after a flush (theory/cold_start.py)",
               "arithmetic": "its arithmetic at the measured matmul or elementwise rate", "memory": "bytes at the measured copy bandwidth"}
 
 

@@ -17,6 +17,8 @@ results/device_costs/<device>.json, as `make collectives` keeps its table.
    On CUDA (`--device cuda`, world 1 by default: a lent machine has one GPU) nothing is fitted: the host's
    cost of each kind of op is measured op by op, and the device's side timed on the device
    (device_costs_cuda.py).
+3. On CPU, the host's cold start (studies/cold_start.py): an op's and a line's extra cost right after the caches
+   were flushed, on every core at once. `--cold-start-only` measures it alone and keeps the rest of the file.
 
 The file records the machine it was measured on (CPU model and cores, or the GPU's name); a run elsewhere does
 not use it (reporting/time_and_comm.device_costs says so in the run's notes).
@@ -41,6 +43,7 @@ from ..launcher.torchrun import rank_env, torchrun_cmd
 from ..reporting.time_and_comm import device_costs, machine, slowest_work
 from ..theory.calibration import calibrate, calibration_rows
 from ..theory.op_costs import HOST_TERMS, PARTS_COUNTED
+from .cold_start import measure_on_every_core
 
 WORKER = "harness.studies.device_costs_worker"
 # the calibration runs: tiny_llama on 2 ranks in fp32, 25 steps of which 20 timed (clocked by phase)
@@ -110,12 +113,22 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default="", help="calibration backends (default: every flat backend)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-calibrate", action="store_true", help="keep the file's host costs; measure the rest")
+    ap.add_argument("--cold-start-only", action="store_true",
+                    help="measure the host's cold start (CPU) and keep the rest of the file as it is")
     ap.add_argument("--out", default=str(REPO / "results" / "device_costs"))
     args = parse("device-costs", ap, argv, takes_overrides=False)[0]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.device}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
+    if args.cold_start_only:
+        if not old or args.device != "cpu":
+            raise SystemExit(f"shardbench: --cold-start-only adds to a CPU's measured costs; {path} has none")
+        record = {**old, "cold_start": cold_start()}
+        write_json(path, record)
+        write_text(out / f"{args.device}.md", describe(record))
+        print(f"wrote {path}")
+        return 0
     worlds: Dict[str, dict] = dict(old.get("worlds", {}))  # a world not measured again keeps its rows
     for world in (int(w) for w in (args.worlds or ("1" if args.device == "cuda" else "2,3,4")).split(",")):
         worlds[str(world)] = measure_world(world, args.device, out)
@@ -133,10 +146,21 @@ def main(argv=None) -> int:
         record["host"] = calibrate_host(backends, out, record)
         h = record["host"]
         print("host costs: " + ", ".join(f"{t} {h[t] * 1e6:.3f} µs" for t in HOST_TERMS))
+    if args.device == "cpu":
+        record["cold_start"] = cold_start()
     write_json(path, record)
     write_text(out / f"{args.device}.md", describe(record))
     print(f"wrote {path}")
     return 0
+
+
+def cold_start() -> dict:
+    measured = measure_on_every_core()
+    measured["source"] = (f"{measured['processes']} processes at once, {measured['repeats']} pairs each, after "
+                          f"{measured['flush_bytes'] >> 20} MiB streamed (studies/cold_start.py), "
+                          f"{datetime.date.today().isoformat()}")
+    print(f"cold start: {measured['op_s'] * 1e6:.2f} µs an op, {measured['line_s'] * 1e6:.3f} µs a line")
+    return measured
 
 
 def describe(record: dict) -> str:
@@ -161,6 +185,10 @@ def describe(record: dict) -> str:
         lines += ["", f"Shortest kernel {cuda['kernel_s'] * 1e6:.2f} µs of device time. Square matmuls, TFLOP/s by size: "
                   + "; ".join(f"{p} " + ", ".join(f"{round((f / 2) ** (1 / 3))}: {t:.0f}" for f, t in curve)
                               for p, curve in cuda["matmul_curve"].items())]
+    cold = record.get("cold_start")
+    if cold:
+        lines += ["", f"The host's cold start (theory/cold_start.py): {cold['op_s'] * 1e6:.2f} µs an op and "
+                  f"{cold['line_s'] * 1e6:.3f} µs a line beyond their warm price; {cold['source']}."]
     h = record.get("host")
     if h:
         lines += ["", f"Host costs ({h['source']}): " + ", ".join(f"{t} {h[t] * 1e6:.3f} µs" for t in HOST_TERMS), "",

@@ -10,6 +10,7 @@ this device's measured costs (studies/device_costs.py), beside the measured brea
   time too. On CPU the host is the device, so the two add. On CUDA the host launches while the GPU runs: a
   phase is its kernels' device time (each at least the shortest kernel's), and the step follows the two
   clocks phase by phase (`device_walk`), the device waiting wherever the host is behind; that wait is `other`.
+  On CPU, `other` after an optimizer that streamed more than the caches hold runs cold (cold_start.py).
 - communication: every counted collective, at the per-call time this device measured for its op, group size
   and size inside busy processes, after as much host work as the step runs before it (the collectives table,
   theory/time.CommTable; `gaps_before`).
@@ -26,12 +27,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, NamedTuple, Optional
 
+from .cold_start import AFTER, PHASE, ColdStart, cold_start_seconds, flushed, ops_in
 from .communication import collectives as theory_collectives
 from .shape import Shape
 from .time import CommTable
 
 PHASES = ("forward", "backward", "optimizer")
 PARTS_COUNTED = PHASES + ("other",)  # the parts whose work is counted and priced
+TERMS = ("host", "lines", "cold", "arithmetic", "memory")  # what a counted part's time is made of
 KINDS = ("compute", "graph", "engine", "view", "alloc", "dtensor", "marker")
 # what the calibration solves for: views and allocations share one cost (neither touches data, and a step has
 # too few allocations to tell them apart); a collective costs its caller host time too (the call, the wait,
@@ -113,6 +116,7 @@ class DeviceCosts:
     # the device time of the shortest kernel, the floor under every op that launches one
     matmul_curve: Dict[str, List[list]] = field(default_factory=dict)
     kernel_s: float = 0.0
+    cold_start: Optional[ColdStart] = None  # CPU: the host's extra cost per op and line after a flush (cold_start.py)
 
     def matmul_rate(self, precision: str, flops: float) -> float:
         """TFLOP/s of a matmul of `flops`: along the measured curve (linear in the FLOPs' logarithm), its ends
@@ -148,6 +152,13 @@ def work_totals(work: dict) -> Dict[str, Dict[str, float]]:
     return out
 
 
+def cold_bytes(r: OpRow, costs: DeviceCosts) -> int:
+    """The op's bytes the caches no longer hold: last touched further back than the largest reuse distance
+    within the caches' capacity (all of them without a measured cache)."""
+    at = [i for i, d in enumerate(REUSE_DISTANCES) if d <= costs.cache_bytes()]
+    return r.cold[at[-1]] if at and r.cold else r.nbytes
+
+
 def op_seconds(r: OpRow, costs: DeviceCosts) -> Dict[str, float]:
     """One op's host time and roofline time, the roofline split into its arithmetic-bound and memory-bound side.
     Its bytes: those the caches still hold at the bandwidth of a copy of the op's size (up to the caches'
@@ -165,9 +176,7 @@ def op_seconds(r: OpRow, costs: DeviceCosts) -> Dict[str, float]:
     else:  # elementwise: a 16-bit element costs this CPU an fp32 one and two conversions, not half the bytes
         rate = costs.elementwise.get(precision) or costs.elementwise.get("fp32", 0.0)
         compute = r.elements / rate if rate else 0.0
-    cache = costs.cache_bytes()
-    at = [i for i, d in enumerate(REUSE_DISTANCES) if d <= cache]
-    cold = r.cold[at[-1]] if at and r.cold else r.nbytes
+    cache, cold = costs.cache_bytes(), cold_bytes(r, costs)
     hot_gbps, cold_gbps = costs.bandwidth(min(r.nbytes, cache or r.nbytes)), costs.copy_gbps
     memory = ((r.nbytes - cold) / (hot_gbps * 1e9) if hot_gbps else 0.0) + (cold / (cold_gbps * 1e9) if cold_gbps else 0.0)
     if costs.kernel_s and (r.elements or r.flops):  # a GPU kernel takes its launch's floor however little it does
@@ -176,20 +185,26 @@ def op_seconds(r: OpRow, costs: DeviceCosts) -> Dict[str, float]:
 
 
 def priced_phases(work: dict, costs: DeviceCosts) -> Dict[str, Dict[str, float]]:
-    """Seconds per counted part, with its terms: `host` (ops), `lines`, `arithmetic` and `memory` (roofline), and
-    `total` as this device combines them."""
-    out = {p: {"host": 0.0, "lines": 0.0, "arithmetic": 0.0, "memory": 0.0} for p in PARTS_COUNTED}
-    for r in op_rows(work):
+    """Seconds per counted part, with its terms: `host` (ops), `lines`, `cold` (the host's cold start,
+    cold_start.py), `arithmetic` and `memory` (roofline), and `total` as this device combines them."""
+    blank = dict.fromkeys(TERMS, 0.0)
+    out = {p: dict(blank) for p in PARTS_COUNTED}
+    rows = list(op_rows(work))
+    for r in rows:
         for term, seconds in op_seconds(r, costs).items():
-            out.setdefault(r.phase, {"host": 0.0, "lines": 0.0, "arithmetic": 0.0, "memory": 0.0})[term] += seconds * r.count
+            out.setdefault(r.phase, dict(blank))[term] += seconds * r.count
     for phase, lines in work.get("lines", {}).items():
         if phase in out:
             out[phase]["lines"] = lines * (costs.host.line if costs.host else 0.0)
     for c in work.get("collectives", []):
         if c.get("phase") in out and costs.host:
             out[c["phase"]]["host"] += c["count"] * costs.host.collective
+    streamed = sum(cold_bytes(r, costs) * r.count for r in rows if r.phase == AFTER)
+    if costs.cold_start and costs.device == "cpu" and flushed(streamed, costs.cache_bytes()):
+        calls = ops_in(rows, PHASE) + sum(c["count"] for c in work.get("collectives", []) if c.get("phase") == PHASE)
+        out[PHASE]["cold"] = cold_start_seconds(costs.cold_start, calls, work.get("lines", {}).get(PHASE, 0))
     for terms in out.values():
-        host, device = terms["host"] + terms["lines"], terms["arithmetic"] + terms["memory"]
+        host, device = terms["host"] + terms["lines"] + terms["cold"], terms["arithmetic"] + terms["memory"]
         terms["total"] = host + device if costs.device == "cpu" else max(host, device)
     return out
 
@@ -233,7 +248,7 @@ def device_walk(phases: Dict[str, Dict[str, float]], syncing: set, exposed: floa
     synchronises after the loss)."""
     host_t = device_t = 0.0
     for p in PARTS_COUNTED:
-        host_t += phases[p]["host"] + phases[p]["lines"]
+        host_t += phases[p]["host"] + phases[p]["lines"] + phases[p]["cold"]
         kernels = phases[p]["arithmetic"] + phases[p]["memory"]
         device_t = max(device_t + kernels, host_t + (kernel_s if kernels else 0.0))
         if p in syncing:
@@ -284,6 +299,6 @@ def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts, ranks_on_
         out["other"] = step - exposed - sum(parts[p] for p in PHASES)
     out["step"] = sum(out[p] for p in (*PARTS_COUNTED, "comm_exposed"))
     for p in PARTS_COUNTED:
-        for term in ("host", "lines", "arithmetic", "memory"):
+        for term in TERMS:
             out[f"{p}_{term}"] = phases[p][term]
     return out
