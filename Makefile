@@ -57,7 +57,7 @@ estimate: install ## predict memory and comm for every backend, no training: the
 	@if [ -n "$(ARGS)" ]; then $(PY) -m harness.estimate $(ARGS); else \
 	  for m in $(ESTIMATE_MODELS); do $(PY) -m harness.estimate model=$$m parallelism=gpu8 train.precision=bf16 || exit 1; done; fi
 
-bench: install warm ## harness overhead (~15 min): 16 pairs of a harness run and an independent loop a backend, both in the same ranks of a launch, over 4 launches (ddp, fsdp, fsdp_grad_op, ds_zero2, ds_zero3, accelerate's DDP), median paired ratio with its 95% interval over launches and pairs; ARGS="--profile fsdp" diffs the two loops' profiles, ARGS=--processes runs each its own launch -> results/bench/
+bench: install warm ## harness overhead (~60 min): 48 pairs of a harness run and an independent loop a backend, both in the same ranks of a launch, over 12 launches (ddp, fsdp, fsdp_grad_op, ds_zero2, ds_zero3, accelerate's DDP), median paired ratio with its 95% interval over launches and pairs; ARGS="--profile fsdp" diffs the two loops' profiles, ARGS=--processes runs each its own launch -> results/bench/
 	$(PY) -m harness.bench $(ARGS)
 
 advise: install warm ## which strategy? theory prunes, real runs decide: make advise ARGS="model=small_llama --device-gib 0.0625" -> results/advise/

@@ -1,6 +1,6 @@
 """`make bench`: is the harness the bottleneck? Its steady-state step time against a loop written without it.
 
-    python -m harness.bench [--backends ddp,fsdp,fsdp_grad_op,ds_zero2,ds_zero3,accelerate_ddp] [--pairs 16]
+    python -m harness.bench [--backends ddp,fsdp,fsdp_grad_op,ds_zero2,ds_zero3,accelerate_ddp] [--pairs 48]
                             [--launches 4] [--processes] [overrides...]
 
 The yardstick is `studies/independent_loop.py`: a user's script that shares no code with the harness (the model
@@ -263,9 +263,9 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help=f"comma-separated (default: {','.join(BACKENDS)}; accelerate_ddp: the harness's ddp "
                              "against accelerate's own loop)")
-    parser.add_argument("--pairs", type=int, default=16, help="interleaved harness/independent pairs per backend")
+    parser.add_argument("--pairs", type=int, default=48, help="interleaved harness/independent pairs per backend")
     parser.add_argument("--out", default="results/bench")
-    parser.add_argument("--launches", type=int, default=4,
+    parser.add_argument("--launches", type=int, default=12,
                         help="launches a backend the pairs are split over (the interval holds their differences)")
     parser.add_argument("--processes", action="store_true",
                         help="each run its own launch, as the bench ran before its paired launch (noisier here)")
