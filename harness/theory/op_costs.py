@@ -152,10 +152,10 @@ def work_totals(work: dict) -> Dict[str, Dict[str, float]]:
     return out
 
 
-def cold_bytes(r: OpRow, costs: DeviceCosts) -> int:
-    """The op's bytes the caches no longer hold: last touched further back than the largest reuse distance
-    within the caches' capacity (all of them without a measured cache)."""
-    at = [i for i, d in enumerate(REUSE_DISTANCES) if d <= costs.cache_bytes()]
+def cold_bytes(r: OpRow, cache: int) -> int:
+    """The op's bytes caches of `cache` bytes no longer hold: last touched further back than the largest reuse
+    distance within their capacity (all of them without a measured cache)."""
+    at = [i for i, d in enumerate(REUSE_DISTANCES) if d <= cache]
     return r.cold[at[-1]] if at and r.cold else r.nbytes
 
 
@@ -176,7 +176,8 @@ def op_seconds(r: OpRow, costs: DeviceCosts) -> Dict[str, float]:
     else:  # elementwise: a 16-bit element costs this CPU an fp32 one and two conversions, not half the bytes
         rate = costs.elementwise.get(precision) or costs.elementwise.get("fp32", 0.0)
         compute = r.elements / rate if rate else 0.0
-    cache, cold = costs.cache_bytes(), cold_bytes(r, costs)
+    cache = costs.cache_bytes()
+    cold = cold_bytes(r, cache)
     hot_gbps, cold_gbps = costs.bandwidth(min(r.nbytes, cache or r.nbytes)), costs.copy_gbps
     memory = ((r.nbytes - cold) / (hot_gbps * 1e9) if hot_gbps else 0.0) + (cold / (cold_gbps * 1e9) if cold_gbps else 0.0)
     if costs.kernel_s and (r.elements or r.flops):  # a GPU kernel takes its launch's floor however little it does
@@ -199,8 +200,9 @@ def priced_phases(work: dict, costs: DeviceCosts) -> Dict[str, Dict[str, float]]
     for c in work.get("collectives", []):
         if c.get("phase") in out and costs.host:
             out[c["phase"]]["host"] += c["count"] * costs.host.collective
-    streamed = sum(cold_bytes(r, costs) * r.count for r in rows if r.phase == AFTER)
-    if costs.cold_start and costs.device == "cpu" and flushed(streamed, costs.cache_bytes()):
+    cache = costs.cache_bytes()
+    streamed = sum(cold_bytes(r, cache) * r.count for r in rows if r.phase == AFTER)
+    if costs.cold_start and costs.device == "cpu" and flushed(streamed, cache):
         calls = ops_in(rows, PHASE) + sum(c["count"] for c in work.get("collectives", []) if c.get("phase") == PHASE)
         out[PHASE]["cold"] = cold_start_seconds(costs.cold_start, calls, work.get("lines", {}).get(PHASE, 0))
     for terms in out.values():
