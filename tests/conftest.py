@@ -1,4 +1,4 @@
-"""Shared helpers: run the real CLI (`python -m harness.train`) in a subprocess, as a user would."""
+"""Shared helpers: run the real CLI (`python -m harness train`) in a subprocess, as a user would."""
 from __future__ import annotations
 
 import json
@@ -19,8 +19,9 @@ BACKENDS = flat_backends("cpu")  # every file in conf/backend/ but the hybrid on
 FAST = ["logger=none", "train.steps=5", "train.warmup_steps=2"]
 
 
-def cli_command(module: str = "harness.train") -> list[str]:
-    return [sys.executable, "-m", module]
+def cli_command(command: str = "train") -> list[str]:
+    """`python -m harness <command>`: a command of the table (harness/commands.py), as a user runs it."""
+    return [sys.executable, "-m", "harness", command]
 
 
 def cli(*overrides: str, timeout: int = 600, env_extra: dict | None = None) -> subprocess.CompletedProcess:
@@ -59,7 +60,7 @@ def sweeps(root: Path, named: dict, report: tuple = ()) -> dict:
 
 @pytest.fixture(scope="session")
 def llama_checkpoint(tmp_path_factory) -> Path:
-    """A pretrained tiny_llama checkpoint written here (`python -m harness.pretrain`): 40 AdamW steps from
+    """A pretrained tiny_llama checkpoint written here (`python -m harness pretrain`): 40 AdamW steps from
     another seed, saved as 4 safetensors shards with their index. pretrain.json beside it has its losses."""
     from harness.config.compose import compose
     from harness.studies.pretrain import write

@@ -1,5 +1,5 @@
-"""The advisor (`python -m harness.advise`): theory prunes the candidates, short real runs under the budget
-decide, and what it says holds when the user follows it through `harness.train`."""
+"""The advisor (`python -m harness advise`): theory prunes the candidates, short real runs under the budget
+decide, and what it says holds when the user follows it through `shardbench train`."""
 from __future__ import annotations
 
 import json
@@ -27,7 +27,7 @@ SHARDED = set(flat_backends()) - {"ddp"}  # every flat backend shards something 
 
 def advise(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": extensions_dir()}  # the probes' DeepSpeed ops, built once
-    return subprocess.run([sys.executable, "-m", "harness.advise", *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "harness", "advise", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -65,7 +65,7 @@ def test_dry_run_prunes_and_a_pruned_candidate_really_runs_out_of_memory(tmp_pat
     assert any(c["fits"] for c in candidates if c["backend"] == "ddp" and c["tp"] == 2)
     assert "no" in proc.stdout and "yes" in proc.stdout  # the printed table
     # the pruned candidate nearest the budget that theory puts clearly over it (by 10%, the margin; one inside
-    # the margin may fit, which is what the advisor's boundary probe checks), forced through harness.train: oom
+    # the margin may fit, which is what the advisor's boundary probe checks), forced through shardbench train: oom
     nearest = min((c for c in pruned if c["predicted_peak_bytes"] >= 1.1 * BUDGET_BYTES),
                   key=lambda c: c["predicted_peak_bytes"])
     run = cli(*[o for o in nearest["overrides"]], "model=tiny_llama", "logger=none", "train.steps=3",
@@ -86,7 +86,7 @@ def test_dry_run_prunes_and_a_pruned_candidate_really_runs_out_of_memory(tmp_pat
     (["model=llama_7b", "parallelism=gpu8", "train.precision=bf16", "--dry-run"], "give it with --device-gib"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, args, says):
-    # in this process: the command's own main (harness/advise.py is `sys.exit(main())`), refusing before
+    # in this process: the command's own main (harness/commands.py runs it so), refusing before
     # anything is measured or run; a subprocess per case cost 8-15 s of imports
     from harness.studies.advise_answer import main
 

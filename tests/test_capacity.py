@@ -48,7 +48,7 @@ def test_real_search_orders_backends_as_theory(tmp_path):
     # probe's two profiled steps: DDP 20.8 and 34.2, FSDP 24.6 and 35.7 MiB. With one profiled step FSDP's 1.69M
     # measured 27-28 MiB here and over 30 in CI (gloo releasing a reduce-scatter's clone a phase late, one step
     # in some): the lowest of two is what the budget bounds (capacity.PROBE), as make memory-check does
-    proc = subprocess.run([sys.executable, "-m", "harness.capacity", "--budget-mib", "30", "--backends", "ddp,fsdp",
+    proc = subprocess.run([sys.executable, "-m", "harness", "capacity", "--budget-mib", "30", "--backends", "ddp,fsdp",
                            "--rungs", "10", "--out", str(tmp_path), "logger=none"], cwd=REPO, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO
 from harness.core.checkpoint_dirs import MARKER, step_dir
-from harness.studies.subprocess_run import train_command
+from harness.core.spawn import train_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.drill]
 RUN = ("logger=none", "train.steps=6", "train.warmup_steps=1", "train.checkpoint_every=2", "train.measure_flops=false",

@@ -190,13 +190,13 @@ TOOL_MISTAKES = [
 @pytest.mark.parametrize("tool", ["train", "estimate", "advise"])
 @pytest.mark.parametrize("arg, says", TOOL_MISTAKES)
 def test_the_first_commands_refuse_a_mistake_in_one_line_before_heavy_imports(tool, arg, says):
-    # a walkthrough found harness.estimate dumping 28-70-line tracebacks after 6-10 s, and the advisor's
+    # a walkthrough found shardbench estimate dumping 28-70-line tracebacks after 6-10 s, and the advisor's
     # `--device-gib 1` and `model=llama3_8B` cryptic: every command now checks its line as train does
     import subprocess
     import sys
 
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", f"harness.{tool}", arg], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "harness", tool, arg], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-800:]
@@ -215,7 +215,7 @@ def test_every_shardbench_command_refuses_each_mistake_in_one_line(tmp_path, cap
     import json
     import sys
 
-    from harness.core import commands
+    from harness import commands
 
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -254,9 +254,9 @@ def test_an_unsupported_model_type_is_one_line_from_the_estimator_and_the_adviso
 
 
 def test_one_shardbench_command_runs_every_tool_and_names_the_nearest_one(capsys):
-    """`shardbench <command>` (the console script make install puts in .venv/bin: harness/core/commands.py)
-    is `python -m harness.<command>` for every tool module, hyphenated; a wrong name is one line."""
-    from harness.core import commands
+    """`shardbench <command>` (the console script make install puts in .venv/bin) and `python -m harness <command>`
+    read one table (harness/commands.py): every row's function and check resolve, a wrong name is one line."""
+    from harness import commands
 
     found = commands.commands()
     assert {"train", "estimate", "advise", "report", "bench", "memory-check", "gpu-check", "axes"} <= set(found)
@@ -264,6 +264,23 @@ def test_one_shardbench_command_runs_every_tool_and_names_the_nearest_one(capsys
     assert commands.main(["--help"]) == 0 and "memory-check" in capsys.readouterr().out
     assert commands.main(["memroy-check"]) == 2
     assert capsys.readouterr().err.strip() == "shardbench: no command memroy-check; did you mean memory-check?"
+    for row in commands.COMMANDS.values():  # a row naming a function that is not there fails here, not for a user
+        assert callable(commands.resolve(row.target)) and (row.check is None or callable(commands.resolve(row.check)))
+
+
+def test_python_dash_m_harness_is_the_same_table():
+    """`python -m harness` lists the table and runs a command's check as shardbench does (one process, 1-2 s)."""
+    import subprocess
+    import sys
+
+    from harness import commands
+
+    listed = subprocess.run([sys.executable, "-m", "harness", "--help"], cwd=REPO, capture_output=True, text=True,
+                            timeout=60)
+    assert listed.returncode == 0 and all(f"  {name} " in listed.stdout for name in commands.COMMANDS), listed.stdout
+    refused = subprocess.run([sys.executable, "-m", "harness", "estimate", "--devce-gib", "80"], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and refused.stderr.startswith("estimate: invalid input: --devce-gib"), refused
 
 
 def test_the_installed_shardbench_script_refuses_bad_input_in_one_line(capsys):

@@ -71,7 +71,7 @@ def test_4_gloo_ranks_report_every_op_size_and_level_and_the_time_model_reads_ea
 
 @pytest.mark.drill
 def test_the_collectives_command_runs_4_ranks_under_torchrun_and_reports_them(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "harness.collectives", "--max-mib", "0.00390625", "--iters", "3",
+    proc = subprocess.run([sys.executable, "-m", "harness", "collectives", "--max-mib", "0.00390625", "--iters", "3",
                            "--out", str(tmp_path), "--ranks-per-node", "2", "parallelism.nproc_per_node=4",
                            "logger=none"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -2,7 +2,7 @@
 the commands and config as they are now; the pages build as a site with mkdocs --strict (no broken link); and
 the README stays a front door of at most 200 lines.
 
-A documented line is checked without running anything: `shardbench <command> ...` (and `python -m harness.<module>`)
+A documented line is checked without running anything: `shardbench <command> ...` (and `python -m harness <command>`)
 through the command's own check with SHARDBENCH_CHECK_ONLY set (config/command_line.py); `shardbench train ...`
 through the same override check, composition and rules as a real launch (with a GPU count a doc's GPU config
 asks for); `make <target> ...` against the Makefile's targets, its ARGS through the command the target runs.
@@ -35,17 +35,16 @@ def command_lines(text: str):
         if fenced or line.startswith("    "):
             block.append(line.strip())
     # and the commands quoted in the prose, but for those with a placeholder (<dir>) or an ellipsis
-    spans = [m for m in re.findall(r"`((?:shardbench|make|python -m harness\.)[^`]*)`", text) if not
+    spans = [m for m in re.findall(r"`((?:shardbench|make|python -m harness )[^`]*)`", text) if not
              re.search(r"<[a-z_]+>|\.\.\.|[<>]", m)]
     for line in "\n".join(block).replace("\\\n", " ").splitlines() + spans:
         line = line.split(" # ", 1)[0].split("  #", 1)[0].strip()
         while re.match(r"^[A-Z_]+=\S*\s", line):  # VAR=value before the command
             line = line.split(None, 1)[1]
-        if not line.startswith(("shardbench", "make ", "python -m harness.")):
+        if not line.startswith(("shardbench", "make ", "python -m harness ")):
             continue
         words = shlex.split(line)
-        if words[:1] == ["shardbench"] or words[:1] == ["make"] or words[:2] == ["python", "-m"] and \
-                words[2].startswith("harness."):
+        if words[:1] in (["shardbench"], ["make"]) or words[:3] == ["python", "-m", "harness"]:
             out.append(words)
     return out
 
@@ -58,7 +57,7 @@ def make_command(words):
     target, assigns = words[1], dict(w.split("=", 1) for w in words[2:] if "=" in w)
     assert target in TARGETS, f"make {target}: no such target"
     recipe = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)+)", MAKEFILE, re.M)
-    module = re.search(r"-m harness\.(\w+)", recipe.group(1)) if recipe else None
+    module = re.search(r"-m harness ([\w-]+)", recipe.group(1)) if recipe else None
     if target == "sweep":
         assert (REPO / "conf" / "experiment" / f"{assigns['EXP']}.yaml").exists(), f"no experiment {assigns['EXP']}"
         return "train", [f"experiment={assigns['EXP']}", *shlex.split(assigns.get("ARGS", ""))]
@@ -83,7 +82,7 @@ def check_train(args, page):
 @pytest.mark.parametrize("page, words", DOCUMENTED, ids=[f"{p}: {' '.join(w)[:70]}" for p, w in DOCUMENTED])
 def test_every_documented_command_line_checks(page, words, monkeypatch, capsys):
     from harness.config.command_line import CHECK_ONLY
-    from harness.core import commands
+    from harness import commands
 
     if words[0] == "make":
         found = make_command(words)
@@ -91,7 +90,7 @@ def test_every_documented_command_line_checks(page, words, monkeypatch, capsys):
             return
         name, args = found[0].replace("_", "-"), found[1]
     elif words[0] == "python":
-        name, args = words[2].split(".", 1)[1].replace("_", "-"), words[3:]
+        name, args = (words[3], words[4:]) if len(words) > 3 else ("--help", [])
     else:
         name, args = (words[1], words[2:]) if len(words) > 1 else ("--help", [])
     if name == "--help":

@@ -116,7 +116,7 @@ def test_a_disk_that_fills_during_a_sweep_fails_that_run_and_damages_nothing_ear
         assert ddp_summary.read_bytes() == ddp_before  # the earlier result is intact, byte for byte
         assert "[invalid] fsdp_grad_op" in out and "only 0 MiB free" in out  # the next run is a row, not a crash
         (disk / "filler").unlink()
-        rebuilt = subprocess.run([*cli_command("harness.report"), str(sweep_dir)], cwd=REPO, capture_output=True,
+        rebuilt = subprocess.run([*cli_command("report"), str(sweep_dir)], cwd=REPO, capture_output=True,
                                  text=True)
         assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
         table = (sweep_dir / "summary.md").read_text()
@@ -130,7 +130,7 @@ def test_a_save_that_fills_the_disk_fails_naming_it_and_the_previous_checkpoint_
     step 6 hits ENOSPC. The row says `disk full while saving step 6`, step 3's checkpoint is intact, and once
     there is room train.resume=auto goes on from it."""
     from harness.core.checkpoint_dirs import MARKER, damage, step_dir
-    from harness.studies.subprocess_run import train_command
+    from harness.core.spawn import train_command
 
     with tmpfs(tmp_path / "disk", "16m") as disk:
         run_dir = disk / "runs" / "save"

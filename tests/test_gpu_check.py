@@ -77,7 +77,7 @@ def test_an_oom_that_did_not_happen_fails_its_check(tmp_path):
 
 
 def test_on_a_machine_without_cuda_it_refuses_in_one_line(capsys):
-    # the command's own main under its one-line wrapper (harness/gpu_check.py), in this process: a subprocess
+    # the command's own main under its one-line wrapper (the command table runs it so: harness/commands.py), in this process: a subprocess
     # cost 1.6 s of imports
     from harness.config.command_line import one_line
 

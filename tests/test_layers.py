@@ -1,6 +1,8 @@
 """The package's layers, read from the source with `ast` (nothing is imported): every import between harness
 modules goes down the layers or stays inside one package, and no import cycle exists, including imports
-made inside functions. The parent refuses bad input without loading torch."""
+made inside functions. A process the harness starts itself through the command table (core/spawn.py:
+`command_argv("<name>")`, `train_command(...)`) counts as an import of that command's module. The parent refuses
+bad input without loading torch."""
 from __future__ import annotations
 
 import ast
@@ -14,7 +16,8 @@ from conftest import REPO
 
 PACKAGE = REPO / "harness"
 # Lower imports from nothing above it. runtime (inside a rank) and launcher (the parent) are siblings: neither
-# may import the other. A module directly in harness/ is a command, the top.
+# may import the other. The modules directly in harness/ (the command table, commands.py, and `python -m harness`)
+# are the top.
 # backends (one package per strategy family) sit above runtime: a family's strategy.py subclasses the runtime's
 # Strategy. config and theory reach them only through the registry (config/families.py), which loads a family's
 # package by name, so no static import goes up.
@@ -32,11 +35,42 @@ def modules() -> Dict[str, Path]:
     return {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
-def imports_of(name: str, path: Path, known: Set[str]) -> Set[str]:
-    """Harness modules that `name` imports anywhere in its file (top level or inside functions)."""
-    is_package = path.name == "__init__.py"
+def command_modules() -> Dict[str, str]:
+    """{command name: the module of its function}, read from the command table's source."""
+    out = {}
+    for node in ast.walk(ast.parse((PACKAGE / "commands.py").read_text())):
+        if isinstance(node, ast.Dict) and node.keys and all(isinstance(k, ast.Constant) for k in node.keys):
+            for key, row in zip(node.keys, node.values):
+                target = row.args[0] if isinstance(row, ast.Call) and row.args else None
+                if isinstance(target, ast.JoinedStr):  # f"{STUDIES}.estimate:main"
+                    target = ast.Constant("harness.studies" + "".join(
+                        v.value for v in target.values if isinstance(v, ast.Constant)))
+                if isinstance(target, ast.Constant):
+                    out[key.value] = target.value.split(":")[0]
+    return out
+
+
+def spawned_by(tree: ast.AST) -> Set[str]:
+    """The commands a module starts as processes of their own through core/spawn.py."""
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            called = getattr(node.func, "id", getattr(node.func, "attr", ""))
+            if called == "train_command":
+                out.add("train")
+            elif called == "command_argv" and node.args and isinstance(node.args[0], ast.Constant):
+                out.add(node.args[0].value)
+    return out
+
+
+def imports_of(name: str, path: Path, known: Set[str]) -> Set[str]:
+    """Harness modules that `name` imports anywhere in its file (top level or inside functions), and the modules
+    of the commands it spawns."""
+    is_package = path.name == "__init__.py"
+    tree = ast.parse(path.read_text())
+    table = command_modules()
+    out = {table[c] for c in spawned_by(tree) if c in table} if name != "harness.core.spawn" else set()
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("harness")}
         elif isinstance(node, ast.ImportFrom):
@@ -117,13 +151,20 @@ def test_the_checks_catch_an_upward_import_and_a_cycle():
 def test_every_subpackage_is_a_named_layer():
     packages = {p.parent.relative_to(PACKAGE).parts[0] for p in PACKAGE.rglob("*.py") if p.parent != PACKAGE}
     assert packages == set(LAYERS)
-    commands = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
-    for command in commands:  # a command is a thin entry point: the code lives in a layer
-        assert len((PACKAGE / f"{command}.py").read_text().splitlines()) <= 30, command
+    # no forwarders: the command table is the only way in, and each of its rows names a module of a layer
+    assert sorted(p.stem for p in PACKAGE.glob("*.py")) == ["__init__", "__main__", "commands"]
+    table = command_modules()
+    assert len(table) >= 20 and all(layer(m)[0] < COMMANDS and m in modules() for m in table.values()), table
+
+
+def test_a_spawn_through_the_table_is_seen_as_an_import():
+    g = graph()
+    assert "harness.launcher.warm_ops" in g["harness.launcher.ops"]  # ops.py starts `warm-ops` as a process
+    assert "harness.launcher.train" in g["harness.studies.hybrid"]  # a study starts runs as a user does
 
 
 def test_the_parent_validates_without_importing_torch():
-    code = ("import sys; import harness.train; from harness.config.compose import compose; "
+    code = ("import sys; import harness.launcher.train; from harness.config.compose import compose; "
             "from harness.config import rules; cfg = compose(['backend=ds_zero3', 'train.precision=fp16']); "
             "assert rules.problems(cfg, lambda: 0); print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

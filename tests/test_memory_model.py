@@ -268,7 +268,7 @@ def test_peak_tensor_memory_by_kind_bf16(bf16_runs, name):
 
 
 def test_deepspeed_is_told_its_accelerator_so_that_the_tools_print_no_warning_of_their_own():
-    # `harness.estimate` and `harness.advise` printed DeepSpeed's "Setting accelerator to CPU. If you have GPU
+    # `shardbench estimate` and `shardbench advise` printed DeepSpeed's "Setting accelerator to CPU. If you have GPU
     # ..." in the middle of their tables: DS_ACCELERATOR (DeepSpeed's own override) names the one it would pick
     import os
     import subprocess

@@ -1,4 +1,4 @@
-"""DeepSpeed's JIT op builds never hang a later run (launcher/op_builds.py, harness.warm_ops, launcher/ops.py).
+"""DeepSpeed's JIT op builds never hang a later run (launcher/op_builds.py, shardbench warm-ops, launcher/ops.py).
 
 In-process (make test): a lock nobody holds is stale and removed with one line; a lock a live process holds is
 waited for visibly, then the wait ends when it goes, or at its bound with the op and the setting named; an op
@@ -105,7 +105,7 @@ def test_warm_ops_stopped_by_a_signal_says_so_and_leaves_nothing_behind(ext, sig
 
     lease = RunLock(ext, name=op_builds.lease_name("cpu_adam")).acquire()
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "harness.warm_ops", "--only", "cpu_adam"], cwd=REPO,
+        proc = subprocess.Popen([sys.executable, "-m", "harness", "warm-ops", "--only", "cpu_adam"], cwd=REPO,
                                 env={**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)}, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert "waiting for another process" in proc.stdout.readline()
@@ -178,7 +178,7 @@ def test_a_run_whose_op_is_never_ready_ends_as_timeout_before_any_rank_starts(tm
     holder = holding(lock)
     run_dir = tmp_path / "runs" / "zero2"
     try:
-        proc = subprocess.run([sys.executable, "-m", "harness.train", "backend=ds_zero2", "logger=none",
+        proc = subprocess.run([sys.executable, "-m", "harness", "train", "backend=ds_zero2", "logger=none",
                                "ops.build_timeout_s=2", f"hydra.run.dir={run_dir}", f"paths.root={tmp_path / 'runs'}"],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     finally:
@@ -215,7 +215,7 @@ def fresh_extensions(tmp_path: Path) -> dict:
 def start_warm_ops(env: dict, log: Path) -> subprocess.Popen:
     """Its output to a file: the compilers of a SIGKILLed build outlive it and would hold a pipe open."""
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "harness.warm_ops"], cwd=REPO, env=env, text=True,
+        return subprocess.Popen([sys.executable, "-m", "harness", "warm-ops"], cwd=REPO, env=env, text=True,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -233,7 +233,7 @@ def until_compiling(env: dict, proc: subprocess.Popen, timeout_s: float = 120) -
 
 def start_train(env: dict, run_dir: Path, log: Path) -> subprocess.Popen:
     with open(log, "w") as err:
-        return subprocess.Popen([sys.executable, "-m", "harness.train", *RUN, f"hydra.run.dir={run_dir}",
+        return subprocess.Popen([sys.executable, "-m", "harness", "train", *RUN, f"hydra.run.dir={run_dir}",
                                  f"paths.root={run_dir.parent}"], cwd=REPO, env=env, text=True,
                                 stdout=subprocess.DEVNULL, stderr=err)
 

@@ -14,7 +14,7 @@ from harness.runtime import models, preflight
 from harness.runtime.errors import MemoryBudgetExceeded
 from harness.theory.predict import predict
 
-# the example: tiny_llama at 100,000 sequences a micro-batch, ~90 GB a rank by harness.estimate
+# the example: tiny_llama at 100,000 sequences a micro-batch, ~90 GB a rank by shardbench estimate
 TOO_BIG = ["parallelism.micro_batch=100000"]
 
 

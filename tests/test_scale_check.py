@@ -24,7 +24,7 @@ CELL = ["--models", "llama_1b", "--wide", "", "--worlds", "64", "--backends", "f
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
     out = tmp_path_factory.mktemp("scale_check")
-    proc = subprocess.run([sys.executable, "-m", "harness.scale_check", *CELL, "--out", str(out)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "harness", "scale-check", *CELL, "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     rows = json.loads((out / "scale_check.json").read_text())
     return proc, out, {r["backend"] + (f"-tp{r['tp']}" if r.get("tp", 1) > 1 else ""): r for r in rows}

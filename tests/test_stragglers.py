@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 from harness.core.records import RankReport
 from harness.reporting.time_and_comm import stragglers, time_notes
-from harness.studies.subprocess_run import train_command
+from harness.core.spawn import train_command
 
 
 def rank(r: int, step: float, waiting: float) -> RankReport:

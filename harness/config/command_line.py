@@ -3,7 +3,7 @@
 Every `shardbench <command>` (and `python -m harness.<command>`) parses its line through `parse`, before it
 imports torch, transformers or DeepSpeed: a misspelt flag, a word that is neither a flag nor an override, an
 override Hydra cannot read, an unknown option of a config group (`model=llama3_8B`), a key the schema lacks or
-a value of the wrong type is one line naming the nearest valid name, as `harness.train` refuses them
+a value of the wrong type is one line naming the nearest valid name, as `shardbench train` refuses them
 (config/overrides.py), and the command exits 2 within about a second. What only the composed config can tell
 (an unsupported `model.hf_config`, a degree the model cannot split) `one_line` turns into one line the same way.
 With SHARDBENCH_CHECK_ONLY=1 a command stops after the check (tests/test_docs.py checks every documented line so).

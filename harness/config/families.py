@@ -57,7 +57,7 @@ class Family:
     strategy_class_name = ""  # the runtime Strategy subclass in the package's strategy.py (torch; rank only)
     # the native/parity rows (config/profiles.py; the table in docs/strategies.md)
     differences: Tuple[Difference, ...] = ()
-    layout_notes: Dict[str, str] = {}  # why the real storage differs from the ZeRO paper (harness.estimate)
+    layout_notes: Dict[str, str] = {}  # why the real storage differs from the ZeRO paper (shardbench estimate)
     pass_through: Tuple[str, ...] = ()  # fields holding the framework's own keys, checked by its rules, not ours
     term_names: Dict[str, str] = {}  # its theory's peak terms, named for a user (reporting/memory_story.py)
     framework = ""  # whose code runs it, as a user names it in a message ("DeepSpeed's cpu_adam op")
@@ -109,7 +109,7 @@ class Family:
 
     def load_jit_op(self, op: str) -> bool:
         """Build (or find built) and load one of `jit_op_names`; False when this accelerator has no such op.
-        Called by `make warm` (studies/warm_ops.py) in a process of its own."""
+        Called by `make warm` (launcher/warm_ops.py) in a process of its own."""
         raise NotImplementedError(f"{type(self).__name__} builds no JIT ops")
 
     def shape_fields(self, cfg, mesh, counts: Dict[str, Any]) -> Dict[str, Any]:

@@ -70,7 +70,7 @@ def flag_problem(flags: List[str], argv: List[str]) -> Optional[str]:
 
 
 def hydra_flags() -> List[str]:
-    """The flags `python -m harness.train` takes: Hydra's own (-m, --cfg, --info, ...)."""
+    """The flags `python -m harness train` takes: Hydra's own (-m, --cfg, --info, ...)."""
     from hydra._internal.utils import get_args_parser
 
     return [o for action in get_args_parser()._actions for o in action.option_strings]

@@ -1,6 +1,6 @@
 """Multi-node runs: one owner of the run dir, and the other nodes' launchers as its followers.
 
-Every node runs the same command (`python -m harness.train parallelism.nnodes=N ...`), with its node rank in
+Every node runs the same command (`python -m harness train parallelism.nnodes=N ...`), with its node rank in
 SHARDBENCH_NODE_RANK (or SLURM_NODEID under SLURM) and the rendezvous host in SHARDBENCH_MASTER_ADDR (or the
 allocation's first host). They share one run dir on a shared filesystem:
 

@@ -8,7 +8,7 @@ lock nobody holds is stale: its build is dead, and what it left (the lock, half-
 compilers it started, still running in the op's dir) is removed before the op is built again.
 
 A finished build is marked by shardbench itself: `shardbench-built.json` in the op's dir, written by
-`harness.warm_ops` once the op has loaded, with the torch and DeepSpeed versions it was built against. An op
+`shardbench warm-ops` once the op has loaded, with the torch and DeepSpeed versions it was built against. An op
 without it counts as not built, whatever files are there, so a partial build is never taken for a finished one.
 
 shardbench's own builds of an op queue on a flock (`<extensions>/.<op>.build.lock`, core/runlock.py) that names

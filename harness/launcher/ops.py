@@ -2,7 +2,7 @@
 
 A rank that finds an op unbuilt compiles it inside its setup, silently, and waits forever behind a lock that a
 killed build left (launcher/op_builds.py). So the parent builds the missing ops first, in `python -m
-harness.warm_ops --only ...` (a child process: the parent imports no torch), whose lines (building, waiting for
+shardbench warm-ops --only ...` (a child process: the parent imports no torch), whose lines (building, waiting for
 another build, a stale lock removed) reach the terminal and `ops.log` in the run dir. A build that fails or
 waits past `ops.build_timeout_s` ends the run with that reason; no rank has started.
 """
@@ -17,10 +17,11 @@ from typing import Optional
 from ..config import derive, families
 from ..core.records import RunSummary
 from ..core.rundir import RunDir
+from ..core.spawn import command_argv
 from . import op_builds
 from .torchrun import sigterm_as_interrupt
 
-TIMED_OUT = 3  # harness.warm_ops's exit code for a wait that ran out
+TIMED_OUT = 3  # shardbench warm-ops's exit code for a wait that ran out
 
 
 def _pump(stream, log, lines: list) -> None:
@@ -45,7 +46,7 @@ def ensure_ops(cfg, run_dir: RunDir, env: dict, log_name: str = "ops.log") -> Op
 
 def _build(cfg, run_dir: RunDir, env: dict, missing: list, log_name: str) -> Optional[RunSummary]:
     bound = cfg.ops.build_timeout_s
-    cmd = [sys.executable, "-m", "harness.warm_ops", "--only", ",".join(missing), "--timeout-s", str(bound)]
+    cmd = command_argv("warm-ops", "--only", ",".join(missing), "--timeout-s", str(bound))
     lines: list[str] = []
     with open(run_dir.root / log_name, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

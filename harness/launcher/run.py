@@ -214,7 +214,7 @@ def run_locked(cfg: DictConfig, hc, run_dir: RunDir, in_sweep: bool, notes: list
 
 
 def command(hydra_main) -> None:
-    """`python -m harness.train`: the command line's overrides checked before Hydra (whose own errors run to
+    """`python -m harness train`: the command line's overrides checked before Hydra (whose own errors run to
     7-15 lines), then Hydra's main; Ctrl-C ends with the line that says how to resume."""
     from ..config import overrides
 

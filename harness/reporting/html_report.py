@@ -1,5 +1,5 @@
 """The offline dashboard of a sweep: report.md and a self-contained report.html, with the plots of plots.py.
-`python -m harness.report <sweep_dir>` (make report) rebuilds it with the tables (sweep_report.py).
+`python -m harness report <sweep_dir>` (make report) rebuilds it with the tables (sweep_report.py).
 
 Built from the run dirs alone, so it can be rebuilt at any time, and it tolerates runs that died at any
 point: they are rows with their status, and the plots skip what they lack. Plots are matplotlib (Agg).

@@ -1,7 +1,7 @@
 """A sweep's whole report, rebuilt from its run dirs at any time: summary.csv and summary.md, the console table,
 report.md / report.html with plots, and (at the end of a sweep) a W&B summary run.
 
-    python -m harness.report <sweep_dir>        (make report SWEEP=<sweep_dir>)
+    python -m harness report <sweep_dir>        (make report SWEEP=<sweep_dir>)
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Fault injection, so that every failure path can be tested on CPU with real ranks (`fault.kind=...`).
 
-    python -m harness.train fault.kind=kill fault.rank=1 fault.step=3     # SIGKILL rank 1 at step 3
+    python -m harness train fault.kind=kill fault.rank=1 fault.step=3     # SIGKILL rank 1 at step 3
     fault.kind: none | raise (an exception) | nan (a non-finite loss) | hang (stop in place, as a rank
                 stuck outside a collective does) | kill (SIGKILL itself) | segfault (SIGSEGV in native code:
                 the row's reason names the Python frame it hit) | oom (ask for more memory than

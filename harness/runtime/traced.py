@@ -1,5 +1,5 @@
 """One rank of a run at any world size, on fake tensors over a fake process group: what the code allocates and
-sends, with no hardware (`python -m harness.scale_check`, `harness.estimate --traced`).
+sends, with no hardware (`python -m harness scale-check`, `shardbench estimate --traced`).
 
 Rank 0 of a world of N is built exactly as a real rank is (runtime/worker.prepare: the model's construction
 and init path, the strategy's wrapping, mixed-precision policy and optimizer), then runs the train loop's own

@@ -1,8 +1,8 @@
 """`make advise`: which strategy should I use? Theory prunes and orders the candidates, short real runs
 measure the best ones, and the answer names the winner and why every other backend lost.
 
-    python -m harness.advise model=small_llama --device-gib 0.0625 [--global-batch 16] [--max-probes 12]
-    python -m harness.advise model=llama_7b parallelism=gpu8 train.precision=bf16 --dry-run --device-gib 80
+    python -m harness advise model=small_llama --device-gib 0.0625 [--global-batch 16] [--max-probes 12]
+    python -m harness advise model=llama_7b parallelism=gpu8 train.precision=bf16 --dry-run --device-gib 80
 
 The candidates are every backend x tensor-parallel degree x micro-batch x activation-checkpointing policy
 (`--ac-policies`: none, full, every_2, selective_op; config/recompute.py), at

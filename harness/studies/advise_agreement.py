@@ -2,7 +2,7 @@
 advice.json) planned again, theory only, with today's time model (studies/advise_time.py), and its first choice
 set beside the measured winner, and beside the first choice of the plan the advice was made with.
 
-    python -m harness.advise_agreement [--advice results/advise] [--out results/advise/agreement.md]
+    python -m harness advise-agreement [--advice results/advise] [--out results/advise/agreement.md]
 
 A choice agrees on the backend (the question a user asks: which strategy) and on the candidate (backend,
 micro-batch and checkpointing). The measured winner is among the candidates that were probed, which the plan of
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 from typing import List
 
@@ -49,7 +48,7 @@ def compare(advice: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.advise_agreement", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m harness advise-agreement", description=__doc__.split("\n\n")[0])
     ap.add_argument("--advice", default=str(REPO / "results" / "advise"))
     ap.add_argument("--out", default=str(REPO / "results" / "advise" / "agreement.md"))
     args = parse("advise-agreement", ap, argv, takes_overrides=False)[0]
@@ -57,7 +56,7 @@ def main(argv=None) -> int:
     n = len(rows)
     count = lambda key: sum(r[key] for r in rows)  # noqa: E731
     lines = ["# The advisor's dry run against its measured winners", "",
-             f"`python -m harness.advise_agreement`: {n} committed advice(s) in {args.advice}, each planned again "
+             f"`python -m harness advise-agreement`: {n} committed advice(s) in {args.advice}, each planned again "
              "with today's time model, theory only.", "",
              f"- today's dry run: the winner's backend {count('today_backend_agrees')} of {n}, the winning candidate "
              f"{count('today_agrees')} of {n}",
@@ -72,7 +71,3 @@ def main(argv=None) -> int:
     write_text(Path(args.out), "\n".join(lines))
     print("\n".join(lines))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -271,7 +271,7 @@ def main(argv=None) -> int:
     parser = advise_parser()
     args, overrides = parser.parse_known_args(argv)
     budget = int(args.device_gib * GIB) if args.device_gib else None
-    try:  # bad input is refused as harness.train refuses it, before anything is measured or run
+    try:  # bad input is refused as shardbench train refuses it, before anything is measured or run
         cfg = compose([*overrides, f"train.memory_budget_bytes={budget or 0}"])
         # a dry run plans for hardware you may not have: only the machine-independent rules apply
         rules.check(cfg, **({"cuda_devices": lambda: cfg.parallelism.nproc_per_node} if args.dry_run else {}))
@@ -304,9 +304,5 @@ def main(argv=None) -> int:
         return 0
     measure(p, args.max_probes, out, args.force)
     result = answer(p)
-    write(p, result, out, "python -m harness.advise " + " ".join(argv if argv is not None else sys.argv[1:]))
+    write(p, result, out, "python -m harness advise " + " ".join(argv if argv is not None else sys.argv[1:]))
     return 0 if result["winner"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

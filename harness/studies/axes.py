@@ -2,7 +2,7 @@
 DeepCompile), each run set beside its own baseline: tokens/s, the measured peak against the memory model's,
 and the loss curve against the baseline's within the axis's stated tolerance.
 
-    python -m harness.axes [--runs results/sweeps/axes] [--out experiments/axes]    # after make sweep EXP=axes
+    python -m harness axes [--runs results/sweeps/axes] [--out experiments/axes]    # after make sweep EXP=axes
 
 A row's baseline is the run of the same backend with every axis at its default (no checkpointing, eager,
 bf16 or fp32 as the sweep sets, no float8, no DeepCompile). Its loss difference is the largest relative
@@ -151,7 +151,7 @@ def main(argv: List[str] | None = None) -> int:
         return 2
     rows = rows_of(found)
     out = REPO / args.out
-    text = render(rows, "Axes: checkpointing policy x compile x backend", "make sweep EXP=axes; python -m harness.axes")
+    text = render(rows, "Axes: checkpointing policy x compile x backend", "make sweep EXP=axes; python -m harness axes")
     write_text(out / "axes.md", text)
     write_json(out / "axes.json", [{k: v for k, v in r.items() if k != "figures"} for r in rows])
     print(text)

@@ -1,6 +1,6 @@
 """`make bench`: is the harness the bottleneck? Its steady-state step time against a loop written without it.
 
-    python -m harness.bench [--backends ddp,fsdp,fsdp_grad_op,ds_zero2,ds_zero3,accelerate_ddp] [--pairs 48]
+    python -m harness bench [--backends ddp,fsdp,fsdp_grad_op,ds_zero2,ds_zero3,accelerate_ddp] [--pairs 48]
                             [--launches 4] [--processes] [overrides...]
 
 The yardstick is `studies/independent_loop.py`: a user's script that shares no code with the harness (the model
@@ -10,7 +10,7 @@ optimizer and precision (`spec_of`: the harness run's resolved config, as plain 
 first. By default both train in the same ranks of a launch (studies/bench_worker.py: the harness run as a cell,
 the code of a run's rank), so that a pair differs only by its loop's code, and the pairs are split over
 `--launches` launches a backend, interleaved across backends, since a launch's pairs share its process and cores;
-`--processes` runs each side its own launch (`python -m harness.train`, then torchrun of the independent loop),
+`--processes` runs each side its own launch (`python -m harness train`, then torchrun of the independent loop),
 which on this 2-core machine left intervals of +-8% at 8 pairs. Each pair gives median(harness steps) /
 median(independent steps) after warm-up; the figure is the median of the pair ratios with a 95% bootstrap
 interval (over launches, then pairs: launch_interval), so that a ratio is read against its own noise.
@@ -36,7 +36,7 @@ from ..core.paths import REPO
 from ..core.rundir import RunDir, write_json, write_text
 from ..launcher.torchrun import rank_env, torchrun_cmd
 from ..config.command_line import parse
-from .subprocess_run import train_command
+from ..core.spawn import train_command
 
 WORKER = "harness.studies.bench_worker"
 
@@ -294,7 +294,7 @@ def main(argv=None) -> int:
               f"{row['independent_median_s'] * 1e3:8.2f} "
               f"ms  paired ratio {row['ratio']:.3f} [{row['interval_95'][0]:.3f}, {row['interval_95'][1]:.3f}]  "
               f"{verdict(row, TARGET)}", flush=True)
-    command = "python -m harness.bench " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = "python -m harness bench " + shlex.join(argv if argv is not None else sys.argv[1:])
     settings = DEFAULTS + ([] if args.processes else IN_LAUNCH) + overrides
     pairs = args.pairs if args.processes else per_launch * args.launches  # what ran: whole launches
     record = {"command": command, "settings": settings, "pairs": pairs,
@@ -322,7 +322,3 @@ def main(argv=None) -> int:
               f"{', '.join(f'{x:.3f}' for x in r['ratio_per_pair'])} |" for r in rows]
     write_text(out_dir / "bench.md", "\n".join(lines) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

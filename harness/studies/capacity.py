@@ -1,7 +1,7 @@
 """`make capacity`: the largest model each backend trains under a per-rank memory budget.
 
-    python -m harness.capacity --budget-mib 256 [--backends ddp,fsdp,...] [--rungs 14] [overrides...]
-    python -m harness.capacity --micro-batch --budget-mib 30000 model=llama_1b parallelism=gpu1   # largest micro-batch
+    python -m harness capacity --budget-mib 256 [--backends ddp,fsdp,...] [--rungs 14] [overrides...]
+    python -m harness capacity --micro-batch --budget-mib 30000 model=llama_1b parallelism=gpu1   # largest micro-batch
 
 Models come from a size ladder: a Llama whose width and depth both grow, so that each rung has about 1.5x
 the parameters of the one below (`ladder`). For each backend, the memory model proposes the largest rung it
@@ -28,7 +28,7 @@ from ..core.rundir import RunDir, read_json, write_json, write_text
 from ..runtime.compiled_activations import counts_for
 from ..theory.predict import predict
 from ..reporting.plots import pyplot
-from .subprocess_run import train_command
+from ..core.spawn import train_command
 
 # a probe is a short run, logged like any other (pass logger=none to keep probes out of W&B); it needs no
 # FLOPs or time breakdown, but keeps profiled memory steps, whose peak the budget bounds on CPU: the lowest of
@@ -220,9 +220,5 @@ def main(argv=None) -> int:
         print(f"{backend}: largest {row['largest']} ({row['largest_params']:,} params), theory {row['predicted']}, "
               f"{row['probes']} probes", flush=True)
         rows.append(row)
-    write(rows, out, "python -m harness.capacity " + " ".join(argv if argv is not None else sys.argv[1:]), budget)
+    write(rows, out, "python -m harness capacity " + " ".join(argv if argv is not None else sys.argv[1:]), budget)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

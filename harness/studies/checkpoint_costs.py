@@ -1,6 +1,6 @@
 """`make checkpoint`: what saving and resuming cost under each backend, measured, with theory's bytes beside.
 
-    python -m harness.checkpoint_costs [--out results/checkpoint] [--model small_llama] [overrides]
+    python -m harness checkpoint-costs [--out results/checkpoint] [--model small_llama] [overrides]
 
 Every flat backend trains --model (fp32, 2 ranks, 6 steps) and saves after steps 3 and 6 (runtime/train_state.py);
 DDP and FSDP2 once more with DCP's asynchronous save. Then each resumes its step-3 checkpoint at the same 2 ranks
@@ -108,7 +108,7 @@ def main(argv: List[str] | None = None) -> int:
     args, extra = parse("checkpoint-costs", parser, argv)
     out = Path(args.out).resolve()
     rows = measure(out / "runs", args.model, extra)
-    command = "python -m harness.checkpoint_costs " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m harness checkpoint-costs " + " ".join(argv if argv is not None else sys.argv[1:])
     text = f"Command: `{command}`\n\n" + render(rows, args.model)
     write_text(out / "checkpoint.json", json.dumps(rows, indent=1))
     write_text(out / "checkpoint.md", text)

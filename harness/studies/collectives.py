@@ -1,8 +1,8 @@
 """`make collectives`: time all-reduce, reduce-scatter, all-gather, broadcast, and reduce-scatter followed by
 all-gather, from 1 KiB to 256 MiB, and report bandwidth as nccl-tests defines it.
 
-    python -m harness.collectives [--max-mib 256] [--out results/collectives] [overrides: parallelism=..., logger=...]
-    python -m harness.collectives parallelism.nproc_per_node=4 --ranks-per-node 2   # two levels, as 2 nodes of 2
+    python -m harness collectives [--max-mib 256] [--out results/collectives] [overrides: parallelism=..., logger=...]
+    python -m harness collectives parallelism.nproc_per_node=4 --ranks-per-node 2   # two levels, as 2 nodes of 2
 
 With --ranks-per-node k the ranks are taken as nodes of k (numbered node by node) and each collective is also
 timed over the two levels the hybrid backends use: groups of one node's k ranks, and groups of one rank from
@@ -140,9 +140,5 @@ def main(argv=None) -> int:
         print(f"collectives: ranks failed (exit {proc.returncode})", file=sys.stderr)
         return 1
     rows = json.loads((out_dir / "collectives.json").read_text())
-    report(rows, out_dir, cfg, "python -m harness.collectives " + " ".join(argv if argv is not None else sys.argv[1:]))
+    report(rows, out_dir, cfg, "python -m harness collectives " + " ".join(argv if argv is not None else sys.argv[1:]))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """`make device-costs`: what this device costs the time model (theory/op_costs.py), measured once and kept in
 results/device_costs/<device>.json, as `make collectives` keeps its table.
 
-    python -m harness.device_costs [--worlds 2,3,4] [--backends ddp,...] [--no-calibrate] [--out results/device_costs]
+    python -m harness device-costs [--worlds 2,3,4] [--backends ddp,...] [--no-calibrate] [--out results/device_costs]
 
 1. At each world size, every rank at once (device_costs_worker.py): the matmul rate in fp32 and bf16, the copy
    bandwidth, and each collective's per-call time inside busy processes, 4 B to 16 MiB, after host work of
@@ -30,7 +30,6 @@ import datetime
 import json
 import platform
 import subprocess
-import sys
 from pathlib import Path
 from typing import Dict, List
 
@@ -108,7 +107,7 @@ def calibrate_host(backends: List[str], out: Path, rates: dict, repeats: int = 2
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.device_costs", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m harness device-costs", description=__doc__.split("\n\n")[0])
     ap.add_argument("--worlds", default="", help="world sizes (default: 2,3,4 on CPU, 1 on CUDA)")
     ap.add_argument("--backends", default="", help="calibration backends (default: every flat backend)")
     ap.add_argument("--device", default="cpu")
@@ -196,7 +195,3 @@ def describe(record: dict) -> str:
         lines += [f"| {f['part']} | {f['measured_s'] * 1e3:.2f} | {f['predicted_s'] * 1e3:.2f} | {f['error_pct']:+.0f}% |"
                   for f in h.get("fit", [])]
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    sys.exit(main())

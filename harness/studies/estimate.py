@@ -1,8 +1,8 @@
 """Predict memory and communication for every backend at once, without training.
 
-    python -m harness.estimate model=llama_7b parallelism=gpu8 train.precision=bf16
-    python -m harness.estimate --params 7.5e9 --world 64 train.precision=bf16   # a hypothetical model
-    python -m harness.estimate model=llama_7b parallelism=gpu8 --device-gib 80   # does each backend fit?
+    python -m harness estimate model=llama_7b parallelism=gpu8 train.precision=bf16
+    python -m harness estimate --params 7.5e9 --world 64 train.precision=bf16   # a hypothetical model
+    python -m harness estimate model=llama_7b parallelism=gpu8 --device-gib 80   # does each backend fit?
 
 Arguments other than the flags are Hydra overrides of the usual config (model, parallelism, train...).
 With --traced, the backends that run on fake tensors are also traced (harness/runtime/traced.py, as
@@ -20,7 +20,6 @@ With --params, terms sized by the largest tensor (offload staging, DeepSpeed's g
 """
 from __future__ import annotations
 
-import sys
 from typing import List
 
 import copy
@@ -161,7 +160,7 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
           "theory/communication.py).")
     if device_gib:
         print(f"fits: peak x {1 + FIT_MARGIN:.2f} <= the budget of {device_gib:g} GiB ({device_gib * GIB / GB:,.1f} GB) "
-              f"per rank: the {FIT_MARGIN:.0%} headroom harness.advise also leaves.")
+              f"per rank: the {FIT_MARGIN:.0%} headroom shardbench advise also leaves.")
     if rates is not None:
         import torch
 
@@ -269,7 +268,3 @@ def main(argv: List[str] | None = None) -> int:
         else:
             render_traced(overrides, args.world)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Any backend's checkpoint as one Hugging Face directory: config.json and safetensors, which `from_pretrained` and
 the harness's own `model.pretrained_path` read.
 
-    python -m harness.export <run_dir>/checkpoints/step_<k> <out_dir>
+    python -m harness export <run_dir>/checkpoints/step_<k> <out_dir>
 
 The trained weights come out through each framework's own consolidation: DCP's `dcp_to_torch_save` for DDP
 and FSDP2 (the sharded state dict gathered whole), DeepSpeed's `zero_to_fp32` for ZeRO (every rank's fp32

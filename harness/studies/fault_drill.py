@@ -1,6 +1,6 @@
 """`make faults`: inject every fault into real runs and record the status each became and how long it took.
 
-    python -m harness.fault_drill [--timeout-s 10] [--out results/faults] [overrides...]
+    python -m harness fault-drill [--timeout-s 10] [--out results/faults] [overrides...]
 
 1. One sweep, `fault.kind=none,oom,raise,nan,kill,segfault,hang` (rank 1, step 3, `dist.timeout_s=--timeout-s`).
    Time to detect = the run's summary.json written, minus the moment the faulting rank injected the fault
@@ -33,7 +33,7 @@ KINDS = [k for k in FAULT_KINDS if k not in SAVE_FAULT_KINDS and k != "slow"]
 from ..core.paths import REPO
 from ..core.rundir import RunDir, read_json, write_json, write_text
 from .launcher_drill import concurrent_sweeps, race_and_sigkill
-from .subprocess_run import train_command
+from ..core.spawn import train_command
 
 
 def sweep_command(root: Path, timeout_s: int, extra: List[str]) -> List[str]:
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     rows += launcher_rows(root)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "faults.json", {"rows": rows, "rerun": rerun, "timeout_s": args.timeout_s})
-    md = [f"# Fault drill: `python -m harness.fault_drill --timeout-s {args.timeout_s}`", "",
+    md = [f"# Fault drill: `python -m harness fault-drill --timeout-s {args.timeout_s}`", "",
           "2 CPU ranks (gloo), tiny_llama, fault on rank 1 at step 3. Detected = summary.json written minus "
           "the fault's injection; for Ctrl-C, SIGINT to the sweep's exit; for a second launch, its start to "
           "its refusal; for SIGKILL of the launcher, the kill until no process of the run is left.", "",
@@ -143,7 +143,3 @@ def main(argv=None) -> int:
     write_text(out / "faults.md", "\n".join(md) + "\n")
     print("\n".join(md))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

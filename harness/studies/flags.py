@@ -1,4 +1,4 @@
-"""The flags of `harness.estimate`, `harness.advise` and `harness.gpu_capacity`, parsed before torch is imported
+"""The flags of `shardbench estimate`, `shardbench advise` and `shardbench gpu-capacity`, parsed before torch is imported
 (the check itself, which every command runs first, is config/command_line.py).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ..theory.predict import FIT_MARGIN
 
 
 def estimate_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness.estimate",
+    parser = argparse.ArgumentParser(prog="python -m harness estimate",
                                      description="Predict memory and communication for every backend at once, "
                                                  "without training. Other arguments are Hydra overrides.")
     parser.add_argument("--params", type=float, help="a hypothetical parameter count (e.g. 7.5e9)")
@@ -44,7 +44,7 @@ ADVISE_POLICIES = ("none", "full", "every_2", "selective_op")
 
 
 def advise_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness.advise",
+    parser = argparse.ArgumentParser(prog="python -m harness advise",
                                      description="Which strategy should I use for this model on this hardware? "
                                                  "Theory prunes, short real runs decide. Other arguments are "
                                                  "Hydra overrides (model=..., parallelism=...).")
@@ -71,7 +71,7 @@ CAPACITY_BACKENDS = ["ds_zero3_offload", "ddp", "fsdp_offload", "ds_zero3", "fsd
 
 def gpu_capacity_parser() -> argparse.ArgumentParser:
     b = CAPACITY_BACKENDS
-    parser = argparse.ArgumentParser(prog="python -m harness.gpu_capacity",
+    parser = argparse.ArgumentParser(prog="python -m harness gpu-capacity",
                                      description="The largest Llama each strategy trains on one GPU, the theory's "
                                                  "boundary named first. Other arguments are Hydra overrides.")
     parser.add_argument("--backends", default=",".join(b[:5]),

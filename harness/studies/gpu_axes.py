@@ -1,9 +1,9 @@
 """`make gpu-axes`: the axes beside the strategy on one GPU, llama_1b, bf16, micro-batch 8 x 2048, in one
 prepared command of at most 8 minutes (issue 48).
 
-    python -m harness.gpu_axes [--out results/gpu] [--budget-s 480] [--steps 20] [--cells a,b] [overrides...]
+    python -m harness gpu-axes [--out results/gpu] [--budget-s 480] [--steps 20] [--cells a,b] [overrides...]
 
-The cells, each a run of its own (`python -m harness.train`; on CUDA a cell of a shared launch would inherit
+The cells, each a run of its own (`python -m harness train`; on CUDA a cell of a shared launch would inherit
 the previous cell's device memory), most important first so that the budget cuts the least:
 
   fsdp (the baseline), fsdp compiled, compiled with float8 tensorwise and rowwise, fsdp with selective_op and
@@ -31,6 +31,7 @@ from ..core.paths import REPO
 from ..core.rundir import write_json, write_text
 from . import axes
 from .gpu_check import environment, prepare_jit_ops, slug
+from ..core.spawn import command_argv
 
 # The learning rate warms up over 10 steps at torchtitan's Llama 3 rate (3e-4): at the harness's default 1e-3
 # from step 0, llama_1b's loss jumped from 8.7 to 18.8 at step 3 on the H100 and every run's curve after that
@@ -58,7 +59,7 @@ def run_cells(root: Path, names: List[str], steps: int, overrides: List[str], bu
         if left < 45:
             print(f"gpu-axes: {left:.0f} s left, {name} not run", flush=True)
             continue
-        command = [sys.executable, "-m", "harness.train", *COMMON, *CELLS[name], f"train.steps={steps}",
+        command = [*command_argv("train"), *COMMON, *CELLS[name], f"train.steps={steps}",
                    "train.warmup_steps=5", *overrides, f"paths.root={root}", f"hydra.run.dir={root}/{name}"]
         try:
             subprocess.run(command, cwd=REPO, timeout=max(left, 90))

@@ -1,8 +1,8 @@
 """`make gpu-capacity`: the largest Llama each strategy trains on one GPU, the theory's boundary named first.
 
-    python -m harness.gpu_capacity [--backends ds_zero3_offload,ddp] [--budget-s 540] [--out results/gpu]
-    python -m harness.gpu_capacity --predict-only --card-gib 78 --host-gib 128 --label "H100 80GB"   # no GPU
-    python -m harness.gpu_capacity --cpu --budget-mib 40 --backends ddp --out DIR   # the same script on CPU
+    python -m harness gpu-capacity [--backends ds_zero3_offload,ddp] [--budget-s 540] [--out results/gpu]
+    python -m harness gpu-capacity --predict-only --card-gib 78 --host-gib 128 --label "H100 80GB"   # no GPU
+    python -m harness gpu-capacity --cpu --budget-mib 40 --backends ddp --out DIR   # the same script on CPU
 
 The seeds' headline (ZeRO-Offload: 13B parameters on one 32 GB V100, where DDP stops at 1.4B), asked of the
 card this runs on. A ladder of Llama shapes from 1B in 1.5x steps (`gpu_ladder`: 1.0B to 38B, head size 128,
@@ -14,7 +14,7 @@ vocabulary 32,000, untied), bf16 with fp32 masters, micro-batch 1, seq 2048, act
    whose host states, with the same headroom, fit the host's RAM: an offload backend is bound by the host.
 2. Two probes a backend: the predicted largest rung and the one above it. Only where the theory missed (the
    first failed, or the second trained) does the search go on (studies/capacity.search bisects), while time is
-   left. Each probe is a short real run (`harness.train`, 3 steps, 1 of warm-up): the allocator's peak
+   left. Each probe is a short real run (`shardbench train`, 3 steps, 1 of warm-up): the allocator's peak
    recorded, a CUDA OOM read as `oom`, the host's peak RSS, the step time, and the seconds spent building,
    initialising and wrapping the model (FSDP2 builds on the meta device above model.meta_above_params,
    ZeRO-3 under zero.Init; DDP and ZeRO-1/2 build on the host, as their families require).
@@ -208,7 +208,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{backend}: theory {predicted[guess]['name'] if guess >= 0 else 'none'} ({bound} bound next)"
               + ("" if args.predict_only else f", trained {row['largest']}, failed {row['smallest_failed']}"),
               flush=True)
-    command = "python -m harness.gpu_capacity " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = "python -m harness gpu-capacity " + shlex.join(argv if argv is not None else sys.argv[1:])
     result = {"device": device, "card_bytes": card, "host_bytes": host, "margin": margin, "shape": shape,
               "ladder": [r[1] for r in rungs], "predict_only": args.predict_only, "command": command, "rows": rows}
     name = "capacity_predicted" if args.predict_only else "capacity"
@@ -217,7 +217,3 @@ def main(argv: Optional[List[str]] = None) -> int:
     write_report(merged, folder, name)
     print(f"wrote {folder / name}.md")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,9 @@
 """`make gpu-check`: the first thing to run on a GPU machine; validates the whole CUDA path in about 16 minutes
 on one H100 (45 to 75 s a run: 8.5 minutes for gpt2_124m with the CPU Adam build, 6.5 for llama_1b).
 
-    python -m harness.gpu_check [--out results/gpu] [--budget-s 540] [--sweep gpu_gpt2] [overrides...]
-    python -m harness.gpu_check --report-only [--runs DIR]    # the results again, from runs already there
-    python -m harness.gpu_check --device-costs --backends ddp,fsdp --no-oom    # the time model's check, first
+    python -m harness gpu-check [--out results/gpu] [--budget-s 540] [--sweep gpu_gpt2] [overrides...]
+    python -m harness gpu-check --report-only [--runs DIR]    # the results again, from runs already there
+    python -m harness gpu-check --device-costs --backends ddp,fsdp --no-oom    # the time model's check, first
                                                               # timing this GPU's costs (`make device-costs`)
 
 Where one command may last 10 minutes, run it once per `--sweep`: each keeps the other's runs.
@@ -12,7 +12,7 @@ Where one command may last 10 minutes, run it once per `--sweep`: each keeps the
 2. builds the families' JIT ops: DeepSpeed's CPU Adam (the offload backends' optimizer; g++ only, no nvcc);
 3. runs every backend on gpt2_124m in bf16 (offload first, so that a time limit cannot cut them), then
    every backend that keeps its states on the GPU on llama_1b, each a short real run through
-   `python -m harness.train`;
+   `python -m harness train`;
 4. injects one real CUDA OOM (`fault.kind=oom`: a rank asks the allocator for twice the card);
 5. checks (`check`): every run ok but the OOM, which reads `oom`; first losses agree across backends per model,
    each within 2% of their median (bf16: DDP's autocast against 16-bit parameters); MFU in (0, 100]; the allocator's peak within the memory
@@ -49,6 +49,7 @@ from ..config import families
 from ..core.paths import REPO, extensions_dir
 from ..core.rundir import write_json, write_text
 from . import gpu_time
+from ..core.spawn import command_argv
 
 COMMON = ["parallelism=gpu1", "train.precision=bf16", "logger=none", "train.steps=10", "train.warmup_steps=3",
           "train.breakdown_steps=1"]
@@ -167,7 +168,7 @@ def environment() -> dict:
 
 def run_sweeps(root, sweeps: List[str], overrides: List[str], budget_s: float, started: float,
                only: List[str] | None = None, oom: bool = True) -> None:
-    """Each backend of each sweep as a run of its own (`python -m harness.train`), then the OOM. Not cells of one
+    """Each backend of each sweep as a run of its own (`python -m harness train`), then the OOM. Not cells of one
     launch: on CUDA a cell leaves device memory behind for the next (measured on an H100: llama_1b ds_zero3 64.21
     GiB allocated as the fourth cell against 31.98 GiB as a run; results/gpu/*/cells_vs_runs.md)."""
     # the sweeps' runs interleaved by backend, so that a time limit leaves every model some backends
@@ -179,7 +180,7 @@ def run_sweeps(root, sweeps: List[str], overrides: List[str], budget_s: float, s
             print(f"gpu-check: {left:.0f} s left, {name}/{backend} not run", flush=True)
             continue
         try:
-            subprocess.run([sys.executable, "-m", "harness.train", f"backend={backend}", *SWEEPS[name], *COMMON,
+            subprocess.run([*command_argv("train"), f"backend={backend}", *SWEEPS[name], *COMMON,
                             *overrides, f"paths.root={root}", f"hydra.run.dir={root}/{name}/{backend}"],
                            cwd=REPO, timeout=max(left, 120))
         except subprocess.TimeoutExpired:
@@ -187,7 +188,7 @@ def run_sweeps(root, sweeps: List[str], overrides: List[str], budget_s: float, s
     if not oom:
         return
     try:
-        subprocess.run([sys.executable, "-m", "harness.train", *OOM, *COMMON, *overrides, f"paths.root={root}",
+        subprocess.run([*command_argv("train"), *OOM, *COMMON, *overrides, f"paths.root={root}",
                         f"hydra.run.dir={root}/oom"], cwd=REPO, timeout=180)
     except subprocess.TimeoutExpired:
         print("gpu-check: the OOM run outlasted 180 s", flush=True)
@@ -234,7 +235,7 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--backends", default="", help="only these backends (comma-separated)")
     parser.add_argument("--no-oom", action="store_true", help="inject no CUDA OOM")
     parser.add_argument("--device-costs", action="store_true",
-                        help="first measure this GPU's costs for the time model (`python -m harness.device_costs "
+                        help="first measure this GPU's costs for the time model (`python -m harness device-costs "
                              "--device cuda`, about a minute), so that every run's step is predicted from them")
     args, overrides = parse("gpu-check", parser, argv)
     only = [b for b in args.backends.split(",") if b]
@@ -258,7 +259,7 @@ def main(argv: List[str] | None = None) -> int:
         print(f"gpu-check: JIT ops ready in {env['jit_ops_build_s']} s", flush=True)
         if args.device_costs:
             t = time.time()
-            subprocess.run([sys.executable, "-m", "harness.device_costs", "--device", "cuda"], cwd=REPO, check=False)
+            subprocess.run([*command_argv("device-costs"), "--device", "cuda"], cwd=REPO, check=False)
             env["device_costs_s"] = round(time.time() - t, 1)
         for name in sweeps:
             shutil.rmtree(root / name, ignore_errors=True)

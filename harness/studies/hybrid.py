@@ -1,7 +1,7 @@
 """`make hybrid`: sharding inside a node against sharding over every rank, measured on two emulated nodes and
 predicted for H100 clusters.
 
-    python -m harness.hybrid [--out results/hybrid] [--skip-runs] [overrides for the measured runs]
+    python -m harness hybrid [--out results/hybrid] [--skip-runs] [overrides for the measured runs]
 
 Measured: each backend below trains tiny_llama (fp32, parity profile) on 2 nodes x 2 ranks, emulated on this
 machine as two launchers with node ranks 0 and 1 that rendezvous over loopback (launcher/nodes.py; gloo), the
@@ -15,7 +15,7 @@ to backward, so on tiny_llama neither ZeRO-3 nor ZeRO++ gathers anything in back
 "released" set the reuse distance and the prefetch bucket to 0 (`release`), so that every module lets go of
 its parameters after forward as on a large model, and hpZ's backward gathers show.
 
-Predicted: harness.estimate's rows for llama_7b and llama_13b, bf16, on 4 x 8 and 16 x 8 H100s: model states,
+Predicted: shardbench estimate's rows for llama_7b and llama_13b, bf16, on 4 x 8 and 16 x 8 H100s: model states,
 peak, bytes per step by link, and the time model's step (at the stated links and the matmul and copy rates the
 last lent GPU measured, results/device_costs/cuda.json, else an H100's datasheet peaks; theory/time.py, a
 lower bound).
@@ -38,6 +38,7 @@ from ..config import families
 from ..config.compose import backend_preset, compose, flat_backends, hybrid_backends
 from ..core.paths import REPO
 from ..core.rundir import write_text
+from ..core.spawn import command_argv
 
 RUN = ["logger=none", "model=tiny_llama", "profile=parity", "train.precision=fp32", "train.steps=8",
        "train.warmup_steps=3", "train.measure_flops=false", "train.breakdown_steps=0",
@@ -53,7 +54,7 @@ FIGURES = {"states": "memory/model_states_device_bytes_mean", "states_pred": "me
 def two_nodes(run_dir: Path, port: int, overrides: List[str]) -> dict:
     """One run as two launchers on this machine (node 1 first: it waits for node 0 to own the run dir)."""
     env = {**os.environ, "SHARDBENCH_MASTER_ADDR": "127.0.0.1"}
-    args = [sys.executable, "-m", "harness.train", f"dist.master_port={port}", f"paths.root={run_dir.parent}",
+    args = [*command_argv("train"), f"dist.master_port={port}", f"paths.root={run_dir.parent}",
             f"hydra.run.dir={run_dir}", *overrides]
     nodes = []
     for node in (1, 0):
@@ -155,7 +156,7 @@ def render(measured: List[dict], theory: List[dict], rates_source: str = "") -> 
                      f"{mib(r['peak'])} ({mib(r['peak_pred'])}) | {kb(r['intra'])} ({kb(r['intra_pred'])}) | "
                      f"{kb(r['inter'])} ({kb(r['inter_pred'])}) | {ms(r['step_s'])} |")
     gb = lambda v: f"{v / 1e9:,.2f}"  # noqa: E731
-    lines += ["", "## Predicted: bf16 on nodes of 8 GPUs (harness.estimate; stated links 450 / 50 GB/s, matmul and "
+    lines += ["", "## Predicted: bf16 on nodes of 8 GPUs (shardbench estimate; stated links 450 / 50 GB/s, matmul and "
               f"copy rates {rates_source})", "",
               "| model | nodes x 8 | backend | states GB | peak GB | intra-node GB/step | inter-node GB/step | "
               "step ms (lower bound) |", "|---|---:|---|---:|---:|---:|---:|---:|"]

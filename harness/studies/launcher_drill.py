@@ -16,7 +16,7 @@ import psutil
 from ..config import families
 from ..core.paths import REPO
 from ..core.rundir import RunDir
-from .subprocess_run import train_command
+from ..core.spawn import train_command
 
 QUICK = ["logger=none", "train.measure_flops=false", "train.profile_memory=false", "train.breakdown_steps=0"]  # failure paths, not figures
 KILL_BOUND_S = 10.0  # no torchrun agent or rank may outlive a SIGKILLed launcher by more than this

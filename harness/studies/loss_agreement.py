@@ -121,7 +121,3 @@ def main(argv: List[str] | None = None) -> int:
     write_text(args.sweep / "agreement.json", json.dumps(rows, indent=1, default=str))
     print((args.sweep / "agreement.md").read_text())
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

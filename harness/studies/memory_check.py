@@ -1,10 +1,10 @@
 """`make memory-check`: the memory model against measured peaks, over a matrix of runs, in one launch.
 
-    python -m harness.memory_check [--models tiny_llama,tiny_gpt2,tiny_qwen2,tiny_mistral] [--precisions fp32,bf16]
+    python -m harness memory-check [--models tiny_llama,tiny_gpt2,tiny_qwen2,tiny_mistral] [--precisions fp32,bf16]
         [--checkpointing none,full,every_2,selective_op] [--backends ddp,fsdp,...] [--repeats 3] [--tolerance 10] [--out DIR] [overrides]
-    python -m harness.memory_check --states-dominated --backends ddp,ds_zero1,ds_zero2,ds_zero3,fsdp --repeats 2
-    python -m harness.memory_check --activation-dominated --models tiny_llama,tiny_gpt2 --repeats 2
-    python -m harness.memory_check --activation-dominated --backends ddp,fsdp,ds_zero2,ds_zero3 \
+    python -m harness memory-check --states-dominated --backends ddp,ds_zero1,ds_zero2,ds_zero3,fsdp --repeats 2
+    python -m harness memory-check --activation-dominated --models tiny_llama,tiny_gpt2 --repeats 2
+    python -m harness memory-check --activation-dominated --backends ddp,fsdp,ds_zero2,ds_zero3 \
         --models tiny_llama,tiny_gpt2 --repeats 2 --out results/memory_check/compiled train.compile=true
 
 Every backend x model x precision x activation checkpointing is a cell: a short run (two steps, then
@@ -272,7 +272,7 @@ def main(argv: List[str] | None = None) -> int:
                                             "/activation_dominated" if args.activation_dominated else "")
     out = (REPO / (args.out or default_out)).resolve()
     rows = run_cells(cells, overrides, args.repeats, out)
-    command = "python -m harness.memory_check " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m harness memory-check " + " ".join(argv if argv is not None else sys.argv[1:])
     text = render(rows, args.tolerance, command)
     write_text(out / "memory_check.md", text)
     write_json(out / "memory_check.json", [{k: v for k, v in r.items() if k != "cfg"} for r in rows])

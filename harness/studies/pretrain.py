@@ -1,7 +1,7 @@
-"""`python -m harness.pretrain`: write a small pretrained checkpoint here, so that fine-tuning is tested and
+"""`python -m harness pretrain`: write a small pretrained checkpoint here, so that fine-tuning is tested and
 studied from real weights with nothing downloaded.
 
-    python -m harness.pretrain --out results/finetune/checkpoint model=tiny_llama [--steps 40] [--shard-mib 1]
+    python -m harness pretrain --out results/finetune/checkpoint model=tiny_llama [--steps 40] [--shard-mib 1]
 
 The model is built on the host from its preset, initialised from a seed other than the runs' (train.seed + 1),
 pretrained for --steps AdamW steps on the harness's own data (a disjoint stream: that seed too), and saved
@@ -54,7 +54,7 @@ def write(cfg, out: Path, steps: int, shard_mib: float) -> dict:
 
 
 def main(argv: List[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.pretrain", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness pretrain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="directory to write (created)")
     parser.add_argument("--steps", type=int, default=40, help="pretraining steps before saving (default 40)")
     parser.add_argument("--shard-mib", type=float, default=0,

@@ -1,7 +1,7 @@
 """Where the harness's step differs from an independent loop's: both under torch's profiler with Python stacks,
 then their traces diffed by op and by Python frame (`make bench ARGS="--profile fsdp"`).
 
-    python -m harness.bench --profile fsdp [--profile-steps 3] [overrides...]
+    python -m harness bench --profile fsdp [--profile-steps 3] [overrides...]
 
 The harness runs with `train.profile=true train.profile_stack=true train.breakdown_steps=<k>` (k profiled steps
 after its timed window, plus the profiler's own warm-up step); the independent loop (studies/independent_loop.py)

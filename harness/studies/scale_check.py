@@ -1,7 +1,7 @@
 """`make scale-check`: the real strategy code at 8 to 512 ranks, traced on fake tensors over a fake process group
 (runtime/traced.py), against the memory and communication model.
 
-    python -m harness.scale_check [--models llama_1b,llama_7b,llama_13b,llama_70b] [--worlds 8,64,512]
+    python -m harness scale-check [--models llama_1b,llama_7b,llama_13b,llama_70b] [--worlds 8,64,512]
         [--backends fsdp] [--wide llama_1b,llama_7b,llama_13b,llama_70b]
         [--probe-backends ddp,ds_zero1,ds_zero2,ds_zero3] [--precisions bf16] [--checkpointing off,on]
         [--tp-grid default|none|llama_1b:64:2,...] [--jobs 2] [--fresh] [--out results/scale_check] [overrides...]
@@ -269,7 +269,7 @@ def render(rows: List[dict], command: str) -> str:
 
 
 def render_traced(overrides: List[str], world: int | None = None) -> List[dict]:
-    """`harness.estimate --traced`: the user's own config traced for every backend that can be (two at a time,
+    """`shardbench estimate --traced`: the user's own config traced for every backend that can be (two at a time,
     into a temporary dir), printed beside the theory; the others named with why they cannot be."""
     import tempfile
 
@@ -346,7 +346,7 @@ def main(argv: List[str] | None = None) -> int:
     cells += tp_cells(tp_grid(args.tp_grid), overrides, split(args.tp_backends))
     out = (REPO / args.out).resolve()
     rows = run_grid(cells, out, args.jobs, args.fresh, trace=not args.report_only)
-    command = "python -m harness.scale_check " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m harness scale-check " + " ".join(argv if argv is not None else sys.argv[1:])
     text = render(rows, command)
     write_text(out / "scale_check.md", text)
     write_json(out / "scale_check.json", rows)

@@ -1,7 +1,7 @@
 """`make time-check`: the time model (theory/op_costs.py) against the measured breakdown, part by part, over a
 matrix of runs in one launch a model, as `make memory-check` does for memory.
 
-    python -m harness.time_check [--models tiny_llama,small_llama,tiny_gpt2] [--precisions fp32,bf16]
+    python -m harness time-check [--models tiny_llama,small_llama,tiny_gpt2] [--precisions fp32,bf16]
         [--backends ddp,...] [--tolerance 30] [--out results/time_check] [overrides]
 
 Every backend x model x precision on 2 ranks is a cell: a run of 25 steps whose last 20 are clocked by phase
@@ -118,7 +118,7 @@ def calibrated_costs(overrides: List[str], command: str):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.time_check", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m harness time-check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="tiny_llama,small_llama,tiny_gpt2")
     ap.add_argument("--precisions", default="fp32,bf16")
     ap.add_argument("--backends", default="")
@@ -169,7 +169,7 @@ def report(rows: List[dict], totals: dict, tolerance: float, source: str, args: 
     speed = (f"The launch's 1024^3 matmul ran at {', '.join(f'{x:.2f}' for x in speeds)}x the calibration's rate "
              "(the host's speed while it ran). " if speeds else "")
     lines = ["# Time check: the step-time model against the measured breakdown", "",
-             f"Command: `python -m harness.time_check {args}`. Device costs: {source}.", "",
+             f"Command: `python -m harness time-check {args}`. Device costs: {source}.", "",
              "Each cell: milliseconds per step on the slowest rank, measured / predicted (measured against "
              f"predicted); bold where they differ by more than {tolerance:.0f}%. {speed} Measured: the mean of 20 clocked "
              "steps (runtime/time_profile.py); predicted: that run's counted work priced at the device's costs "
@@ -181,7 +181,3 @@ def report(rows: List[dict], totals: dict, tolerance: float, source: str, args: 
         for miss in r["misses"]:
             lines.append(f"- {r['backend']} {r['model']} {r['precision']}: {miss}")
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    sys.exit(main())

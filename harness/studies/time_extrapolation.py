@@ -1,7 +1,7 @@
 """`make time-extrapolate`: the time model's real test. Calibrated on 2-rank tiny_llama runs only (results/
 device_costs/, `make device-costs`), it predicts runs it has never seen, before they run, then they run.
 
-    python -m harness.time_extrapolate [--backends ddp,...] [--repeats 2] [--out results/time_model] [overrides]
+    python -m harness time-extrapolate [--backends ddp,...] [--repeats 2] [--out results/time_model] [overrides]
 
 Targets, every flat backend, fp32: tiny_llama on 3 and on 4 ranks (on this 2-core host: a rank without a
 core of its own), and small_llama (24x the parameters) on 2.
@@ -89,7 +89,7 @@ def predict(names: Dict[str, List[str]], overrides: List[str], costs, out: Path)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.time_extrapolate", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m harness time-extrapolate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", default="")
     ap.add_argument("--targets", default=",".join(TARGETS))
     ap.add_argument("--repeats", type=int, default=REPEATS)
@@ -152,7 +152,7 @@ def compare(name: str, backend: str, target: str, summary: dict, steps: List[flo
 
 def report(rows: List[dict], totals: dict, tolerance: float, costs, args: str) -> str:
     lines = ["# Extrapolation: the time model on runs it was not calibrated on, predicted before they ran", "",
-             f"Command: `python -m harness.time_extrapolate {args}`. Device costs: {costs.source}; host costs "
+             f"Command: `python -m harness time-extrapolate {args}`. Device costs: {costs.source}; host costs "
              f"{costs.host.source}.", "",
              "Milliseconds per step on the slowest rank, measured / predicted (measured against predicted), bold "
              f"beyond {tolerance:.0f}%. Predicted from the replayed rank's work (runtime/replay.py) before the run; "
@@ -176,7 +176,3 @@ def report(rows: List[dict], totals: dict, tolerance: float, costs, args: str) -
         cells.append(", ".join(f"{t * 1e3:.1f}" for t in r["repeat_steps_s"]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    sys.exit(main())

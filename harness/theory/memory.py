@@ -27,7 +27,7 @@ from .shape import Shape
 
 
 def layout_notes() -> Dict[str, str]:
-    """Why each backend's real storage differs from the paper, from every family (harness.estimate prints it)."""
+    """Why each backend's real storage differs from the paper, from every family (shardbench estimate prints it)."""
     return {key: note for family in families.every() for key, note in family.layout_notes.items()}
 
 

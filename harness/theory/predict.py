@@ -11,7 +11,7 @@ from .memory import layout, paper_bytes, paper_stage
 from .peak import phase_terms
 from .shape import shape_of
 
-# the headroom a predicted peak must leave under a budget to count as fitting (harness.advise, harness.estimate)
+# the headroom a predicted peak must leave under a budget to count as fitting (shardbench advise, shardbench estimate)
 FIT_MARGIN = 0.10
 
 

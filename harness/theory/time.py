@@ -2,7 +2,7 @@
 bound of a step (`predict_parts`): its parts from FLOPs, bytes sent and bytes through memory, with an overlap
 rule per backend, and no host cost per op, hook or Python line. The runs' summaries, `make time-check` and the
 advisor predict from a step's counted work instead (theory/op_costs.py); the lower bound is what remains where
-no work can be counted: `harness.estimate --time` for models and devices this host cannot replay, and a run on
+no work can be counted: `shardbench estimate --time` for models and devices this host cannot replay, and a run on
 a machine with no device costs.
 
 - forward, backward: counted FLOPs of this rank's tokens ÷ the device's measured matmul peak (the forward is

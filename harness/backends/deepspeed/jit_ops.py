@@ -1,6 +1,6 @@
 """DeepSpeed's JIT ops, built through DeepSpeed's own op builders: CPU Adam (the optimizer under offload),
 DeepCompile's op (CUDA) and the shared-memory collectives its comm layer starts with on CPU. `make warm`
-(studies/warm_ops.py) loads each once into TORCH_EXTENSIONS_DIR, so that no timed run pays the minute or two a
+(launcher/warm_ops.py) loads each once into TORCH_EXTENSIONS_DIR, so that no timed run pays the minute or two a
 build takes."""
 from __future__ import annotations
 

@@ -194,7 +194,7 @@ class Strategy(ABC):
     @abstractmethod
     def consolidated_weights(directory) -> dict:
         """A checkpoint's model weights, whole and fp32, keyed as the Hugging Face model names them, by the
-        framework's own consolidation (`python -m harness.export`; in one process, no process group)."""
+        framework's own consolidation (`python -m harness export`; in one process, no process group)."""
 
     # -- what this rank holds -----------------------------------------------------------------------
     @abstractmethod

@@ -20,7 +20,7 @@ import time
 
 from ..config.command_line import parse
 from ..config import families
-from ..launcher import op_builds
+from . import op_builds
 from ..core.paths import extensions_dir
 from ..core.waiting import WaitTimedOut
 
@@ -72,7 +72,7 @@ def build(op: str, timeout_s: float) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.warm_ops", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness warm-ops", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default=",".join(families.jit_op_owners()), help="comma-separated ops (default: all of them)")
     parser.add_argument("--timeout-s", type=float, default=900.0,
                         help="how long to wait for another process's build of an op (ops.build_timeout_s)")
