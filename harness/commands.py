@@ -25,55 +25,60 @@ class Command:
     check: Optional[str] = None  # "module:function" returning the command's argparse parser, checked before target
 
 
-STUDIES = "harness.studies"
 COMMANDS: Dict[str, Command] = {
     # a run, a sweep and their report
-    "train": Command("harness.launcher.train:main",
-                     "one run, or a Hydra multirun (-m) of runs: `shardbench train backend=fsdp model=small_llama`"),
+    "train": Command("harness.launcher.train:main", "one run, or a Hydra multirun (-m) of runs: "
+                     "`shardbench train backend=fsdp model=small_llama`"),
     "report": Command("harness.reporting.sweep_report:main",
                       "rebuild a sweep's tables, report and plots from its run dirs"),
-    "loss-agreement": Command(f"{STUDIES}.loss_agreement:main",
-                              "the runs of a sweep against their reference runs: losses, divergence, memory"),
-    # which strategy, and what it costs: theory
-    "estimate": Command(f"{STUDIES}.estimate:main", "theory for every backend, no training: states, peak, bytes "
-                        "a link, fit", check=f"{STUDIES}.flags:estimate_parser"),
-    "advise": Command(f"{STUDIES}.advise_answer:main", "which strategy should I use for this model on this "
-                      "hardware? theory prunes, short real runs decide", check=f"{STUDIES}.flags:advise_parser"),
-    "advise-agreement": Command(f"{STUDIES}.advise_agreement:main",
+    # which strategy: the advisor (studies/advise/)
+    "advise": Command("harness.studies.advise.answer:main", "which strategy should I use for this model on this "
+                      "hardware? theory prunes, short real runs decide", check="harness.studies.flags:advise_parser"),
+    "advise-agreement": Command("harness.studies.advise.agreement:main",
                                 "how often the advisor's dry run picks what its real runs picked"),
-    "published": Command(f"{STUDIES}.published:main",
-                         "published runs at 4 to 256 GPUs against the theory (`make published`)"),
-    "scale-check": Command(f"{STUDIES}.scale_check:main",
+    # what theory predicts, no training (studies/predict/)
+    "estimate": Command("harness.studies.predict.estimate:main", "theory for every backend, no training: states, "
+                        "peak, bytes a link, fit", check="harness.studies.flags:estimate_parser"),
+    "scale-check": Command("harness.studies.predict.scale_check:main",
                            "the strategies traced at 8 to 512 ranks on fake tensors, against theory"),
-    "hybrid": Command(f"{STUDIES}.hybrid:main",
+    "hybrid": Command("harness.studies.predict.hybrid:main",
                       "sharding inside a node against over every rank, on 2 emulated nodes and in theory"),
-    # measured against theory
-    "memory-check": Command(f"{STUDIES}.memory_check:main",
+    "published": Command("harness.studies.predict.published:main",
+                         "published runs at 4 to 256 GPUs against the theory (`make published`)"),
+    # memory and capacity, measured against theory (studies/memory/, studies/capacity/)
+    "memory-check": Command("harness.studies.memory.check:main",
                             "the memory model against measured peaks over a matrix of runs"),
-    "capacity": Command(f"{STUDIES}.capacity:main", "the largest model per backend under a memory budget"),
-    "time-check": Command(f"{STUDIES}.time_check:main", "the time model against measured steps, part by part"),
-    "time-extrapolate": Command(f"{STUDIES}.time_extrapolation:main",
+    "capacity": Command("harness.studies.capacity.search:main",
+                        "the largest model per backend under a memory budget"),
+    # time, measured against theory (studies/timing/, studies/bench/)
+    "time-check": Command("harness.studies.timing.check:main",
+                          "the time model against measured steps, part by part"),
+    "time-extrapolate": Command("harness.studies.timing.extrapolation:main",
                                 "the time model predicting runs it was not calibrated on, then running them"),
-    "device-costs": Command(f"{STUDIES}.device_costs:main",
+    "device-costs": Command("harness.studies.timing.device_costs:main",
                             "this device's costs for the time model, measured once"),
-    "collectives": Command(f"{STUDIES}.collectives:main", "time and bus bandwidth of each collective"),
-    "bench": Command(f"{STUDIES}.bench:main", "harness step time against a hand-written loop"),
-    "axes": Command(f"{STUDIES}.axes:main", "the axes sweep's table (checkpointing policy x compile x backend)"),
-    # checkpoints and faults
-    "checkpoint-costs": Command(f"{STUDIES}.checkpoint_costs:main",
+    "collectives": Command("harness.studies.timing.collectives:main", "time and bus bandwidth of each collective"),
+    "bench": Command("harness.studies.bench.overhead:main", "harness step time against a hand-written loop"),
+    # the axes beside the strategy (studies/axes/)
+    "axes": Command("harness.studies.axes.table:main",
+                    "the axes sweep's table (checkpointing policy x compile x backend)"),
+    "loss-agreement": Command("harness.studies.axes.loss_agreement:main",
+                              "the runs of a sweep against their reference runs: losses, divergence, memory"),
+    # checkpoints and faults (studies/checkpoints/, studies/faults/)
+    "checkpoint-costs": Command("harness.studies.checkpoints.costs:main",
                                 "what saving and resuming cost under each backend (`make checkpoint`)"),
-    "export": Command(f"{STUDIES}.export:main",
+    "export": Command("harness.studies.checkpoints.export:main",
                       "a run's checkpoint as a Hugging Face safetensors directory: export <checkpoint> <out>"),
-    "pretrain": Command(f"{STUDIES}.pretrain:main", "write a small pretrained checkpoint (nothing downloaded)"),
-    "fault-drill": Command(f"{STUDIES}.fault_drill:main", "inject every fault; status and time to detect"),
-    # on a GPU machine
-    "gpu-check": Command(f"{STUDIES}.gpu_check:main",
-                         "the first thing to run on a GPU machine: every backend, a real CUDA OOM, into "
-                         "results/gpu/<device>/"),
-    "gpu-capacity": Command(f"{STUDIES}.gpu_capacity:main",
+    "pretrain": Command("harness.studies.checkpoints.pretrain:main",
+                        "write a small pretrained checkpoint (nothing downloaded)"),
+    "fault-drill": Command("harness.studies.faults.drill:main", "inject every fault; status and time to detect"),
+    # on a GPU machine (studies/gpu/, studies/capacity/gpu.py)
+    "gpu-check": Command("harness.studies.gpu.check:main", "the first thing to run on a GPU machine: every "
+                         "backend, a real CUDA OOM, into results/gpu/<device>/"),
+    "gpu-capacity": Command("harness.studies.capacity.gpu:main",
                             "the largest model each strategy trains on one GPU (`make gpu-capacity`)",
-                            check=f"{STUDIES}.flags:gpu_capacity_parser"),
-    "gpu-axes": Command(f"{STUDIES}.gpu_axes:main",
+                            check="harness.studies.flags:gpu_capacity_parser"),
+    "gpu-axes": Command("harness.studies.gpu.axes:main",
                         "compile, float8, checkpointing and DeepCompile on one GPU (`make gpu-axes`)"),
     # set-up
     "warm-ops": Command("harness.launcher.warm_ops:main",

@@ -63,7 +63,7 @@ def llama_checkpoint(tmp_path_factory) -> Path:
     """A pretrained tiny_llama checkpoint written here (`python -m harness pretrain`): 40 AdamW steps from
     another seed, saved as 4 safetensors shards with their index. pretrain.json beside it has its losses."""
     from harness.config.compose import compose
-    from harness.studies.pretrain import write
+    from harness.studies.checkpoints.pretrain import write
 
     out = tmp_path_factory.mktemp("checkpoint") / "tiny_llama"
     write(compose(["model=tiny_llama"]), out, steps=40, shard_mib=0)  # in this process: no start-up to pay
@@ -223,7 +223,7 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
                         "model.init=meta", f"model.pretrained_path={llama_checkpoint}",
                         *cheap(saved(fp32_runs, "fsdp1"))),
         # the bf16 sweep's runs again under two activation-checkpointing policies, losses only: the same losses,
-        # step for step (tests/test_recompute.py, and harness/studies/axes.py's table of them)
+        # step for step (tests/test_recompute.py, and harness/studies/axes/table.py's table of them)
         "bf16_full": only(("fsdp", "ds_zero3"), *cheap(*BF16, "train.activation_checkpointing=full")),
         "bf16_selective": only(("ddp", "fsdp"), *cheap(*BF16, "train.activation_checkpointing=selective_op")),
         "user": cheap(*USER, f"data.files=[{user_corpus}/docstrings.jsonl,{user_corpus}/notes.txt]"),
@@ -244,7 +244,7 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
 def states_cells(ranks: int):
     """The states-dominated memory check's cell of each of STATES_BACKENDS (memory_check.states_dominated_cells:
     the overrides under which its family releases what it gathers), at `ranks` ranks."""
-    from harness.studies import memory_check
+    from harness.studies.memory import check as memory_check
 
     released = {c[0].removeprefix("backend="): c[1:]
                 for c in memory_check.states_dominated_cells(list(STATES_BACKENDS))}

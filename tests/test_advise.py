@@ -88,7 +88,7 @@ def test_dry_run_prunes_and_a_pruned_candidate_really_runs_out_of_memory(tmp_pat
 def test_bad_input_is_one_line(tmp_path, capsys, args, says):
     # in this process: the command's own main (harness/commands.py runs it so), refusing before
     # anything is measured or run; a subprocess per case cost 8-15 s of imports
-    from harness.studies.advise_answer import main
+    from harness.studies.advise.answer import main
 
     code = main([*args, f"--out={tmp_path}"])
     err = capsys.readouterr().err
@@ -141,7 +141,7 @@ def test_recommends_a_sharded_backend_where_ddp_cannot_fit_and_it_trains_under_t
 def test_a_dry_run_plans_for_gpus_this_machine_does_not_have(tmp_path, capsys):
     """The docs' theory-only example (docs/strategies.md) on a machine without CUDA: the device-count rule is for runs, not for
     a plan (it used to refuse with "use parallelism.nproc_per_node<=0"); no probe runs."""
-    from harness.studies.advise_answer import main
+    from harness.studies.advise.answer import main
 
     code = main(["model=tiny_llama", "parallelism=gpu8", "--dry-run", "--device-gib=80", "--backends=ddp,fsdp",
                  f"--out={tmp_path}", "--name=gpu8"])  # a small model and two backends: seconds, not a minute
@@ -173,7 +173,7 @@ def test_a_dry_run_plans_for_gpus_this_machine_does_not_have(tmp_path, capsys):
 
 
 def test_an_unknown_checkpointing_policy_for_the_advisor_is_one_line(capsys):
-    from harness.studies.advise_answer import main
+    from harness.studies.advise.answer import main
 
     assert main(["model=tiny_llama", "--dry-run", "--ac-policies=none,sometimes"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -183,8 +183,8 @@ def test_an_unknown_checkpointing_policy_for_the_advisor_is_one_line(capsys):
 def test_the_frontier_keeps_what_nothing_beats_on_both_axes_and_calls_overlapping_bands_a_tie():
     """The Pareto frontier of the fitting candidates (predicted tokens/s against predicted peak), and the tie
     rule: two predictions whose measured-would-be ranges overlap under the band are not ordered."""
-    from harness.studies.advise import Candidate, Plan
-    from harness.studies.advise_frontier import frontier, tied
+    from harness.studies.advise.search import Candidate, Plan
+    from harness.studies.advise.frontier import frontier, tied
 
     def cand(backend, tokens, peak, fits=True):
         return Candidate(backend, 1, 1, False, [], predicted_tokens_per_s=tokens, predicted_peak_bytes=peak, fits=fits)
@@ -202,8 +202,8 @@ def test_the_frontier_keeps_what_nothing_beats_on_both_axes_and_calls_overlappin
 def test_the_dry_run_says_why_micro_batch_1_peaks_above_micro_batch_4_at_one_global_batch(capsys):
     # a walkthrough saw fsdp with checkpointing predicted at 50.3 GiB at micro-batch 1 and 27.2 at 4 (llama3_8b,
     # 8 H100, global batch 32) and no reason: grad_accum 4 holds every gradient unsharded until the last one
-    from harness.studies import advise
-    from harness.studies.advise_answer import print_plan
+    from harness.studies.advise import search as advise
+    from harness.studies.advise.answer import print_plan
 
     p = advise.plan(["model=llama3_8b", "parallelism=gpu8", "train.precision=bf16"], 80 * 2**30, 32, ["fsdp"], 0.1)
     one, four = ({(c.micro_batch, c.tp, c.checkpointing): c for c in p.candidates}[(mb, 1, True)] for mb in (1, 4))
@@ -218,7 +218,8 @@ def test_the_dry_run_says_why_micro_batch_1_peaks_above_micro_batch_4_at_one_glo
 def test_the_dry_run_names_deepspeeds_default_bucket_when_it_alone_rules_deepspeed_out(capsys):
     # a walkthrough saw every ds_* candidate "no" under a CPU budget with no reason: native DeepSpeed allocates
     # its 5e8-element reduce bucket whole (1.86 GiB in fp32), whatever the model; parity sizes it to the model
-    from harness.studies import advise, advise_notes
+    from harness.studies.advise import search as advise
+    from harness.studies.advise import notes as advise_notes
 
     budget = 64 * 2**20
     native = advise.plan(["model=small_llama", "parallelism.tp=1"], budget, 16, ["ds_zero2", "ds_zero3", "fsdp"], 0.1)
@@ -240,7 +241,7 @@ def test_a_probe_is_reused_only_for_the_same_config_code_and_device(tmp_path):
     from harness.config.compose import compose
     from harness.core.rundir import RunDir, write_json, write_text
     from harness.launcher.environment import device_name, git_commit
-    from harness.studies.capacity import PROBE, stale
+    from harness.studies.capacity.probe import PROBE, stale
 
     overrides = ["model=tiny_llama", "backend=fsdp", "train.memory_budget_bytes=3000000"]
     run_dir = RunDir(tmp_path / "probes" / "fsdp-mb1-ckptoff")
@@ -263,7 +264,7 @@ def test_a_probe_is_reused_only_for_the_same_config_code_and_device(tmp_path):
 def _race(tmp_path, monkeypatch, measured: dict):
     """A plan of two fitting candidates whose probes return `measured[run dir name]` = (tokens/s, p50 s, p90 s):
     the ranking logic on figures chosen to be close or far (the real probes: the drills above)."""
-    from harness.studies import advise
+    from harness.studies.advise import search as advise
 
     def fake_probe(overrides, run_dir, reuse=True):
         tps, p50, p90 = measured[run_dir.name]
@@ -279,7 +280,7 @@ def _race(tmp_path, monkeypatch, measured: dict):
 
 
 def test_two_candidates_within_their_noise_are_run_again_and_called_a_tie(tmp_path, monkeypatch):
-    from harness.studies.advise_answer import answer
+    from harness.studies.advise.answer import answer
 
     plan = _race(tmp_path, monkeypatch, {
         "ddp-mb1-ckptoff": (1000.0, 0.0100, 0.0108), "fsdp-mb1-ckptoff": (970.0, 0.0100, 0.0105),  # 3% apart, ±8%
@@ -295,7 +296,7 @@ def test_two_candidates_within_their_noise_are_run_again_and_called_a_tie(tmp_pa
 
 
 def test_a_gap_wider_than_the_noise_is_a_ranking_and_runs_nothing_again(tmp_path, monkeypatch):
-    from harness.studies.advise_answer import answer
+    from harness.studies.advise.answer import answer
 
     plan = _race(tmp_path, monkeypatch, {"ddp-mb1-ckptoff": (1000.0, 0.0100, 0.0102),
                                          "fsdp-mb1-ckptoff": (800.0, 0.0100, 0.0102)})  # 25% apart, ±2%

@@ -115,7 +115,7 @@ def test_fsdp2_gathers_tensorwise_float8_weights_in_half_the_bytes_and_all_reduc
 def test_gpu_axes_refuses_in_one_line_without_a_gpu_or_with_an_unknown_cell(capsys):
     import torch
 
-    from harness.studies import gpu_axes
+    from harness.studies.gpu import axes as gpu_axes
 
     assert gpu_axes.main(["--cells", "fsdp,fsdp_fp4"]) == 2
     assert capsys.readouterr().err.strip().startswith("gpu-axes: unknown cell fsdp_fp4; use some of fsdp,")

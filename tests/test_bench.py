@@ -1,5 +1,5 @@
 """make bench's statistics: the median paired ratio is read against a bootstrap interval, and the verdict says
-whether the whole interval lies under the target, over it, or spans it (harness/studies/bench.py)."""
+whether the whole interval lies under the target, over it, or spans it (harness/studies/bench/overhead.py)."""
 from __future__ import annotations
 
 import statistics
@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.studies.bench import paired_interval, verdict
+from harness.studies.bench.overhead import paired_interval, verdict
 
 
 def test_the_launch_interval_widens_when_launches_disagree_though_each_launchs_pairs_agree():
     # make bench's pairs share a launch's process and cores: two launches whose pairs agree within themselves
     # but not with each other must not read as a tight interval (a bootstrap over the pairs alone would)
-    from harness.studies.bench import launch_interval
+    from harness.studies.bench.overhead import launch_interval
 
     launches = [0.99, 1.0, 1.01, 1.02]  # four launches, each of 8 pairs within 0.002 of its own level
     spread = [-0.003, -0.002, -0.001, 0.0, 0.0005, 0.001, 0.002, 0.003]
@@ -44,7 +44,7 @@ def test_the_yardstick_shares_no_code_with_the_harness():
     import ast
     from pathlib import Path
 
-    import harness.studies.independent_loop as loop
+    import harness.studies.bench.independent_loop as loop
 
     tree = ast.parse(Path(loop.__file__).read_text())
     imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
@@ -55,7 +55,7 @@ def test_the_yardstick_shares_no_code_with_the_harness():
 def test_the_yardstick_trains_what_the_harness_run_resolved():
     from harness.config.compose import compose
     from harness.runtime import models
-    from harness.studies.bench import DEFAULTS, spec_of
+    from harness.studies.bench.overhead import DEFAULTS, spec_of
     from transformers import LlamaConfig
 
     cfg = compose(["backend=fsdp", *DEFAULTS])
@@ -68,13 +68,13 @@ def test_the_yardstick_trains_what_the_harness_run_resolved():
 
 @pytest.mark.drill  # a launch of 2 pairs (~25 s): make test-drills and CI
 def test_a_paired_launch_trains_both_loops_in_the_same_ranks_in_alternating_order(tmp_path):
-    """make bench's default design (studies/bench_worker.py): one launch a backend, each pair a harness run (a
+    """make bench's default design (studies/bench/worker.py): one launch a backend, each pair a harness run (a
     cell, with its own metrics) and the independent loop in the same ranks, the order alternating; each side's
     timed steps after the same warm-up, both loops training from an untrained model (loss near ln(vocab))."""
     import json
     import math
 
-    from harness.studies.bench import pairs_in_one_launch, row_of_launches
+    from harness.studies.bench.overhead import pairs_in_one_launch, row_of_launches
 
     launch = pairs_in_one_launch("ddp", ["model=tiny_llama", "train.steps=6", "train.warmup_steps=2"], 2, tmp_path)
     assert [len(s) for s in launch["harness"] + launch["independent"]] == [4] * 4 and not launch["retries"], launch
@@ -94,7 +94,7 @@ def test_a_paired_launch_trains_both_loops_in_the_same_ranks_in_alternating_orde
 
 @pytest.mark.parametrize("flag", ["--launches", "--pairs", "--profile-steps"])
 def test_a_count_below_one_is_refused_in_one_line(flag, capsys):
-    from harness.studies.bench import main
+    from harness.studies.bench.overhead import main
 
     with pytest.raises(SystemExit) as end:
         main([flag, "0"])

@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 from harness.config.compose import compose
 from harness.runtime import models
-from harness.studies import capacity
+from harness.studies.capacity import probe as capacity
 
 
 def test_ladder_grows_in_about_1_5x_steps():

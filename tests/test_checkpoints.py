@@ -110,7 +110,7 @@ def test_every_checkpoint_exports_to_a_hugging_face_directory_with_its_trained_w
 
     from harness.runtime import initial_weights, models
     from harness.runtime.pretrained import Checkpoint
-    from harness.studies.export import export, weights
+    from harness.studies.checkpoints.export import export, weights
 
     directory = step_dir(fp32_runs[backend][2] / "checkpoints", SAVED_AT)
     out = export(directory, tmp_path / "hf")  # DCP's dcp_to_torch_save, or DeepSpeed's zero_to_fp32
@@ -129,7 +129,7 @@ def test_every_checkpoint_exports_to_a_hugging_face_directory_with_its_trained_w
 def test_loss_agreement_holds_each_fsdp1_run_to_its_fsdp2_twin(fp32_runs):
     # `shardbench loss-agreement` over the fp32 sweep (3 ranks, grad_accum 2): FSDP1 against FSDP2, full shard and
     # grad-op, the same losses step for step, none diverging; its table written beside the sweep
-    from harness.studies import loss_agreement
+    from harness.studies.axes import loss_agreement
 
     sweep = fp32_runs["fsdp1"][2].parent
     assert loss_agreement.main(["--sweep", str(sweep), "--axis", "backend",

@@ -239,7 +239,8 @@ def test_every_shardbench_command_refuses_each_mistake_in_one_line(tmp_path, cap
 def test_an_unsupported_model_type_is_one_line_from_the_estimator_and_the_advisor(tmp_path, capsys):
     import json
 
-    from harness.studies import advise_answer, estimate
+    from harness.studies.advise import answer as advise_answer
+    from harness.studies.predict import estimate
     from harness.config.command_line import one_line
 
     (tmp_path / "config.json").write_text(json.dumps({
@@ -287,7 +288,7 @@ def test_the_installed_shardbench_script_refuses_bad_input_in_one_line(capsys):
     import subprocess
 
     from harness.config.command_line import one_line
-    from harness.studies import estimate
+    from harness.studies.predict import estimate
 
     script = REPO / ".venv" / "bin" / "shardbench"
     if not script.exists():

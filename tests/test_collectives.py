@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from harness.studies import collectives
+from harness.studies.timing import busbw, collectives
 from harness.theory.time import CommTable
 
 
@@ -23,18 +23,18 @@ def test_bus_bandwidth_follows_nccl_tests(n, factors):
     # nccl-tests doc/PERFORMANCE.md: busbw = algbw * 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter and
     # all-gather, 1 for broadcast; algbw = size / time
     for op, factor in factors.items():
-        got = collectives.bandwidths(op, 1_000_000_000, 0.5, n)
+        got = busbw.bandwidths(op, 1_000_000_000, 0.5, n)
         assert got["algbw_gbps"] == pytest.approx(2.0)
         assert got["busbw_gbps"] == pytest.approx(2.0 * factor)
     # reduce-scatter then all-gather moves what all-reduce moves
-    assert collectives.bus_factor("reduce_scatter+all_gather", n) == collectives.bus_factor("all_reduce", n)
+    assert busbw.bus_factor("reduce_scatter+all_gather", n) == busbw.bus_factor("all_reduce", n)
     with pytest.raises(ValueError):
-        collectives.bus_factor("all_to_all", n)
+        busbw.bus_factor("all_to_all", n)
 
 
 def test_sizes_run_from_1kib_in_powers_of_four():
-    assert collectives.sizes(256)[0] == 1024 and collectives.sizes(256)[-1] == 256 * 2**20
-    assert all(b == 4 * a for a, b in zip(collectives.sizes(256), collectives.sizes(256)[1:]))
+    assert busbw.sizes(256)[0] == 1024 and busbw.sizes(256)[-1] == 256 * 2**20
+    assert all(b == 4 * a for a, b in zip(busbw.sizes(256), busbw.sizes(256)[1:]))
 
 
 LEVELS = {"world": (4, 2), "intra_node": (2, 1), "inter_node": (2, 2)}  # level: (ranks, nodes it spans)
@@ -42,11 +42,11 @@ LEVELS = {"world": (4, 2), "intra_node": (2, 1), "inter_node": (2, 2)}  # level:
 
 def check_rows(out, rows) -> None:
     assert {(r["level"], r["op"], r["size_bytes"]) for r in rows} == {
-        (level, op, s) for level in LEVELS for op in collectives.OPS for s in (1024, 4096)}
+        (level, op, s) for level in LEVELS for op in busbw.OPS for s in (1024, 4096)}
     for r in rows:
         assert (r["ranks"], r["nnodes"]) == LEVELS[r["level"]] and r["time_s"] > 0 and r["device"] == "cpu"
         assert r["algbw_gbps"] == pytest.approx(r["size_bytes"] / r["time_s"] / 1e9)
-        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * collectives.bus_factor(r["op"], r["ranks"]))
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * busbw.bus_factor(r["op"], r["ranks"]))
     assert (out / "collectives.png").stat().st_size > 5000 and "busbw" in (out / "collectives.md").read_text()
     # the time model prices a collective from the rows of its own group size and level
     table = CommTable(rows, "cpu", 4)
@@ -61,7 +61,7 @@ def test_4_gloo_ranks_report_every_op_size_and_level_and_the_time_model_reads_ea
     # take one rank from each node; two sizes, 3 timed iterations each (what is tested is the bookkeeping)
     from forked_ranks import run_ranks
     from harness.config.compose import compose
-    from harness.studies import collectives_worker
+    from harness.studies.timing import collectives_worker
 
     run_ranks(collectives_worker.run, 4, tmp_path, 0.00390625, "cpu", 2, 3)
     rows = json.loads((tmp_path / "collectives.json").read_text())

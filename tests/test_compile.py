@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import only, sweeps
-from harness.studies import memory_check
+from harness.studies.memory import check as memory_check
 from test_memory_check import REPEATS, SHAPE
 
 pytestmark = [pytest.mark.slow, pytest.mark.drill]

@@ -228,7 +228,7 @@ def test_composing_a_matrix_at_once_gives_each_runs_own_config():
 
     from harness.config import schema
     from harness.config.compose import CONF, _derived, compose, compose_many, composed_as_given
-    from harness.studies import memory_check
+    from harness.studies.memory import check as memory_check
 
     def _hydra(overrides):  # Hydra's own, set up for each call as its documentation shows
         schema.register()

@@ -1,5 +1,5 @@
 """A rank too large for this host counted on fake tensors (runtime/fake_replay.py), and the published rows it
-prices (studies/counted_shapes.py): the fake replay counts what a real replay of the same rank counts, its
+prices (studies/predict/counted_shapes.py): the fake replay counts what a real replay of the same rank counts, its
 two shallow depths extend to a deeper one exactly, and a card's costs are the committed GPU's scaled by the
 datasheets."""
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 
 from harness.config.compose import compose
 from harness.runtime.fake_replay import extend
-from harness.studies import counted_shapes, published
+from harness.studies.predict import counted_shapes
+from harness.studies.predict import published
 
 
 def _ops(work: dict) -> Counter:
@@ -78,7 +79,7 @@ def test_a_cards_costs_are_the_measured_gpus_scaled_by_the_datasheets():
 
 
 def test_the_estimate_counts_only_a_cuda_shape_it_can_build(capsys):
-    from harness.studies.estimate import print_counted
+    from harness.studies.predict.estimate import print_counted
 
     print_counted([], ["model=tiny_llama"], compose(["model=tiny_llama"]), hypothetical=False)
     print_counted([], [], compose(["model=llama3_8b", "parallelism=gpu8"]), hypothetical=True)

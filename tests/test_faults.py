@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import REPO
-from harness.studies.fault_drill import interrupt_rerun, left_running, read_runs, sweep_command
+from harness.studies.faults.drill import interrupt_rerun, left_running, read_runs, sweep_command
 
 # a launcher drill: run by `make test-drills` (and CI), not by `make test`
 pytestmark = [pytest.mark.slow, pytest.mark.drill]
@@ -23,7 +23,7 @@ def steps(run_dir) -> list:
 
 @pytest.fixture(scope="module")
 def fault_sweep(tmp_path_factory):
-    """The drill's sweep (harness/studies/fault_drill.py, `make faults`), run here as the CLI would run it."""
+    """The drill's sweep (harness/studies/faults/drill.py, `make faults`), run here as the CLI would run it."""
     root = tmp_path_factory.mktemp("faults")
     proc = subprocess.run(sweep_command(root, TIMEOUT_S, []), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]  # the sweep itself never crashes

@@ -121,7 +121,7 @@ def test_a_tied_checkpoint_loads_exactly_sharded_or_not_with_and_without_adapter
 
 
 def test_estimate_counts_the_frozen_base_apart_from_the_adapters():
-    from harness.studies.estimate import rows
+    from harness.studies.predict.rows import rows
 
     cfg = compose(["model=tiny_llama", "workload=lora"])
     counts = models.param_count(cfg.model, cfg.workload)

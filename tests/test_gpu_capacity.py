@@ -9,8 +9,8 @@ import pytest
 
 from harness.config.compose import compose
 from harness.runtime import models
-from harness.studies import gpu_capacity
-from harness.studies.capacity_report import measured_table, seeds_comparison
+from harness.studies.capacity import gpu as gpu_capacity
+from harness.studies.capacity.report import measured_table, seeds_comparison
 
 GIB = 2**30
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from harness.reporting.collect import collect
-from harness.studies import gpu_check
+from harness.studies.gpu import check as gpu_check
 
 GIB = 2**30
 
@@ -101,7 +101,7 @@ def test_report_only_writes_the_results_from_runs_already_there(tmp_path):
 
 
 def test_the_time_table_sets_each_part_beside_its_prediction_and_counts_those_within_30_pct(tmp_path):
-    from harness.studies import gpu_time
+    from harness.studies.gpu import time_model as gpu_time
 
     runs = good(tmp_path)
     f = runs[("gpu_gpt2", "ddp")]["figures"]

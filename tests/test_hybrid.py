@@ -128,7 +128,7 @@ def test_the_single_node_sweeps_leave_out_exactly_the_hybrid_backends():
 
 def test_make_hybrid_keeps_a_failed_run_as_a_row_with_its_reason():
     # a run that died is a row of the table, with its status and reason, not a crashed experiment
-    from harness.studies import hybrid
+    from harness.studies.predict import hybrid
 
     failed = {"label": "fsdp_hsdp", "status": "failed", "reason": "rank 2 exited 1", "loss_vs_ddp": None,
               **{key: None for key in hybrid.FIGURES}}

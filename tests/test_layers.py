@@ -42,9 +42,6 @@ def command_modules() -> Dict[str, str]:
         if isinstance(node, ast.Dict) and node.keys and all(isinstance(k, ast.Constant) for k in node.keys):
             for key, row in zip(node.keys, node.values):
                 target = row.args[0] if isinstance(row, ast.Call) and row.args else None
-                if isinstance(target, ast.JoinedStr):  # f"{STUDIES}.estimate:main"
-                    target = ast.Constant("harness.studies" + "".join(
-                        v.value for v in target.values if isinstance(v, ast.Constant)))
                 if isinstance(target, ast.Constant):
                     out[key.value] = target.value.split(":")[0]
     return out
@@ -63,13 +60,13 @@ def spawned_by(tree: ast.AST) -> Set[str]:
     return out
 
 
-def imports_of(name: str, path: Path, known: Set[str]) -> Set[str]:
-    """Harness modules that `name` imports anywhere in its file (top level or inside functions), and the modules
-    of the commands it spawns."""
+def imports_of(name: str, path: Path, known: Set[str], spawns: bool = True) -> Set[str]:
+    """Harness modules that `name` imports anywhere in its file (top level or inside functions), and (`spawns`)
+    the modules of the commands it spawns."""
     is_package = path.name == "__init__.py"
     tree = ast.parse(path.read_text())
     table = command_modules()
-    out = {table[c] for c in spawned_by(tree) if c in table} if name != "harness.core.spawn" else set()
+    out = {table[c] for c in spawned_by(tree) if c in table} if spawns and name != "harness.core.spawn" else set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("harness")}
@@ -157,10 +154,24 @@ def test_every_subpackage_is_a_named_layer():
     assert len(table) >= 20 and all(layer(m)[0] < COMMANDS and m in modules() for m in table.values()), table
 
 
+def test_the_studies_are_grouped_by_question_and_share_no_command_module():
+    """studies/ holds packages (one question each, said in its __init__ docstring) and the shared command-line checks;
+    a helper two commands share lives in a module of its own, so no study imports another command's module."""
+    studies = PACKAGE / "studies"
+    assert sorted(p.name for p in studies.glob("*.py")) == ["__init__.py", "flags.py"]
+    packages = [p for p in studies.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    assert len(packages) >= 8 and all(ast.get_docstring(ast.parse((p / "__init__.py").read_text())) for p in packages)
+    mods = modules()
+    commands = {m for m in command_modules().values() if m.startswith("harness.studies.")}
+    shared = {name: imports_of(name, path, set(mods), spawns=False) & commands
+              for name, path in mods.items() if name.startswith("harness.studies.")}
+    assert {name: found - {name} for name, found in shared.items() if found - {name}} == {}
+
+
 def test_a_spawn_through_the_table_is_seen_as_an_import():
     g = graph()
     assert "harness.launcher.warm_ops" in g["harness.launcher.ops"]  # ops.py starts `warm-ops` as a process
-    assert "harness.launcher.train" in g["harness.studies.hybrid"]  # a study starts runs as a user does
+    assert "harness.launcher.train" in g["harness.studies.predict.hybrid"]  # a study starts runs as a user does
 
 
 def test_the_parent_validates_without_importing_torch():

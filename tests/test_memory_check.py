@@ -1,4 +1,4 @@
-"""The memory model against measured peaks (harness/studies/memory_check.py): every backend on a fraction of
+"""The memory model against measured peaks (harness/studies/memory/check.py): every backend on a fraction of
 tiny_llama, tiny_gpt2, tiny_qwen2 (from its config.json), tiny_mistral (likewise) x fp32, bf16 x the activation-
 checkpointing policies none, full, every_2, selective_op (memory_check.matrix's Latin square: each backend runs
 each model once and each policy once, the precision alternating; 4 cells a backend, 2 gloo ranks,
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import BACKENDS, STATES_BACKENDS, STATES_REPEATS
 from harness.config import recompute
-from harness.studies import memory_check
+from harness.studies.memory import check as memory_check
 
 pytestmark = pytest.mark.slow
 REPEATS = STATES_REPEATS  # profiled steps per cell: the lowest per rank (gloo can hold a buffer a phase late)

@@ -121,7 +121,7 @@ def test_zero3_buffers_match_prediction(fp32_runs, name):
 
 
 def test_estimate_cli_prints_every_backend_and_the_paper_figures(capsys):
-    from harness.studies.estimate import main
+    from harness.studies.predict.estimate import main
 
     assert main(["--params", "7.5e9", "--world", "64", "train.precision=bf16"]) == 0
     out = capsys.readouterr().out
@@ -133,7 +133,7 @@ def test_estimate_cli_prints_every_backend_and_the_paper_figures(capsys):
 
 
 def test_estimate_prices_each_backends_step_with_the_time_model_when_asked(capsys):
-    from harness.studies.estimate import main
+    from harness.studies.predict.estimate import main
 
     assert main(["model=tiny_llama", "--time"]) == 0
     out = capsys.readouterr().out
@@ -145,7 +145,7 @@ def test_a_gpu_shape_here_is_priced_at_the_last_lent_gpus_measured_rates_with_it
     # a walkthrough read 156k tokens/s for 8B on 8 H100s, a roofline at the datasheet's peak, as a prediction
     import json
 
-    from harness.studies.estimate import main
+    from harness.studies.predict.estimate import main
 
     measured = json.loads((REPO / "results" / "device_costs" / "cuda.json").read_text())
     assert main(["model=llama_7b", "parallelism=gpu8", "train.precision=bf16", "--backends", "fsdp", "--time"]) == 0
@@ -156,7 +156,7 @@ def test_a_gpu_shape_here_is_priced_at_the_last_lent_gpus_measured_rates_with_it
 
 
 def test_estimate_says_its_budget_in_both_units_and_fits_with_the_advisors_margin(capsys):
-    from harness.studies.estimate import GIB, fits, main
+    from harness.studies.predict.estimate import GIB, fits, main
 
     assert fits(72 * GIB, 80) and not fits(73 * GIB, 80)  # 10% headroom: a peak of 73 GiB does not fit 80 GiB
     assert main(["model=llama_7b", "parallelism=gpu8", "train.precision=bf16", "--device-gib", "80"]) == 0
@@ -174,7 +174,9 @@ def test_a_compiled_shape_is_estimated_and_advised_with_what_its_compiled_blocks
     monkeypatch.setattr(compiled_backward, "backward_peak", lambda cfg, regime, policy: 2.0**20)
     from harness.config.compose import compose
     from harness.config.derive import world_size
-    from harness.studies import advise, estimate
+    from harness.studies.advise import search as advise
+    from harness.studies.predict import estimate
+    from harness.studies.predict.rates import rates_for
     from harness.theory.predict import predict
 
     shape = ["model=tiny_llama", "parallelism=gpu8", "train.precision=bf16", "parallelism.seq_len=512",
@@ -188,7 +190,7 @@ def test_a_compiled_shape_is_estimated_and_advised_with_what_its_compiled_blocks
     run = predict(cfg, world_size(cfg), counts)["memory/tensor_peak_predicted_bytes"]
     assert compiled["peak_bytes"] == run and compiled["peak_bytes"] < eager["peak_bytes"]
     candidate = advise.candidate(cfg, "fsdp", [], {k: v for k, v in counts.items() if k != "compiled_kept"}, 0.0,
-                                 advise.rates_for(cfg, world_size(cfg)), 2**40, 0.1)
+                                 rates_for(cfg, world_size(cfg)), 2**40, 0.1)
     assert candidate.predicted_peak_bytes == predict(cfg, world_size(cfg), counts)["memory/device_peak_predicted_bytes"]
 
 

@@ -55,7 +55,7 @@ def released(backend: str) -> list:
     reuse distance, so by default nothing is released before the step and backward gathers nothing: a hybrid
     backend's cell releases as make hybrid's "released" rows do (the family's forward_release_overrides; none
     for FSDP2), so that backward gathers in the node. The flat backends run at their defaults."""
-    from harness.studies.hybrid import release
+    from harness.studies.predict.hybrid import release
 
     return release(backend) if backend in HYBRID else []
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from harness.studies import published
+from harness.studies.predict import published
 
 
 def test_the_rows_come_from_three_sources_with_their_cards_and_figures():

@@ -1,5 +1,5 @@
 """Launches that race for a run dir, and a launcher that dies: real processes, real signals (the same drills
-`make faults` records, harness/studies/launcher_drill.py)."""
+`make faults` records, harness/studies/faults/launcher_drill.py)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from harness.reporting.collect import collect
-from harness.studies.launcher_drill import KILL_BOUND_S, concurrent_sweeps, race_and_sigkill
+from harness.studies.faults.launcher_drill import KILL_BOUND_S, concurrent_sweeps, race_and_sigkill
 
 # a launcher drill: run by `make test-drills` (and CI), not by `make test`
 pytestmark = [pytest.mark.slow, pytest.mark.drill]

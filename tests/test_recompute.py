@@ -121,9 +121,9 @@ def test_the_runs_settings_record_the_policy_that_ran():
 def test_a_checkpointed_run_has_the_losses_of_its_uncheckpointed_run_step_for_step(bf16_runs, policy_runs):
     """Real ranks, tiny_gpt2 in bf16 (the bf16 sweep's cells): full under FSDP2 and ZeRO-3, selective_op under
     DDP's autocast and FSDP2, each against the same backend's run without checkpointing. The axes table
-    (harness/studies/axes.py) reads the same run dirs: the only axis that differs is the policy, within its
+    (harness/studies/axes/table.py) reads the same run dirs: the only axis that differs is the policy, within its
     tolerance, and the settings record the policy that ran."""
-    from harness.studies import axes
+    from harness.studies.axes import rows as axes
 
     for policy, runs in policy_runs.items():
         assert set(runs) == ({"fsdp", "ds_zero3"} if policy == "full" else {"ddp", "fsdp"}), (policy, set(runs))

@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 from harness.config.compose import compose
 from harness.runtime import models
-from harness.studies import scale_check
+from harness.studies.predict import scale_check
 
 # with the drills (make test-drills, CI's second stage): a study's grid end to end, 5 cells traced at 64 ranks in 3
 # processes (~30 s alone, ~75 s beside make test's launches), which kept make test over its 5 minutes

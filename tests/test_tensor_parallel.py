@@ -184,7 +184,8 @@ def test_deepspeed_refuses_an_autotp_checkpoint_on_another_mesh_in_one_line(tp_r
 
 
 def test_the_estimator_and_the_advisor_search_the_mesh_and_say_where_the_bytes_go():
-    from harness.studies import advise, estimate
+    from harness.studies.advise import search as advise
+    from harness.studies.predict import estimate
 
     # llama_70b's widths, heads and vocabulary at 8 of its 80 blocks: the mesh's bytes and groups are the same a
     # block, and the FLOP count and the advisor's 72 candidates cost a tenth (4.4 s -> ~1 s of this test)
@@ -197,7 +198,7 @@ def test_the_estimator_and_the_advisor_search_the_mesh_and_say_where_the_bytes_g
     plan = advise.plan(base[:-2], 80 * advise.GIB, None, ["fsdp", "ds_zero3"], 0.1)
     assert {c.tp for c in plan.candidates} == {1, 2, 4, 8} and {c.mesh for c in plan.candidates if c.tp == 8} == {
         "dp 8 x tp 8 (SP, loss parallel)", "dp 8 x tp 8"}
-    from harness.studies.advise_answer import predicted_choice
+    from harness.studies.advise.answer import predicted_choice
 
     choice = predicted_choice(plan)
     assert choice.startswith("Predicted best: ") and "GB a step inside a node" in choice and "across nodes" in choice

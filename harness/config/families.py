@@ -64,7 +64,7 @@ class Family:
     representative = ""  # its backend preset (conf/backend/) when a study runs one backend per family
     packages: Tuple[str, ...] = ()  # what it needs beyond torch (pip names): recorded in env.json and op builds
     ranged_fields: Tuple[str, ...] = ()  # numeric backend fields whose range its rules check (config/rules.py)
-    native_buffers_note = ""  # why its native profile's buffers can dwarf the states (studies/advise_answer.py)
+    native_buffers_note = ""  # why its native profile's buffers can dwarf the states (studies/advise/answer.py)
     jit_op_names: Tuple[str, ...] = ()  # native ops it builds on first use (TORCH_EXTENSIONS_DIR names)
     # why its runtime cannot run on fake tensors (runtime/traced.py), as `make scale-check` found it; "" where it can;
     # and whether, where it cannot, its tensor-parallel runtime can (another mechanism: DDP's replicate)
@@ -94,7 +94,7 @@ class Family:
 
     def release_overrides(self, backend) -> List[str]:
         """Overrides under which this backend frees what it gathers on a model as small as the memory check's
-        states-dominated shape (studies/memory_check.py), where its defaults would keep the model whole."""
+        states-dominated shape (studies/memory/check.py), where its defaults would keep the model whole."""
         return []
 
     def forward_release_overrides(self, backend) -> List[str]:

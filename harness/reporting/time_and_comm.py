@@ -110,7 +110,7 @@ def cores() -> int:
 
 
 def device_costs(record: dict, host: Optional[dict] = "file", tight: Optional[list] = None) -> DeviceCosts:
-    """DeviceCosts from a device-costs record (studies/device_costs.py): the rates measured at the largest
+    """DeviceCosts from a device-costs record (studies/timing/device_costs.py): the rates measured at the largest
     world with a core per rank, every world's busy collectives (the tight-loop `tight` rows where those have
     none), and the host costs (`host`: the record's, or None for none)."""
     worlds = {int(w): v for w, v in record["worlds"].items()}

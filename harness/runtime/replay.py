@@ -7,7 +7,7 @@ rank counts it (runtime/work_count.py), without starting the run. The time model
     python -m harness.runtime.replay <dir> --fake   # the same on fake tensors (runtime/fake_replay.py)
 
 Ranks can differ in their work (ZeRO-1/2's partitions hold different parameters, the last one the padding), so
-a prediction replays the first and the last rank and takes the slower (studies/time_extrapolation.py). The
+a prediction replays the first and the last rank and takes the slower (studies/timing/extrapolation.py). The
 rank is built as a run builds it (runtime/worker.prepare), trains `train.steps` steps through the loop's
 own step (so that what a framework settles in its first steps, DDP's bucket order or ZeRO-3's prefetch trace,
 is settled), then runs the two counted steps. On real tensors it needs the model to fit this host; a model too
@@ -77,7 +77,7 @@ def main(directory: Path, fake: bool = False) -> int:
     for path, cfg in zip(paths, configs):
         by_world.setdefault(world_size(cfg), []).append((path, cfg))
     # DeepSpeed keeps its groups for the process: a real replay is one world a process. A fake one is FSDP2's
-    # (studies/counted_shapes.py), whose mesh is made anew by each config: the group is made again per world
+    # (studies/predict/counted_shapes.py), whose mesh is made anew by each config: the group is made again per world
     if len(by_world) != 1 and not fake:
         raise SystemExit(f"replay: the configs in {directory} ask {sorted(by_world)} ranks; one world a process")
     for world, items in by_world.items():

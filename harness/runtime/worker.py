@@ -87,7 +87,7 @@ class Prepared:
 
 def prepare(cfg, rank: int, world: int, device: torch.device) -> Prepared:
     """Build the model where the strategy wants it, initialise or load its weights, wrap it and build the
-    optimizer (shared by a run, runtime/cells_worker.py and studies/memory_check_worker.py)."""
+    optimizer (shared by a run, runtime/cells_worker.py and studies/memory/worker.py)."""
     torch.manual_seed(cfg.train.seed)
     counts = counts_for(cfg)
     strategy = make_strategy(cfg, device, world, counts)
@@ -237,7 +237,7 @@ def freeze_imports() -> None:
 
 
 def end_cell() -> None:
-    """Between two cells of one launch (runtime/cells_worker.py, studies/memory_check_worker.py): the next cell
+    """Between two cells of one launch (runtime/cells_worker.py, studies/memory/worker.py): the next cell
     compiles as a run of its own would, and collects only its own garbage. Without the reset, a later cell with
     the same blocks reused the earlier cell's compiled code (its time/compile_s read 0.02 s, where its own
     re-trace takes 0.22 s), and a launch of many compiled cells would reach dynamo's recompile limit."""

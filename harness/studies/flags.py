@@ -34,7 +34,7 @@ def estimate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--counted", action="store_true",
                         help="with --time, on a CUDA shape: also each FSDP2 row's step counted op by op on fake "
                              "tensors and priced at the committed GPU's costs, as `make published` prices its rows "
-                             "(harness/studies/counted_shapes.py; ~8 s to start, about a second a row)")
+                             "(harness/studies/predict/counted_shapes.py; ~8 s to start, about a second a row)")
     return parser
 
 

@@ -1,7 +1,7 @@
-"""The host's costs on CPU, solved from calibration runs (studies/device_costs.py): each run's counted work and
+"""The host's costs on CPU, solved from calibration runs (studies/timing/device_costs.py): each run's counted work and
 its measured breakdown give, per part, the seconds that the roofline does not explain, and a least-squares
 fit over every part of every run gives a cost per unit of HOST_TERMS. On CUDA nothing is fitted: the host's
-costs are measured op by op (studies/device_costs_cuda.py)."""
+costs are measured op by op (studies/timing/device_costs_cuda.py)."""
 from __future__ import annotations
 
 from typing import Dict, List

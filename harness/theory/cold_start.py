@@ -13,7 +13,7 @@ The phases before `other` run their code once per block and per parameter: only 
 bounded cost this does not price.
 
 Priced on CPU only, where the host is the device: on CUDA the optimizer's bytes stream through the GPU's
-caches, not the host's. The costs come from `make device-costs` (studies/cold_start.py): the same distinct
+caches, not the host's. The costs come from `make device-costs` (studies/timing/cold_start.py): the same distinct
 ops and lines timed warm and right after a flush, on every core at once.
 """
 from __future__ import annotations

@@ -60,7 +60,7 @@ class CommTable:
     """Seconds for one collective of a given size over a group of ranks, inside a node or across nodes:
     measured rows (op, ranks, size_bytes, time_s, and nnodes where they crossed nodes) for that group size,
     level and device, else the α-β default of that level (`intra_gbps`, `inter_gbps`: the config's bandwidths,
-    0 = the stated defaults). Rows measured inside busy processes (`busy`, studies/device_costs.py) carry the
+    0 = the stated defaults). Rows measured inside busy processes (`busy`, studies/timing/device_costs.py) carry the
     gap of host work before each call (`gap_s`), and replace a group's tight-loop rows: a call is then priced
     at its own gap, between the two measured gaps around it (linear in the gap's logarithm, clamped to the
     measured ones)."""

@@ -1,0 +1,332 @@
+"""`make advise`: which strategy should I use? Theory prunes and orders the candidates, short real runs
+measure the best ones, and the answer names the winner and why every other backend lost.
+
+    python -m harness advise model=small_llama --device-gib 0.0625 [--global-batch 16] [--max-probes 12]
+    python -m harness advise model=llama_7b parallelism=gpu8 train.precision=bf16 --dry-run --device-gib 80
+
+The candidates are every backend x tensor-parallel degree x micro-batch x activation-checkpointing policy
+(`--ac-policies`: none, full, every_2, selective_op; config/recompute.py), at
+the user's precision, with the global batch held fixed (`--global-batch`, else the config's micro_batch x
+grad_accum x data-parallel ranks), so that every candidate does the same optimizer work per step; grad_accum
+follows from the micro-batch and the data-parallel ranks. The tensor-parallel degrees are those of 1, 2, 4, 8
+that the node, the model's heads and the backend allow (config/rules.tensor_degrees), or the one
+`parallelism.tp` pins; each candidate's mesh says where its bytes go (inside a node or across nodes).
+
+Stage 1, theory (nothing runs): each candidate's device peak (theory/predict.py: states, buffers, and the
+largest of the step's four moments' activations and transients, theory/peak.py) must fit the device with
+`--margin` to spare (default 10%, the memory model's tolerance), and the step time of each that fits comes
+from the time model (theory/op_costs.py: the candidate replayed for a few steps in one process, its counted
+work priced at this device's measured costs; studies/advise/step_times.py), else from the roofline lower bound
+(theory/time.py), as the plan says. `--dry-run` prints that table and stops.
+
+Stage 2, measurement: each backend's fastest predicted candidate that fits is run for 10 steps (8 timed)
+under `train.memory_budget_bytes` (a smaller card, emulated: on CPU the budget bounds the profiled peak of
+live tensors), up to `--max-probes` runs in all, recorded under results/advise/<name>/probes/ and reused on
+a re-run only when its config, code and device match. A measured OOM removes the candidate, is recorded as
+a miss of the memory model, and the backend's next candidate takes its place. Where a backend's fastest
+candidate was predicted not to fit, the pruned candidate nearest the budget is probed once, to check the
+prediction.
+
+Noise: a probe's noise is the spread of its timed steps, (p90 - p50) / p50. When the two fastest backends
+are closer than the larger of their noises, both are run again, each in a fresh process; a candidate's
+tokens/s is then the mean of its runs, and its noise also counts how far its runs differ. If they are still
+that close, the answer says the ranking is a tie.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ...config.compose import compose
+from ...config.derive import dp_size, tokens_per_step, world_size
+from ...config.recompute import overrides as recompute_overrides, parse as parse_policy, recompute_of
+from ...config.rules import tensor_degrees
+from . import step_times as advise_time
+from ..capacity.probe import device_bytes, run_probe
+from ..predict.rates import rates_for
+
+
+GIB = 2**30
+# a probe's length: the capacity probes' 3 steps (1 warm-up) say fit or OOM, but time 2 steps, too few to
+# rank by or to see the noise in
+TIMED = ["train.steps=10", "train.warmup_steps=2"]
+BOUNDARY_X = 1.5  # a pruned candidate predicted within this factor of the budget is worth one probe
+
+
+@dataclass
+class Candidate:
+    backend: str
+    micro_batch: int
+    grad_accum: int
+    checkpointing: bool  # any block recomputed
+    overrides: List[str]
+    tp: int = 1  # the tensor-parallel degree: data parallelism over the world / tp others
+    mesh: str = ""  # config/mesh.Mesh.describe()
+    predicted_intra_node_bytes: float = 0.0  # sent per rank per step inside a node (NVLink)
+    predicted_inter_node_bytes: float = 0.0  # and across nodes (the network)
+    predicted_peak_bytes: float = 0.0
+    predicted_step_s: float = 0.0
+    predicted_tokens_per_s: float = 0.0
+    predicted_states_bytes: float = 0.0  # the model states on the device, inside the peak
+    # gradients held unsharded from the first micro-batch to the last (FSDP2 with grad_accum > 1 reduces on the
+    # last one only: set_requires_gradient_sync(False)), inside the peak
+    predicted_held_grads_bytes: float = 0.0
+    predicted_reduce_bucket_bytes: float = 0.0  # DeepSpeed's reduce bucket inside the peak (advise_notes.py)
+    fits: bool = False
+    role: str = ""  # why it was probed: "best" (of its backend), "next" (after an OOM), "boundary"
+    status: str = ""  # the probe's: ok, oom, failed ...; "" = not probed
+    tokens_per_s: Optional[float] = None
+    peak_bytes: Optional[float] = None
+    reason: str = ""
+    family: str = ""  # backend.family: what the answer asks the registry about
+    run_dir: str = ""
+    reused: bool = False  # an earlier probe with the same config, code and device (capacity.stale)
+    runs: List[float] = field(default_factory=list)  # tokens/s of each run that trained (a repeat adds one)
+    noise_pct: Optional[float] = None  # see the module doc
+    policy: str = ""  # train.activation_checkpointing: none, full, every_<k>, selective_op ("": as checkpointing)
+
+    @property
+    def ac(self) -> str:
+        """The checkpointing policy as a user names it."""
+        return self.policy or ("full" if self.checkpointing else "none")
+
+    @property
+    def name(self) -> str:
+        tp = f"-tp{self.tp}" if self.tp > 1 else ""
+        # ckptoff and ckpton (full) as before the policies were searched: probes recorded under those names stay
+        ac = {"none": "off", "full": "on"}.get(self.ac, f"-{self.ac}")
+        return f"{self.backend}{tp}-mb{self.micro_batch}-ckpt{ac}"
+
+    @property
+    def label(self) -> str:
+        mesh = f" on {self.mesh}" if self.tp > 1 else ""
+        return (f"{self.backend}{mesh} with micro-batch {self.micro_batch} (grad_accum {self.grad_accum}), activation "
+                f"checkpointing {self.ac_words}")
+
+    @property
+    def ac_words(self) -> str:
+        return {"none": "off", "full": "on (every block)"}.get(self.ac, self.ac)
+
+
+@dataclass
+class Plan:
+    overrides: List[str]
+    budget_bytes: int
+    margin: float
+    global_batch: int
+    world: int
+    model: str
+    precision: str
+    device: str
+    profile: str
+    rates: Dict[str, object] = field(default_factory=dict)  # the roofline's rates, and how step times were predicted
+    candidates: List[Candidate] = field(default_factory=list)
+
+    @property
+    def fitting(self) -> List[Candidate]:
+        return [c for c in self.candidates if c.fits]
+
+
+def size(b: Optional[float]) -> str:
+    if b is None:
+        return "-"
+    return f"{b / GIB:,.3f} GiB" if b >= GIB else f"{b / 2**20:,.1f} MiB"
+
+
+def data_parallel_ranks(cfg, tp: int) -> int:
+    """The data-parallel ranks of `cfg`'s mesh at tensor-parallel degree `tp` (config/mesh.py)."""
+    trial = copy.deepcopy(cfg)
+    trial.parallelism.tp = tp
+    return dp_size(trial)
+
+
+def micro_batches(global_batch: int, dp: int) -> List[int]:
+    """Every micro-batch that splits the global batch evenly over the data-parallel ranks."""
+    per_rank = global_batch // dp
+    return [m for m in range(1, per_rank + 1) if per_rank % m == 0]
+
+
+def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Optional[int], backends: List[str],
+         margin: float, policies=("none", "full")) -> Plan:
+    """Stage 1: every candidate with its predicted peak and step time, those that fit first, fastest first."""
+    from ...runtime import models
+    from ...runtime.probes import count_flops_per_token
+
+    base = compose(overrides)
+    world, par = world_size(base), base.parallelism
+    batch = global_batch or par.global_batch or par.micro_batch * par.grad_accum * dp_size(base)
+    pinned = any(o.startswith("parallelism.tp=") for o in overrides)
+    degrees = [par.tp] if pinned else tensor_degrees(base)
+    if all(batch % data_parallel_ranks(base, tp) for tp in degrees):
+        raise ValueError(f"--global-batch {batch}: not divisible by the {world} ranks (nor by the data-parallel "
+                         f"ranks of any mesh); use a multiple of {world}")
+    counts = models.param_count(base.model, base.workload)
+    budget = budget_bytes or default_budget(base)
+    rates = rates_for(base, world)
+    flops_per_token = count_flops_per_token(base.model, par.seq_len, base.workload)
+    out = Plan(overrides, budget, margin, batch, world, base.model.name, base.train.precision, par.device, base.profile,
+               rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps, "rates_source": rates.source,
+                      "rates_committed": rates.committed,
+                      "collectives_measured": float(rates.comm.measured), "flops_per_token": flops_per_token})
+    fitting = {}  # the candidates that fit, by name: their step times come from their counted work
+    for backend in backends:
+        # one composition per backend (a config group); the candidates' batch and checkpointing are set on a
+        # copy, as their overrides would set them (a composition costs about 0.5 s, and there are 6 a backend)
+        composed = compose([*overrides, f"backend={backend}", f"parallelism.global_batch={batch}"])
+        for tp in tensor_degrees(composed, degrees):
+            dp = data_parallel_ranks(composed, tp)
+            for mb in micro_batches(batch, dp) if batch % dp == 0 else []:
+                for policy in policies:
+                    ga = batch // (mb * dp)
+                    extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
+                             f"parallelism.global_batch={batch}", *recompute_overrides(policy),
+                             *([f"parallelism.tp={tp}"] if tp > 1 or pinned else [])]
+                    cfg = copy.deepcopy(composed)
+                    cfg.parallelism.micro_batch, cfg.parallelism.grad_accum, cfg.parallelism.tp = mb, ga, tp
+                    kind, every = parse_policy(policy)
+                    cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every = kind, every
+                    out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin))
+                    if out.candidates[-1].fits:
+                        fitting[out.candidates[-1].name] = cfg
+    advise_time.price(out, fitting, base, counts)
+    # those that fit first, by their counted work's step; then the rest, by the roofline bound
+    out.candidates.sort(key=lambda c: (not c.fits, c.predicted_step_s))
+    return out
+
+
+def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token: float, rates, budget: int,
+              margin: float) -> Candidate:
+    """One candidate's theory: its predicted device peak, its mesh's bytes by link, and its roofline step (the
+    FLOPs of its data-parallel rank's tokens, split over its tensor-parallel ranks)."""
+    from ...runtime.compiled_activations import with_compiled
+    from ...theory.predict import predict
+    from ...theory.shape import shape_of
+    from ...theory.time import predict_parts
+
+    par, world = cfg.parallelism, world_size(cfg)
+    counts = with_compiled(cfg, counts)  # a compiled candidate keeps what its graphs keep (traced, then cached)
+    theory = predict(cfg, world, counts)
+    shape = shape_of(cfg, world, counts)
+    peak = theory["memory/device_peak_predicted_bytes"]
+    recompute = recompute_of(cfg)
+    step = predict_parts(cfg.backend, shape, flops_per_token * par.micro_batch * par.seq_len * par.grad_accum / par.tp,
+                         rates)["step"]
+    return Candidate(backend, par.micro_batch, par.grad_accum, recompute.any, extra, tp=par.tp,
+                     mesh=shape.grid.describe(), policy=recompute.label,
+                     predicted_intra_node_bytes=theory["comm/predicted_intra_node_bytes_per_step"],
+                     predicted_inter_node_bytes=theory["comm/predicted_inter_node_bytes_per_step"],
+                     predicted_peak_bytes=peak, predicted_step_s=step,
+                     predicted_tokens_per_s=tokens_per_step(cfg, world) / step, fits=peak * (1 + margin) <= budget,
+                     predicted_states_bytes=theory["memory/model_states_device_predicted_bytes"],
+                     predicted_held_grads_bytes=max((v for k, v in theory.items()
+                                                     if k.endswith("_unsharded_grads_predicted_bytes")), default=0.0),
+                     # ZeRO-1/2's bucket is a transient of the backward; ZeRO-3's lives in its buffers
+                     predicted_reduce_bucket_bytes=max((v for k, v in theory.items()
+                                                        if k.endswith("_reduce_bucket_predicted_bytes")
+                                                        or k == "memory/buffers_predicted_bytes"), default=0.0),
+                     family=cfg.backend.family)
+
+
+def default_budget(cfg) -> int:
+    """The device's memory: the GPU's, or on CPU this host's available memory shared by its ranks. A CUDA
+    config on a machine without a GPU (a dry run for hardware you do not have) must say the card's memory."""
+    if cfg.parallelism.device == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).total_memory
+        raise ValueError("parallelism.device=cuda and no GPU here to read the card's memory from: give it with "
+                         "--device-gib (80 for an H100 80GB)")
+    import psutil
+
+    return psutil.virtual_memory().available // cfg.parallelism.nproc_per_node
+
+
+def measure(p: Plan, max_probes: int, out: Path, force: bool) -> None:
+    """Stage 2: probe each backend's best fitting candidate (fastest predicted first), its next one after a
+    measured OOM, then the boundary of each backend whose fastest candidate was pruned, up to max_probes."""
+    by_backend: Dict[str, List[Candidate]] = {}
+    for c in p.fitting:
+        by_backend.setdefault(c.backend, []).append(c)
+    queue = [(cands[0], "best") for cands in by_backend.values()]
+    probes = 0
+    while queue and probes < max_probes:
+        c, role = queue.pop(0)
+        probe(c, role, p, out, force)
+        probes += 1
+        if c.status == "oom":  # the model was wrong: the backend's next candidate takes its place
+            rest = [n for n in by_backend[c.backend] if not n.status]
+            if rest:
+                queue.insert(0, (rest[0], "next"))
+    close = contenders(p)
+    if close and probes + 2 <= max_probes and gap_pct(*close) <= max(c.noise_pct or 0 for c in close):
+        print(f"  {close[0].name} and {close[1].name} are {gap_pct(*close):.1f}% apart, within their noise: "
+              "running both again", flush=True)
+        for c in close:
+            probe(c, "repeat", p, out, force, repeat=True)
+        probes += 2
+    for pruned in boundaries(p):
+        if probes >= max_probes:
+            break
+        probe(pruned, "boundary", p, out, force)
+        probes += 1
+
+
+def contenders(p: Plan) -> Optional[tuple]:
+    """The fastest measured candidate and the fastest of another backend, when there are two."""
+    ok = sorted((c for c in p.candidates if c.status == "ok" and c.tokens_per_s), key=lambda c: -c.tokens_per_s)
+    rival = next((c for c in ok[1:] if c.backend != ok[0].backend), None) if ok else None
+    return (ok[0], rival) if rival else None
+
+
+def gap_pct(first: Candidate, second: Candidate) -> float:
+    return 100 * (first.tokens_per_s - second.tokens_per_s) / second.tokens_per_s
+
+
+def boundaries(p: Plan) -> List[Candidate]:
+    """For each backend whose fastest candidate was pruned, its pruned candidate nearest the budget, when
+    that is within BOUNDARY_X of it (a prediction many times over the budget needs no run to be believed);
+    nearest first."""
+    out = []
+    for backend in dict.fromkeys(c.backend for c in p.candidates):
+        mine = [c for c in p.candidates if c.backend == backend]
+        if not mine[0].fits:
+            nearest = min((c for c in mine if not c.fits), key=lambda c: c.predicted_peak_bytes)
+            if nearest.predicted_peak_bytes <= BOUNDARY_X * p.budget_bytes:
+                out.append(nearest)
+    return sorted(out, key=lambda c: c.predicted_peak_bytes / p.budget_bytes)
+
+
+def probe(c: Candidate, role: str, p: Plan, out: Path, force: bool, repeat: bool = False) -> None:
+    """One short real run of `c` under the budget; a finished one (ok or oom) is reused unless `force`. A
+    repeat runs in its own dir, and its tokens/s joins the first run's (see the module doc)."""
+    run_dir = out / "probes" / (c.name + ("-repeat" if repeat else ""))
+    overrides = [*p.overrides, *c.overrides, *TIMED, f"train.memory_budget_bytes={p.budget_bytes}"]
+    summary = run_probe([*overrides, "force=true"] if force else overrides, run_dir, reuse=not force)
+    figures = summary.get("figures", {})
+    if repeat and summary.get("status") != "ok":  # the first run's figures stand; say what the repeat did
+        print(f"  probe {c.name} (repeat): {summary.get('status')}: {summary.get('reason', '')}", flush=True)
+        return
+    c.role = c.role if repeat else role
+    c.status, c.reason, c.run_dir = summary.get("status", "failed"), summary.get("reason", ""), str(run_dir)
+    if figures.get("throughput/tokens_per_s"):
+        c.runs.append(figures["throughput/tokens_per_s"])
+        p50, p90 = figures.get("throughput/step_time_p50_s"), figures.get("throughput/step_time_p90_s")
+        spreads = [c.noise_pct or 0.0] + ([100 * (p90 - p50) / p50] if p50 and p90 else [])
+        if len(c.runs) > 1:
+            spreads.append(100 * (max(c.runs) - min(c.runs)) / min(c.runs))
+        c.noise_pct = max(spreads)
+    c.tokens_per_s = sum(c.runs) / len(c.runs) if c.runs else None
+    c.peak_bytes = device_bytes(summary)  # for an OOM, what it reached
+    c.reused = bool(summary.get("reused"))
+    print(f"  probe {c.name} ({role}): {c.status}" + (" (reused: same config, code and device)" if c.reused else "")
+          + (f", {c.tokens_per_s:,.0f} tokens/s ± {c.noise_pct:.1f}%" if c.tokens_per_s else "")
+          + (f", peak {size(c.peak_bytes)} (predicted {size(c.predicted_peak_bytes)})" if c.peak_bytes else "")
+          + (f": {c.reason}" if c.status not in ("ok", "oom") else ""), flush=True)
+
+
+def to_dict(p: Plan) -> dict:
+    return {**{k: v for k, v in asdict(p).items() if k != "candidates"},
+            "candidates": [{**asdict(c), "name": c.name} for c in p.candidates]}

@@ -1,0 +1,83 @@
+"""The estimator's rows: one backend at one mesh, every prediction of the theory (states, peak, activations, bytes a
+link, DeepSpeed's own estimate) and, given rates, the time model's step. The estimator,
+published.py and hybrid.py read them."""
+from __future__ import annotations
+
+import copy
+from typing import List
+
+from ...config.compose import backends, compose, compose_many, flat_backends
+from ...config.recompute import Recompute
+from ...config.rules import tensor_degrees
+from ...config.derive import tokens_per_step, world_size
+from ...core.components import totals
+from ...runtime.compiled_activations import counts_for
+from ...runtime.probes import count_flops_per_token
+from ...theory import activations, memory
+from ...theory.communication import comm_per_step
+from ...theory.predict import predict
+from ...theory.shape import shape_of
+from ...theory.time import predict_parts
+
+
+def rows(overrides: List[str], params: float | None = None, world: int | None = None, rates=None,
+         names: List[str] | None = None, tps: List[int] | None = None) -> List[dict]:
+    """One row per backend (`names`, else every one this shape runs) and tensor-parallel degree (`tps`, else
+    the config's parallelism.tp; each one the backend and model can run): every prediction, plus DeepSpeed's
+    estimate where there is one; with `rates` (predict/rates.py's rates_for), the time model's step time and tokens/s too."""
+    out = []
+    base = compose(overrides)
+    # FLOPs per token: counted on the model (FlopCounterMode), or 6 per parameter for a hypothetical one
+    flops_per_token = 6 * params if params else count_flops_per_token(base.model, base.parallelism.seq_len,
+                                                                       base.workload) if rates else 0
+    # the hybrid backends (HSDP, partial resharding) differ from their flat form only across nodes
+    chosen = names or (backends() if base.parallelism.nnodes > 1 else flat_backends())
+    for name, backend_cfg in zip(chosen, compose_many([[*overrides, f"backend={b}"] for b in chosen])):
+        for tp in tensor_degrees(backend_cfg, tps or [backend_cfg.parallelism.tp]):
+            cfg = copy.deepcopy(backend_cfg)
+            cfg.parallelism.tp = tp
+            out.append(row(cfg, name, params, world, flops_per_token, rates))
+    return out
+
+
+def row(cfg, name: str, params: float | None, world: int | None, flops_per_token: float, rates) -> dict:
+    """One backend at one mesh: the figures of `rows`."""
+    n = world or world_size(cfg)
+    # a hypothetical model has no tensors: the terms sized by its tensors (offload staging, DeepSpeed's
+    # gathered layer, ZeRO-3's persistent small parameters) are left out. A compiled run's counts carry what its
+    # compiled graphs keep for backward, traced as the run traces them (runtime/compiled_activations.py)
+    counts = ({"total": int(params), "largest_param": 0, "sizes": ()} if params else counts_for(cfg))
+    shape = shape_of(cfg, n, counts)
+    comps = memory.layout(cfg.backend, shape)
+    total = totals(comps)
+    par = cfg.parallelism
+    ds = memory.framework_estimate(cfg.backend, shape)
+    mesh = shape.grid
+    return {
+        "backend": name, "params": shape.params, "world": n, "precision": shape.precision,
+        "dp": mesh.dp, "tp": mesh.tp, "mesh": mesh.describe(), "model_params": shape.model_params or shape.params,
+        "paper_bytes": memory.paper_bytes(memory.paper_stage(cfg.backend), shape),
+        "device_bytes": total["device"], "host_bytes": total["host"], "buffers_bytes": comps.get("buffers", 0),
+        "framework_estimate_gpu_bytes": ds["gpu"] if ds else None,
+        "activations_bytes": saved_activations(cfg, par, shape, False),
+        "activations_ckpt_bytes": saved_activations(cfg, par, shape, True),
+        **{f"comm_{k}_per_step": v for k, v in comm_per_step(cfg.backend, shape).items() if k != "paper_elements"},
+        "peak_bytes": predict(cfg, n, counts)["memory/tensor_peak_predicted_bytes"],
+        "components": comps, "flops_per_token": flops_per_token,
+        **(step_prediction(cfg, n, shape, flops_per_token, rates) if rates else {}),
+    }
+
+
+def step_prediction(cfg, world: int, shape, flops_per_token: float, rates) -> dict:
+    """The time model's step (theory/time.py, as the runs' summaries and the advisor use it) and tokens/s."""
+    tokens = tokens_per_step(cfg, world)
+    step = predict_parts(cfg.backend, shape, flops_per_token * tokens / world, rates)["step"]
+    return {"step_s": step, "tokens_per_s": tokens / step}
+
+
+def saved_activations(cfg, par, shape, checkpointing: bool) -> float:
+    """What one micro-batch's forward keeps for backward under this backend's precision regime."""
+    reg = activations.regime(cfg.backend, shape.precision, shape.master_weights)
+    policy = Recompute("full" if checkpointing else "none", 1, cfg.model.num_layers)
+    return activations.saved(activations.parts(cfg.model, par, reg, policy, shape.matmul_weights,
+                                               shape.head_matmul_weights, shape.mesh))

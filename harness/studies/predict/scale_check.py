@@ -1,0 +1,147 @@
+"""`make scale-check`: the real strategy code at 8 to 512 ranks, traced on fake tensors over a fake process group
+(runtime/traced.py), against the memory and communication model.
+
+    python -m harness scale-check [--models llama_1b,llama_7b,llama_13b,llama_70b] [--worlds 8,64,512]
+        [--backends fsdp] [--wide llama_1b,llama_7b,llama_13b,llama_70b]
+        [--probe-backends ddp,ds_zero1,ds_zero2,ds_zero3] [--precisions bf16] [--checkpointing off,on]
+        [--tp-grid default|none|llama_1b:64:2,...] [--jobs 2] [--fresh] [--out results/scale_check] [overrides...]
+
+Every model x world x backend x precision x activation checkpointing is a cell (the --wide models under every
+traceable backend and in bf16 and fp32, the others under --backends in --precisions): rank 0 of that world built as a
+run builds it (the config's own model.init, wrap, mixed-precision policy and optimizer) and stepped twice by
+the train loop's step, its storages tracked by kind and its collectives counted. Each cell sets beside theory
+(harness/theory, for the same config on the CPU code path the trace runs):
+
+- model states (parameters, gradients, optimizer state; tracked after the last step's backward), within 1%;
+- the peak of live tensors over the last step, within 10% (the first step runs untracked: it creates the
+  optimizer state and fills DTensor's caches, whose first pass makes global-shape fake tensors no real run holds);
+- bytes sent per step (the last step's collectives, each weighted by nccl-tests' bus factor), within 5%.
+
+The 2-D cells (TP_GRID: llama_70b at 256 and 512 ranks with tp 8, llama_7b and llama_13b at 64 with tp 2, 4, 8)
+add tensor parallelism inside each node of 8 under every backend that traces with it (FSDP2, and DDP, which is
+torch's replicate at tp > 1), their TP collectives on the mesh's `tp` group.
+
+A backend that cannot run on fake tensors is a row with the exception and the frame it came from. Overrides
+apply to every cell (default: parallelism=gpu8, its micro-batch and sequence, on world/8 nodes). Each finished
+cell is appended to <out>/cells.jsonl at once, so that a grid cut short keeps what it traced and a rerun
+skips it (--fresh starts over). Writes scale_check.{md,json} and exits 1 if a traced cell misses a threshold.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List
+
+from ...config.command_line import parse
+from ...core.paths import REPO
+from ...core.rundir import write_json, write_text
+from .traced_cells import THRESHOLDS, gib_text, misses, pct_text, run_grid, traceable, world_overrides
+
+
+# the default grid: every model under every traceable backend in bf16 and fp32 (WIDE). A cell costs about 10 s of
+# one core for llama_1b, 30 s for llama_7b, 45 s for llama_13b and 2 minutes for llama_70b (Python dispatch over
+# fake tensors, whatever the world): about 90 minutes from scratch at --jobs 2, and nothing where the committed
+# cells.jsonl has them (a rerun traces only the cells it lacks). A narrower grid is flags: --wide ''
+GRID = {"models": "llama_1b,llama_7b,llama_13b,llama_70b", "worlds": "8,64,512", "precisions": "bf16",
+        "checkpointing": "off,on"}
+WIDE = GRID["models"]  # the models traced under every traceable backend and in fp32 as well
+# 2-D cells (data parallelism x tensor parallelism, TP inside a node of 8): (model, world, tp degrees,
+# checkpointing), bf16, under every backend that traces at tp > 1; those that do not tried once, with the cause.
+# Loss parallel is off in them: its cross-entropy handlers make global-shape fake tensors in every traced step (4
+# bytes a token and vocabulary entry that no real run holds; the memory check measures it on real runs)
+TP_GRID = (("llama_70b", 256, (8,), ("off", "on")), ("llama_70b", 512, (8,), ("off", "on")),
+           ("llama_7b", 64, (2, 4, 8), ("off",)), ("llama_13b", 64, (2, 4, 8), ("off",)))
+TP_COMMON = ["parallelism.loss_parallel=false"]
+TP_BACKENDS = "fsdp,ddp"  # FSDP2 + TP and DDP + TP (torch's replicate): the two mechanisms; the FSDP2 variants trace too
+
+
+def cell_overrides(model: str, backend: str, world: int, precision: str, checkpointing: bool,
+                   common: List[str], tp: int = 1) -> List[str]:
+    return ["parallelism=gpu8", *common, f"model={model}", f"backend={backend}", f"train.precision={precision}",
+            f"train.activation_checkpointing={str(checkpointing).lower()}", *world_overrides(world),
+            "parallelism.device=cpu", "logger=none", *([f"parallelism.tp={tp}", *TP_COMMON] if tp > 1 else [])]
+
+
+def tp_cells(grid, common: List[str], backends: List[str]) -> List[List[str]]:
+    """The 2-D cells (TP_GRID's shape) under those of `backends` that trace at tp > 1. The others are not tried
+    again: they fail as their 1-D cells do (DeepSpeed's engine moves the module to its device)."""
+    ok, _ = traceable(2)
+    return [cell_overrides(m, b, world, "bf16", c == "on", common, tp)
+            for m, world, tps, ckpt in grid for tp in tps for b in ok if b in backends for c in ckpt]
+
+
+def render(rows: List[dict], command: str) -> str:
+    traced = [r for r in rows if r["ok"]]
+    missed = [r for r in traced if misses(r)]
+    lines = [f"# Traced at scale against theory: {len(traced)} of {len(rows)} cells traced, {len(missed)} miss a "
+             "threshold", "",
+             f"Command: `{command}`. Rank 0 of each world on fake tensors over torch's fake process group "
+             "(`harness/runtime/traced.py`); GiB per rank (2^30 bytes). Thresholds: model states "
+             f"{THRESHOLDS['states']:g}%, peak {THRESHOLDS['peak']:g}%, bytes per step {THRESHOLDS['bytes']:g}%. "
+             "Predicted: `harness/theory` for the same config on the CPU code path the trace runs (AdamW "
+             "single-tensor).", "",
+             "| model | backend | world | tp | precision | ckpt | states | predicted | error | peak | predicted "
+             "| error | moment | GB/step | predicted | error | s |",
+             "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        head = (f"| {r['model']} | {r['backend']} | {r['world']} | {r.get('tp', 1)} | {r['precision']} | "
+                f"{'on' if r['checkpointing'] else 'off'} ")
+        if not r["ok"]:
+            lines.append(head + f"| not traced: {r['error']} ({r['where']}) | | | | | | | | | | {r['seconds']} |")
+            continue
+        lines.append(head + f"| {gib_text(r['states_bytes'])} | {gib_text(r['states_predicted_bytes'])} "
+                            f"| {pct_text(r['states_error_pct'])} | {gib_text(r['peak_bytes'])} "
+                            f"| {gib_text(r['peak_predicted_bytes'])} | {pct_text(r['peak_error_pct'])} | {r['moment']} "
+                            f"| {r['bytes_per_step'] / 1e9:,.3f} | {r['bytes_per_step_predicted'] / 1e9:,.3f} "
+                            f"| {pct_text(r['bytes_error_pct'])} | {r['seconds']} |")
+    return "\n".join(lines) + "\n"
+
+
+def tp_grid(spec: str):
+    """--tp-grid as TP_GRID's tuples: `default`, `none`, or model:world:tp[:tp...][:on] cells."""
+    if spec == "default":
+        return TP_GRID
+    out = []
+    for cell in (c for c in spec.split(",") if c and spec != "none"):
+        model, world, *rest = cell.split(":")
+        ckpt = ("off", "on") if rest and rest[-1] == "on" else ("off",)
+        out.append((model, int(world), tuple(int(t) for t in rest if t.isdigit()), ckpt))
+    return tuple(out)
+
+
+def main(argv: List[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for key, default in GRID.items():
+        parser.add_argument(f"--{key}", default=default)
+    parser.add_argument("--backends", default="", help="traced in every cell (default: the first traceable one)")
+    parser.add_argument("--wide", default=WIDE, help="models also traced under every traceable backend and in fp32")
+    parser.add_argument("--probe-backends", help="tried once, to show why they fail (default: the others)")
+    parser.add_argument("--tp-grid", default="default",
+                        help="the 2-D cells (data x tensor parallelism): `default` (TP_GRID), `none`, or cells "
+                             "model:world:tp[:tp...][:ckpt], comma-separated (e.g. llama_1b:64:2)")
+    parser.add_argument("--tp-backends", default=TP_BACKENDS, help="the backends of the 2-D cells")
+    parser.add_argument("--jobs", type=int, default=2, help="cells traced at once (one process each)")
+    parser.add_argument("--fresh", action="store_true", help="trace every cell again")
+    parser.add_argument("--report-only", action="store_true", help="write the table from the cells already traced")
+    parser.add_argument("--out", default="results/scale_check")
+    args, overrides = parse("scale-check", parser, argv)
+    split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
+    ok, others = traceable()
+    args.probe_backends = args.probe_backends if args.probe_backends is not None else ",".join(others)
+    wide = split(args.wide)
+    cells = [cell_overrides(m, b, int(w), p, c == "on", overrides)
+             for m in split(args.models) for w in split(args.worlds)
+             for b in (ok if m in wide else split(args.backends) or ok[:1])
+             for p in (["bf16", "fp32"] if m in wide else split(args.precisions)) for c in split(args.checkpointing)]
+    worlds, precisions = split(args.worlds), split(args.precisions)
+    cells += [cell_overrides(split(args.models)[0], b, int(worlds[min(1, len(worlds) - 1)]), precisions[0], False,
+                             overrides) for b in split(args.probe_backends)]
+    cells += tp_cells(tp_grid(args.tp_grid), overrides, split(args.tp_backends))
+    out = (REPO / args.out).resolve()
+    rows = run_grid(cells, out, args.jobs, args.fresh, trace=not args.report_only)
+    command = "python -m harness scale-check " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = render(rows, command)
+    write_text(out / "scale_check.md", text)
+    write_json(out / "scale_check.json", rows)
+    print(text)
+    return 1 if any(misses(r) for r in rows if r["ok"]) else 0
