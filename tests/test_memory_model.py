@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from conftest import BACKENDS, REPO
 from harness.core.components import totals
 from harness.theory import memory as mm
+from harness.config.mesh import Mesh
 from harness.theory.shape import Shape
 
 GB = 1e9
@@ -27,7 +28,7 @@ def merged(name):
 
 def test_paper_worked_example():
     # ZeRO paper, figure 1: 7.5B parameters, N = 64, mixed-precision Adam (K = 12)
-    s = Shape(params=7_500_000_000, world=64, precision="bf16")
+    s = Shape(params=7_500_000_000, mesh=Mesh(per_node=64), precision="bf16")
     got = [round(mm.paper_bytes(stage, s) / GB, 1) for stage in range(4)]
     assert got == [120.0, 31.4, 16.6, 1.9]
 
@@ -35,7 +36,7 @@ def test_paper_worked_example():
 def test_paper_formula_is_the_layout_where_they_coincide():
     # FSDP2 keeps exactly 16Ψ/N (the paper's ZeRO-3) and DDP 16Ψ, in any precision
     for precision in ("fp32", "bf16"):
-        s = Shape(params=1_000_000, world=8, precision=precision)
+        s = Shape(params=1_000_000, mesh=Mesh(per_node=8), precision=precision)
         assert totals(mm.layout(merged("fsdp"), s))["total"] == pytest.approx(16e6 / 8)
         assert totals(mm.layout(merged("ddp"), s))["total"] == pytest.approx(16e6)
 
@@ -56,7 +57,7 @@ def _deepspeed_params(model_name):
 def test_deepspeed_estimators_agree_where_they_model_the_same_thing(model_name):
     total, largest = _deepspeed_params(model_name)
     n = 8
-    s = Shape(params=total, world=n, precision="bf16", largest_param=largest)
+    s = Shape(params=total, mesh=Mesh(per_node=n), precision="bf16", largest_param=largest)
 
     def ours(name):
         return totals(mm.layout(merged(name), s))

@@ -18,17 +18,38 @@ from harness.theory.tensor_plan import local_counts
 
 
 def test_the_mesh_owns_the_degrees_groups_coordinates_and_links():
-    m = Mesh(per_node=8, nodes=4, tp=4, shard=4)  # HSDP x TP: 32 ranks, dp 8 = 2 replicas of 4 shards
+    m = Mesh(per_node=8, nodes=4, dp_replicate=2, tp=4)  # HSDP x TP: 32 ranks, dp 8 = 2 replicas of 4 shards
     assert (m.world, m.dp, m.dp_shard, m.dp_replicate, m.dp_per_node) == (32, 8, 4, 2, 2)
     assert m.ranks("tp", 5) == [4, 5, 6, 7]  # tensor parallelism innermost: consecutive ranks of one node
     assert m.ranks("dp_shard", 0) == [0, 4, 8, 12] and m.ranks("dp_replicate", 0) == [0, 16]
     assert m.ranks("dp", 1) == [1, 5, 9, 13, 17, 21, 25, 29]
-    assert m.coordinates(21) == {"node": 2, "local": 5, "dp": 5, "tp": 1, "dp_replicate": 1, "dp_shard": 1}
+    assert m.coordinates(21) == {"node": 2, "local": 5, "dp": 5, "pp": 0, "dp_replicate": 1, "dp_shard": 1, "cp": 0,
+                                 "tp": 1}
     assert (m.link("tp"), m.link("dp_shard"), m.link("dp_replicate")) == (INTRA, INTER, INTER)
-    assert Mesh(per_node=8, nodes=4, tp=4, shard=2).link("dp_shard") == INTRA  # a node's 2 data-parallel ranks
+    assert Mesh(per_node=8, nodes=4, dp_replicate=4, tp=4).link("dp_shard") == INTRA  # a node's 2 dp ranks
     assert sorted(map(tuple, m.groups("tp"))) == [tuple(range(k, k + 4)) for k in range(0, 32, 4)]
     assert m.name_of([4, 5, 6, 7]) == "tp" and m.name_of([0, 16]) == "dp_replicate"
     assert m.describe() == "dp 8 (replicate 2 x shard 4) x tp 4"
+
+
+def test_the_mesh_is_a_table_of_degrees_that_answers_what_if():
+    """The table (pp, dp_replicate, dp_shard, cp, tp) fixes every group; replace() keeps the degrees it is not
+    given and lets dp_shard take up the rest; a table that does not make the world is refused in one line."""
+    from harness.core.errors import ConfigError
+
+    m = Mesh(per_node=8, nodes=8)
+    assert m.degrees() == {"pp": 1, "dp_replicate": 1, "dp_shard": 64, "cp": 1, "tp": 1}
+    two_d = m.replace(tp=8)
+    assert (two_d.dp, two_d.dp_shard, two_d.group("dp"), two_d.group("tp")) == (8, 8, (8, 8), (8, 1))
+    assert two_d.describe() == "dp 8 x tp 8" and m.replace(tp=8) == two_d and m.tp == 1  # a value: m is unchanged
+    hsdp = m.replace(dp_replicate=8, tp=2)  # a node's 4 data-parallel ranks shard, 8 replicas
+    assert (hsdp.dp_shard, hsdp.link("dp_shard"), hsdp.link("dp_replicate")) == (4, INTRA, INTER)
+    assert Mesh.from_record(hsdp.as_record()) == hsdp
+    for bad, says in (({"tp": 3}, "tp=3: must divide the 8 ranks of a node"), ({"dp_replicate": 3},
+                      "= 3 does not divide the 64 ranks"), ({"dp_shard": 3}, "is 3 ranks, not 64"),
+                      ({"ep": 2}, "no dimension ep")):
+        with pytest.raises(ConfigError, match=says):
+            m.replace(**bad)
 
 
 @pytest.mark.parametrize("overrides, degrees", [
@@ -125,8 +146,10 @@ def test_the_settings_record_the_mesh_and_the_plan_that_ran(tp_runs):
     import json
 
     settings = {cell: json.loads((run_dir / "settings.json").read_text()) for cell, (_, _, run_dir) in tp_runs.items()}
-    assert settings["gqa/fsdp"]["mesh"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 2,
+    assert settings["gqa/fsdp"]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2,
                                             "describe": "dp 2 x tp 2 (SP, loss parallel)"}
+    summary = json.loads((tp_runs["gqa/fsdp"][2] / "summary.json").read_text())
+    assert Mesh.from_record(summary["mesh_record"]).describe() == summary["mesh"]  # the record holds it as data
     assert settings["gqa/fsdp"]["tensor_parallel"]["sequence_parallel"] is True
     assert settings["tied/fsdp"]["tensor_parallel"]["tied_output"] is True
     assert settings["tied/fsdp"]["mesh"]["describe"] == "dp 2 x tp 2"

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from conftest import BACKENDS
 from harness.theory.communication import collectives, comm_per_step
+from harness.config.mesh import Mesh
 from harness.theory.shape import Shape
 from harness.theory.time import PARTS, CommTable, Rates, predict_parts
 
@@ -77,7 +78,7 @@ def test_collectives_move_the_zero_papers_volume(world):
     the ZeRO paper's volume with ring collectives: 2Ψ for DDP and ZeRO-1/2, 3Ψ for ZeRO-3 and FSDP (in
     the parity settings, where every tensor is sharded and one bucket holds the model)."""
     ring = (world - 1) / world
-    s = Shape(params=PSI, world=world, precision="fp32", bucket_elements=PSI, block_params=BLOCK, blocks=LAYERS,
+    s = Shape(params=PSI, mesh=Mesh(per_node=world), precision="fp32", bucket_elements=PSI, block_params=BLOCK, blocks=LAYERS,
               root_reshards=True, tensor_sizes=SIZES, persistence_threshold=0)
     scalars = 2 * ring * 4 * 2  # the loss and the grad norm all-reduces, 4 B each
     for backend, elements in ((_backend("ddp"), 2), (_backend("deepspeed", 1), 2), (_backend("deepspeed", 2), 2),
@@ -96,10 +97,10 @@ def test_native_ddp_buckets_and_zero3_persistence_shape_the_list():
     """DDP's native 25 MiB buckets split a 10M-parameter model's 40 MB of gradients in two; ZeRO-3 leaves
     tensors at or under its persistence threshold out of the gathers, and does not gather again in backward what
     it kept within its reuse distance; FSDP2's native root is gathered once."""
-    s = Shape(params=10_000_000, world=2, precision="fp32", grad_copy=True, bucket_elements=10_000_000)
+    s = Shape(params=10_000_000, mesh=Mesh(per_node=2), precision="fp32", grad_copy=True, bucket_elements=10_000_000)
     reduces = [c for c in collectives(_backend("ddp"), s) if c.size_bytes > 4]
     assert sum(c.count for c in reduces) == 2 and sum(c.count * c.size_bytes for c in reduces) == 40_000_000
-    z3 = Shape(params=PSI, world=2, precision="bf16", bucket_elements=PSI, tensor_sizes=SIZES,
+    z3 = Shape(params=PSI, mesh=Mesh(per_node=2), precision="bf16", bucket_elements=PSI, tensor_sizes=SIZES,
                persistence_threshold=50_000, overlap_comm=True)
     gathers = [c for c in collectives(_backend("deepspeed", 3), z3) if c.op == "all_gather"]
     # the two tensors over the threshold, gathered one by one in forward, and again (outside any reuse
@@ -109,7 +110,7 @@ def test_native_ddp_buckets_and_zero3_persistence_shape_the_list():
     kept = Shape(**{**z3.__dict__, "max_reuse_distance": 10**9})  # DeepSpeed's default: the model stays gathered
     assert sum(c.count * c.size_bytes for c in collectives(_backend("deepspeed", 3), kept) if c.op == "all_gather") \
         == 2 * 200_000
-    fs = Shape(params=PSI, world=2, precision="bf16", block_params=BLOCK, blocks=LAYERS, root_reshards=False)
+    fs = Shape(params=PSI, mesh=Mesh(per_node=2), precision="bf16", block_params=BLOCK, blocks=LAYERS, root_reshards=False)
     root = PSI - LAYERS * BLOCK
     assert sum(c.count for c in collectives(_backend("fsdp"), fs) if c.size_bytes == 2 * root) == 1
 
@@ -117,7 +118,7 @@ def test_native_ddp_buckets_and_zero3_persistence_shape_the_list():
 def test_overlap_rules():
     """DDP hides its all-reduce behind backward except the last bucket; ZeRO-1/2 without overlap_comm
     expose everything; doubling compute shrinks DDP's exposed time and leaves ZeRO-2's."""
-    s = Shape(params=PSI, world=2, precision="fp32", bucket_elements=PSI // 4, block_params=BLOCK, blocks=LAYERS)
+    s = Shape(params=PSI, mesh=Mesh(per_node=2), precision="fp32", bucket_elements=PSI // 4, block_params=BLOCK, blocks=LAYERS)
     rates = Rates(tflops=1.0, mem_gbps=10.0, comm=CommTable([], "cpu", 2))
     one_bucket = rates.comm.seconds("all_reduce", PSI)  # PSI / 4 elements of 4 B
     slow, fast = (predict_parts(_backend("ddp"), s, flops, rates) for flops in (1e10, 1e8))

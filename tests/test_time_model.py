@@ -122,6 +122,7 @@ def test_on_cuda_a_phase_is_its_kernels_and_the_device_waits_where_the_host_is_b
     """The host launches while the device runs: a phase's part is its kernels' time (each at least the shortest
     kernel's), and `other` is the device waiting on the host, phase by phase, plus the kernels between phases."""
     from omegaconf import OmegaConf
+    from harness.config.mesh import Mesh
     from harness.theory.shape import Shape
 
     host = HostCosts(**{t: 0.0 for t in HOST_TERMS} | {"compute": 1e-5, "graph": 1e-5, "engine": 1e-5})
@@ -135,7 +136,7 @@ def test_on_cuda_a_phase_is_its_kernels_and_the_device_waits_where_the_host_is_b
     assert phases["forward"]["arithmetic"] == pytest.approx(100 * 2e-6)  # the floor: 2 µs each, not ~0
     assert phases["backward"]["arithmetic"] == pytest.approx(1e9 / 1e10)  # the curve's rate at its size
     assert c.matmul_rate("fp32", 10**7.5) == pytest.approx(5.5e-3)  # halfway on a log scale
-    out = predict_counted(OmegaConf.create({"family": "ddp"}), Shape(params=100, world=1, precision="fp32"), w, c, 1)
+    out = predict_counted(OmegaConf.create({"family": "ddp"}), Shape(params=100, mesh=Mesh(per_node=1), precision="fp32"), w, c)
     assert out["forward"] == pytest.approx(2e-4) and out["backward"] == pytest.approx(0.1)
     # 1 ms of forward launches (the device idles 0.8 ms of it) and the last one's kernel, the matmul's 100 ms,
     # the sync's kernel, which the host waits for, then 10 µs of host before the last kernel and that kernel
@@ -192,8 +193,9 @@ def test_collectives_are_priced_after_the_host_work_before_them_and_exposed_with
     assert gaps_before(w, parts) == pytest.approx({"forward": 1e-3, "other": 1e-5})
     # 1 ms is halfway between the measured gaps on a log scale; 10 µs is below them: the smallest's time
     from omegaconf import OmegaConf
+    from harness.config.mesh import Mesh
     from harness.theory.shape import Shape
-    out = predict_counted(OmegaConf.create({"family": "ddp"}), Shape(params=100, world=2, precision="fp32"), w, c, 2)
+    out = predict_counted(OmegaConf.create({"family": "ddp"}), Shape(params=100, mesh=Mesh(per_node=2), precision="fp32"), w, c)
     assert out["comm_total"] == pytest.approx(2e-3 + 1e-3)
     assert out["comm_exposed"] == pytest.approx(out["comm_total"])  # 2 ranks, 2 cores: nothing hides
     assert out["step"] == pytest.approx(sum(out[p] for p in ("forward", "backward", "optimizer", "other",

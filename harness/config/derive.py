@@ -4,16 +4,16 @@ from __future__ import annotations
 import os
 
 from ..core.records import Identity
-from .mesh import mesh_of
+from .mesh import mesh_of, world_of
 
 
 def world_size(cfg) -> int:
-    """Ranks over every node (the mesh's world: config/mesh.py)."""
-    return mesh_of(cfg).world
+    """Ranks over every node (the mesh's world, which its table of degrees splits: config/mesh.py)."""
+    return world_of(cfg.parallelism)
 
 
 def dp_size(cfg) -> int:
-    """Data-parallel ranks: the world divided by the tensor-parallel degree (config/mesh.py)."""
+    """Data-parallel ranks: dp_replicate x dp_shard of the mesh's table (config/mesh.py)."""
     return mesh_of(cfg).dp
 
 
@@ -87,12 +87,18 @@ def jit_ops(cfg) -> list[str]:
 
 def identity(cfg) -> Identity:
     return Identity(backend=cfg.backend.name, model=cfg.model.name, world_size=world_size(cfg),
-                    precision=cfg.train.precision, mesh=mesh_of(cfg).describe())
+                    precision=cfg.train.precision, mesh=mesh_of(cfg).describe(), mesh_record=mesh_of(cfg).as_record())
+
+
+def mesh_tags(mesh) -> list:
+    """The mesh's degrees above 1 but the data-parallel ones, as short tags (`tp2`): a run's name and its W&B
+    tags."""
+    return [f"{d}{n}" for d, n in mesh.degrees().items() if n > 1 and not d.startswith("dp")]
 
 
 def run_name(cfg) -> str:
-    tp = f"-tp{cfg.parallelism.tp}" if cfg.parallelism.tp > 1 else ""
-    return f"{cfg.backend.name}-{cfg.model.name}-n{world_size(cfg)}{tp}-{cfg.train.precision}"
+    axes = "".join(f"-{t}" for t in mesh_tags(mesh_of(cfg)))
+    return f"{cfg.backend.name}-{cfg.model.name}-n{world_size(cfg)}{axes}-{cfg.train.precision}"
 
 
 def wandb_mode(requested: str) -> str:

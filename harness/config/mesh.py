@@ -1,27 +1,36 @@
 """The mesh: the one owner of how a run's ranks are split, grouped and placed on nodes (no torch here).
 
-Every rank has coordinates on three dimensions, torchtitan's order, tensor parallelism innermost:
+A mesh is an ordered table of degrees, torchtitan's ParallelDims order, outermost first:
 
-    dp_replicate x dp_shard x tp        (world = dp_replicate * dp_shard * tp, dp = dp_replicate * dp_shard)
+    pp x dp_replicate x dp_shard x cp x tp      (world = their product; dp = dp_replicate * dp_shard)
 
-Ranks are numbered node by node (torchrun's order), so the `tp` ranks of one data-parallel rank are consecutive
-and sit inside one node (`parallelism.tp` must divide the ranks of a node). A family may shard over part of the
-data-parallel ranks (HSDP's shard group: `dp_shard` < dp, replicated `dp_replicate` times) and keep a block over
-a smaller group between its forward and backward (FSDP2's reshard_after_forward=<int>, ZeRO++'s hpZ group:
-`post_forward`). The family says what it asks (`Family.mesh_request`); the mesh resolves "0 = the data-parallel
-ranks of one node" and owns every group that follows, as (ranks, stride) from rank 0, and which link it crosses.
+pp (pipeline stages) and cp (context parallelism) are held at 1 until their axes land. Ranks are numbered node
+by node (torchrun's order) and laid out row-major over the table, so the `tp` ranks of one data-parallel rank
+are consecutive and sit inside one node (`tp` must divide the ranks of a node: refused here, in one line). Every
+group, coordinate and link class is read off the table: a group is a run of consecutive dimensions, its size
+their product, its stride the product of the dimensions inside it. A family may shard over part of the
+data-parallel ranks (HSDP: `dp_shard` < dp, replicated `dp_replicate` times) and keep a block over a smaller
+group between its forward and backward (FSDP2's reshard_after_forward=<int>, ZeRO++'s hpZ group:
+`post_forward`). The family says what it asks (`Family.mesh_request`); `mesh_of` resolves "0 = the
+data-parallel ranks of one node" into the table. `Mesh.replace(tp=8)` answers "what if": the other degrees
+stay, and `dp_shard` takes up what they leave of the world.
 
 Everything that needs a world size, a data-parallel degree, a group or a link class reads it here: the
 strategies (through runtime/device_mesh.py, which builds torch's DeviceMesh from this record), the theory (its
-Collectives name a group of this mesh), the studies and the reports.
+Shape carries the mesh, its Collectives name a group of it), the studies and the reports (a run's summary keeps
+`as_record()`, and `from_record` reads it back).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from ..core.errors import ConfigError
+
 INTRA, INTER = "intra_node", "inter_node"
+DIMENSIONS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outermost first: torchtitan's ParallelDims order
 
 
 class DPRequest(NamedTuple):
@@ -36,33 +45,52 @@ class DPRequest(NamedTuple):
 class Mesh:
     per_node: int  # ranks on a node
     nodes: int = 1
+    pp: int = 1  # pipeline stages (1 until pipeline parallelism is an axis)
+    dp_replicate: int = 1  # replicas of the sharded data-parallel group (HSDP's inter-node dimension)
+    dp_shard: int = 0  # data-parallel ranks a parameter is sharded over; 0: what the other degrees leave
+    cp: int = 1  # context-parallel degree (1 until context parallelism is an axis)
     tp: int = 1  # tensor-parallel degree, inside a node
-    shard: int = 0  # data-parallel ranks a parameter is sharded over: 0 = all of them
-    post_forward: int = 0  # data-parallel ranks a block stays sharded over after forward: 0 = as `shard`
+    post_forward: int = 0  # data-parallel ranks a block stays sharded over after forward: 0 = as `dp_shard`
     sequence_parallel: bool = False  # tp > 1: activations between blocks sharded on the sequence
     loss_parallel: bool = False  # tp > 1: the logits stay sharded on the vocabulary into the loss
+
+    def __post_init__(self):
+        world = self.per_node * self.nodes
+        if self.tp >= 1 and self.per_node % self.tp:
+            raise ConfigError(f"tp={self.tp}: must divide the {self.per_node} ranks of a node (tensor parallelism "
+                              "stays inside a node)")
+        if min(self.per_node, self.nodes, self.pp, self.dp_replicate, self.cp, self.tp) < 1 or self.dp_shard < 0:
+            raise ConfigError(f"mesh: every degree must be at least 1 ({self.describe_table()})")
+        others = self.pp * self.dp_replicate * self.cp * self.tp
+        if not self.dp_shard:
+            if world % others:
+                raise ConfigError(f"mesh: pp x dp_replicate x cp x tp = {others} does not divide the {world} ranks")
+            object.__setattr__(self, "dp_shard", world // others)
+        if others * self.dp_shard != world:
+            raise ConfigError(f"mesh: {self.describe_table()} is {others * self.dp_shard} ranks, not {world}")
+
+    def replace(self, **changes) -> "Mesh":
+        """This mesh with some degrees (or nodes, ranks per node, post_forward, the TP layout) changed: the
+        degrees not named stay, and `dp_shard` takes up what they leave of the world unless it is named."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"mesh: no dimension {', '.join(sorted(unknown))}; known: {', '.join(DIMENSIONS)}")
+        return dataclasses.replace(self, **{"dp_shard": 0, **changes})
 
     # --- degrees ---
     @property
     def world(self) -> int:
+        """Every rank, over every node."""
         return self.per_node * self.nodes
 
     @property
     def dp(self) -> int:
-        """Data-parallel ranks: each sees its own micro-batches; the `tp` ranks of one see the same ones."""
-        return self.world // self.tp
-
-    @property
-    def dp_shard(self) -> int:
-        return self.shard or self.dp
-
-    @property
-    def dp_replicate(self) -> int:
-        return self.dp // self.dp_shard
+        """Data-parallel ranks: each sees its own micro-batches; the `cp x tp` ranks of one see the same ones."""
+        return self.dp_replicate * self.dp_shard
 
     @property
     def dp_per_node(self) -> int:
-        return max(self.per_node // self.tp, 1)
+        return max(self.per_node // (self.cp * self.tp), 1)
 
     @property
     def post_forward_group(self) -> int:
@@ -70,20 +98,38 @@ class Mesh:
         return self.post_forward if 0 < self.post_forward < self.dp_shard else 0
 
     def degrees(self) -> Dict[str, int]:
-        return {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp}
+        """The table, outermost dimension first."""
+        return {d: getattr(self, d) for d in DIMENSIONS}
+
+    def stride(self, dim: str) -> int:
+        """Ranks between neighbours on `dim`: the product of the dimensions inside it."""
+        inner = 1
+        for d in DIMENSIONS[DIMENSIONS.index(dim) + 1:]:
+            inner *= getattr(self, d)
+        return inner
+
+    def span(self, first: str, last: str) -> Tuple[int, int]:
+        """The group of the consecutive dimensions `first`..`last`: (its ranks, the stride between them)."""
+        dims = DIMENSIONS[DIMENSIONS.index(first):DIMENSIONS.index(last) + 1]
+        size = 1
+        for d in dims:
+            size *= getattr(self, d)
+        return size, self.stride(last)
 
     # --- groups: (ranks in it, stride between consecutive ones), rank 0's ---
     # group() and link() are cached a mesh (a frozen value): the theory asks them for every collective of every
     # block of every candidate the advisor weighs (138,000 calls for one llama_70b plan: 2.4 s -> 1.6 s)
     @functools.lru_cache(maxsize=4096)
     def group(self, name: Optional[str]) -> Tuple[int, int]:
-        """`world`, `dp` (None: every data-parallel rank), `dp_shard`, `dp_replicate`, `tp`, `post_forward`,
-        `dp_node` (the data-parallel ranks of one node) or `dp_nodes` (one data-parallel rank a node)."""
-        tp = self.tp
-        groups = {"world": (self.world, 1), "dp": (self.dp, tp), None: (self.dp, tp),
-                  "dp_shard": (self.dp_shard, tp), "dp_replicate": (self.dp_replicate, self.dp_shard * tp),
-                  "tp": (tp, 1), "post_forward": (self.post_forward_group or self.dp_shard, tp),
-                  "dp_node": (min(self.dp_per_node, self.dp), tp), "dp_nodes": (self.nodes, self.per_node)}
+        """`world`, a dimension of the table, `dp` (None: every data-parallel rank), `dp_shard_cp` (what FSDP
+        shards over once cp lands), `post_forward`, `dp_node` (the data-parallel ranks of one node) or
+        `dp_nodes` (one data-parallel rank a node)."""
+        groups = {"world": (self.world, 1), "dp": self.span("dp_replicate", "dp_shard"),
+                  "dp_shard_cp": self.span("dp_shard", "cp"), "dp_nodes": (self.nodes, self.per_node),
+                  "post_forward": (self.post_forward_group or self.dp_shard, self.stride("dp_shard")),
+                  "dp_node": (min(self.dp_per_node, self.dp), self.stride("dp_shard")),
+                  **{d: self.span(d, d) for d in DIMENSIONS}}
+        groups[None] = groups["dp"]
         if name not in groups:
             raise KeyError(f"no group {name!r} in the mesh; known: {', '.join(str(g) for g in groups if g)}")
         return groups[name]
@@ -130,7 +176,7 @@ class Mesh:
         """Which of this mesh's groups `ranks` are (a counted collective's), the tensor-parallel group first;
         None when no group matches."""
         ranks = sorted(ranks)
-        for name in ("tp", "dp", "dp_shard", "dp_replicate", "post_forward", "world"):
+        for name in ("tp", "cp", "dp", "dp_shard", "dp_replicate", "dp_shard_cp", "post_forward", "pp", "world"):
             if self.size(name) == len(ranks) and self.ranks(name, ranks[0]) == ranks:
                 return name
         return None
@@ -138,19 +184,33 @@ class Mesh:
     # --- coordinates ---
     def coordinates(self, rank: int) -> Dict[str, int]:
         """Where `rank` sits: its node and local rank, its data-parallel rank (which batches it reads) and its
-        place on each dimension."""
-        dp_rank, tp_rank = divmod(rank, self.tp)
-        return {"node": self.node_of(rank), "local": rank % self.per_node, "dp": dp_rank, "tp": tp_rank,
-                "dp_replicate": dp_rank // self.dp_shard, "dp_shard": dp_rank % self.dp_shard}
+        place on each dimension of the table."""
+        at = {d: (rank // self.stride(d)) % getattr(self, d) for d in DIMENSIONS}
+        return {"node": self.node_of(rank), "local": rank % self.per_node,
+                "dp": at["dp_replicate"] * self.dp_shard + at["dp_shard"], **at}
+
+    # --- as words and as data ---
+    def describe_table(self) -> str:
+        return " x ".join(f"{d} {getattr(self, d)}" for d in DIMENSIONS)
 
     def describe(self) -> str:
         """`dp 4` / `dp 2 x tp 2` / `dp 2 (replicate 2 x shard 1) x tp 4`, with SP and loss parallel named."""
         dp = (f"dp {self.dp}" if self.dp_replicate == 1 else
               f"dp {self.dp} (replicate {self.dp_replicate} x shard {self.dp_shard})")
+        outer = [f"pp {self.pp}"] if self.pp > 1 else []
+        inner = [f"{d} {getattr(self, d)}" for d in ("cp", "tp") if getattr(self, d) > 1]
         if self.tp == 1:
-            return dp
+            return " x ".join([*outer, dp, *inner])
         extras = [x for x, on in (("SP", self.sequence_parallel), ("loss parallel", self.loss_parallel)) if on]
-        return f"{dp} x tp {self.tp}" + (f" ({', '.join(extras)})" if extras else "")
+        return " x ".join([*outer, dp, *inner]) + (f" ({', '.join(extras)})" if extras else "")
+
+    def as_record(self) -> Dict[str, object]:
+        """The mesh as data, for a run's summary: every field, the table resolved."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_record(cls, record: Dict[str, object]) -> "Mesh":
+        return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record})
 
 
 def world_of(par) -> int:
@@ -161,21 +221,22 @@ def world_of(par) -> int:
 def mesh_of(cfg, world: Optional[int] = None) -> Mesh:
     """The run's mesh: its nodes and ranks (or `world` ranks as nodes of the config's ranks per node, one node
     where they do not divide), `parallelism.tp`, and what its backend's family asks of the data-parallel ranks
-    (HSDP's shard group, a post-forward group)."""
+    (HSDP's shard group, a post-forward group). A tp that does not divide a node is refused in one line."""
     from . import families
 
     par = cfg.parallelism
     world = world or world_of(par)
     per_node = par.nproc_per_node if world % par.nproc_per_node == 0 else world
-    tp = par.tp if par.tp > 0 and per_node % par.tp == 0 and world % par.tp == 0 else 1
+    tp = max(par.tp, 1)
     request = families.of(cfg.backend).mesh_request(cfg.backend) or DPRequest()
-    dp, dp_per_node = world // tp, max(per_node // tp, 1)
-    resolve = lambda asked: min(asked or dp_per_node, dp)  # noqa: E731 - 0 = the data-parallel ranks of a node
-    shard = resolve(request.shard) if request.shard is not None else 0
+    flat = Mesh(per_node=per_node, nodes=world // per_node, tp=tp)
+    # 0 = the data-parallel ranks of a node
+    resolve = lambda asked: min(asked or flat.dp_per_node, flat.dp)  # noqa: E731
+    shard = resolve(request.shard) if request.shard is not None else flat.dp
     post = resolve(request.post_forward) if request.post_forward is not None else 0
     tensor = families.of(cfg.backend).tensor_parallel_layout(cfg) if tp > 1 else (False, False)
-    return Mesh(per_node=per_node, nodes=world // per_node, tp=tp, shard=0 if shard == dp else shard,
-                post_forward=post, sequence_parallel=tensor[0], loss_parallel=tensor[1])
+    return flat.replace(dp_replicate=flat.dp // shard, dp_shard=shard, post_forward=post,
+                        sequence_parallel=tensor[0], loss_parallel=tensor[1])
 
 
 def per_node_overrides(world: int, per_node: int) -> List[str]:

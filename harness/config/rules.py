@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..core.errors import ConfigError
 from . import (data_check, derive, families, finetune_check, float8_check, hf_models, master_weights_check, recompute,
                resume_check, schema)
+from .mesh import mesh_of
 from .schema import CHOICES
 
 __all__ = ["ConfigError", "check", "problems", "output_problems"]
@@ -212,9 +213,27 @@ def tensor_degrees(cfg, choices=TP_DEGREES) -> List[int]:
     for tp in choices:
         trial = copy.deepcopy(cfg)
         trial.parallelism.tp = tp
-        if not tensor_rules(trial):
+        if not mesh_rules(trial) and not tensor_rules(trial):
             out.append(tp)
     return out
+
+
+def mesh_rules(cfg) -> List[str]:
+    """What the mesh (config/mesh.py, the one owner of the degrees) refuses: tp outside a node, a table of
+    degrees that does not make the world. Reported alone: every rule after it reads the mesh."""
+    try:
+        families.of(cfg.backend)
+    except ConfigError:
+        return []  # an unknown family is backend_rules' to say
+    try:
+        mesh_of(cfg)
+    except ConfigError as err:
+        per_node = cfg.parallelism.nproc_per_node
+        if str(err).startswith("tp="):
+            divisors = ", ".join(str(d) for d in range(1, per_node + 1) if per_node % d == 0)
+            return [f"parallelism.{err}; use one of {divisors} (the divisors of parallelism.nproc_per_node)"]
+        return [f"parallelism: {err}"]
+    return []
 
 
 def tensor_rules(cfg) -> List[str]:
@@ -224,12 +243,7 @@ def tensor_rules(cfg) -> List[str]:
     tp = par.tp
     if tp == 1:
         return []
-    divisors = lambda n: ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)  # noqa: E731
     out = []
-    if par.nproc_per_node % tp:
-        out.append(f"parallelism.tp={tp}: must divide the {par.nproc_per_node} ranks of a node "
-                   f"(parallelism.nproc_per_node; tensor parallelism stays inside a node); use one of "
-                   f"{divisors(par.nproc_per_node)}")
     if m.family != "llama":
         out.append(f"parallelism.tp={tp}: model {m.name} ({m.model_type or m.family}) has no tensor-parallel plan: "
                    "its attention is one fused q|k|v projection (GPT-2's c_attn), which torch's styles, "
@@ -297,13 +311,20 @@ def _show(value) -> str:
 
 def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[str]:
     """Every violated rule, as `key=value: problem; fix`. Unknown keys, then values of the wrong kind, are
-    reported alone: the rules after them assume a config of the schema's shape with values of the right kind."""
-    return unknown_key_rules(cfg) or value_rules(cfg) or hf_models.problems(cfg) or [
-        *shape_rules(cfg), *tensor_rules(cfg), *device_rules(cfg, cuda_devices), *batch_rules(cfg), *run_rules(cfg),
-        *backend_rules(cfg),
-        *finetune_check.problems(cfg), *float8_check.problems(cfg), *master_weights_check.problems(cfg),
-        *resume_check.problems(cfg),
-        *data_check.problems(cfg)]
+    reported alone: the rules after them assume a config of the schema's shape with values of the right kind.
+    The batch rules read the mesh, which needs the family's own settings to hold and then refuses what it cannot
+    lay out (mesh_rules, reported alone)."""
+    early = unknown_key_rules(cfg) or value_rules(cfg) or hf_models.problems(cfg)
+    if early:
+        return early
+    family = backend_rules(cfg)
+    mesh = [] if family else mesh_rules(cfg)
+    if mesh:
+        return mesh
+    return [*shape_rules(cfg), *tensor_rules(cfg), *device_rules(cfg, cuda_devices),
+            *(batch_rules(cfg) if not family else []), *run_rules(cfg), *family,
+            *finetune_check.problems(cfg), *float8_check.problems(cfg), *master_weights_check.problems(cfg),
+            *resume_check.problems(cfg), *data_check.problems(cfg)]
 
 
 def check(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> None:

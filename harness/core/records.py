@@ -39,6 +39,9 @@ class Identity:
     world_size: int
     precision: str
     mesh: str = ""  # config/mesh.Mesh.describe(): "dp 2 x tp 2 (SP, loss parallel)"
+    # the same mesh as data (config/mesh.Mesh.as_record(): its table of degrees, nodes, ranks per node), which the
+    # reports read; the text above is for people
+    mesh_record: Optional[Dict[str, Any]] = None
 
 
 @dataclass
@@ -132,7 +135,8 @@ class RunSummary:
     world_size: Optional[int]
     precision: Optional[str]
     params: Optional[int] = None
-    mesh: Optional[str] = None  # the run's mesh (config/mesh.py): data- and tensor-parallel degrees
+    mesh: Optional[str] = None  # the run's mesh (config/mesh.py) in words: "dp 2 x tp 2"
+    mesh_record: Optional[Dict[str, Any]] = None  # the same as data: config/mesh.Mesh.as_record()
     figures: Dict[str, Any] = field(default_factory=dict)
     optimizer: Optional[str] = None
     model_init: Optional[str] = None  # where the model was built: host, meta or zero.Init

@@ -8,14 +8,22 @@ import sys
 from pathlib import Path
 from typing import List
 
+from ..config.mesh import DIMENSIONS
 from ..core.rundir import write_text
 from .collect import varying_keys
+
+def beyond_data_parallel(record) -> bool:
+    """Whether a run's mesh record (config/mesh.Mesh.as_record()) has a degree above 1 outside the data-parallel
+    dimensions (tp, cp, pp)."""
+    return bool(record) and any(record.get(d, 1) > 1 for d in DIMENSIONS if not d.startswith("dp"))
+
 
 # (header, how to get it from a summary, format)
 COLUMNS = [
     ("backend", lambda s: s.get("backend", "?"), "{}"),
-    # the mesh where tensor parallelism splits it (config/mesh.py); a data-parallel mesh is the world size's
-    ("mesh", lambda s: s.get("mesh") if " x tp " in (s.get("mesh") or "") else None, "{}"),
+    # the mesh where a dimension beside the data-parallel ones splits it (its record: config/mesh.py); a
+    # data-parallel mesh is the world size's
+    ("mesh", lambda s: s.get("mesh") if beyond_data_parallel(s.get("mesh_record")) else None, "{}"),
     # a LoRA run is named as such: the same model, a different workload (and different model states)
     ("model", lambda s: s.get("model", "?") + ("+lora" if s.get("config", {}).get("workload.name") == "lora"
                                                else ""), "{}"),

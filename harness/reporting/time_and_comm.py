@@ -187,7 +187,7 @@ def time_model(cfg, ranks: List[RankReport], measured: dict) -> Dict[str, float]
                             comm=CommTable(collectives_table(cfg), par.device, world), device=par.device,
                             cores=cores(), notes=[why or "the device costs hold no host costs"])
     try:
-        parts = predict_counted(cfg.backend, shape_of(cfg, None, ranks[0].params), work, costs, par.nproc_per_node)
+        parts = predict_counted(cfg.backend, shape_of(cfg, None, ranks[0].params), work, costs)
     except Exception:  # noqa: BLE001 - a defect of the model must not cost a finished run its measured figures
         traceback.print_exc()
         return {"time/model_failed": 1.0}

@@ -44,6 +44,7 @@ from typing import Dict, Optional
 
 from omegaconf import OmegaConf
 
+from ..config.mesh import mesh_of
 from .trace_cache import on_disk
 
 TOKENS = (8, 16)  # two token counts (one sequence each): the slope is per token, the intercept per block
@@ -83,7 +84,7 @@ def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     from ..config import families
     from ..config.recompute import recompute_of
 
-    if not cfg.train.compile or cfg.parallelism.tp > 1:
+    if not cfg.train.compile or mesh_of(cfg).tp > 1:
         return None
     r = recompute_of(cfg)
     kinds = {"plain": "none"}

@@ -1,11 +1,12 @@
 """torch's DeviceMesh, built once a rank from the run's mesh record (config/mesh.py), which owns the degrees.
 
-The dimensions are the record's, outermost first, a dimension of one left out: `dp_replicate` (HSDP's replicas),
-`dp_shard` (the data-parallel ranks a parameter is sharded over; all of them without HSDP) and `tp`. Without
-tensor parallelism or HSDP this is the 1-D mesh of every rank FSDP2 has always been given. The strategies take
+The dimensions are the record's table, outermost first, a dimension of one left out: `pp`, `dp_replicate`
+(HSDP's replicas), `dp_shard` (the data-parallel ranks a parameter is sharded over; all of them without HSDP),
+`cp` and `tp`. Without tensor parallelism or HSDP this is the 1-D mesh of every rank FSDP2 has always been
+given. The strategies take
 their sub-meshes from here, never from a world size of their own: `data_parallel` for fully_shard (2-D under
-HSDP), `tensor_parallel` for the plan (runtime/tensor_parallel.py), and `dp_group` for what is reduced over the
-data-parallel ranks alone (the loss, DDP's gradients).
+HSDP) and `tensor_parallel` for the plan (runtime/tensor_parallel.py); what is reduced over the data-parallel
+ranks alone (the loss) goes over the strategy's dp_group, cut from the same record (strategies/base.py).
 """
 from __future__ import annotations
 
@@ -34,18 +35,6 @@ class Meshes:
     @property
     def tensor_parallel(self) -> Optional[DeviceMesh]:
         return self.whole["tp"] if "tp" in self.whole.mesh_dim_names else None
-
-    @property
-    def dp_group(self):
-        """The process group of this rank's data-parallel ranks: None (the default group) without tensor
-        parallelism, where they are every rank."""
-        if self.record.tp == 1:
-            return None
-        mesh = self.data_parallel
-        if mesh.ndim == 1:
-            return mesh.get_group()
-        with unset_fake_temporarily():
-            return mesh._flatten("dp").get_group()
 
 
 def build(record: Mesh, device_type: str) -> Meshes:

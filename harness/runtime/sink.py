@@ -12,7 +12,8 @@ import sys
 
 from omegaconf import OmegaConf
 
-from ..config.derive import run_name, wandb_mode, world_size
+from ..config.derive import mesh_tags, run_name, wandb_mode, world_size
+from ..config.mesh import mesh_of
 from ..core.rundir import RunDir, json_safe
 from ..core.waiting import announced
 
@@ -56,7 +57,7 @@ class Sink(NullSink):
             group=cfg.logger.group or cfg.sweep.name,
             name=run_name(cfg),
             tags=[cfg.backend.name, cfg.model.name, cfg.train.precision,
-                  f"world{world_size(cfg)}", *([f"tp{cfg.parallelism.tp}"] if cfg.parallelism.tp > 1 else []),
+                  f"world{world_size(cfg)}", *mesh_tags(mesh_of(cfg)),
                   *cfg.logger.tags],
             config=OmegaConf.to_container(cfg, resolve=True),
             dir=str(run_dir.root),

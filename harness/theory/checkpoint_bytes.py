@@ -16,7 +16,7 @@ from typing import Dict
 
 def dcp_bytes(s) -> Dict[str, float]:
     total = 4 * s.params + 8 * s.t
-    return {"total": total, "rank_max": total / s.world}
+    return {"total": total, "rank_max": total / s.dp}
 
 
 class DCPCheckpoints:

@@ -25,13 +25,13 @@ def collectives(backend, s: Shape) -> List[Collective]:
     list (harness/backends/<family>/) over the data-parallel ranks, and tensor parallelism's (theory/tensor_comm.py),
     none over a group of one rank. Gradients exist, and are reduced, only for the T parameters that train (LoRA:
     the adapters); parameters are gathered whole, frozen or not."""
-    data_parallel = families.of(backend).collectives(backend, s) if s.world > 1 else []
+    data_parallel = families.of(backend).collectives(backend, s) if s.dp > 1 else []
     return [c for c in data_parallel + tensor_parallel_collectives(backend, s) if group_of(c, s)[0] > 1]
 
 
 def group_of(c: Collective, s: Shape) -> Tuple[int, bool]:
     """(ranks in the collective's group, whether that group holds ranks of more than one node)."""
-    mesh = s.grid
+    mesh = s.mesh
     return mesh.size(c.group), mesh.link(c.group) == "inter_node"
 
 

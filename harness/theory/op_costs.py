@@ -258,11 +258,12 @@ def device_walk(phases: Dict[str, Dict[str, float]], syncing: set, exposed: floa
     return device_t + exposed
 
 
-def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts, ranks_on_host: int) -> Dict[str, float]:
+def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts) -> Dict[str, float]:
     """Seconds per part of one rank's step from its counted work, with each part's terms (`*_host_s`, ...), the
     communication total, and the step. On CUDA a phase is its kernels' device time (as the profiler measures
     it: runtime/time_profile.py) and `other` the rest of the step (`device_walk`): the device waiting on the
     host, and the kernels launched between phases."""
+    ranks_on_host = s.mesh.per_node  # the ranks sharing this host's cores (one node's)
     phases = priced_phases(work, costs)
     on_device = costs.device != "cpu"
     parts = {p: (phases[p]["arithmetic"] + phases[p]["memory"]) if on_device else phases[p]["total"]
@@ -273,7 +274,7 @@ def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts, ranks_on_
     windows = {"backward": parts["backward"], "forward+backward": parts["forward"] + parts["backward"]}
     gaps = gaps_before(work, parts)
     total, exposed, hidden_groups = 0.0, 0.0, {}
-    mesh = s.grid
+    mesh = s.mesh
     for c in work.get("collectives", []):
         ranks = c.get("ranks") or list(range(c["group"]))
         crosses = mesh.crosses_nodes(ranks)
@@ -291,7 +292,7 @@ def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts, ranks_on_
         spent = sum(t for _, t in items)
         exposed += max(max(one for one, _ in items), spent - windows[hidden_by])
     # a table measured inside busy processes at this world holds the wait for descheduled peers already
-    oversubscribed = costs.device == "cpu" and costs.cores and s.world not in costs.comm.busy_worlds
+    oversubscribed = costs.device == "cpu" and costs.cores and s.mesh.world not in costs.comm.busy_worlds
     stretch = max(0.0, ranks_on_host / costs.cores - 1.0) if oversubscribed else 0.0
     out = {**parts, "comm_exposed": exposed + stretch * cpu_total, "comm_total": total,
            "comm_waiting_for_cores": stretch * cpu_total}

@@ -15,7 +15,9 @@ class Shape:
     """What the theory needs to know about a run."""
 
     params: int  # Ψ: the elements one rank's model holds (under tensor parallelism, its shard of each tensor)
-    world: int  # N, the data-parallel degree
+    # the run's mesh (config/mesh.py): its table of degrees, its nodes, the groups and the links they cross. N in
+    # the ZeRO paper's formulas is its data-parallel degree, `dp` below
+    mesh: Mesh
     precision: str  # fp32 | bf16 | fp16
     master_weights: str = "fp32"  # fp32 | model: the dtype the parameters, gradients and optimizer states keep
     largest_param: int = 0
@@ -58,9 +60,6 @@ class Shape:
     # the elements AdamW's states cover on the most-loaded rank, where the family decides them (FSDP1's
     # use_orig_params views of its flat slices); 0: the layout's own count
     optimizer_elements: int = 0
-    # the run's mesh (config/mesh.py): its nodes, the tensor-parallel degree, the groups and the links they
-    # cross; None = one node of `world` data-parallel ranks
-    mesh: Mesh | None = None
     model_params: int = 0  # the whole model's parameters (Ψ before tensor parallelism split it); 0 = params
     # what tensor parallelism's collectives carry (theory/tensor_comm.py): the width, the vocabulary, the tokens
     # of one micro-batch, how many blocks are recomputed whole (config/recompute.py), and whose plan splits the
@@ -88,25 +87,25 @@ class Shape:
         return max(self.params - self.blocks * self.block_params, 0)
 
     @property
-    def grid(self) -> Mesh:
-        """The mesh (a one-node mesh of `world` data-parallel ranks where none was given)."""
-        return self.mesh or Mesh(per_node=self.world)
+    def dp(self) -> int:
+        """N: the data-parallel ranks (each its own micro-batches), what ZeRO partitions over."""
+        return self.mesh.dp
 
     @property
     def shards(self) -> int:
         """The data-parallel ranks each parameter, gradient and optimizer state is sharded over (all of them, or
         HSDP's shard group)."""
-        return self.grid.dp_shard
+        return self.mesh.dp_shard
 
     @property
-    def post_forward_world(self) -> int:
+    def post_forward_ranks(self) -> int:
         """The ranks a block stays sharded over from forward to backward (FSDP2's reshard_after_forward=<int>,
         ZeRO++'s hpZ group); 0 = none."""
-        return self.grid.post_forward_group
+        return self.mesh.post_forward_group
 
     @property
     def tp(self) -> int:
-        return self.grid.tp
+        return self.mesh.tp
 
     @property
     def t(self) -> int:
@@ -155,7 +154,7 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
     whole = counts["total"]
     counts = local_counts(counts, families.of(cfg.backend).tensor_plan(cfg), mesh.tp)
     params = counts["total"]
-    fields = dict(params=params, world=mesh.dp, precision=cfg.train.precision, master_weights=cfg.train.master_weights,
+    fields = dict(params=params, mesh=mesh, precision=cfg.train.precision, master_weights=cfg.train.master_weights,
                   largest_param=counts["largest_param"], bucket_elements=bucket_elements(cfg, params),
                   grad_accum=cfg.parallelism.grad_accum, fp32_grads=cfg.train.precision == "fp32",
                   block_params=counts.get("per_block", 0), foreach=cfg.parallelism.device == "cuda",
@@ -167,7 +166,7 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   block_out_trainable=counts.get("block_out_trainable", 0),
                   matmul_weights=counts.get("matmul_weights", 0),
                   head_matmul_weights=counts.get("head_matmul_weights", 0), device=cfg.parallelism.device,
-                  mesh=mesh, model_params=whole, hidden=cfg.model.hidden_size, vocab=cfg.model.vocab_size,
+                  model_params=whole, hidden=cfg.model.hidden_size, vocab=cfg.model.vocab_size,
                   tokens=cfg.parallelism.micro_batch * cfg.parallelism.seq_len,
                   recomputed_blocks=recompute_of(cfg).fully_recomputed,
                   tensor_plan=families.of(cfg.backend).tensor_plan(cfg), tied_output=bool(cfg.model.tie_embeddings),

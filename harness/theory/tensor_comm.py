@@ -48,7 +48,7 @@ def tensor_parallel_collectives(backend, s) -> List[Collective]:
 
 
 def torch_plan(backend, s) -> List[Collective]:
-    mesh, ga = s.grid, s.grad_accum
+    mesh, ga = s.mesh, s.grad_accum
     stream, matmul = dtypes(backend, s)
     x = s.tokens * s.hidden  # one micro-batch's activations, b·s·h elements
     forward, backward = s.blocks * ga, s.blocks * ga

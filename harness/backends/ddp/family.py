@@ -42,7 +42,7 @@ def replicated(backend, s):
 
     from ..fsdp.family import FAMILY as fsdp2
 
-    mesh = dataclasses.replace(s.grid, shard=1, post_forward=0)
+    mesh = s.mesh.replace(dp_replicate=s.mesh.dp, dp_shard=1, post_forward=0)  # every dp rank a replica
     view = dataclasses.replace(s, precision="fp32", mesh=mesh, blocks_reshard=False, root_reshards=False,
                                shard_params=s.params, shard_trainable=s.t)
     settings = OmegaConf.merge(backend, {"reshard_after_forward": False, "cpu_offload": False})
@@ -126,7 +126,7 @@ class DDPFamily(DCPCheckpoints, Family):
         if s.tp > 1:  # each unit's fp32 gradients all-reduced over the replicas: every data-parallel rank
             fsdp2, settings, view = replicated(backend, s)
             return [c._replace(group=None if c.group == "dp_replicate" else c.group)
-                    for c in fsdp2.collectives(settings, view) if view.grid.size(c.group) > 1]
+                    for c in fsdp2.collectives(settings, view) if view.mesh.size(c.group) > 1]
         # fp32 gradients (autocast keeps weights fp32; the model's dtype under master_weights=model), once per
         # step, hidden behind backward
         bucket = NATIVE_BUCKET_BYTES // s.w if s.grad_copy else s.bucket_elements

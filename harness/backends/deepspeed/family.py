@@ -212,7 +212,7 @@ class DeepSpeedFamily(Family):
         secondary = {"hpz_secondary_shards": theory.hpz_secondary(s, s.params - s.persistent_params)}
         if backend.offload_optimizer:  # DeepSpeedCPUAdam steps in place
             return {"optimizer_temporaries": 0.0, **secondary}
-        flat = 4 * s.t / s.world
+        flat = 4 * s.t / s.dp
         if backend.zero_stage == 3:  # a flat copy of the (persistent) gradient partition
             extra = flat
         elif theory.bf16_optimizer(backend, s):  # steps on its fp32 gradients, a state
@@ -243,7 +243,7 @@ class DeepSpeedFamily(Family):
         return 2 * s.t if backend.zero_stage in (1, 2) else 2 * s.params + s.t
 
     def optimizer_bytes(self, backend, s):
-        local = s.params / s.world
+        local = s.params / s.dp
         stepped = (40 + (6 if s.p == 2 else 0)) * local  # a 16-bit copy of the master adds 6 B
         if not backend.offload_optimizer:
             return {"memory": stepped}

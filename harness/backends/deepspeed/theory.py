@@ -42,7 +42,7 @@ def bf16_optimizer(backend, s) -> bool:
 
 
 def layout(backend, s) -> Dict[str, float]:
-    psi, t, n, p = s.params, s.t, s.world, s.p
+    psi, t, n, p = s.params, s.t, s.dp, s.p
     g = 4 if s.fp32_grads else p
     stage, off_opt, off_par = backend.zero_stage, backend.offload_optimizer, backend.offload_params
     # ZeRO-3 shards every parameter. Those under its persistence threshold are also kept whole on every rank
@@ -89,7 +89,7 @@ def gradient_span(s) -> float:
     the order DeepSpeed flattens them, the flat group padded to 2·N elements. T/N where the tensors are unknown.
     Measured: 66,688 elements on rank 0 of tiny_llama at 2 ranks (T/N = 62,624: its block 1's q_proj straddles
     the boundary), 39,424 under AutoTP at tp 2 (T/N = 35,488)."""
-    sizes, n = s.trainable_sizes, s.world
+    sizes, n = s.trainable_sizes, s.dp
     if not sizes:
         return s.t / n
     starts = list(itertools.accumulate(sizes, initial=0))  # each tensor's first element in the flat group
@@ -128,7 +128,7 @@ def zero12_terms(family, backend, s, k: Optional[int]) -> Dict[str, float]:
         missing = -s.p * s.t if one_micro_batch else 0.0
     elif backend.offload_optimizer:  # the host fp32 .grad persists; in 16 bits with fp32 accumulation the
         # fp32 partition buffer the reduce fills is made at the first reduce and freed by the step
-        missing = -4.0 * s.t / s.world if one_micro_batch and s.p < 4 and s.fp32_grads else 0.0
+        missing = -4.0 * s.t / s.dp if one_micro_batch and s.p < 4 and s.fp32_grads else 0.0
     else:
         missing = family.missing_grads(backend, s)
     out = {"grads_not_yet_allocated": missing}
@@ -144,7 +144,7 @@ def zero12_terms(family, backend, s, k: Optional[int]) -> Dict[str, float]:
         out["grads_so_far"] = s.p * (s.t if s.grad_accum > 1 else produced(s, k))
     elif s.grad_accum == 1 and not backend.offload_optimizer:  # buckets reduced so far, into the partition
         g = 4 if s.fp32_grads else s.p
-        out["partition_grads_so_far"] = g * (produced(s, k) // s.bucket_elements) * s.bucket_elements / s.world
+        out["partition_grads_so_far"] = g * (produced(s, k) // s.bucket_elements) * s.bucket_elements / s.dp
     return out
 
 
@@ -166,7 +166,7 @@ def hpz_secondary(s, elements: float) -> float:
     """ZeRO++'s hpZ: a parameter released by its module keeps a secondary shard of 1/hpz of it, in the parameter
     dtype (DeepSpeed's _partition_param_sec), until the step rebuilds the partitions (invalidate_secondary_tensor);
     backward gathers from it inside the hpZ group."""
-    return s.p * elements / s.post_forward_world if s.post_forward_world else 0.0
+    return s.p * elements / s.post_forward_ranks if s.post_forward_ranks else 0.0
 
 
 def last_bucket(s) -> float:
@@ -198,7 +198,7 @@ def collectives(backend, s) -> list:
     # (zero3_gathered; the whole of a model below 1e9 parameters under DeepSpeed's defaults)
     regather = max(sum(gathered) - zero3_gathered(s), 0.0)
     weight = 1 if s.quantized_weights else p  # qwZ: int8 (its per-block scales, about 1/2048 more, left out)
-    hpz = "post_forward" if s.post_forward_world else None
+    hpz = "post_forward" if s.post_forward_ranks else None
     # after the step DeepSpeed gathers the updated persistent parameters whole again on every rank (_post_step)
     persistent = [Collective("all_gather", s.persistent_params * p, 1, None)] if s.persistent_params else []
     return ([Collective("all_gather", n * weight, ga, hidden) for n in gathered]
@@ -211,8 +211,8 @@ def gradient_reduce(s, bucket: int, g: int, hidden) -> list:
     DeepSpeed's all_to_all_quant_reduce instead: an int4 all-to-all of each gradient inside the node, then an
     int4 all-to-all of the node's reduced 1/ranks_per_node across the nodes (coalesced_collectives.py; its
     scales and the 1-D tensors it still reduce-scatters are left out). Not measured: qgZ needs CUDA."""
-    per_node = s.grid.size("dp_node")
-    if not (s.quantized_gradients and s.grid.nodes > 1):
+    per_node = s.mesh.size("dp_node")
+    if not (s.quantized_gradients and s.mesh.nodes > 1):
         return bucketed("reduce_scatter", s.t, bucket, g, s.grad_accum, hidden)
     return [Collective("all_to_all", s.t / 2, s.grad_accum, hidden, "dp_node"),
             Collective("all_to_all", s.t / 2 / per_node, s.grad_accum, hidden, "dp_nodes")]
@@ -233,12 +233,15 @@ def own_estimate(backend, s) -> Optional[Dict[str, float]]:
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
+    # DeepSpeed's estimators partition over num_gpus_per_node x num_nodes ranks: the data-parallel ones, as its
+    # ZeRO does (a node's data-parallel ranks, over the nodes they span)
+    per_node = min(s.mesh.dp_per_node, s.dp)
+    gpus = dict(num_gpus_per_node=per_node, num_nodes=s.dp // per_node)
     if backend.zero_stage == 2:
-        cpu, gpu = estimate_zero2_model_states_mem_needs(s.params, num_gpus_per_node=s.world,
-                                                         cpu_offload=backend.offload_optimizer)
+        cpu, gpu = estimate_zero2_model_states_mem_needs(s.params, **gpus, cpu_offload=backend.offload_optimizer)
         return {"gpu": gpu, "cpu": cpu, "gathered": 0}
     cpu, gpu, gathered = estimate_zero3_model_states_mem_needs(
-        s.params, s.largest_param, num_gpus_per_node=s.world, cpu_offload=backend.offload_optimizer,
+        s.params, s.largest_param, **gpus, cpu_offload=backend.offload_optimizer,
         cpu_offload_params=backend.offload_params)
     return {"gpu": gpu, "cpu": cpu, "gathered": gathered}
 
@@ -248,6 +251,6 @@ def checkpoint_bytes(stage: int, s) -> Dict[str, float]:
     weights and both moments (12T/N, zero_pp_rank_<r>_*_optim_states.pt); stages 1-2 also the module's
     parameters in the training dtype from rank 0 (Ψp, mp_rank_00_model_states.pt), while stage 3 writes only each
     rank's bookkeeping there (its parameters are partitions, saved in the optimizer's files)."""
-    partitions = 12 * s.t / s.world
+    partitions = 12 * s.t / s.dp
     module = s.params * s.p if stage < 3 else 0
     return {"total": module + 12 * s.t, "rank_max": module + partitions}

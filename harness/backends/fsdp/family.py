@@ -110,7 +110,7 @@ class FSDPFamily(DCPCheckpoints, Family):
         p, root, block = s.p, s.root_params, s.block_params
         out = {"grads_not_yet_allocated": self.missing_grads(backend, s), "offload_staging": offload_staging(backend, s)}
         # partial resharding: each block through its forward and not yet through its backward keeps a
-        # 1/post_forward_world copy of its parameters in the parameter dtype (none at the end of forward for
+        # 1/post_forward_ranks copy of its parameters in the parameter dtype (none at the end of forward for
         # the last block, still gathered)
         held = {"forward_end": s.blocks - 1, "backward_start": s.blocks}.get(phase, k or 0)
         out["post_forward_shards"] = held * post_forward_shard(s)
@@ -204,8 +204,8 @@ class FSDPFamily(DCPCheckpoints, Family):
         p, ga, block = s.p * pad, s.grad_accum, s.block_params
         root, trained_root = s.root_params, max(s.t - s.blocks * s.block_t, 0)
         trained = [s.block_t] * s.blocks + [trained_root]
-        shard = None if s.shards == s.world else "dp_shard"
-        post_forward = "post_forward" if s.post_forward_world else shard
+        shard = None if s.shards == s.dp else "dp_shard"
+        post_forward = "post_forward" if s.post_forward_ranks else shard
         replicas = "dp_replicate"
 
         # under float8 training with tensorwise scales, the converted weights travel in float8 (theory/float8.py)
@@ -218,7 +218,7 @@ class FSDPFamily(DCPCheckpoints, Family):
                    for size in [block_bytes] * s.blocks + [root * p] if size]
         reduce = [Collective("reduce_scatter", u * s.w * pad_t, 1, "forward+backward", shard) for u in trained if u]
         across = ([Collective("all_reduce", -(-u // s.shards) * s.w, 1, "backward", replicas) for u in trained if u]
-                  if s.shards < s.world else [])
+                  if s.shards < s.dp else [])
         scales = ([Collective("all_reduce", float8.amax_all_reduce_bytes(s.float8_weights), 1, None, shard)]
                   if s.float8_all_gather and s.float8_weights else [])
         return gathers + regather + reduce + across + scales + [Collective("all_reduce", 4, 1, None, shard),
@@ -262,9 +262,9 @@ def offload_staging(backend, s) -> float:
 def post_forward_shard(s) -> float:
     """Bytes of one block's parameters kept from forward to backward under partial resharding (0 without it:
     the block is back to its ordinary shard)."""
-    if not s.post_forward_world or s.post_forward_world >= s.shards:
+    if not s.post_forward_ranks or s.post_forward_ranks >= s.shards:
         return 0.0
-    return s.p * s.block_params / s.post_forward_world
+    return s.p * s.block_params / s.post_forward_ranks
 
 
 FAMILY = FSDPFamily()

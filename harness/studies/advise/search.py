@@ -41,6 +41,7 @@ from typing import Dict, List, Optional
 
 from ...config.compose import compose
 from ...config.derive import dp_size, tokens_per_step, world_size
+from ...config.mesh import mesh_of
 from ...config.recompute import overrides as recompute_overrides, parse as parse_policy, recompute_of
 from ...config.rules import tensor_degrees
 from . import step_times as advise_time
@@ -137,9 +138,7 @@ def size(b: Optional[float]) -> str:
 
 def data_parallel_ranks(cfg, tp: int) -> int:
     """The data-parallel ranks of `cfg`'s mesh at tensor-parallel degree `tp` (config/mesh.py)."""
-    trial = copy.deepcopy(cfg)
-    trial.parallelism.tp = tp
-    return dp_size(trial)
+    return mesh_of(cfg).replace(tp=tp).dp
 
 
 def micro_batches(global_batch: int, dp: int) -> List[int]:
@@ -211,10 +210,10 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
     shape = shape_of(cfg, world, counts)
     peak = theory["memory/device_peak_predicted_bytes"]
     recompute = recompute_of(cfg)
-    step = predict_parts(cfg.backend, shape, flops_per_token * par.micro_batch * par.seq_len * par.grad_accum / par.tp,
-                         rates)["step"]
-    return Candidate(backend, par.micro_batch, par.grad_accum, recompute.any, extra, tp=par.tp,
-                     mesh=shape.grid.describe(), policy=recompute.label,
+    rank_flops = flops_per_token * par.micro_batch * par.seq_len * par.grad_accum / shape.mesh.tp
+    step = predict_parts(cfg.backend, shape, rank_flops, rates)["step"]
+    return Candidate(backend, par.micro_batch, par.grad_accum, recompute.any, extra, tp=shape.mesh.tp,
+                     mesh=shape.mesh.describe(), policy=recompute.label,
                      predicted_intra_node_bytes=theory["comm/predicted_intra_node_bytes_per_step"],
                      predicted_inter_node_bytes=theory["comm/predicted_inter_node_bytes_per_step"],
                      predicted_peak_bytes=peak, predicted_step_s=step,

@@ -43,8 +43,7 @@ def price(plan, configs: Dict[str, object], base, counts: dict) -> None:
         if not result or not result["ok"]:
             continue
         cfg = configs[c.name]
-        parts = predict_counted(cfg.backend, shape_of(cfg, plan.world, counts), result["work"], costs,
-                                cfg.parallelism.nproc_per_node)
+        parts = predict_counted(cfg.backend, shape_of(cfg, plan.world, counts), result["work"], costs)
         c.predicted_step_s = parts["step"]
         c.predicted_tokens_per_s = tokens_per_step(cfg, plan.world) / parts["step"]
         priced += 1

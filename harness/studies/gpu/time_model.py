@@ -54,8 +54,7 @@ def refresh(row: dict, run_dir: Path, record: Optional[dict], trace: Optional[di
         cfg = OmegaConf.load(run_dir / "config.yaml")
         work = slowest_rank(ranks).work
         if work:
-            parts = predict_counted(cfg.backend, shape_of(cfg, None, ranks[0].params), work,
-                                    device_costs(record), cfg.parallelism.nproc_per_node)
+            parts = predict_counted(cfg.backend, shape_of(cfg, None, ranks[0].params), work, device_costs(record))
             figures.update({f"time/{k}_predicted_s": v for k, v in parts.items()})
         if "throughput/step_time_p50_s" not in figures and ranks[0].timed_step_s:
             figures["throughput/step_time_p50_s"] = statistics.median(ranks[0].timed_step_s)

@@ -130,7 +130,7 @@ def card_costs(card: dict, world: int, intra_gbps: float = 0.0, inter_gbps: floa
                if (compute, memory) != (1.0, 1.0) else costs.source)
 
 
-def counted_step(cfg, work: dict, costs, world: int, per_node: int) -> Dict[str, float]:
+def counted_step(cfg, work: dict, costs, world: int) -> Dict[str, float]:
     """The time model's parts of one rank's step (theory/op_costs.predict_counted) and its tokens/s per GPU."""
     from ...config.derive import tokens_per_step
     from ...runtime.compiled_activations import counts_for
@@ -138,7 +138,7 @@ def counted_step(cfg, work: dict, costs, world: int, per_node: int) -> Dict[str,
     from ...theory.shape import shape_of
 
     shape = shape_of(cfg, world, counts_for(cfg))
-    parts = predict_counted(cfg.backend, shape, work, costs, per_node)
+    parts = predict_counted(cfg.backend, shape, work, costs)
     return {**parts, "tokens_per_s_per_gpu": tokens_per_step(cfg, world) / world / parts["step"]}
 
 

@@ -25,7 +25,7 @@ from typing import List
 
 from ...config import families, hf_models
 from ...config.compose import compose, compose_many
-from ...config.rules import TP_DEGREES, tensor_rules
+from ...config.rules import TP_DEGREES, mesh_rules, tensor_rules
 from ...config.derive import world_size
 from ...core.errors import ConfigError
 from ...theory import memory
@@ -131,9 +131,9 @@ def print_counted(table: List[dict], overrides: List[str], cfg, hypothetical: bo
         if notes[key] or not result.get("ok"):
             print(f"  {key}: not counted, {notes[key] or result.get('error', 'its replay failed')}")
             continue
-        world = c.parallelism.nproc_per_node * c.parallelism.nnodes
+        world = world_size(c)
         costs = card_costs(CARDS[card], world, c.parallelism.intra_node_gbps, c.parallelism.inter_node_gbps)
-        step = counted_step(c, result["work"], costs, world, c.parallelism.nproc_per_node)
+        step = counted_step(c, result["work"], costs, world)
         print(f"  {key}: {step['step'] * 1e3:,.0f} ms a step, {step['tokens_per_s_per_gpu']:,.0f} tokens/s a GPU "
               f"({step['step'] / r['step_s']:.2f}x the roofline's {r['step_s'] * 1e3:,.0f} ms; forward "
               f"{step['forward'] * 1e3:,.0f}, backward {step['backward'] * 1e3:,.0f}, optimizer "
@@ -175,7 +175,7 @@ def main(argv: List[str] | None = None) -> int:
         trial = copy.deepcopy(cfg)
         trial.parallelism.tp = (tps or [cfg.parallelism.tp])[0]
         raise ConfigError(f"no backend runs this shape at the asked tensor-parallel degree(s): "
-                          f"{(tensor_rules(trial) or ['no rows'])[0]}")
+                          f"{(mesh_rules(trial) or tensor_rules(trial) or ['no rows'])[0]}")
     r = table[0]
     title = (f"{cfg.model.name if not args.params else 'Ψ=%.3g' % args.params}: {r['model_params']:,} params, "
              f"{r['world']} ranks ({cfg.parallelism.nnodes} node(s) of {cfg.parallelism.nproc_per_node}), "

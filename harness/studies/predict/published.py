@@ -25,6 +25,7 @@ from typing import Dict, List
 import yaml
 
 from ...config.command_line import parse
+from ...config.derive import world_size
 from ...core.paths import REPO
 from ...core.rundir import write_json, write_text
 from .counted_shapes import TIME_TARGET_PCT
@@ -158,13 +159,13 @@ def price_rows(rows: List[dict]) -> Dict[str, dict]:
         if row["id"] not in configs:
             continue
         result, cfg = counted[row["id"]], configs[row["id"]]
-        world = cfg.parallelism.nproc_per_node * cfg.parallelism.nnodes
+        world = world_size(cfg)
         costs = card_costs(CARDS[row["card"]], world)
         if not result.get("ok") or costs is None:
             out[row["id"]] = {"counted_note": f"its replay failed: {result.get('error', '')}" if not result.get("ok")
                               else "no GPU's device costs are committed to price it"}
             continue
-        step = counted_step(cfg, result["work"], costs, world, cfg.parallelism.nproc_per_node)
+        step = counted_step(cfg, result["work"], costs, world)
         left_out = [o for o in row["overrides"] if o.startswith(EAGER_ONLY)]
         out[row["id"]] = {
             "counted_tokens_per_s_per_gpu": step["tokens_per_s_per_gpu"],

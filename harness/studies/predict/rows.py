@@ -24,7 +24,8 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
          names: List[str] | None = None, tps: List[int] | None = None) -> List[dict]:
     """One row per backend (`names`, else every one this shape runs) and tensor-parallel degree (`tps`, else
     the config's parallelism.tp; each one the backend and model can run): every prediction, plus DeepSpeed's
-    estimate where there is one; with `rates` (predict/rates.py's rates_for), the time model's step time and tokens/s too."""
+    estimate where there is one; with `rates` (predict/rates.py's rates_for), the time model's step time and
+    tokens/s too."""
     out = []
     base = compose(overrides)
     # FLOPs per token: counted on the model (FlopCounterMode), or 6 per parameter for a hypothetical one
@@ -52,7 +53,7 @@ def row(cfg, name: str, params: float | None, world: int | None, flops_per_token
     total = totals(comps)
     par = cfg.parallelism
     ds = memory.framework_estimate(cfg.backend, shape)
-    mesh = shape.grid
+    mesh = shape.mesh
     return {
         "backend": name, "params": shape.params, "world": n, "precision": shape.precision,
         "dp": mesh.dp, "tp": mesh.tp, "mesh": mesh.describe(), "model_params": shape.model_params or shape.params,

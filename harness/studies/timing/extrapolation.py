@@ -76,7 +76,7 @@ def predict(names: Dict[str, List[str]], overrides: List[str], costs, out: Path)
         for rank in (0, world - 1):
             result = replays[rank][safe[name]]
             if result["ok"]:
-                parts = predict_counted(cfg.backend, shape, result["work"], costs, cfg.parallelism.nproc_per_node)
+                parts = predict_counted(cfg.backend, shape, result["work"], costs)
                 options.append({"parts": parts, "work": result["work"], "rank": rank})
             elif rank == 0:
                 break
