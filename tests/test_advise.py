@@ -44,7 +44,7 @@ def test_dry_run_prunes_and_a_pruned_candidate_really_runs_out_of_memory(tmp_pat
     # parallelism (FSDP1 does not), each with checkpointing off and on. Those predicted to fit first (their steps
     # from their replayed, counted work), then the rest (the roofline bound), each fastest first
     from harness.config.compose import compose
-    from harness.config.rules import tensor_degrees
+    from harness.parallel.tp.rules import tensor_degrees
 
     meshes = {b: tensor_degrees(compose([f"backend={b}", "model=tiny_llama"])) for b in flat_backends("cpu")}
     assert len(candidates) == sum((2 + (3 if 2 in tps else 0)) * 2 for tps in meshes.values())

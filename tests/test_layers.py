@@ -20,9 +20,10 @@ PACKAGE = REPO / "harness"
 # are the top.
 # backends (one package per strategy family) sit above runtime: a family's strategy.py subclasses the runtime's
 # Strategy. config and theory reach them only through the registry (config/families.py), which loads a family's
-# package by name, so no static import goes up.
+# package by name, so no static import goes up. parallel (one package per parallel axis) sits beside them, reached
+# the same way through config/axes.py; a family names the axes it composes with as data, never by import.
 LAYERS = {"core": 0, "config": 1, "theory": 2, "reporting": 3, "runtime": 4, "launcher": 4, "backends": 5,
-          "studies": 6}
+          "parallel": 5, "studies": 6}
 COMMANDS = 7
 
 

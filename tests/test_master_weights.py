@@ -8,6 +8,7 @@ import pytest
 
 from conftest import BF16, MODEL_DTYPE_BACKENDS
 from harness.config import rules
+from harness.parallel.tp import rules as tp_rules
 from harness.config.compose import compose
 from harness.runtime import models
 from harness.theory.predict import predict
@@ -24,7 +25,7 @@ def test_what_cannot_keep_the_model_dtype_is_refused_in_one_line(overrides, says
 
 def test_tensor_parallelism_with_model_dtype_masters_is_refused_and_not_searched():
     cfg = compose(["train.precision=bf16", "train.master_weights=model", "parallelism.nproc_per_node=4"])
-    assert rules.tensor_degrees(cfg) == [1]
+    assert tp_rules.tensor_degrees(cfg) == [1]
     cfg.parallelism.tp = 2
     assert any("train.master_weights=model is not measured with tensor parallelism" in line
                for line in rules.problems(cfg, lambda: 8))

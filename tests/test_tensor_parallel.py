@@ -1,5 +1,5 @@
-"""Tensor parallelism, the mesh's second axis (config/mesh.py, runtime/tensor_parallel.py, theory/tensor_plan.py,
-theory/tensor_comm.py): the mesh's groups and links, one-line refusals, one rank's shard of the model, and real
+"""Tensor parallelism, the mesh's second axis (config/mesh.py, parallel/tp/shard.py, parallel/tp/plan.py,
+parallel/tp/comm.py): the mesh's groups and links, one-line refusals, one rank's shard of the model, and real
 runs at 4 ranks (dp 2 x tp 2) whose per-step losses equal DDP's at 4 ranks, whose states, peak and bytes match the
 theory, and whose checkpoints resume exactly and reshard to tp 1."""
 from __future__ import annotations
@@ -7,14 +7,15 @@ from __future__ import annotations
 import pytest
 
 from harness.config import rules
+from harness.parallel.tp import rules as tp_rules
 from harness.config.compose import compose
 from harness.config.mesh import INTER, INTRA, Mesh, mesh_of
 from harness.runtime import models
 from harness.theory.communication import comm_per_step
 from harness.theory.predict import predict
 from harness.theory.shape import shape_of
-from harness.theory.tensor_comm import tensor_parallel_collectives
-from harness.theory.tensor_plan import local_counts
+from harness.parallel.tp.comm import tensor_parallel_collectives
+from harness.parallel.tp.plan import local_counts
 
 
 def test_the_mesh_owns_the_degrees_groups_coordinates_and_links():
@@ -85,9 +86,9 @@ def test_a_mesh_that_cannot_run_is_refused_in_one_line_naming_the_numbers(overri
 
 
 def test_the_degrees_searched_are_those_the_node_heads_and_backend_allow():
-    assert rules.tensor_degrees(compose(["model=llama_70b", "parallelism=gpu8"])) == [1, 2, 4, 8]
-    assert rules.tensor_degrees(compose(["model=tiny_llama", "parallelism.nproc_per_node=4"])) == [1, 2]
-    assert rules.tensor_degrees(compose(["model=tiny_gpt2"])) == [1]
+    assert tp_rules.tensor_degrees(compose(["model=llama_70b", "parallelism=gpu8"])) == [1, 2, 4, 8]
+    assert tp_rules.tensor_degrees(compose(["model=tiny_llama", "parallelism.nproc_per_node=4"])) == [1, 2]
+    assert tp_rules.tensor_degrees(compose(["model=tiny_gpt2"])) == [1]
 
 
 def test_one_rank_holds_its_shard_of_each_split_tensor_and_every_replicated_one():

@@ -70,6 +70,10 @@ class Family:
     # and whether, where it cannot, its tensor-parallel runtime can (another mechanism: DDP's replicate)
     untraceable = ""
     traces_with_tensor_parallel = False
+    # the parallel axes it composes with (config/axes.py), as data: {axis: whose implementation runs it}
+    # (tensor parallelism: "torch", PyTorch's plan, or "autotp", DeepSpeed's); and why it refuses the others
+    axes: Dict[str, str] = {"tp": "torch"}
+    axis_refusals: Dict[str, str] = {}
     # checkpoints (runtime/train_state.py): what its save writes (a checkpoint resumes under any family that
     # writes the same format, at any world size: each strategy's load_checkpoint reshards); why a checkpoint of
     # another layout (checkpoint_layout) cannot load; why train.checkpoint_async cannot run, "" where it can
@@ -127,24 +131,9 @@ class Family:
         replicates over all of them, with no post-forward group."""
         return None
 
-    def tensor_parallel_layout(self, cfg) -> Tuple[bool, bool]:
-        """(sequence parallel, loss parallel) as this family runs tensor parallelism: PyTorch's plan as the
-        config asks (runtime/tensor_parallel.py)."""
-        par = cfg.parallelism
-        return bool(par.sequence_parallel), bool(par.loss_parallel)
-
-    def tensor_plan(self, cfg) -> str:
-        """Whose tensor-parallel plan splits the model (theory/tensor_plan.PLANS): PyTorch's, as
-        runtime/tensor_parallel.py applies it."""
-        return "torch"
-
     def device_refusal(self, backend, device: str) -> str:
         """Why this backend cannot run on `device` (cpu | cuda), one line; "" where it can.
         config/rules.backend_rules refuses such a run; `compose.flat_backends(device)` leaves it out of that device's sweeps."""
-        return ""
-
-    def tensor_parallel_refusal(self, cfg) -> str:
-        """Why this backend cannot run with parallelism.tp > 1, one line; "" where it can."""
         return ""
 
     def is_hybrid(self, backend) -> bool:

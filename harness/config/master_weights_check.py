@@ -23,4 +23,4 @@ def problems(cfg) -> List[str]:
     if t.float8 != "none":
         out.append(f"{key}: float8 training (train.float8={t.float8}) keeps its scales over fp32 or bf16 masters as "
                    "torchao runs it, not measured here in the model's dtype; use train.master_weights=fp32")
-    return out  # with tensor parallelism: config/rules.tensor_rules, which the mesh search reads too
+    return out  # with tensor parallelism: parallel/tp/rules.tensor_rules, which the mesh search reads too

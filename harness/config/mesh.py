@@ -222,7 +222,7 @@ def mesh_of(cfg, world: Optional[int] = None) -> Mesh:
     """The run's mesh: its nodes and ranks (or `world` ranks as nodes of the config's ranks per node, one node
     where they do not divide), `parallelism.tp`, and what its backend's family asks of the data-parallel ranks
     (HSDP's shard group, a post-forward group). A tp that does not divide a node is refused in one line."""
-    from . import families
+    from . import axes, families
 
     par = cfg.parallelism
     world = world or world_of(par)
@@ -234,9 +234,8 @@ def mesh_of(cfg, world: Optional[int] = None) -> Mesh:
     resolve = lambda asked: min(asked or flat.dp_per_node, flat.dp)  # noqa: E731
     shard = resolve(request.shard) if request.shard is not None else flat.dp
     post = resolve(request.post_forward) if request.post_forward is not None else 0
-    tensor = families.of(cfg.backend).tensor_parallel_layout(cfg) if tp > 1 else (False, False)
-    return flat.replace(dp_replicate=flat.dp // shard, dp_shard=shard, post_forward=post,
-                        sequence_parallel=tensor[0], loss_parallel=tensor[1])
+    layout = axes.get("tp").layout(cfg, axes.implementation(families.of(cfg.backend), "tp")) if tp > 1 else {}
+    return flat.replace(dp_replicate=flat.dp // shard, dp_shard=shard, post_forward=post, **layout)
 
 
 def per_node_overrides(world: int, per_node: int) -> List[str]:

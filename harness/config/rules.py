@@ -14,7 +14,7 @@ from typing import Callable, List
 from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import ConfigError
-from . import (data_check, derive, families, finetune_check, float8_check, hf_models, master_weights_check, recompute,
+from . import (axes, data_check, derive, families, finetune_check, float8_check, hf_models, master_weights_check, recompute,
                resume_check, schema)
 from .mesh import mesh_of
 from .schema import CHOICES
@@ -202,20 +202,9 @@ def batch_rules(cfg) -> List[str]:
     return []
 
 
-TP_DEGREES = (1, 2, 4, 8)  # the tensor-parallel degrees the estimator and the advisor search (inside a node of 8)
-
-
-def tensor_degrees(cfg, choices=TP_DEGREES) -> List[int]:
-    """The tensor-parallel degrees among `choices` this config can run (tensor_rules says why not the others)."""
-    import copy
-
-    out = []
-    for tp in choices:
-        trial = copy.deepcopy(cfg)
-        trial.parallelism.tp = tp
-        if not mesh_rules(trial) and not tensor_rules(trial):
-            out.append(tp)
-    return out
+def axis_rules(cfg) -> List[str]:
+    """What each parallel axis (config/axes.py: tensor parallelism's parallel/tp/rules.py) cannot run."""
+    return [line for axis in axes.every() for line in axis.rules(cfg)]
 
 
 def mesh_rules(cfg) -> List[str]:
@@ -234,39 +223,6 @@ def mesh_rules(cfg) -> List[str]:
             return [f"parallelism.{err}; use one of {divisors} (the divisors of parallelism.nproc_per_node)"]
         return [f"parallelism: {err}"]
     return []
-
-
-def tensor_rules(cfg) -> List[str]:
-    """Tensor parallelism stays inside a node, gives each rank whole attention heads, and needs a model whose
-    attention the plans know (theory/tensor_plan.py) and a family that runs it."""
-    par, m = cfg.parallelism, cfg.model
-    tp = par.tp
-    if tp == 1:
-        return []
-    out = []
-    if m.family != "llama":
-        out.append(f"parallelism.tp={tp}: model {m.name} ({m.model_type or m.family}) has no tensor-parallel plan: "
-                   "its attention is one fused q|k|v projection (GPT-2's c_attn), which torch's styles, "
-                   "transformers' base_model_tp_plan and DeepSpeed's AutoTP presets do not split; use a llama, "
-                   "mistral or qwen2 model, or parallelism.tp=1")
-    kv = m.num_kv_heads or m.num_heads
-    if m.num_heads % tp or kv % tp:
-        common = [d for d in range(1, min(m.num_heads, kv) + 1) if m.num_heads % d == 0 and kv % d == 0]
-        out.append(f"parallelism.tp={tp}: must divide model.num_heads={m.num_heads} and model.num_kv_heads={kv} "
-                   f"(each rank takes whole heads); use one of {', '.join(map(str, common))}")
-    if cfg.workload.name != "full":
-        out.append(f"parallelism.tp={tp}: workload={cfg.workload.name} is not sharded by the tensor-parallel plans "
-                   "(peft's adapters wrap the projections they split); use workload=full or parallelism.tp=1")
-    try:
-        refusal = families.of(cfg.backend).tensor_parallel_refusal(cfg)
-    except ConfigError:
-        refusal = ""  # an unknown family is backend_rules' to say
-    if refusal:
-        out.append(f"parallelism.tp={tp}: {refusal}")
-    if cfg.train.master_weights == "model":
-        out.append(f"parallelism.tp={tp}: train.master_weights=model is not measured with tensor parallelism; use "
-                   "train.master_weights=fp32 or parallelism.tp=1")
-    return out
 
 
 def run_rules(cfg) -> List[str]:
@@ -321,7 +277,7 @@ def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[s
     mesh = [] if family else mesh_rules(cfg)
     if mesh:
         return mesh
-    return [*shape_rules(cfg), *tensor_rules(cfg), *device_rules(cfg, cuda_devices),
+    return [*shape_rules(cfg), *axis_rules(cfg), *device_rules(cfg, cuda_devices),
             *(batch_rules(cfg) if not family else []), *run_rules(cfg), *family,
             *finetune_check.problems(cfg), *float8_check.problems(cfg), *master_weights_check.problems(cfg),
             *resume_check.problems(cfg), *data_check.problems(cfg)]

@@ -5,7 +5,7 @@ The dimensions are the record's table, outermost first, a dimension of one left 
 `cp` and `tp`. Without tensor parallelism or HSDP this is the 1-D mesh of every rank FSDP2 has always been
 given. The strategies take
 their sub-meshes from here, never from a world size of their own: `data_parallel` for fully_shard (2-D under
-HSDP) and `tensor_parallel` for the plan (runtime/tensor_parallel.py); what is reduced over the data-parallel
+HSDP) and `tensor_parallel` for the plan (parallel/tp/shard.py); what is reduced over the data-parallel
 ranks alone (the loss) goes over the strategy's dp_group, cut from the same record (strategies/base.py).
 """
 from __future__ import annotations

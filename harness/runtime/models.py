@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from ..theory.tensor_plan import aggregate
+from ..theory.param_counts import aggregate
 
 
 def hf_config(m):
@@ -201,7 +201,7 @@ def param_count(m, workload=None) -> dict:
     """Exact parameter counts from a meta-device build: total, trainable, embedding (input), per block (and
     its trainable part), largest tensor (and largest trainable one), what the backward touches first (the head,
     the block's last matmul) and what autocast copies (matmul weights); and every parameter's record
-    (`tensors`), from which theory/tensor_plan.py counts one tensor-parallel rank's shard."""
+    (`tensors`), from which parallel/tp/plan.py counts one tensor-parallel rank's shard."""
     return _param_count(OmegaConf.to_yaml(m), OmegaConf.to_yaml(workload) if workload is not None else "")
 
 
@@ -215,7 +215,7 @@ def _param_count(model_yaml: str, workload_yaml: str) -> dict:
 
 def parameter_records(model: nn.Module) -> list:
     """[name, shape, trains, tags] of every parameter (a tied one once, under its first name), the tags saying
-    what the memory model needs about where it sits (theory/tensor_plan.aggregate): the first block's
+    what the memory model needs about where it sits (theory/param_counts.aggregate): the first block's
     (`block0`) and its last matmul's (`block_out`), the blocks' (`block`), the head's (`head`: the modules after
     the last block, final norm and output layer, which the backward touches first), every matmul weight
     (`matmul`: what autocast copies), the output layer's weight (`output`) and the input embedding's

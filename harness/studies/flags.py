@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from ..config.rules import TP_DEGREES  # torch-free, as is the theory's margin
+from ..parallel.tp.rules import TP_DEGREES  # torch-free, as is the theory's margin
 from ..theory.predict import FIT_MARGIN
 
 

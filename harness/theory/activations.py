@@ -42,7 +42,7 @@ attention (16 bits under autocast, where the matmuls run); for GPT-2 p·(6h + i)
 and the MLP's outputs, the MLP's up projection) + 4a. Inside its backward a selectively checkpointed block is
 whole again: the recompute reuses the saved outputs (one storage) and makes the rest.
 
-Under tensor parallelism (PyTorch's plan, runtime/tensor_parallel.py; DeepSpeed's AutoTP) one rank keeps 1/tp
+Under tensor parallelism (PyTorch's plan, parallel/tp/shard.py; DeepSpeed's AutoTP) one rank keeps 1/tp
 of what its attention heads and its MLP columns make: q, k, v, the attention output and log-sum-exp, the four
 SwiGLU tensors and the product's two gradients. The input the column-split projections read is whole on every
 rank: replicated, or all-gathered from the sequence shards and kept whole by the projections (torch's

@@ -1,4 +1,4 @@
-"""One collective of a step, as the theory lists them (theory/communication.py, theory/tensor_comm.py and each
+"""One collective of a step, as the theory lists them (theory/communication.py, parallel/tp/comm.py and each
 family's `collectives`), and a gradient reduction cut into buckets."""
 from __future__ import annotations
 

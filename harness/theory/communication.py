@@ -8,25 +8,26 @@ ranks it holds and whether they sit on more than one node. A group inside a node
 reduce-scatter, every rank sends its whole share around the ring and the ring moves at its slowest link, so a
 group that crosses nodes counts all its bytes as inter-node, and the time model prices them at the inter-node
 link (theory/time.py). NCCL's tree all-reduce, which keeps part of the traffic inside the node, is not modelled.
-Tensor parallelism's collectives (theory/tensor_comm.py) run over the `tp` group, inside a node by construction.
+Each parallel axis adds its own (config/axes.py; tensor parallelism's parallel/tp/comm.py run over the `tp` group,
+inside a node by construction).
 """
 from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from ..config import families
+from ..config import axes, families
 from .collective import Collective, bucketed  # noqa: F401 - the families import them from here
 from .shape import Shape
-from .tensor_comm import tensor_parallel_collectives
 
 
 def collectives(backend, s: Shape) -> List[Collective]:
     """Every collective a step issues, per rank, in the backend's native or parity settings (`s`): its family's
-    list (harness/backends/<family>/) over the data-parallel ranks, and tensor parallelism's (theory/tensor_comm.py),
+    list (harness/backends/<family>/) over the data-parallel ranks, and each active axis's (parallel/<axis>/comm.py),
     none over a group of one rank. Gradients exist, and are reduced, only for the T parameters that train (LoRA:
     the adapters); parameters are gathered whole, frozen or not."""
     data_parallel = families.of(backend).collectives(backend, s) if s.dp > 1 else []
-    return [c for c in data_parallel + tensor_parallel_collectives(backend, s) if group_of(c, s)[0] > 1]
+    axis_collectives = [c for axis in axes.active(s.mesh) for c in axis.collectives(backend, s)]
+    return [c for c in data_parallel + axis_collectives if group_of(c, s)[0] > 1]
 
 
 def group_of(c: Collective, s: Shape) -> Tuple[int, bool]:

@@ -61,9 +61,9 @@ class Shape:
     # use_orig_params views of its flat slices); 0: the layout's own count
     optimizer_elements: int = 0
     model_params: int = 0  # the whole model's parameters (Ψ before tensor parallelism split it); 0 = params
-    # what tensor parallelism's collectives carry (theory/tensor_comm.py): the width, the vocabulary, the tokens
+    # what tensor parallelism's collectives carry (parallel/tp/comm.py): the width, the vocabulary, the tokens
     # of one micro-batch, how many blocks are recomputed whole (config/recompute.py), and whose plan splits the
-    # model (theory/tensor_plan.py)
+    # model (parallel/tp/plan.py)
     hidden: int = 0
     vocab: int = 0
     tokens: int = 0
@@ -141,18 +141,20 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
     """`counts` are the model's parameter counts (runtime.models.param_count, or a rank's report of them):
     passed in, so that the theory never builds a model. `world`: all ranks (None: the config's), laid out by
     the mesh (config/mesh.py). Under tensor parallelism the counts are one rank's shard of each tensor
-    (theory/tensor_plan.py), and every term that follows is the data-parallel theory of that shard. The
+    (parallel/tp/plan.py), and every term that follows is the data-parallel theory of that shard. The
     backend's family fills in what it decides (its buckets as they will run, with the framework's own defaults
     where the config is silent)."""
+    from ..config import axes
     from . import float8
-    from .tensor_plan import local_counts
 
     mesh = mesh_of(cfg, world)
     recipe = cfg.train.float8
     f8 = (float8.converted(counts.get("tensors", ()), cfg.model.family) if recipe != "none"
           else {"weights": 0, "block_elements": 0})
     whole = counts["total"]
-    counts = local_counts(counts, families.of(cfg.backend).tensor_plan(cfg), mesh.tp)
+    family = families.of(cfg.backend)
+    for axis in axes.active(mesh):  # each axis cuts the model to one rank's part (parallel/<axis>/)
+        counts = axis.local_counts(counts, axes.implementation(family, axis.name), mesh.degrees()[axis.name])
     params = counts["total"]
     fields = dict(params=params, mesh=mesh, precision=cfg.train.precision, master_weights=cfg.train.master_weights,
                   largest_param=counts["largest_param"], bucket_elements=bucket_elements(cfg, params),
@@ -169,7 +171,7 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   model_params=whole, hidden=cfg.model.hidden_size, vocab=cfg.model.vocab_size,
                   tokens=cfg.parallelism.micro_batch * cfg.parallelism.seq_len,
                   recomputed_blocks=recompute_of(cfg).fully_recomputed,
-                  tensor_plan=families.of(cfg.backend).tensor_plan(cfg), tied_output=bool(cfg.model.tie_embeddings),
+                  tensor_plan=axes.implementation(family, "tp"), tied_output=bool(cfg.model.tie_embeddings),
                   float8_weights=f8["weights"], float8_block_elements=f8["block_elements"],
                   float8_all_gather=float8.all_gathers_in_float8(recipe, cfg.backend))
     return Shape(**{**fields, **families.of(cfg.backend).shape_fields(cfg, mesh, counts)})

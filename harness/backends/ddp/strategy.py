@@ -4,7 +4,7 @@ Mixed precision is torch.autocast over fp32 parameters, so master weights, gradi
 stay fp32 (16 bytes per parameter with Adam, the ZeRO paper's DP baseline).
 
 Under tensor parallelism (parallelism.tp > 1) DistributedDataParallel cannot take the plan's DTensor parameters
-(runtime/tensor_parallel.py): wrapped with them it reduced no gradient (a grad norm of 0, losses drifting from
+(parallel/tp/shard.py): wrapped with them it reduced no gradient (a grad norm of 0, losses drifting from
 the second step; torch's own `_pre_dp_module_transform` rebuilds the parameters every forward, away from the
 optimizer's). Data parallelism is then torch's composable `replicate`, FSDP2's machinery with replicated
 placements, as torchtitan's apply_replicate wraps each block and the root over the data-parallel mesh: every
@@ -33,8 +33,7 @@ class DDPStrategy(NativeStrategy):
     def setup(self, model, optim_cfg):
         if any(p.device != self.device for p in model.parameters()):
             model.to(self.device)  # (a model on fake tensors cannot be moved: runtime/traced.py)
-        self.apply_tensor_parallel(model)
-        self.apply_float8(model)
+        self.parallelize(model)  # the mesh's axes, then float8 (runtime/parallelize.py)
         self.initialise(model)
         self.to_model_dtype(model)
         if self.mesh.tp > 1:

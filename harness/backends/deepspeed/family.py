@@ -39,6 +39,9 @@ class DeepSpeedFamily(Family):
     master_weights_refusal = ("DeepSpeed's ZeRO optimizers always keep fp32 master weights and Adam states beside "
                               "the 16-bit parameters")
     representative = "ds_zero2"
+    # AutoTP: DeepSpeed splits the projections itself, from its JSON (json_config.py), with an all-reduce after
+    # each rowwise one: no sequence parallelism, the logits gathered whole before the loss (parallel/tp/)
+    axes = {"tp": "autotp"}
     untraceable = ("the engine moves the module to its device (engine._configure_distributed_model), which torch "
                    "cannot do with fake parameters; ZeRO-3 built under zero.Init gets through forward and backward and "
                    "stops where the step reads the gradient norm's value (runtime/utils.is_invalid_grad_norm)")
@@ -153,14 +156,6 @@ class DeepSpeedFamily(Family):
         shard over `hpz_partition_size` of them (0: a node's; 1: off)."""
         hpz = backend.hpz_partition_size
         return DPRequest(post_forward=hpz if backend.zero_stage == 3 and hpz != 1 else None)
-
-    def tensor_plan(self, cfg):
-        return "autotp"
-
-    def tensor_parallel_layout(self, cfg):
-        """AutoTP splits the projections with an all-reduce after each rowwise one: no sequence parallelism,
-        and the logits gathered whole before the loss."""
-        return False, False
 
     def shape_fields(self, cfg, mesh, counts):
         """From the JSON DeepSpeed will get, with its own defaults where the JSON is silent (native)."""

@@ -6,8 +6,8 @@ parameter, gradient and optimizer state (as DTensor shards).
 resharding passes the blocks `reshard_after_forward=<ranks>` (the mesh's post-forward group). Mixed precision is
 MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32): sharded parameters, gradients and Adam states stay fp32.
 Under tensor parallelism PyTorch's plan shards the model over the mesh's `tp` dimension first
-(runtime/tensor_parallel.py), then fully_shard shards each rank's part over the data-parallel dimensions:
-torchtitan's order (TP, then compile, then FSDP).
+(runtime/parallelize.py, parallel/tp/), then fully_shard shards each rank's part over the data-parallel dimensions:
+torchtitan's order (TP, then float8, then compile, then FSDP).
 """
 from __future__ import annotations
 
@@ -32,8 +32,7 @@ class FSDPStrategy(NativeStrategy):
 
     @override
     def setup(self, model, optim_cfg):
-        self.apply_tensor_parallel(model)  # first: fully_shard shards each rank's tensor-parallel part
-        self.apply_float8(model)  # then float8 and compile (torchtitan's order)
+        self.parallelize(model)  # the mesh's axes, then float8: fully_shard shards each rank's part of them
         self.to_model_dtype(model)  # master_weights=model: sharded in the model's dtype, reduced in it too
         mesh = self.meshes.data_parallel
         mp = (MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None) if self.states_in_model_dtype else

@@ -99,6 +99,9 @@ class FSDP1Family(FSDPFamily):
                              "flat buffer is transient. fsdp1_offload (CPUOffload) keeps the slices and gradients on "
                              "the host and steps AdamW there."}
     ranged_fields = ("shard_degree",)
+    axes: dict = {}
+    axis_refusals = {"tp": "FSDP1 composes with tensor parallelism only through its 2-D DTensor path, which torch "
+                           "has moved to FSDP2; use backend=fsdp"}
     untraceable = ("FullyShardedDataParallel moves the module to its device_id at construction (_move_module_to_device), "
                    "which torch cannot do with fake parameters (\"Couldn't swap Embedding.weight\"); without a device_id "
                    "it asks for an accelerator this CPU path does not have")
@@ -126,10 +129,6 @@ class FSDP1Family(FSDPFamily):
                     "parallelism.device=cpu has none (FSDP1 raises in its first forward); run it on cuda, or "
                     "backend=fsdp_offload (FSDP2's CPUOffloadPolicy) on CPU")
         return ""
-
-    def tensor_parallel_refusal(self, cfg) -> str:
-        return ("FSDP1 composes with tensor parallelism only through its 2-D DTensor path, which torch has moved to "
-                "FSDP2; use backend=fsdp")
 
     def shape_fields(self, cfg, mesh, counts):
         # each unit's FlatParameter padded (flat_unit_elements); the 16-bit gathered dtype sets the alignment

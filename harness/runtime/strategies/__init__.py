@@ -15,9 +15,11 @@ def make_strategy(cfg, device, world_size: int, counts: dict) -> "Strategy":
     """The strategy of `backend.family`, given the model's parameter counts (runtime.models.param_count): it
     holds a rank's part of them, its tensor-parallel shard, which sizes the default buckets (as the theory's
     do: theory/shape.py)."""
+    from ...config import axes
     from ...config.mesh import mesh_of
-    from ...theory.tensor_plan import local_counts
 
-    family = families.of(cfg.backend)
-    params = local_counts(counts, family.tensor_plan(cfg), mesh_of(cfg, world_size).tp)["total"]
+    family, mesh = families.of(cfg.backend), mesh_of(cfg, world_size)
+    for axis in axes.active(mesh):
+        counts = axis.local_counts(counts, axes.implementation(family, axis.name), mesh.degrees()[axis.name])
+    params = counts["total"]
     return family.strategy_class()(cfg, device, world_size, params)

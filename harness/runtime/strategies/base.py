@@ -154,13 +154,17 @@ class Strategy(ABC):
         return contextlib.nullcontext()
 
     def loss_context(self) -> ContextManager:
-        """Entered around the loss and around its backward: torch's loss_parallel() where the logits stay
-        sharded on the vocabulary (runtime/tensor_parallel.py), else nothing."""
-        if self.mesh.tp > 1 and self.mesh.loss_parallel:
-            from ..tensor_parallel import loss_context
+        """Entered around the loss and around its backward: every active parallel axis's context
+        (runtime/parallelize.py; torch's loss_parallel() where the logits stay sharded on the vocabulary)."""
+        from ..parallelize import step_context
 
-            return loss_context(True)
-        return contextlib.nullcontext()
+        return step_context(self)
+
+    def axis_implementation(self, name: str) -> str:
+        """Whose implementation of parallel axis `name` this family runs (Family.axes: "torch", "autotp")."""
+        from ...config import axes, families
+
+        return axes.implementation(families.of(self.backend), name)
 
     def sync_context(self, last: bool) -> ContextManager:
         """Entered around forward and backward of each micro-batch; suppresses sync unless `last`."""
@@ -239,7 +243,7 @@ class Strategy(ABC):
 class NativeStrategy(Strategy):
     """Shared by the strategies that drive a torch optimizer themselves (DDP, FSDP): the loss is divided by
     grad_accum here, fp16 uses a GradScaler, and clipping uses torch's clip_grad_norm_. Tensor parallelism is
-    PyTorch's plan (runtime/tensor_parallel.py), applied before the family wraps the model."""
+    PyTorch's plan (parallel/tp/), applied before the family wraps the model (runtime/parallelize.py)."""
 
     float8_gathered = False  # whether this run all-gathers float8 weights, so the step precomputes their scales
 
@@ -269,14 +273,11 @@ class NativeStrategy(Strategy):
         self.float8_gathered = all_gathers_in_float8(recipe, self.backend)
         self.settings["float8"] = float8.convert(model, recipe, self.float8_gathered)
 
-    def apply_tensor_parallel(self, model: nn.Module) -> None:
-        """Shard `model` over the tensor-parallel mesh (a no-op at tp 1), and record what ran."""
-        if self.mesh.tp == 1:
-            return
-        from .. import tensor_parallel
+    def parallelize(self, model: nn.Module) -> None:
+        """The mesh's parallel axes, then float8, in the one order (runtime/parallelize.py)."""
+        from ..parallelize import parallelize
 
-        self.settings["tensor_parallel"] = tensor_parallel.apply(
-            model, self.meshes.tensor_parallel, self.mesh.sequence_parallel, self.mesh.loss_parallel)
+        parallelize(self, model)
 
     def _build_optimizer(self, optim_cfg) -> None:
         o = optim_cfg

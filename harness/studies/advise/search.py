@@ -9,7 +9,7 @@ The candidates are every backend x tensor-parallel degree x micro-batch x activa
 the user's precision, with the global batch held fixed (`--global-batch`, else the config's micro_batch x
 grad_accum x data-parallel ranks), so that every candidate does the same optimizer work per step; grad_accum
 follows from the micro-batch and the data-parallel ranks. The tensor-parallel degrees are those of 1, 2, 4, 8
-that the node, the model's heads and the backend allow (config/rules.tensor_degrees), or the one
+that the node, the model's heads and the backend allow (parallel/tp/rules.tensor_degrees), or the one
 `parallelism.tp` pins; each candidate's mesh says where its bytes go (inside a node or across nodes).
 
 Stage 1, theory (nothing runs): each candidate's device peak (theory/predict.py: states, buffers, and the
@@ -43,7 +43,7 @@ from ...config.compose import compose
 from ...config.derive import dp_size, tokens_per_step, world_size
 from ...config.mesh import mesh_of
 from ...config.recompute import overrides as recompute_overrides, parse as parse_policy, recompute_of
-from ...config.rules import tensor_degrees
+from ...parallel.tp.rules import tensor_degrees
 from . import step_times as advise_time
 from ..capacity.probe import device_bytes, run_probe
 from ..predict.rates import rates_for

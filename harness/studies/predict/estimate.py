@@ -25,7 +25,8 @@ from typing import List
 
 from ...config import families, hf_models
 from ...config.compose import compose, compose_many
-from ...config.rules import TP_DEGREES, mesh_rules, tensor_rules
+from ...config.rules import mesh_rules
+from ...parallel.tp.rules import TP_DEGREES, tensor_rules
 from ...config.derive import world_size
 from ...core.errors import ConfigError
 from ...theory import memory

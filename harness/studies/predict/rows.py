@@ -8,7 +8,7 @@ from typing import List
 
 from ...config.compose import backends, compose, compose_many, flat_backends
 from ...config.recompute import Recompute
-from ...config.rules import tensor_degrees
+from ...parallel.tp.rules import tensor_degrees
 from ...config.derive import tokens_per_step, world_size
 from ...core.components import totals
 from ...runtime.compiled_activations import counts_for

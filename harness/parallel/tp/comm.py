@@ -6,9 +6,9 @@ figure 4): without sequence parallelism each block all-reduces its attention's a
 (the rowwise projections' partial sums) and its two inputs' gradients in backward (the colwise projections'
 partial sums), four all-reduces of b·s·h elements; with it, each all-reduce is a reduce-scatter and an
 all-gather of the same size, so the bytes on the wire are the same. The terms below are counted from the plans
-as they run (theory/tensor_plan.py), each in the dtype it travels in:
+as they run (parallel/tp/plan.py), each in the dtype it travels in:
 
-- `torch` (runtime/tensor_parallel.py): per block and micro-batch, the input of attention and of the MLP
+- `torch` (parallel/tp/shard.py): per block and micro-batch, the input of attention and of the MLP
   all-gathered from its sequence shards and each output reduce-scattered (sequence parallelism), or each output
   all-reduced; backward the dual of each. Outside the blocks: the embedding's partial lookup reduced (a
   reduce-scatter into sequence shards, or an all-reduce), the output layer's input gathered (and its gradient
@@ -29,12 +29,12 @@ from __future__ import annotations
 
 from typing import List
 
-from .collective import Collective
+from ...theory.collective import Collective
 
 
 def dtypes(backend, s) -> tuple:
     """(bytes an element of the residual stream, of a matmul's output) in this backend's precision regime."""
-    from .activations import regime
+    from ...theory.activations import regime
 
     reg = regime(backend, s.precision, s.master_weights)
     return (4 if reg in ("fp32", "autocast") else 2), (4 if reg == "fp32" else 2)

@@ -2,7 +2,7 @@
 names for all three), applied with DTensor's parallel styles, as torchtitan parallelises its Llama
 (models/llama3/infra/parallelize.py), before any data parallelism wraps the model (FSDP2 or replicate shard the
 result over the data-parallel mesh). Which parameter is split on which dimension is the table the theory reads
-(theory/tensor_plan.py: `torch`), so the predicted shards are the applied ones.
+(parallel/tp/plan.py: `torch`), so the predicted shards are the applied ones.
 
 In every block: q/k/v and the MLP's gate/up ColwiseParallel, attention's o_proj and the MLP's down_proj
 RowwiseParallel. Outside: the embedding RowwiseParallel and the output layer ColwiseParallel (both split on the
@@ -30,8 +30,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_modul
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, loss_parallel, parallelize_module)
 
-from ..theory.tensor_plan import COLWISE, ROWWISE
-from . import models
+from ...runtime import models
+from .plan import COLWISE, ROWWISE
 
 
 class ReplicateNorm(ParallelStyle):

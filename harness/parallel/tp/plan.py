@@ -1,6 +1,6 @@
 """Tensor-parallel plans as data: which dimension of each parameter the `tp` ranks split, by its Hugging Face name,
 and one rank's parameter counts under a plan (`local_counts`). No torch: the theory reads the same table that
-runtime/tensor_parallel.py turns into PyTorch's parallel styles, so the predicted shards are the applied ones.
+parallel/tp/shard.py turns into PyTorch's parallel styles, so the predicted shards are the applied ones.
 
 Two plans, for the model families whose attention has separate q/k/v projections (Llama, and the Mistral and
 Qwen2 configs, which keep Llama's module names; GPT-2's fused c_attn has no plan: config/rules.py refuses it):
@@ -24,7 +24,10 @@ uses); config/rules.py requires the heads and the key/value heads to divide by t
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
+
+from ...theory.param_counts import aggregate, numel
+
 
 BLOCK_PLAN = (
     (r"\.self_attn\.[qkv]_proj\.(weight|bias)$", 0),
@@ -36,7 +39,7 @@ PLANS = {
     "torch": BLOCK_PLAN + ((r"(^|\.)embed_tokens\.weight$", 0), (r"(^|\.)lm_head\.weight$", 0)),
     "autotp": BLOCK_PLAN + ((r"(^|\.)lm_head\.weight$", 0),),
 }
-# what runtime/tensor_parallel.py applies to each module the torch plan names
+# what parallel/tp/shard.py applies to each module the torch plan names
 COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
 
@@ -55,32 +58,6 @@ def local_shape(plan: str, name: str, shape: Sequence[int], tp: int) -> Tuple[in
     if dim is None or dim >= len(shape):
         return tuple(shape)
     return tuple(-(-n // tp) if d == dim else n for d, n in enumerate(shape))
-
-
-def numel(shape: Sequence[int]) -> int:
-    out = 1
-    for n in shape:
-        out *= n
-    return out
-
-
-def aggregate(tensors: List[list]) -> Dict[str, object]:
-    """The counts the theory reads, from a model's parameter records ([name, shape, trains, tags], tied ones
-    once; runtime.models.param_count writes them): tags say where a parameter sits (`block0` the first block,
-    `block` any block, `head` after the last block, `matmul` a matmul weight, `block_out` the first block's last
-    matmul, `output` the output layer's weight, `input` the input embedding's)."""
-    sizes = [numel(t[1]) for t in tensors]
-    tagged = lambda tag, trains=False: sum(n for t, n in zip(tensors, sizes)  # noqa: E731
-                                           if tag in t[3] and (t[2] or not trains))
-    trainable = [n for t, n in zip(tensors, sizes) if t[2]]
-    return {"total": sum(sizes), "embedding": tagged("input"), "per_block": tagged("block0"),
-            "largest_param": max(sizes), "sizes": sizes,
-            # (first dimension, elements per row, trains) of every tensor: FSDP2 pads the first dimension
-            "rows": [(t[1][0], n // t[1][0], t[2]) if t[1] and t[1][0] else (1, n, t[2]) for t, n in zip(tensors, sizes)],
-            "trainable": sum(trainable), "per_block_trainable": tagged("block0", True),
-            "largest_trainable": max(trainable, default=0), "head": tagged("head"),
-            "head_trainable": tagged("head", True), "block_out_trainable": tagged("block_out", True),
-            "matmul_weights": tagged("matmul"), "head_matmul_weights": tagged("output")}
 
 
 def local_counts(counts: dict, plan: str, tp: int) -> dict:

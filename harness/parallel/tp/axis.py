@@ -1,0 +1,53 @@
+"""Tensor parallelism as an axis (config/axes.Axis): its degree `parallelism.tp`, with `sequence_parallel` and
+`loss_parallel` as options of PyTorch's plan. Its rules (rules.py), its plans as data (plan.py), its collectives
+(comm.py) and, inside a rank, PyTorch's plan applied with DTensor's styles (shard.py). DeepSpeed's AutoTP is its
+other implementation: the family declares it (Family.axes) and DeepSpeed applies it from its JSON, so `apply`
+does nothing there."""
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager, Dict, List
+
+from ...config.axes import Axis
+from . import comm, plan, rules
+
+
+class TensorParallel(Axis):
+    name = "tp"
+    settings_key = "tensor_parallel"
+    searched = rules.TP_DEGREES
+
+    def rules(self, cfg) -> List[str]:
+        return rules.tensor_rules(cfg)
+
+    def degrees(self, cfg, choices=None) -> List[int]:
+        return rules.tensor_degrees(cfg, choices or self.searched)
+
+    def layout(self, cfg, implementation: str) -> Dict[str, bool]:
+        """PyTorch's plan runs sequence and loss parallel as the config asks (torchtitan's defaults); AutoTP
+        splits the projections with an all-reduce after each rowwise one and gathers the logits before the loss."""
+        par = cfg.parallelism
+        torch_plan = implementation == "torch"
+        return {"sequence_parallel": torch_plan and bool(par.sequence_parallel),
+                "loss_parallel": torch_plan and bool(par.loss_parallel)}
+
+    def local_counts(self, counts: dict, implementation: str, degree: int) -> dict:
+        return plan.local_counts(counts, implementation, degree)
+
+    def collectives(self, backend, s) -> list:
+        return comm.tensor_parallel_collectives(backend, s)
+
+    def apply(self, strategy, model) -> dict:
+        if strategy.axis_implementation(self.name) != "torch":
+            return {}  # AutoTP: DeepSpeed's engine splits the model from its JSON (backends/deepspeed/)
+        from . import shard
+
+        return shard.apply(model, strategy.meshes.tensor_parallel, strategy.mesh.sequence_parallel,
+                           strategy.mesh.loss_parallel)
+
+    def step_context(self, strategy) -> ContextManager:
+        if not strategy.mesh.loss_parallel:
+            return contextlib.nullcontext()
+        from . import shard
+
+        return shard.loss_context(True)

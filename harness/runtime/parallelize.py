@@ -1,0 +1,35 @@
+"""The one order in which a model is parallelised inside a rank, written once for every family that wraps a torch
+module itself (FSDP2, FSDP1, DDP), as torchtitan's parallelize_llama writes it: the parallel axes of the mesh
+first, innermost first (tensor parallelism: config/axes.py, parallel/<axis>/), then float8 (torchao converts the
+axes' shards), then the family's own steps: its dtype, compile and wrapper (fully_shard, DDP or replicate), whose
+scope is the family's (Family.compile_scope) and stays in its setup. Activation checkpointing is applied when the
+model is built (runtime/models.py), before all of these; it wraps whole blocks, which the axes then split.
+DeepSpeed's engine applies its AutoTP, compile and wrapper from its JSON (its family declares AutoTP as its
+tensor-parallel implementation): the axes' `apply` does nothing there.
+
+`step_context` is every active axis's context around the loss and its backward (tensor parallelism's
+loss_parallel), which the train loop enters through Strategy.loss_context.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager
+
+from ..config import axes
+
+
+def parallelize(strategy, model) -> None:
+    """Apply the mesh's axes, then float8, to `model`, recording what ran in the strategy's settings."""
+    for axis in axes.active(strategy.mesh):
+        settings = axis.apply(strategy, model)
+        if settings:
+            strategy.settings[axis.settings_key or axis.name] = settings
+    strategy.apply_float8(model)
+
+
+@contextlib.contextmanager
+def step_context(strategy) -> ContextManager:
+    with contextlib.ExitStack() as stack:
+        for axis in axes.active(strategy.mesh):
+            stack.enter_context(axis.step_context(strategy))
+        yield
