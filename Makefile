@@ -13,7 +13,7 @@ JOBS ?= 0
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo demo-snapshot compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-check gpu-capacity gpu-axes axes published capacity collectives finetune faults browser docs test test-drills test-all clean lock
+.PHONY: help install warm demo demo-snapshot compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-review gpu-check gpu-capacity gpu-axes axes published capacity collectives finetune faults browser docs test test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -107,6 +107,9 @@ finetune: install warm ## full fine-tuning vs LoRA, every backend, from a checkp
 # no install step: a GPU machine keeps its own CUDA torch (and, with no network, the wheels of the README's
 # "On a GPU machine"); GPU_PYTHON is the interpreter that has them
 GPU_PYTHON ?= python3
+gpu-review: ## on a lent GPU, first (carry .whl/ from ../shared/tools/device-wheels.sh): every check still waiting for a GPU, in order of value, none started past --budget-s (540), each recorded as it ends and skipped once settled for this code; ARGS=--dry-run prints the queue here -> results/gpu/<device>/review.md
+	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(GPU_PYTHON) -m harness gpu-review $(ARGS)
+
 gpu-check: ## on a GPU machine: every backend on gpt2_124m and llama_1b (bf16), a real CUDA OOM, checks -> results/gpu/<device>/
 	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(GPU_PYTHON) -m harness gpu-check $(ARGS)
 

@@ -73,6 +73,8 @@ COMMANDS: Dict[str, Command] = {
                         "write a small pretrained checkpoint (nothing downloaded)"),
     "fault-drill": Command("harness.studies.faults.drill:main", "inject every fault; status and time to detect"),
     # on a GPU machine (studies/gpu/, studies/capacity/gpu.py)
+    "gpu-review": Command("harness.studies.gpu.review:main", "on a lent GPU, first: the queue of checks still "
+                          "waiting for a GPU, in order of value, within --budget-s (--dry-run: the queue here)"),
     "gpu-check": Command("harness.studies.gpu.check:main", "the first thing to run on a GPU machine: every "
                          "backend, a real CUDA OOM, into results/gpu/<device>/"),
     "gpu-capacity": Command("harness.studies.capacity.gpu:main",

@@ -205,7 +205,7 @@ def test_the_first_commands_refuse_a_mistake_in_one_line_before_heavy_imports(to
 
 # commands whose only arguments are their flags and positionals: a stray override is refused, not read
 TAKES_NO_OVERRIDES = {"advise-agreement", "axes", "device-costs", "export", "loss-agreement", "published", "report",
-                      "warm-ops"}
+                      "warm-ops", "gpu-review"}
 
 
 def test_every_shardbench_command_refuses_each_mistake_in_one_line(tmp_path, capsys, monkeypatch):

@@ -68,9 +68,10 @@ def make_command(words):
 
 def check_train(args, page):
     from harness.config import overrides, rules
+    from harness.config.command_line import flag_problem
     from harness.config.compose import compose
 
-    mistake = overrides.flag_problem(overrides.hydra_flags(), args) or overrides.problem(args)
+    mistake = flag_problem(overrides.hydra_flags(), args) or overrides.problem(args)
     assert mistake is None, f"{page}: shardbench train {' '.join(args)}: {mistake}"
     plain = [a for a in args if not a.startswith("-") and "," not in a.split("=", 1)[-1]]
     if len(plain) < len(args) or any(a.startswith(("hydra/", "hydra.")) for a in args):

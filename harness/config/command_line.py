@@ -11,6 +11,7 @@ With SHARDBENCH_CHECK_ONLY=1 a command stops after the check (tests/test_docs.py
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from typing import Callable, List, Optional, Tuple
@@ -56,7 +57,7 @@ def problem(parser: argparse.ArgumentParser, argv: List[str], check: Optional[Ca
     from . import overrides
 
     flags = [o for action in parser._actions for o in action.option_strings]
-    mistake = overrides.flag_problem(flags, argv)
+    mistake = flag_problem(flags, argv)
     if mistake:
         return mistake
     if takes_overrides:  # a wrong override before a missing flag: the user's own mistake first
@@ -99,14 +100,30 @@ def parse(tool: str, parser: argparse.ArgumentParser, argv: Optional[List[str]] 
 def one_line(tool: str, run: Callable[[], int]) -> int:
     """`run()`, with what the composed config refuses (Hydra, OmegaConf, a rule, an unsupported model) turned
     into one line and exit 2 instead of a traceback."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     from ..core.errors import ConfigError
 
+    refusals: tuple = (ConfigError,)
+    try:  # a GPU machine's bare image has no Hydra until gpu-review has installed its wheels
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        refusals += (HydraException, OmegaConfBaseException)
+    except ImportError:
+        pass
     try:
         return run()
-    except (HydraException, OmegaConfBaseException, ConfigError) as err:
+    except refusals as err:
         print(f"{tool}: invalid input: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
               file=sys.stderr)
         return 2
+
+
+def flag_problem(flags: List[str], argv: List[str]) -> Optional[str]:
+    """A flag on the command line that is not one of `flags`, as one line naming the nearest; or None."""
+    for arg in argv:
+        name = arg.split("=", 1)[0]
+        if arg.startswith("-") and not arg.lstrip("-").replace(".", "").isdigit() and name not in flags:
+            near = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+            return (f"{name}: no such flag; {'did you mean ' + near[0] + '? ' if near else ''}"
+                    f"flags: {', '.join(sorted(f for f in flags if f.startswith('--')))}")
+    return None

@@ -58,17 +58,6 @@ def type_problem(dotted: str, kind: Any, value: Any) -> Optional[str]:
     return f"{dotted}={value}: must be {name}"
 
 
-def flag_problem(flags: List[str], argv: List[str]) -> Optional[str]:
-    """A flag on the command line that is not one of `flags`, as one line naming the nearest; or None."""
-    for arg in argv:
-        name = arg.split("=", 1)[0]
-        if arg.startswith("-") and not arg.lstrip("-").replace(".", "").isdigit() and name not in flags:
-            near = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
-            return (f"{name}: no such flag; {'did you mean ' + near[0] + '? ' if near else ''}"
-                    f"flags: {', '.join(sorted(f for f in flags if f.startswith('--')))}")
-    return None
-
-
 def hydra_flags() -> List[str]:
     """The flags `python -m harness train` takes: Hydra's own (-m, --cfg, --info, ...)."""
     from hydra._internal.utils import get_args_parser

@@ -217,8 +217,9 @@ def command(hydra_main) -> None:
     """`python -m harness train`: the command line's overrides checked before Hydra (whose own errors run to
     7-15 lines), then Hydra's main; Ctrl-C ends with the line that says how to resume."""
     from ..config import overrides
+    from ..config.command_line import flag_problem
 
-    mistake = overrides.flag_problem(overrides.hydra_flags(), sys.argv[1:]) or overrides.problem(sys.argv[1:])
+    mistake = flag_problem(overrides.hydra_flags(), sys.argv[1:]) or overrides.problem(sys.argv[1:])
     if mistake:
         print(f"shardbench: invalid config: {mistake}", file=sys.stderr)
         sys.exit(2)
