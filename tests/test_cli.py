@@ -303,3 +303,30 @@ def test_the_installed_shardbench_script_refuses_bad_input_in_one_line(capsys):
     assert one_line("estimate", lambda: estimate.main(["--tp", "3"])) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "parallelism.tp=3: must divide the 2 ranks of a node" in err[0], err
+
+
+OUT_OF_RANGE = [
+    # issue 74's walkthrough: each printed a wrong answer or a traceback, and exited as if fine
+    (["estimate", "parallelism.micro_batch=-1"], "parallelism.micro_batch=-1: must be positive"),
+    (["advise", "--global-batch", "-4", "--dry-run"], "argument --global-batch: -4: must be above 0"),
+    (["capacity", "--budget-mib", "-5"], "argument --budget-mib: -5: must be above 0"),
+    (["collectives", "parallelism.tp=3"], "parallelism.tp=3: collectives times each collective over whole ranks"),
+    (["estimate", "--backends", "fsdp,ds_zero4"], "ds_zero4: no such backend in conf/backend/; did you mean ds_zero3?"),
+    (["export", "/nonexistent/step_0000003", "/tmp/shardbench-export"], "/nonexistent/step_0000003: no such directory"),
+    (["gpu-review", "--budget-s", "0"], "argument --budget-s: 0: must be above 0"),
+]
+
+
+@pytest.mark.parametrize("argv, says", OUT_OF_RANGE, ids=[" ".join(a) for a, _ in OUT_OF_RANGE])
+def test_out_of_range_values_are_refused_in_one_line(argv, says, capsys, monkeypatch):
+    import sys
+
+    from harness import commands
+
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+    started = time.monotonic()
+    code = commands.main(argv)
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and says in lines[0], lines[-5:]
+    assert time.monotonic() - started < 5

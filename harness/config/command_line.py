@@ -127,3 +127,19 @@ def flag_problem(flags: List[str], argv: List[str]) -> Optional[str]:
             return (f"{name}: no such flag; {'did you mean ' + near[0] + '? ' if near else ''}"
                     f"flags: {', '.join(sorted(f for f in flags if f.startswith('--')))}")
     return None
+
+
+def positive(kind: type = float) -> Callable[[str], float]:
+    """An argparse type: a number above 0, else argparse's one-line refusal naming the value (a negative budget,
+    batch or device size means nothing, and once printed negative bytes or an empty table)."""
+    def parse_positive(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}")
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text}: must be above 0")
+        return value
+
+    parse_positive.__name__ = f"positive {kind.__name__}"
+    return parse_positive

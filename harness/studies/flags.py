@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 from typing import Optional
+
+from ..config.command_line import positive
+from ..core.paths import CONF
 
 from ..parallel.tp.rules import TP_DEGREES  # torch-free, as is the theory's margin
 from ..theory.predict import FIT_MARGIN
@@ -14,20 +18,21 @@ def estimate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness estimate",
                                      description="Predict memory and communication for every backend at once, "
                                                  "without training. Other arguments are Hydra overrides.")
-    parser.add_argument("--params", type=float, help="a hypothetical parameter count (e.g. 7.5e9)")
-    parser.add_argument("--world", type=int, help="ranks in all (default: from parallelism)")
+    parser.add_argument("--params", type=positive(float), help="a hypothetical parameter count (e.g. 7.5e9)")
+    parser.add_argument("--world", type=positive(int), help="ranks in all (default: from parallelism)")
     parser.add_argument("--tp", default="all",
                         help="tensor-parallel degrees to search, comma-separated, or `all` (default: every one of "
                              f"{', '.join(map(str, TP_DEGREES))} the node, the model and the backend allow; "
                              "parallelism.tp=<n> pins one)")
-    parser.add_argument("--device-gib", type=float, help="device memory (GiB): say whether each backend's peak fits")
+    parser.add_argument("--device-gib", type=positive(float), help="device memory (GiB): say whether each backend's peak fits")
     parser.add_argument("--traced", action="store_true",
                         help="also trace each backend that can be traced on fake tensors at this shape (rank 0, the "
                              "real strategy code: harness/runtime/traced.py) and set its figures beside the theory "
                              "(~10 s to a few minutes a backend, two at a time)")
     parser.add_argument("--markdown", action="store_true",
                         help="print the mesh-by-mesh table as markdown (states, peak, bytes by link, step)")
-    parser.add_argument("--backends", help="comma-separated (default: every backend this shape runs)")
+    parser.add_argument("--backends", type=backend_names, help="comma-separated (default: every backend this shape "
+                        "runs)")
     parser.add_argument("--time", action="store_true",
                         help="also the time model's step time and tokens/s, at this machine's measured matmul and copy "
                              "rates (a calibration: about a second, or ~15 s for bf16 on a CPU without bf16 units)")
@@ -48,13 +53,14 @@ def advise_parser() -> argparse.ArgumentParser:
                                      description="Which strategy should I use for this model on this hardware? "
                                                  "Theory prunes, short real runs decide. Other arguments are "
                                                  "Hydra overrides (model=..., parallelism=...).")
-    parser.add_argument("--device-gib", type=float, help="device memory per rank (default: the GPU's, or on CPU "
-                                                         "the host's available memory over its ranks)")
-    parser.add_argument("--global-batch", type=int, help="sequences per optimizer step, held fixed")
-    parser.add_argument("--max-probes", type=int, default=12, help="real runs in all (default 12)")
+    parser.add_argument("--device-gib", type=positive(float), help="device memory per rank (default: the GPU's, or "
+                        "on CPU the host's available memory over its ranks)")
+    parser.add_argument("--global-batch", type=positive(int), help="sequences per optimizer step, held fixed")
+    parser.add_argument("--max-probes", type=positive(int), default=12, help="real runs in all (default 12)")
     parser.add_argument("--margin", type=float, default=FIT_MARGIN,
                         help=f"headroom theory must leave (default {FIT_MARGIN})")
-    parser.add_argument("--backends", help="comma-separated (default: every backend; the hybrid ones only when "
+    parser.add_argument("--backends", type=backend_names, help="comma-separated (default: every backend; the hybrid "
+                        "ones only when "
                                             "parallelism.nnodes > 1)")
     parser.add_argument("--ac-policies", default=",".join(ADVISE_POLICIES),
                         help="activation-checkpointing policies searched (train.activation_checkpointing; default "
@@ -77,14 +83,15 @@ def gpu_capacity_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backends", default=",".join(b[:5]),
                         help=f"comma-separated, run in this order (default: {','.join(b[:5])}; then "
                              f"{','.join(b[5:])} if time allows)")
-    parser.add_argument("--budget-s", type=float, default=540, help="start no probe that would end past this")
+    parser.add_argument("--budget-s", type=positive(float), default=540, help="start no probe that would end past this")
     parser.add_argument("--out", default="results/gpu", help="<out>/<device>/capacity.md")
-    parser.add_argument("--rungs", type=int, default=10, help="ladder rungs in 1.5x steps")
+    parser.add_argument("--rungs", type=positive(int), default=10, help="ladder rungs in 1.5x steps")
     parser.add_argument("--cpu", action="store_true", help="one CPU rank under --budget-mib (the CPU ladder)")
-    parser.add_argument("--budget-mib", type=float, help="--cpu: the emulated card (train.memory_budget_bytes)")
+    parser.add_argument("--budget-mib", type=positive(float),
+                        help="--cpu: the emulated card (train.memory_budget_bytes)")
     parser.add_argument("--predict-only", action="store_true", help="the theory's boundaries, no probe")
-    parser.add_argument("--card-gib", type=float, help="--predict-only: the card's memory (GiB)")
-    parser.add_argument("--host-gib", type=float, help="the host's RAM (GiB; default: this machine's)")
+    parser.add_argument("--card-gib", type=positive(float), help="--predict-only: the card's memory (GiB)")
+    parser.add_argument("--host-gib", type=positive(float), help="the host's RAM (GiB; default: this machine's)")
     parser.add_argument("--label", help="--predict-only: the card's name in the table")
     parser.add_argument("--no-reuse", action="store_true", help="probe again even where a finished probe is found")
     return parser
@@ -100,3 +107,15 @@ def gpu_capacity_problem(args) -> Optional[str]:
     if args.predict_only and not (args.card_gib or args.cpu):
         return "--predict-only needs --card-gib (or --cpu --budget-mib)"
     return None
+
+
+def backend_names(text: str) -> str:
+    """An argparse type: comma-separated backends of conf/backend/, refused in one line naming the nearest (read
+    off the folder, before any config is composed)."""
+    known = sorted(p.stem for p in (CONF / "backend").glob("*.yaml"))
+    for name in (b for b in text.split(",") if b):
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {near[0]}?" if near else f"known: {', '.join(known)}"
+            raise argparse.ArgumentTypeError(f"{name}: no such backend in conf/backend/; {hint}")
+    return text

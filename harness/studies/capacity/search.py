@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from ...config.command_line import parse
+from ...config.command_line import parse, positive
 from ...config.compose import compose, flat_backends
 from ...config.derive import world_size
 from ...core.paths import REPO
@@ -92,10 +92,10 @@ def write(rows: List[dict], out: Path, command: str, budget: int) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-mib", type=float, default=256)
+    parser.add_argument("--budget-mib", type=positive(float), default=256)
     parser.add_argument("--backends", default=",".join(flat_backends("cpu")),
                         help="comma-separated (default: every flat backend)")
-    parser.add_argument("--rungs", type=int, default=20, help="ladder rungs from 1e5 parameters in 1.5x steps")
+    parser.add_argument("--rungs", type=positive(int), default=20, help="ladder rungs from 1e5 parameters in 1.5x steps")
     parser.add_argument("--micro-batch", action="store_true", help="search micro-batch 1..512 for the given model")
     parser.add_argument("--out", default="results/capacity")
     args, common = parse("capacity", parser, argv)

@@ -38,8 +38,13 @@ def export(directory: Path, out: Path) -> Path:
     """Write the checkpoint at `directory` as a Hugging Face directory at `out`; return `out`."""
     from ...runtime import models
 
-    marker = read_marker(directory) if is_complete(directory) else {}
-    cfg = compose([f"model={marker.get('model', '?')}"])
+    if not Path(directory).is_dir():
+        raise ConfigError(f"{directory}: no such directory; give a run's checkpoints/step_<k> dir")
+    if not is_complete(directory):
+        raise ConfigError(f"{directory}: no complete checkpoint there (no complete.json: never saved there, or its "
+                          "save never finished); give a run's checkpoints/step_<k> dir that has one")
+    marker = read_marker(directory)
+    cfg = compose([f"model={marker['model']}"])
     if marker.get("workload", "full") != "full":
         raise ConfigError(f"{directory}: a {marker['workload']} checkpoint; export writes whole models only")
     state = weights(Path(directory))

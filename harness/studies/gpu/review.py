@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from ...config.command_line import flag_problem, quiet_parse, stray_problem
+from ...config.command_line import flag_problem, positive, quiet_parse, stray_problem
 from ...core.paths import REPO
 from ...core.rundir import write_json, write_text
 from ...core.spawn import command_argv
@@ -36,7 +36,7 @@ NEEDED = ("hydra", "omegaconf", "deepspeed", "pydantic")  # what the image lacks
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardbench gpu-review", description=__doc__.splitlines()[0])
-    p.add_argument("--budget-s", type=float, default=540, help="start no check that would end past this many "
+    p.add_argument("--budget-s", type=positive(float), default=540, help="start no check that would end past this many "
                    "seconds from the call's start, set-up included (default 540: a 10-minute call's command)")
     p.add_argument("--dry-run", action="store_true", help="print the queue and what is settled; run nothing")
     p.add_argument("--device", help="the device's results dir under results/gpu/ (default: this GPU's name; in a "

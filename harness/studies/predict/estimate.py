@@ -25,6 +25,7 @@ from typing import List
 
 from ...config import families, hf_models
 from ...config.compose import compose, compose_many
+from ...config import rules
 from ...config.rules import mesh_rules
 from ...parallel.tp.rules import TP_DEGREES, tensor_rules
 from ...config.derive import world_size
@@ -163,7 +164,9 @@ def main(argv: List[str] | None = None) -> int:
     parser = estimate_parser()
     args, overrides = parser.parse_known_args(argv)
     cfg = compose(overrides)
-    unsupported = hf_models.problems(cfg)  # a model the theory cannot cover: one line, not a KeyError
+    # a value out of range (a negative micro-batch printed negative bytes), then a model the theory cannot cover:
+    # one line, as train refuses them, not a table or a KeyError
+    unsupported = rules.value_rules(cfg) or hf_models.problems(cfg)
     if unsupported:
         raise ConfigError(unsupported[0])
     args.time = args.time or args.counted  # the counted step is set beside the roofline's

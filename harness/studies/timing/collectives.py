@@ -26,7 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ...config.command_line import parse
+from ...config.command_line import parse, positive
+from ...core.errors import ConfigError
 from ...config.compose import compose
 from ...config.derive import wandb_mode
 from ...core.paths import REPO
@@ -94,20 +95,29 @@ def _human(size: int) -> str:
     return f"{size} B"
 
 
+READS = ("parallelism=", "parallelism.nproc_per_node=", "parallelism.nnodes=", "parallelism.device=",
+         "parallelism.intra_node_gbps=", "parallelism.inter_node_gbps=", "dist.", "logger")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-mib", type=float, default=256)
+    parser.add_argument("--max-mib", type=positive(float), default=256)
     parser.add_argument("--out", default="results/collectives")
     parser.add_argument("--ranks-per-node", type=int, default=0,
                         help="take the ranks as nodes of this many and time the two levels too (0 = one node)")
     parser.add_argument("--iters", type=int, default=0,
                         help="timed iterations per size (0 = 50, fewer for buffers over 1 MiB, at least 3)")
     args, overrides = parse("collectives", parser, argv)
+    ignored = [o for o in overrides if not o.lstrip("+~").startswith(READS)]
+    if ignored:  # a degree or a model would change nothing here: say so rather than time as if it did
+        raise ConfigError(f"{ignored[0]}: collectives times each collective over whole ranks and reads only "
+                          "parallelism (its preset, nproc_per_node, nnodes, device), dist. and logger.")
     cfg = compose(overrides)
     out_dir = (REPO / args.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     par = cfg.parallelism
-    cmd = torchrun_cmd(cfg, out_dir, module=("harness.studies.timing.collectives_worker", str(out_dir), str(args.max_mib),
+    worker = "harness.studies.timing.collectives_worker"
+    cmd = torchrun_cmd(cfg, out_dir, module=(worker, str(out_dir), str(args.max_mib),
                                              par.device, str(args.ranks_per_node), str(args.iters)))
     proc = subprocess.run(cmd, cwd=REPO, env=rank_env(cfg))
     if proc.returncode != 0:
