@@ -335,3 +335,15 @@ def test_user_supplied_strings_are_text_in_report_html_never_markup(tmp_path):
     assert "<title>shardbench: sweep&lt;img" in dom and "<title>pwned</title>" not in dom, dom[:600]
     assert "<img src=\"x\"" not in dom and "<img src=x" not in dom and "<script>document" not in dom
     assert dom.count("&lt;img src=x onerror=") >= 5  # each one shown, as text
+
+
+def test_wandb_history_carries_no_key_of_the_runs_summary(fp32_runs):
+    """W&B's runs table shows each summary key's last history row unless the summary set it last: a history that
+    logs none of the summary's keys cannot replace the run's figures (issue 74: the last step's tokens/s did)."""
+    from harness.core.rundir import RunDir
+    from harness.runtime.sink import history_row
+
+    for summary, records, run_dir in fp32_runs.values():
+        history = {k for record in RunDir(run_dir).read_metrics() for k in history_row(record)}
+        assert history and "step/tokens_per_s" in history, run_dir
+        assert history.isdisjoint(summary["figures"]), sorted(history & set(summary["figures"]))
