@@ -26,9 +26,6 @@ class Axis:
     settings_key = ""  # where a run's settings.json records what `apply` ran ("": its name)
     searched = (1,)  # the degrees the estimator and the advisor try
 
-    def degree(self, cfg) -> int:
-        return int(cfg.parallelism[self.name])
-
     def rules(self, cfg) -> List[str]:
         """One line per thing this config cannot run on the axis ([] at degree 1)."""
         return []

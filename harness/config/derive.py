@@ -86,8 +86,9 @@ def jit_ops(cfg) -> list[str]:
 
 
 def identity(cfg) -> Identity:
+    mesh = mesh_of(cfg)
     return Identity(backend=cfg.backend.name, model=cfg.model.name, world_size=world_size(cfg),
-                    precision=cfg.train.precision, mesh=mesh_of(cfg).describe(), mesh_record=mesh_of(cfg).as_record())
+                    precision=cfg.train.precision, mesh=mesh.describe(), mesh_record=mesh.as_record())
 
 
 def mesh_tags(mesh) -> list:

@@ -33,6 +33,10 @@ INTRA, INTER = "intra_node", "inter_node"
 DIMENSIONS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outermost first: torchtitan's ParallelDims order
 
 
+class TensorOutsideNode(ConfigError):
+    """tp does not divide the ranks of a node: the one refusal the rules word with the node's divisors."""
+
+
 class DPRequest(NamedTuple):
     """What a backend asks of the data-parallel ranks (Family.mesh_request): the ranks a parameter is sharded
     over (None = every data-parallel rank, 0 = the data-parallel ranks of one node, n = n) and the smaller group
@@ -57,8 +61,8 @@ class Mesh:
     def __post_init__(self):
         world = self.per_node * self.nodes
         if self.tp >= 1 and self.per_node % self.tp:
-            raise ConfigError(f"tp={self.tp}: must divide the {self.per_node} ranks of a node (tensor parallelism "
-                              "stays inside a node)")
+            raise TensorOutsideNode(f"tp={self.tp}: must divide the {self.per_node} ranks of a node (tensor "
+                                    "parallelism stays inside a node)")
         if min(self.per_node, self.nodes, self.pp, self.dp_replicate, self.cp, self.tp) < 1 or self.dp_shard < 0:
             raise ConfigError(f"mesh: every degree must be at least 1 ({self.describe_table()})")
         others = self.pp * self.dp_replicate * self.cp * self.tp

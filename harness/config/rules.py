@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..core.errors import ConfigError
 from . import (axes, data_check, derive, families, finetune_check, float8_check, hf_models, master_weights_check, recompute,
                resume_check, schema)
-from .mesh import mesh_of
+from .mesh import TensorOutsideNode, mesh_of
 from .schema import CHOICES
 
 __all__ = ["ConfigError", "check", "problems", "output_problems"]
@@ -216,11 +216,11 @@ def mesh_rules(cfg) -> List[str]:
         return []  # an unknown family is backend_rules' to say
     try:
         mesh_of(cfg)
-    except ConfigError as err:
+    except TensorOutsideNode as err:
         per_node = cfg.parallelism.nproc_per_node
-        if str(err).startswith("tp="):
-            divisors = ", ".join(str(d) for d in range(1, per_node + 1) if per_node % d == 0)
-            return [f"parallelism.{err}; use one of {divisors} (the divisors of parallelism.nproc_per_node)"]
+        divisors = ", ".join(str(d) for d in range(1, per_node + 1) if per_node % d == 0)
+        return [f"parallelism.{err}; use one of {divisors} (the divisors of parallelism.nproc_per_node)"]
+    except ConfigError as err:
         return [f"parallelism: {err}"]
     return []
 

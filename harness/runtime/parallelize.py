@@ -1,5 +1,5 @@
-"""The one order in which a model is parallelised inside a rank, written once for every family that wraps a torch
-module itself (FSDP2, FSDP1, DDP), as torchtitan's parallelize_llama writes it: the parallel axes of the mesh
+"""The one order in which a model is parallelised inside a rank, written once for the families that wrap a torch
+module themselves and compose with the axes (FSDP2, DDP; FSDP1 composes with none), as torchtitan's parallelize_llama writes it: the parallel axes of the mesh
 first, innermost first (tensor parallelism: config/axes.py, parallel/<axis>/), then float8 (torchao converts the
 axes' shards), then the family's own steps: its dtype, compile and wrapper (fully_shard, DDP or replicate), whose
 scope is the family's (Family.compile_scope) and stays in its setup. Activation checkpointing is applied when the
@@ -27,9 +27,19 @@ def parallelize(strategy, model) -> None:
     strategy.apply_float8(model)
 
 
+def step_context(strategy, active) -> ContextManager:
+    """Every axis of `active` (the strategy's, found once) around the loss and its backward: entered every
+    micro-batch, so nothing is looked up here and no axis costs a plain context."""
+    if not active:
+        return contextlib.nullcontext()
+    if len(active) == 1:
+        return active[0].step_context(strategy)
+    return _every(strategy, active)
+
+
 @contextlib.contextmanager
-def step_context(strategy) -> ContextManager:
+def _every(strategy, active):
     with contextlib.ExitStack() as stack:
-        for axis in axes.active(strategy.mesh):
+        for axis in active:
             stack.enter_context(axis.step_context(strategy))
         yield

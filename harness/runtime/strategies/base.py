@@ -84,6 +84,7 @@ class Strategy(ABC):
         self.mesh = mesh_of(cfg, world_size)
         self._meshes = None
         self._dp_group = None
+        self._active_axes = None  # the mesh's parallel axes above degree 1 (config/axes.py), found on first use
         self.params = params  # the model's parameter count (sizes the default buckets)
         self.precision = cfg.train.precision
         self.dtype = DTYPES[self.precision]
@@ -158,7 +159,11 @@ class Strategy(ABC):
         (runtime/parallelize.py; torch's loss_parallel() where the logits stay sharded on the vocabulary)."""
         from ..parallelize import step_context
 
-        return step_context(self)
+        if self._active_axes is None:  # the registry is asked once, not every micro-batch
+            from ...config import axes
+
+            self._active_axes = axes.active(self.mesh)
+        return step_context(self, self._active_axes)
 
     def axis_implementation(self, name: str) -> str:
         """Whose implementation of parallel axis `name` this family runs (Family.axes: "torch", "autotp")."""
