@@ -31,6 +31,8 @@ COMMANDS: Dict[str, Command] = {
                      "`shardbench train backend=fsdp model=small_llama`"),
     "report": Command("harness.reporting.sweep_report:main",
                       "rebuild a sweep's tables, report and plots from its run dirs"),
+    "dashboard": Command("harness.reporting.dashboard:main", "create a sweep's W&B Report and workspace from its "
+                         "dashboard.json (after `wandb sync` for an offline sweep)"),
     # which strategy: the advisor (studies/advise/)
     "advise": Command("harness.studies.advise.answer:main", "which strategy should I use for this model on this "
                       "hardware? theory prunes, short real runs decide", check="harness.studies.flags:advise_parser"),

@@ -90,7 +90,10 @@ def fp32_launch(tmp_path_factory, llama_checkpoint) -> dict:
     pretrained = ("model.init=meta", f"model.pretrained_path={llama_checkpoint}")
 
     def resumed(backend: str) -> tuple:
-        return (*FINETUNE, *pretrained, *cheap(resume_from(root / "sweeps" / "fp32" / f"backend={backend}")))
+        # three of them log to W&B offline, as a user's sweep does: tests/test_report.py reads them back
+        wandb = ("logger=wandb", "logger.mode=offline") if backend in WANDB_BACKENDS else ()
+        return (*FINETUNE, *pretrained, *cheap(resume_from(root / "sweeps" / "fp32" / f"backend={backend}")),
+                *wandb)
     return sweeps(root, {
         "fp32": (*FINETUNE, *pretrained,
                  "train.peak_by_kind=false",  # the bf16 sweep splits the peak by kind; this one replays allocations
@@ -111,6 +114,7 @@ def resumed_runs(fp32_launch) -> dict:
     return fp32_launch["resumed"]
 
 
+WANDB_BACKENDS = ("ddp", "fsdp", "ds_zero3")  # the trial: the three whose W&B rates disagreed with the report
 SAVED_AT = 3  # the fp32 sweep's checkpoint: the state after 3 of its 5 steps
 
 

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from conftest import REPO
-from harness.core.checkpoint_dirs import MARKER, step_dir
-from harness.core.spawn import train_command
+from harness.core.checkpoint_dirs import MARKER, latest, step_dir, step_of
+from harness.core.spawn import command_argv, train_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.drill]
 RUN = ("logger=none", "train.steps=6", "train.warmup_steps=1", "train.checkpoint_every=2", "train.measure_flops=false",
@@ -120,7 +120,7 @@ def test_a_truncated_or_altered_checkpoint_is_named_before_any_rank_loads_it_and
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["figures"]["checkpoint/resumed_from_step"] == 2
     passed = [n for n in summary["notes"] if "train.resume=auto passed over" in n]
-    assert len(passed) == 2 and all("resuming from step_0000002" in n for n in passed), summary["notes"]
+    assert len(passed) == 2 and f"train.resume=auto: resuming from {step_dir(checkpoints, 2)}" in summary["notes"]
     assert "step_0000006" in passed[0] and "truncated" in passed[0] and "altered" in passed[1]
 
 
@@ -147,3 +147,32 @@ def test_an_elastic_restart_goes_on_from_the_latest_checkpoint_records_itself_an
     assert sorted(losses(tmp_path / "restarted" / "restarts" / "1.metrics.jsonl")) == [3, 4]
     train("uninterrupted")
     assert restarted == losses(tmp_path / "uninterrupted" / "metrics.jsonl")
+
+
+def test_resume_auto_in_the_default_run_dir_goes_on_in_the_unfinished_run_and_says_so(tmp_path):
+    """After a run stopped, the line it prints says to add train.resume=auto. Without a named run dir, each run
+    gets a new timestamped one: auto must find the newest unfinished run of the same config, go on there from
+    its checkpoint, and say so in one line; with nothing to resume it says that too (issue 74)."""
+    base = ("backend=ddp", *RUN, f"paths.root={tmp_path}")
+
+    def train(*overrides):
+        return subprocess.run(command_argv("train", *base, *overrides), cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+
+    fresh = train("train.resume=auto", "train.steps=3", "train.checkpoint_every=3")  # another config: not resumed
+    assert fresh.returncode == 0 and "train.resume=auto: no unfinished run of this configuration" in fresh.stderr
+    killed = train("fault.kind=kill", "fault.step=4")
+    assert killed.returncode != 0
+    first = max((tmp_path / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    assert json.loads((first / "summary.json").read_text())["status"] == "failed"
+    kept = latest(first / "checkpoints")
+    auto = train("train.resume=auto", "train.checkpoint_keep=1")  # how many stay is not what the run is
+    assert auto.returncode == 0, auto.stderr[-1500:]
+    assert f"train.resume=auto: going on in {first}" in auto.stderr
+    assert f"train.resume=auto: resuming from {kept}" in auto.stderr, auto.stderr
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["figures"]["checkpoint/resumed_from_step"] == step_of(kept)
+    assert len(list((tmp_path / "runs").iterdir())) == 2  # no new dir for the resumed run
+    # train.checkpoint_keep=1: once step 6 was complete, the older ones went
+    assert [p.name for p in (first / "checkpoints").iterdir()] == ["step_0000006"]
+    assert summary["figures"]["checkpoint/deleted"] == step_of(kept) // 2

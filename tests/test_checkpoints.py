@@ -141,3 +141,26 @@ def test_loss_agreement_holds_each_fsdp1_run_to_its_fsdp2_twin(fp32_runs):
         assert 0 <= r["max_rel_diff"] <= 1e-4, r
     assert rows["backend=ddp"]["reference"] is None  # not paired: no comparison invented
     assert "| backend=fsdp1 | backend=fsdp |" in (sweep / "agreement.md").read_text()
+
+
+def test_checkpoint_keep_deletes_only_older_complete_saves_and_stale_partial_ones(tmp_path):
+    """train.checkpoint_keep=N (core/checkpoint_dirs.prune, called once a newer save's marker is written): the
+    newest N complete checkpoints stay; older complete ones and unfinished saves older than the oldest kept go;
+    an unfinished save newer than it (one being written) stays; 0 keeps every one."""
+    from harness.core.checkpoint_dirs import MARKER, latest, prune, step_dir
+
+    def save(step, complete=True):
+        step_dir(tmp_path, step).mkdir(parents=True)
+        (step_dir(tmp_path, step) / "model.bin").write_bytes(b"x" * 10)
+        if complete:
+            (step_dir(tmp_path, step) / MARKER).write_text("{}")
+
+    for step in (2, 4, 6, 8):
+        save(step)
+    save(3, complete=False)
+    save(10, complete=False)
+    assert prune(tmp_path, 0) == [] and len(list(tmp_path.iterdir())) == 6
+    deleted = prune(tmp_path, 2)
+    assert sorted(p.name for p in deleted) == ["step_0000002", "step_0000003", "step_0000004"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_0000006", "step_0000008", "step_0000010"]
+    assert latest(tmp_path) == step_dir(tmp_path, 8)

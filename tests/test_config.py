@@ -269,7 +269,7 @@ def test_the_preemption_signal_is_submitits_inside_a_slurm_job_and_a_requeue_res
     import signal
 
     from harness.core.preemption import signal_of
-    from harness.launcher.run import _comparable
+    from harness.launcher.resume import comparable as _comparable
     from harness.launcher.slurm import resumed
 
     assert signal_of("auto", {}) is None  # not a SLURM job: nothing will warn it
@@ -281,3 +281,39 @@ def test_the_preemption_signal_is_submitits_inside_a_slurm_job_and_a_requeue_res
     assert resumed(args) == (["backend=fsdp", "train.resume=auto"], *args[1:])
     # and a job requeued after its run finished ok finds it done: train.resume is how a run goes on, not what it is
     assert _comparable(make("train.resume=auto")) == _comparable(make())
+
+
+def test_resume_auto_finds_the_newest_unfinished_run_of_the_same_config_that_holds_a_checkpoint(tmp_path):
+    """What `train.resume=auto` goes on from in the default run dir (launcher/resume.py): runs that ended ok,
+    runs of another config and runs without a complete checkpoint are passed over; the newest other one wins."""
+    import json
+    import time
+
+    from harness.core.checkpoint_dirs import MARKER, step_dir
+    from harness.launcher.resume import comparable, unfinished_run
+
+    def run(name, cfg, status, checkpoint=True):
+        root = tmp_path / name
+        root.mkdir()
+        (root / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        if status:
+            (root / "summary.json").write_text(json.dumps({"status": status}))
+        if checkpoint:
+            step_dir(root / "checkpoints", 2).mkdir(parents=True)
+            (step_dir(root / "checkpoints", 2) / MARKER).write_text("{}")
+        time.sleep(0.01)  # the newest by modification time
+        return root
+
+    cfg, other = make("train.steps=6"), make("train.steps=7")
+    wanted = comparable(make("train.steps=6", "train.resume=auto"))
+    assert unfinished_run(tmp_path, wanted) is None
+    older = run("a", cfg, "interrupted")
+    run("b", cfg, "ok")
+    run("c", other, "failed")
+    faulted = OmegaConf.merge(cfg, {"fault": {"kind": "kill", "step": 4}})
+    run("d", cfg, None, checkpoint=False)
+    assert unfinished_run(tmp_path, wanted) == older
+    newer = run("e", cfg, None)  # stopped before it wrote a summary
+    assert unfinished_run(tmp_path, wanted) == newer
+    killed = run("f", faulted, "failed")  # a fault drill's run: the fault is how it ended, not what it trains
+    assert unfinished_run(tmp_path, wanted) == killed

@@ -347,3 +347,63 @@ def test_wandb_history_carries_no_key_of_the_runs_summary(fp32_runs):
         history = {k for record in RunDir(run_dir).read_metrics() for k in history_row(record)}
         assert history and "step/tokens_per_s" in history, run_dir
         assert history.isdisjoint(summary["figures"]), sorted(history & set(summary["figures"]))
+
+
+def test_a_sweeps_offline_wandb_runs_read_back_with_the_reports_figures(resumed_runs):
+    """What W&B's runs table will show once `wandb sync` uploads a sweep: each offline run's summary, replayed
+    from its .wandb file, holds every figure of the run's summary.json, equal; the per-step rate keeps its own
+    key; the run sits in the sweep's group as a `train` job (the dashboard's filter)."""
+    from conftest import WANDB_BACKENDS
+    from harness.reporting import wandb_offline
+
+    for backend in WANDB_BACKENDS:
+        summary, records, run_dir = resumed_runs[backend]
+        assert summary["status"] == "ok" and len(summary["figures"]) > 50, (backend, summary.get("reason"))
+        path = wandb_offline.run_file(run_dir)
+        shown = wandb_offline.summary(path)
+        differ = {k: (v, shown.get(k, "missing")) for k, v in summary["figures"].items() if shown.get(k, "missing") != v}
+        assert not differ, (backend, dict(list(differ.items())[:5]))
+        assert shown["step/tokens_per_s"] == records[-1]["throughput/tokens_per_s"]  # the last step, under its key
+        meta = wandb_offline.run_metadata(path)
+        assert (meta["group"], meta["job_type"]) == ("resumed", "train") and backend in meta["tags"], meta
+
+
+def test_a_sweeps_dashboard_spec_builds_a_valid_wandb_report_and_workspace(fp32_runs):
+    """Every sweep report writes dashboard.json: what `shardbench dashboard` (or the sweep's end, online) creates
+    in W&B. Built here offline into wandb-workspaces' own Report and Workspace, whose pydantic models validate
+    every panel and the run filter, and the workspace into the internal view W&B stores. Each chart reads a key
+    the sweep's runs logged: a bar a summary figure, a curve a history key."""
+    import json
+
+    from harness.reporting import dashboard
+    from harness.runtime.sink import history_row
+
+    spec = json.loads((sweep_dir(fp32_runs) / dashboard.SPEC_FILE).read_text())
+    assert spec["group"] == "fp32" and spec["verdict"] and spec["verdict"][0].startswith("Fastest")
+    figures = {k for s, _, _ in fp32_runs.values() for k in s["figures"]}
+    history = {k for _, records, _ in fp32_runs.values() for r in records for k in history_row(r)}
+    drawn = [k for bar in spec["bars"] for k in bar["metrics"]]
+    assert {"throughput/tokens_per_s", "flops/mfu_pct", "memory/device_peak_bytes_max",
+            "memory/device_peak_predicted_bytes", "comm/measured_intra_node_bytes_per_step"} <= set(drawn)
+    assert set(drawn) <= figures and {line["metric"] for line in spec["lines"]} <= history
+    report, workspace = dashboard.views(spec, entity="team")
+    grid = report.blocks[-1]
+    assert len(grid.panels) == len(spec["bars"]) + len(spec["lines"]) + 1 and "'fp32'" in grid.runsets[0].filters
+    view = dashboard.workspace_view(workspace)
+    sections = view["spec"]["section"]["panelBankConfig"]["sections"]
+    assert [s["name"] for s in sections] == ["Verdict", "Side by side", "Curves", "Settings that differ"]
+    assert sum(len(s["panels"]) for s in sections) == len(spec["bars"]) + len(spec["lines"]) + 2
+    filters = json.dumps(view["spec"]["section"]["runSets"][0]["filters"])
+    assert "fp32" in filters and "jobType" in filters, filters
+
+
+def test_a_runs_console_line_shows_its_peak_beside_the_theorys(fp32_runs):
+    """The line a run ends with: the measured peak, the predicted one and the gap, as report.md has them."""
+    from harness.core.records import one_line
+
+    summary, _, run_dir = fp32_runs["fsdp"]
+    f = summary["figures"]
+    line = one_line(summary, run_dir)
+    gap = 100 * (f["memory/peak_mem_bytes"] / f["memory/device_peak_predicted_bytes"] - 1)
+    assert (f"peak {f['memory/peak_mem_bytes'] / 2**20:,.2f} MiB (predicted "
+            f"{f['memory/device_peak_predicted_bytes'] / 2**20:,.2f} MiB, {gap:+.1f}%)") in line, line

@@ -97,9 +97,27 @@ def mesh_tags(mesh) -> list:
     return [f"{d}{n}" for d, n in mesh.degrees().items() if n > 1 and not d.startswith("dp")]
 
 
-def run_name(cfg) -> str:
+def shape_name(cfg) -> str:
+    """What a run trains, whatever the backend: model, ranks, axes above 1 and precision (`tiny_llama-n2-fp32`)."""
     axes = "".join(f"-{t}" for t in mesh_tags(mesh_of(cfg)))
-    return f"{cfg.backend.name}-{cfg.model.name}-n{world_size(cfg)}{axes}-{cfg.train.precision}"
+    return f"{cfg.model.name}-n{world_size(cfg)}{axes}-{cfg.train.precision}"
+
+
+def run_name(cfg) -> str:
+    return f"{cfg.backend.name}-{shape_name(cfg)}"
+
+
+def wandb_group(cfg) -> str:
+    """The W&B group a run joins: logger.group when set, else its sweep's name, else (a single run, whose sweep
+    is the default one) what it compares: model, ranks and axes, precision (run_name without the backend), so
+    that single runs of two backends on one shape sit side by side, apart from other shapes (issue 74)."""
+    from .schema import ADHOC_SWEEP
+
+    if cfg.logger.group:
+        return cfg.logger.group
+    if cfg.sweep.name != ADHOC_SWEEP:
+        return cfg.sweep.name
+    return f"single-{shape_name(cfg)}"
 
 
 def wandb_mode(requested: str) -> str:

@@ -29,11 +29,25 @@ def problems(cfg) -> List[str]:
                    "train.checkpoint_every=<steps>")
     if t.checkpoint_async and family.async_save_refusal:
         out.append(f"train.checkpoint_async=true: {family.async_save_refusal}; drop it for {cfg.backend.name}")
+    if t.checkpoint_keep < 0:
+        out.append(f"train.checkpoint_keep={t.checkpoint_keep}: must be 0 (keep every checkpoint) or the number of "
+                   "newest checkpoints to keep")
     if signal_problem := preemption.problem(t.preempt_signal):
         out.append(signal_problem)
     if t.resume not in RESUME_WORDS:
         out += resume_problems(cfg, Path(t.resume))
     return out
+
+
+def notes(cfg) -> List[str]:
+    """What a valid checkpointing setting should still say: that it saves nothing."""
+    t = cfg.train
+    if t.checkpoint_every > t.steps:
+        return [f"train.checkpoint_every={t.checkpoint_every} is above train.steps={t.steps}: this run saves no "
+                "checkpoint"]
+    if t.checkpoint_keep and not t.checkpoint_every:
+        return [f"train.checkpoint_keep={t.checkpoint_keep}: nothing is saved (train.checkpoint_every=0)"]
+    return []
 
 
 def resume_problems(cfg, path: Path, check_files: bool = True) -> List[str]:

@@ -179,7 +179,7 @@ def notes(cfg) -> List[str]:
         out.append(f"backend={cfg.backend.name} groups ranks by node; on one node its node-sized groups are the "
                    "whole world, and it gains nothing over its flat form; set parallelism.nnodes>1 (2 emulated "
                    "nodes: parallelism.nnodes=2 parallelism.nproc_per_node=2)")
-    return out
+    return out + resume_check.notes(cfg)
 
 
 def batch_rules(cfg) -> List[str]:

@@ -197,6 +197,9 @@ class TrainConfig:
     # DCP's asynchronous save (DDP, FSDP2): the state is staged on the host, then written by a thread while
     # training goes on. DeepSpeed saves synchronously here: its asynchronous engines need CUDA
     checkpoint_async: bool = False
+    # keep only the newest this many complete checkpoints of the run (an older one is deleted once a newer save is
+    # complete, marker written: runtime/train_state.py); 0 = keep every one. At 70B a checkpoint is ~850 GB
+    checkpoint_keep: int = 0
     # never | auto (the latest complete checkpoint in this run's dir, if any: a re-run after a crash or a
     # preemption goes on from it) | fresh (train from step 0 in a run dir that holds checkpoints: they move to
     # attempts/<n>/ first) | the path of a checkpoint (checkpoints/step_<k> of any run). With never, a run dir that

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -84,6 +85,23 @@ def latest_intact(root: Path) -> Tuple[Optional[Path], List[Tuple[Path, str]]]:
             return path, skipped
         skipped.append((path, problem))
     return None, skipped
+
+
+def prune(root: Path, keep: int) -> List[Path]:
+    """Delete the complete checkpoints under `root` older than its newest `keep` (0: none), and any unfinished
+    save older than the oldest one kept; the deleted dirs. A complete one loses its marker first, so that a
+    deletion cut short leaves an incomplete save, which no resume takes."""
+    if keep <= 0:
+        return []
+    complete = [p for p in saves(root) if is_complete(p)]
+    if not complete:
+        return []
+    oldest_kept = step_of(complete[min(keep, len(complete)) - 1])
+    doomed = complete[keep:] + [p for p in saves(root) if not is_complete(p) and step_of(p) < oldest_kept]
+    for path in doomed:
+        (path / MARKER).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
 
 
 def bytes_on_disk(path: Path) -> int:

@@ -202,6 +202,9 @@ def one_line(summary: dict, run_dir: Path, peak_note: Optional[str] = None) -> s
     loss_text = f"{loss:.4f}" if loss is not None else f"non-finite ({f.get('loss/nonfinite_steps')} steps)"
     peak = f.get("memory/peak_mem_bytes")  # absent on CPU under train.profile_memory=false
     peak_text = "not measured" if peak is None else f"{peak / 2**20:,.2f} MiB"
+    predicted = f.get("memory/device_peak_predicted_bytes")  # the theory's figure beside it (theory/memory.py)
+    if peak is not None and predicted:
+        peak_text += f" (predicted {predicted / 2**20:,.2f} MiB, {100 * (peak / predicted - 1):+.1f}%)"
     peak_text += f" ({peak_note})" if peak_note else ""
     return (f"[ok] {summary['backend']} {summary['model']} x{summary['world_size']} {summary['precision']}: "
             f"{f['throughput/tokens_per_s']:.0f} tok/s, p50 step {f['throughput/step_time_p50_s'] * 1e3:.1f} ms, "

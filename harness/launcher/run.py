@@ -24,16 +24,8 @@ from ..reporting.memory_story import dominant_overhead
 from .environment import environment
 from .nodes import follow, node_rank, owner_lock
 from .ops import ensure_ops
+from .resume import comparable
 from .torchrun import Preemption, launch, rank_env
-
-
-def _comparable(cfg) -> dict:
-    """The config that says what a run is: not `force`, nor `train.resume` (how it goes on: a SLURM job requeued
-    after its run ended finds it done)."""
-    out = OmegaConf.to_container(cfg, resolve=True)
-    out.pop("force", None)
-    out["train"].pop("resume", None)
-    return out
 
 
 def already_done(run_dir: RunDir, cfg) -> dict | None:
@@ -47,7 +39,7 @@ def already_done(run_dir: RunDir, cfg) -> dict | None:
         earlier = OmegaConf.load(run_dir.config)
     except Exception:  # noqa: BLE001 - an unreadable config means: run again
         return None
-    return summary if _comparable(earlier) == _comparable(cfg) else None
+    return summary if comparable(earlier) == comparable(cfg) else None
 
 
 def sweep_position(hc) -> str:
@@ -90,9 +82,10 @@ def resolve_auto(cfg, run_dir: RunDir) -> list[str]:
     chosen, skipped = latest_intact(run_dir.checkpoints)
     write_json(run_dir.root / RESOLVED, {"path": str(chosen) if chosen else None,
                                          "skipped": [{"path": str(p), "problem": why} for p, why in skipped]})
-    return [f"train.resume=auto passed over {p.name}: {why}; "
-            + (f"resuming from {chosen.name}" if chosen else "no intact checkpoint is left, so training starts at "
-               "step 0") for p, why in skipped]
+    said = (f"train.resume=auto: resuming from {chosen}" if chosen else
+            f"train.resume=auto: nothing to resume in {run_dir.checkpoints} (no intact checkpoint): training from "
+            "step 0")
+    return [f"train.resume=auto passed over {p.name}: {why}" for p, why in skipped] + [said]
 
 
 def refuse(cfg, run_dir: RunDir, reason: str, in_sweep: bool) -> dict:
@@ -217,12 +210,15 @@ def command(hydra_main) -> None:
     """`python -m harness train`: the command line's overrides checked before Hydra (whose own errors run to
     7-15 lines), then Hydra's main; Ctrl-C ends with the line that says how to resume."""
     from ..config import overrides
-    from ..config.command_line import flag_problem
+    from ..config.command_line import CHECK_ONLY, flag_problem
 
     mistake = flag_problem(overrides.hydra_flags(), sys.argv[1:]) or overrides.problem(sys.argv[1:])
     if mistake:
         print(f"shardbench: invalid config: {mistake}", file=sys.stderr)
         sys.exit(2)
+    if os.environ.get(CHECK_ONLY):  # as every command does: the line checked, nothing run (it trained before)
+        print(f"shardbench train: the command line checks ({CHECK_ONLY} is set: nothing run)")
+        sys.exit(0)
     try:
         hydra_main()
     except KeyboardInterrupt:

@@ -11,10 +11,12 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from ..config.compose import options
+from ..config.derive import wandb_mode
 from ..config.rules import output_problems
 from ..config.schema import ADHOC_SWEEP, MAX_DIRNAME
 from ..core.rundir import SWEEP_JOBS_FILE, wandb_sync_hint, write_text
-from ..reporting import sweep_report
+from ..reporting import dashboard, sweep_report
+from .resume import redirect_to_unfinished
 
 
 
@@ -109,8 +111,9 @@ class SweepTable(Callback):
     """The harness's Hydra callback: checks the output dir before Hydra creates it; tables and report at the end."""
 
     def on_run_start(self, config, **kwargs) -> None:
-        refuse_bad_output(config.paths, config.hydra.run.dir)
         refuse_invalid(config)
+        redirect_to_unfinished(config)  # train.resume=auto in the default run dir: the unfinished run's dir
+        refuse_bad_output(config.paths, config.hydra.run.dir)
 
     def on_multirun_start(self, config, **kwargs) -> None:
         name_adhoc_sweep(config)
@@ -130,6 +133,8 @@ class SweepTable(Callback):
                   f"`make report SWEEP={sweep_dir}` rebuilds them", file=sys.stderr)
             return
         sweep_report.log_to_wandb(config, sweep_dir, rows)
+        if wandb_mode(config.logger.mode) == "online":  # offline: `shardbench dashboard` after `wandb sync`
+            dashboard.save_quietly(sweep_dir)
         hint = wandb_sync_hint(sweep_dir)
         if hint:
             print(f"shardbench: {hint}", flush=True)

@@ -2,6 +2,8 @@
 the bytes (the family's checkpoint_bytes: theory/checkpoint_bytes.py for DCP).
 
     checkpoint/saves                          how many checkpoints the run completed
+    checkpoint/deleted                        train.checkpoint_keep=N: how many older checkpoints the run deleted,
+                                              each once a newer save was complete
     checkpoint/save_blocking_s                the median save's seconds during which training waited (the slowest
                                               rank's); checkpoint/save_total_s until its files were written. They
                                               differ for DCP's asynchronous save, which writes in a thread
@@ -32,6 +34,7 @@ def checkpoint(cfg, ranks: List[RankReport]) -> Dict[str, float]:
         predicted = families.of(cfg.backend).checkpoint_bytes(cfg.backend, shape_of(cfg, None, ranks[0].params))
         out.update({
             "checkpoint/saves": len(saves[0]),
+            "checkpoint/deleted": sum(len(s.get("deleted") or []) for s in saves[0]),
             "checkpoint/save_blocking_s": statistics.median(slowest("blocking_s")),
             "checkpoint/save_total_s": statistics.median(slowest("total_s")),
             "checkpoint/save_host_added_bytes": max(s["save_host_added_bytes"] for rank in saves for s in rank),

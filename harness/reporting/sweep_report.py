@@ -12,7 +12,7 @@ from typing import Dict, List, Optional
 
 from ..config.command_line import parse
 from ..config.derive import wandb_mode
-from . import html_report
+from . import dashboard, html_report
 from .collect import collect
 from .tables import print_table, write_tables
 
@@ -23,8 +23,10 @@ def build(sweep_dir: Path) -> List[dict]:
     write_tables(Path(sweep_dir), rows)
     print_table(rows)
     table = html_report.build(Path(sweep_dir), rows)
+    dashboard.write(Path(sweep_dir), rows, table.verdict)
     print("\n".join(table.verdict))
-    print(f"wrote {sweep_dir}/summary.csv, summary.md, report.md, report.html and plots/")
+    print(f"wrote {sweep_dir}/summary.csv, summary.md, report.md, report.html, plots/ and {dashboard.SPEC_FILE} "
+          "(its W&B Report and workspace: shardbench dashboard)")
     return rows
 
 

@@ -12,7 +12,7 @@ import sys
 
 from omegaconf import OmegaConf
 
-from ..config.derive import mesh_tags, run_name, wandb_mode, world_size
+from ..config.derive import mesh_tags, run_name, wandb_group, wandb_mode, world_size
 from ..config.mesh import mesh_of
 from ..core.rundir import RunDir, json_safe
 from ..core.waiting import announced
@@ -54,7 +54,8 @@ class Sink(NullSink):
         return wandb.init(
             project=cfg.logger.project,
             entity=cfg.logger.entity,
-            group=cfg.logger.group or cfg.sweep.name,
+            group=wandb_group(cfg),
+            job_type="train",  # a sweep's dashboard shows these, not its summary run (reporting/dashboard.py)
             name=run_name(cfg),
             tags=[cfg.backend.name, cfg.model.name, cfg.train.precision,
                   f"world{world_size(cfg)}", *mesh_tags(mesh_of(cfg)),

@@ -33,7 +33,7 @@ from typing import Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from ..core.checkpoint_dirs import MARKER, bytes_on_disk, manifest, read_marker, step_dir
+from ..core.checkpoint_dirs import MARKER, bytes_on_disk, manifest, prune, read_marker, step_dir
 from ..core.rundir import write_json
 from . import probes
 from .errors import DiskFullWhileSaving, Preempted
@@ -76,6 +76,7 @@ class Checkpointer:
     rank_files: Callable[[Path, int], list]  # the files a rank's save writes (its family's checkpoint_files)
     in_save: Callable[[int], None] = lambda step: None
     preempt_signal: Optional[signal.Signals] = None  # train.preempt_signal, resolved; None = not armed
+    keep: int = 0  # train.checkpoint_keep: the newest complete checkpoints kept; 0 = every one
     saves: List[dict] = field(default_factory=list)
     resumed: Optional[dict] = None
     window_peak: int = 0
@@ -191,4 +192,6 @@ class Checkpointer:
             record["checksum_s"] = time.perf_counter() - hashed
             write_json(Path(record["path"]) / MARKER, {**self.identity, "world": dist.get_world_size(), **record,
                                                       "files": files})
+            # only now, with the newer save complete, may an older one go
+            record["deleted"] = [str(p) for p in prune(self.root, self.keep)]
         self.saves.append(record)

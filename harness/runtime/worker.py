@@ -118,7 +118,8 @@ def checkpointer_for(cfg, run_dir: RunDir, strategy, rank: int) -> train_state.C
     checkpointer = train_state.Checkpointer(strategy, run_dir.checkpoints, t.checkpoint_every, t.checkpoint_async,
                                             identity, family.checkpoint_files,
                                             in_save=faults.in_save(cfg, rank, run_dir),
-                                            preempt_signal=preemption.signal_of(t.preempt_signal))
+                                            preempt_signal=preemption.signal_of(t.preempt_signal),
+                                            keep=t.checkpoint_keep)
     restarted = elastic.restart_count() > 0  # torchelastic restarted the group: the latest intact checkpoint
     path = elastic.checkpoint_to_resume(run_dir) if restarted else to_resume(t.resume, run_dir.checkpoints)
     found = (resume_check.resume_problems(cfg, path, check_files=False)  # the parent chose it intact: resume.json
