@@ -9,6 +9,11 @@ ARGS ?=
 # on one worker, one at a time) ran in 280 s against 296 s back to back on this 2-core machine on 2026-11-27: the
 # launches are the critical path, slowed by the other worker, and the memory checks run beside it (docs/commands.md)
 JOBS ?= 0
+# where the studies write: results/local/ (ignored by git) unless SNAPSHOT=1, which writes the committed results/,
+# a change to commit on purpose (harness/core/paths.results_dir; `shardbench <command> --snapshot` alone)
+SNAPSHOT ?=
+export SHARDBENCH_SNAPSHOT := $(SNAPSHOT)
+RESULTS := results$(if $(filter-out 0,$(SNAPSHOT)),,/local)
 # DeepSpeed's JIT ops, built once per clone (~2 min for both, measured 115 s) and reused by every run and test
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
@@ -18,6 +23,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 	@echo "  backends (backend=<name>, conf/backend/): $$(ls conf/backend | sed 's/\.yaml$$//' | tr '\n' ' ')"
+	@echo "  the studies write results/local/<study>/ (ignored by git); SNAPSHOT=1 writes the committed results/ (and experiments/published/README.md), to commit on purpose"
 	@echo "  hybrid ones (fsdp_hsdp, fsdp_partial, ds_zeropp) group ranks by node and gain nothing over their flat form on one: run them with parallelism.nnodes>1"
 
 install: $(STAMP) ## create .venv with the pinned CPU stack (torch 2.13.0 CPU; never the CUDA build)
@@ -66,10 +72,10 @@ advise: install warm ## which strategy? theory prunes, real runs decide: make ad
 memory-check: install warm ## the memory model against measured peaks: every backend x model x precision x checkpointing policy, one launch; a states-dominated shape at 4 ranks and at 2; an activation-dominated one (the policies apart); the same matrix at dp 2 x tp 2 -> results/memory_check/
 	$(PY) -m harness memory-check $(ARGS)
 	$(PY) -m harness memory-check --states-dominated --repeats 2
-	$(PY) -m harness memory-check --states-dominated --repeats 2 --out results/memory_check/states_dominated_2ranks parallelism.nproc_per_node=2
+	$(PY) -m harness memory-check --states-dominated --repeats 2 --out $(RESULTS)/memory_check/states_dominated_2ranks parallelism.nproc_per_node=2
 	$(PY) -m harness memory-check --activation-dominated --models tiny_llama,tiny_gpt2 --repeats 2
-	$(PY) -m harness memory-check --activation-dominated --backends ddp,fsdp,ds_zero2,ds_zero3 --models tiny_llama,tiny_gpt2 --repeats 2 --out results/memory_check/compiled train.compile=true
-	$(PY) -m harness memory-check --models tiny_llama,tiny_qwen2,tiny_mistral --out results/memory_check/tp parallelism.nproc_per_node=4 parallelism.tp=2
+	$(PY) -m harness memory-check --activation-dominated --backends ddp,fsdp,ds_zero2,ds_zero3 --models tiny_llama,tiny_gpt2 --repeats 2 --out $(RESULTS)/memory_check/compiled train.compile=true
+	$(PY) -m harness memory-check --models tiny_llama,tiny_qwen2,tiny_mistral --out $(RESULTS)/memory_check/tp parallelism.nproc_per_node=4 parallelism.tp=2
 
 scale-check: install warm ## 8-512 ranks on fake tensors: llama 1b-70b, FSDP2, bf16/fp32, ckpt off/on, and 2-D cells (tp 2-8), traced against theory -> results/scale_check/
 	$(PY) -m harness scale-check $(ARGS)
@@ -100,9 +106,11 @@ collectives: install ## all-reduce, reduce-scatter, all-gather, broadcast: time 
 
 finetune: install warm ## full fine-tuning vs LoRA, every backend, from a checkpoint written here first -> results/sweeps/finetune/
 	# the weights are not committed (only their index, config and pretrain.json are): write them when absent
-	compgen -G 'results/finetune/checkpoint/*.safetensors' >/dev/null || \
-	  $(PY) -m harness pretrain --out results/finetune/checkpoint model=small_llama
-	$(PY) -m harness train experiment=finetune $(ARGS)
+	# into results/local/ unless SNAPSHOT=1: its record differs in the 5th digit from run to run, and the committed
+	# one is the record of the committed results
+	compgen -G '$(RESULTS)/finetune/checkpoint/*.safetensors' >/dev/null || \
+	  $(PY) -m harness pretrain --out $(RESULTS)/finetune/checkpoint model=small_llama
+	$(PY) -m harness train experiment=finetune model.pretrained_path=$(CURDIR)/$(RESULTS)/finetune/checkpoint $(ARGS)
 
 # no install step: a GPU machine keeps its own CUDA torch (and, with no network, the wheels of the README's
 # "On a GPU machine"); GPU_PYTHON is the interpreter that has them

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
@@ -104,7 +105,9 @@ def resolve(ref: str) -> Callable:
 def usage() -> str:
     width = max(len(name) for name in COMMANDS)
     lines = ["usage: shardbench <command> [args]   (or python -m harness <command>; each command's own help: "
-             "shardbench <command> --help)", "", "commands:"]
+             "shardbench <command> --help)",
+             "A study writes to results/local/ (ignored by git) unless given --out; --snapshot writes the committed "
+             "results/ instead.", "", "commands:"]
     lines += [f"  {name:<{width}}  {row.summary}" for name, row in COMMANDS.items()]
     return "\n".join(lines)
 
@@ -112,8 +115,12 @@ def usage() -> str:
 def run(name: str, args: List[str]) -> int:
     """Run one command: its line checked first (torch not yet loaded), then its function, any refusal one line."""
     from harness.config.command_line import one_line, refuse_bad_input
+    from harness.core.paths import SNAPSHOT
 
     row = COMMANDS[name]
+    if "--snapshot" in args:  # every command: write the committed results/ (core/paths.results_dir), on purpose
+        args = [a for a in args if a != "--snapshot"]
+        os.environ[SNAPSHOT] = "1"
     sys.argv = [f"shardbench {name}", *args]  # as `python -m` would set it, named for the user's command
     if row.check:
         parser = resolve(row.check)()

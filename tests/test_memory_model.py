@@ -131,6 +131,7 @@ def test_estimate_cli_prints_every_backend_and_the_paper_figures(capsys):
     for figure in ("120.000", "31.406", "16.641", "1.875"):
         assert figure in out
     assert "step ms" not in out  # the time model only when asked: its calibration is seconds
+    assert "64 ranks (32 node(s) of 2)" in out  # --world's nodes, of the preset's ranks per node (it said 1 of 2)
 
 
 def test_estimate_prices_each_backends_step_with_the_time_model_when_asked(capsys):

@@ -8,6 +8,20 @@ REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
 
 
+SNAPSHOT = "SHARDBENCH_SNAPSHOT"  # set (shardbench <command> --snapshot, make <target> SNAPSHOT=1): write committed
+
+
+def snapshot() -> bool:
+    return os.environ.get(SNAPSHOT, "") not in ("", "0")
+
+
+def results_dir(*parts: str) -> Path:
+    """Where a study writes when not told (--out): results/local/<parts>, which git ignores, so that no command
+    rewrites a committed result by surprise; with --snapshot (make ... SNAPSHOT=1) the committed results/<parts>,
+    a change to commit on purpose, as `make demo-snapshot` is (issue 74)."""
+    return REPO / "results" / Path(*parts) if snapshot() else REPO / "results" / "local" / Path(*parts)
+
+
 def extensions_dir() -> str:
     """Where DeepSpeed's JIT ops live: TORCH_EXTENSIONS_DIR, else `.cache/torch_extensions` in the clone.
 

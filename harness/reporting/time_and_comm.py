@@ -131,10 +131,11 @@ def device_costs(record: dict, host: Optional[dict] = "file", tight: Optional[li
 
 
 def load_device_costs(cfg) -> Tuple[Optional[DeviceCosts], str]:
-    """This device's costs (results/device_costs/<device>.json under paths.root, else the repository's), or
-    None and why not: none measured, or measured on another machine."""
+    """This device's costs (device_costs/<device>.json under paths.root, else what `make device-costs` wrote in
+    results/local/, else the repository's committed results/), or None and why not: none measured, or measured on
+    another machine."""
     device = cfg.parallelism.device
-    for root in (Path(cfg.paths.root), REPO / "results"):
+    for root in (Path(cfg.paths.root), REPO / "results" / "local", REPO / "results"):
         path = root / "device_costs" / f"{device}.json"
         if path.exists():
             record = json.loads(path.read_text())

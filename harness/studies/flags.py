@@ -8,7 +8,7 @@ import difflib
 from typing import Optional
 
 from ..config.command_line import positive
-from ..core.paths import CONF
+from ..core.paths import CONF, results_dir
 
 from ..parallel.tp.rules import TP_DEGREES  # torch-free, as is the theory's margin
 from ..theory.predict import FIT_MARGIN
@@ -68,7 +68,8 @@ def advise_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="theory only: print the table and stop")
     parser.add_argument("--force", action="store_true", help="re-run probes that already have a result")
     parser.add_argument("--name", help="<out>/<name> (default: from the model, ranks, batch, budget)")
-    parser.add_argument("--out", default="results/advise", help="where the advice dirs go (default results/advise)")
+    parser.add_argument("--out", default=str(results_dir("advise")),
+                        help="where the advice dirs go (default results/local/advise; --snapshot: results/advise)")
     return parser
 
 

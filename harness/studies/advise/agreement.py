@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import List
 
 from ...config.command_line import parse
-from ...core.paths import REPO
+from ...core.paths import REPO, results_dir
 from ...core.rundir import write_text
 from .search import plan
 
@@ -49,8 +49,8 @@ def compare(advice: dict) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness advise-agreement", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--advice", default=str(REPO / "results" / "advise"))
-    ap.add_argument("--out", default=str(REPO / "results" / "advise" / "agreement.md"))
+    ap.add_argument("--advice", default=str(results_dir("advise")))
+    ap.add_argument("--out", default=str(results_dir("advise", "agreement.md")))
     args = parse("advise-agreement", ap, argv, takes_overrides=False)[0]
     rows = [compare(json.loads(path.read_text())) for path in sorted(Path(args.advice).glob("*/advice.json"))]
     n = len(rows)

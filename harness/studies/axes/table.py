@@ -23,7 +23,7 @@ import sys
 from typing import List
 
 from ...config.command_line import parse
-from ...core.paths import REPO
+from ...core.paths import REPO, results_dir
 from ...core.rundir import write_json, write_text
 from .rows import rows_of, render, run_dirs_under
 
@@ -31,7 +31,7 @@ from .rows import rows_of, render, run_dirs_under
 def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default="results/sweeps/axes", help="the sweep's run dirs")
-    parser.add_argument("--out", default="results/axes", help="writes axes.md and axes.json here")
+    parser.add_argument("--out", default=str(results_dir("axes")), help="writes axes.md and axes.json here")
     args = parse("axes", parser, argv, takes_overrides=False)[0]
     found = run_dirs_under(REPO / args.runs)
     if not found:

@@ -32,7 +32,7 @@ from typing import List
 
 from omegaconf import OmegaConf
 
-from ...core.paths import REPO
+from ...core.paths import REPO, results_dir
 from ...core.rundir import RunDir, write_json, write_text
 from ...launcher.torchrun import rank_env, torchrun_cmd
 from ...config.command_line import parse
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
                         help=f"comma-separated (default: {','.join(BACKENDS)}; accelerate_ddp: the harness's ddp "
                              "against accelerate's own loop)")
     parser.add_argument("--pairs", type=int, default=48, help="interleaved harness/independent pairs per backend")
-    parser.add_argument("--out", default="results/bench")
+    parser.add_argument("--out", default=str(results_dir("bench")))
     parser.add_argument("--launches", type=int, default=12,
                         help="launches a backend the pairs are split over (the interval holds their differences)")
     parser.add_argument("--processes", action="store_true",

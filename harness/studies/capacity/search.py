@@ -22,7 +22,7 @@ from typing import Dict, List
 from ...config.command_line import parse, positive
 from ...config.compose import compose, flat_backends
 from ...config.derive import world_size
-from ...core.paths import REPO
+from ...core.paths import REPO, results_dir
 from ...core.rundir import write_json, write_text
 from ...runtime.compiled_activations import counts_for
 from ...theory.predict import predict
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
                         help="comma-separated (default: every flat backend)")
     parser.add_argument("--rungs", type=positive(int), default=20, help="ladder rungs from 1e5 parameters in 1.5x steps")
     parser.add_argument("--micro-batch", action="store_true", help="search micro-batch 1..512 for the given model")
-    parser.add_argument("--out", default="results/capacity")
+    parser.add_argument("--out", default=str(results_dir("capacity")))
     args, common = parse("capacity", parser, argv)
     budget = int(args.budget_mib * 2**20)
     out = (REPO / args.out).resolve()

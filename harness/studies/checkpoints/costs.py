@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 
 from ...config.command_line import parse
 from ...config.compose import async_saving_backends, flat_backends
-from ...core.paths import REPO, extensions_dir
+from ...core.paths import REPO, extensions_dir, results_dir
 from ...core.rundir import write_text
 
 RUN = ["logger=none", "train.precision=fp32", "train.steps=6", "train.warmup_steps=1", "train.measure_flops=false",
@@ -103,7 +103,7 @@ def render(rows: List[dict], model: str) -> str:
 
 def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(REPO / "results" / "checkpoint"))
+    parser.add_argument("--out", default=str(results_dir("checkpoint")))
     parser.add_argument("--model", default="small_llama")
     args, extra = parse("checkpoint-costs", parser, argv)
     out = Path(args.out).resolve()

@@ -49,8 +49,11 @@ def write(cfg, out: Path, steps: int, shard_mib: float) -> dict:
     record = {"model": cfg.model.name, "params": sum(p.numel() for p in model.parameters()), "seed": seed,
               "steps": steps, "lr": 3e-3, "losses": losses, "files": sorted(p.name for p in out.iterdir()),
               "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    (out / "pretrain.json").write_text(json.dumps(record, indent=1) + "\n")
-    return record
+    path = out / "pretrain.json"
+    earlier = json.loads(path.read_text()) if path.is_file() else {}
+    if {k: v for k, v in earlier.items() if k != "written"} != {k: v for k, v in record.items() if k != "written"}:
+        path.write_text(json.dumps(record, indent=1) + "\n")  # the same record again (make finetune's, committed)
+    return record                                          # stays as it was: only its time would change
 
 
 def main(argv: List[str] | None = None) -> int:

@@ -30,7 +30,7 @@ from ...config.schema import FAULT_KINDS, SAVE_FAULT_KINDS
 # hang last: the re-run is interrupted while it waits. A save's faults need checkpoints: tests/test_checkpoint_drill.py
 # a straggler (slow) ends ok, with a note naming it: its drill is tests/test_stragglers.py
 KINDS = [k for k in FAULT_KINDS if k not in SAVE_FAULT_KINDS and k != "slow"]
-from ...core.paths import REPO
+from ...core.paths import REPO, results_dir
 from ...core.rundir import RunDir, read_json, write_json, write_text
 from .launcher_drill import concurrent_sweeps, race_and_sigkill
 from ...core.spawn import train_command
@@ -103,7 +103,7 @@ def launcher_rows(root: Path) -> List[dict]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--timeout-s", type=int, default=10, help="dist.timeout_s for the hung rank")
-    parser.add_argument("--out", default="results/faults")
+    parser.add_argument("--out", default=str(results_dir("faults")))
     parser.add_argument("--root", default="results/fault_drill", help="paths.root of the drill's runs (emptied)")
     args, extra = parse("fault-drill", parser, argv)
     root, out = Path(args.root).resolve(), Path(args.out)

@@ -35,7 +35,7 @@ from ...config.recompute import recompute_of
 from ...config.compose import flat_backends as all_backends
 from ...config.compose import compose_many
 from ...config.derive import world_size
-from ...core.paths import REPO
+from ...core.paths import REPO, results_dir
 from ...core.rundir import write_json, write_text
 from ...launcher.torchrun import die_with_parent, launch_config, rank_env, torchrun_cmd
 from ...runtime.compiled_activations import counts_for
@@ -252,7 +252,8 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--activation-dominated", action="store_true",
                         help="the matrix on ACTIVATION_DOMINATED (4 blocks, 4 x 512 tokens a rank): the policies apart")
     parser.add_argument("--out", default=None,
-                        help="default results/memory_check[/states_dominated or /activation_dominated]")
+                        help="default results/local/memory_check[/states_dominated or /activation_dominated] "
+                             "(--snapshot: results/memory_check...)")
     args, overrides = parse("memory-check", parser, argv)
     if not any(o.startswith("profile=") for o in overrides):
         overrides = ["profile=parity", *overrides]
@@ -268,8 +269,8 @@ def main(argv: List[str] | None = None) -> int:
         overrides = [*overrides, *(ACTIVATION_DOMINATED if args.activation_dominated else [])]
         cells = matrix(split(args.backends), split(args.models), split(args.precisions),
                        split(args.checkpointing))
-    default_out = "results/memory_check" + ("/states_dominated" if args.states_dominated else
-                                            "/activation_dominated" if args.activation_dominated else "")
+    default_out = results_dir("memory_check", *(["states_dominated"] if args.states_dominated else
+                                                ["activation_dominated"] if args.activation_dominated else []))
     out = (REPO / (args.out or default_out)).resolve()
     rows = run_cells(cells, overrides, args.repeats, out)
     command = "python -m harness memory-check " + " ".join(argv if argv is not None else sys.argv[1:])

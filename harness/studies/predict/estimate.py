@@ -1,7 +1,7 @@
 """Predict memory and communication for every backend at once, without training.
 
     python -m harness estimate model=llama_7b parallelism=gpu8 train.precision=bf16
-    python -m harness estimate --params 7.5e9 --world 64 train.precision=bf16   # a hypothetical model
+    python -m harness estimate --params 7.5e9 --world 64 parallelism=gpu8 train.precision=bf16   # a hypothetical model
     python -m harness estimate model=llama_7b parallelism=gpu8 --device-gib 80   # does each backend fit?
 
 Arguments other than the flags are Hydra overrides of the usual config (model, parallelism, train...).
@@ -29,6 +29,7 @@ from ...config import rules
 from ...config.rules import mesh_rules
 from ...parallel.tp.rules import TP_DEGREES, tensor_rules
 from ...config.derive import world_size
+from ...config.mesh import mesh_of
 from ...core.errors import ConfigError
 from ...theory import memory
 from ...theory.predict import FIT_MARGIN
@@ -181,8 +182,9 @@ def main(argv: List[str] | None = None) -> int:
         raise ConfigError(f"no backend runs this shape at the asked tensor-parallel degree(s): "
                           f"{(mesh_rules(trial) or tensor_rules(trial) or ['no rows'])[0]}")
     r = table[0]
+    mesh = mesh_of(cfg, args.world)  # --world's ranks as nodes of the preset's ranks per node (not the preset's)
     title = (f"{cfg.model.name if not args.params else 'Ψ=%.3g' % args.params}: {r['model_params']:,} params, "
-             f"{r['world']} ranks ({cfg.parallelism.nnodes} node(s) of {cfg.parallelism.nproc_per_node}), "
+             f"{r['world']} ranks ({mesh.nodes} node(s) of {mesh.per_node}), "
              f"{r['precision']}, profile {cfg.profile}, micro_batch {cfg.parallelism.micro_batch} x seq "
              f"{cfg.parallelism.seq_len}")
     if args.markdown:

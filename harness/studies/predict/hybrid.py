@@ -36,7 +36,7 @@ from typing import List, Tuple
 from ...config.command_line import parse
 from ...config import families
 from ...config.compose import backend_preset, compose, flat_backends, hybrid_backends
-from ...core.paths import REPO
+from ...core.paths import REPO, results_dir
 from ...core.rundir import write_text
 from ...core.spawn import command_argv
 
@@ -168,7 +168,7 @@ def render(measured: List[dict], theory: List[dict], rates_source: str = "") -> 
 
 def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(REPO / "results" / "hybrid"))
+    parser.add_argument("--out", default=str(results_dir("hybrid")))
     parser.add_argument("--skip-runs", action="store_true", help="only the predicted tables (seconds)")
     args, extra = parse("hybrid", parser, argv)
     out = Path(args.out)

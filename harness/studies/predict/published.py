@@ -26,7 +26,7 @@ import yaml
 
 from ...config.command_line import parse
 from ...config.derive import world_size
-from ...core.paths import REPO
+from ...core.paths import REPO, results_dir, snapshot
 from ...core.rundir import write_json, write_text
 from .counted_shapes import TIME_TARGET_PCT
 from .cards import CARDS, MEASURED_CARDS
@@ -216,17 +216,19 @@ def write(results: List[dict], out: Path, sources: Dict[str, str]) -> None:
     write_text(out / "published.md", "\n".join(["# Published runs against the theory", "", *lines, *cards, *sourced])
                + "\n")
     write_json(out / "published.json", {"rows": results, "cards": CARDS, "sources": sources})
-    if README.exists():
+    if README.exists():  # the committed README's table with --snapshot; else its copy beside published.md
         text = README.read_text()
         start, end = text.index(MARKERS[0]) + len(MARKERS[0]), text.index(MARKERS[1])
-        write_text(README, text[:start] + "\n" + "\n".join([*lines, *cards, *sourced]) + "\n" + text[end:])
+        write_text(README if snapshot() else out / "README.md",
+                   text[:start] + "\n" + "\n".join([*lines, *cards, *sourced]) + "\n" + text[end:])
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=str(ROWS),
                         help="the published rows (default experiments/published/rows.yaml)")
-    parser.add_argument("--out", default="results/published", help="where published.{md,json} go")
+    parser.add_argument("--out", default=str(results_dir("published")),
+                        help="where published.{md,json} go (and, without --snapshot, the README with its table)")
     args, _ = parse("published", parser, argv, takes_overrides=False)
     spec = yaml.safe_load(Path(args.rows).read_text())
     # the counted rows' replays run in processes of their own (studies/predict/counted_shapes.py), which this thread

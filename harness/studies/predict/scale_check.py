@@ -33,7 +33,7 @@ import sys
 from typing import List
 
 from ...config.command_line import parse
-from ...core.paths import REPO
+from ...core.paths import REPO, results_dir
 from ...core.rundir import write_json, write_text
 from .traced_cells import THRESHOLDS, gib_text, misses, pct_text, run_grid, traceable, world_overrides
 
@@ -123,7 +123,7 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="cells traced at once (one process each)")
     parser.add_argument("--fresh", action="store_true", help="trace every cell again")
     parser.add_argument("--report-only", action="store_true", help="write the table from the cells already traced")
-    parser.add_argument("--out", default="results/scale_check")
+    parser.add_argument("--out", default=str(results_dir("scale_check")))
     args, overrides = parse("scale-check", parser, argv)
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
     ok, others = traceable()

@@ -24,7 +24,7 @@ from typing import Dict, List
 
 from ...config.command_line import parse
 from ...config.compose import flat_backends
-from ...core.paths import REPO
+from ...core.paths import REPO, results_dir
 from ...core.rundir import write_json, write_text
 from ...launcher.cells import run_cells
 from .cells import PARTS, CELL, REPEATS, CALIBRATION_SHAPE, repeated, least_disturbed, compared, part_cells, calibrated_costs
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default="")
     ap.add_argument("--tolerance", type=float, default=30.0)
     ap.add_argument("--repeats", type=int, default=REPEATS)
-    ap.add_argument("--out", default=str(REPO / "results" / "time_check"))
+    ap.add_argument("--out", default=str(results_dir("time_check")))
     args, overrides = parse("time-check", ap, argv)
     costs = calibrated_costs(overrides, "time-check")
     if costs is None:

@@ -30,7 +30,7 @@ from ...config.command_line import parse, positive
 from ...core.errors import ConfigError
 from ...config.compose import compose
 from ...config.derive import wandb_mode
-from ...core.paths import REPO
+from ...core.paths import REPO, results_dir
 from ...core.rundir import write_text
 from ...launcher.torchrun import rank_env, torchrun_cmd
 from ...reporting.plots import pyplot
@@ -102,7 +102,7 @@ READS = ("parallelism=", "parallelism.nproc_per_node=", "parallelism.nnodes=", "
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-mib", type=positive(float), default=256)
-    parser.add_argument("--out", default="results/collectives")
+    parser.add_argument("--out", default=str(results_dir("collectives")))
     parser.add_argument("--ranks-per-node", type=int, default=0,
                         help="take the ranks as nodes of this many and time the two levels too (0 = one node)")
     parser.add_argument("--iters", type=int, default=0,

@@ -35,7 +35,7 @@ from typing import Dict, List
 
 from ...config.command_line import parse
 from ...config.compose import compose, flat_backends
-from ...core.paths import REPO
+from ...core.paths import REPO, results_dir
 from ...core.rundir import RunDir, write_json, write_text
 from ...launcher.cells import run_cells
 from ...launcher.torchrun import rank_env, torchrun_cmd
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-calibrate", action="store_true", help="keep the file's host costs; measure the rest")
     ap.add_argument("--cold-start-only", action="store_true",
                     help="measure the host's cold start (CPU) and keep the rest of the file as it is")
-    ap.add_argument("--out", default=str(REPO / "results" / "device_costs"))
+    ap.add_argument("--out", default=str(results_dir("device_costs")))
     args = parse("device-costs", ap, argv, takes_overrides=False)[0]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

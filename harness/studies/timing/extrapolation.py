@@ -29,7 +29,7 @@ from typing import Dict, List
 from ...config.command_line import parse
 from ...config.compose import compose, flat_backends
 from ...config.derive import world_size
-from ...core.paths import REPO
+from ...core.paths import REPO, results_dir
 from ...core.rundir import RunDir, write_json, write_text
 from ...launcher.cells import run_cells
 from ...launcher.replays import replay_work
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--targets", default=",".join(TARGETS))
     ap.add_argument("--repeats", type=int, default=REPEATS)
     ap.add_argument("--tolerance", type=float, default=30.0)
-    ap.add_argument("--out", default=str(REPO / "results" / "time_model"))
+    ap.add_argument("--out", default=str(results_dir("time_model")))
     args, overrides = parse("time-extrapolate", ap, argv)
     costs = calibrated_costs(overrides, "time-extrapolate")
     if costs is None:
