@@ -29,9 +29,6 @@ def problems(cfg) -> List[str]:
                    "train.checkpoint_every=<steps>")
     if t.checkpoint_async and family.async_save_refusal:
         out.append(f"train.checkpoint_async=true: {family.async_save_refusal}; drop it for {cfg.backend.name}")
-    if t.checkpoint_keep < 0:
-        out.append(f"train.checkpoint_keep={t.checkpoint_keep}: must be 0 (keep every checkpoint) or the number of "
-                   "newest checkpoints to keep")
     if signal_problem := preemption.problem(t.preempt_signal):
         out.append(signal_problem)
     if t.resume not in RESUME_WORDS:
