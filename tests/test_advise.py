@@ -206,7 +206,7 @@ def test_the_dry_run_says_why_micro_batch_1_peaks_above_micro_batch_4_at_one_glo
     from harness.studies.advise.answer import print_plan
 
     p = advise.plan(["model=llama3_8b", "parallelism=gpu8", "train.precision=bf16"], 80 * 2**30, 32, ["fsdp"], 0.1)
-    one, four = ({(c.micro_batch, c.tp, c.checkpointing): c for c in p.candidates}[(mb, 1, True)] for mb in (1, 4))
+    one, four = ({(c.micro_batch, c.axes["tp"], c.checkpointing): c for c in p.candidates}[(mb, 1, True)] for mb in (1, 4))
     assert one.grad_accum == 4 and four.grad_accum == 1 and one.predicted_peak_bytes > four.predicted_peak_bytes
     # the held fp32 gradients of this rank's tp-1 model: 4 bytes a parameter, the difference between the two
     assert abs(one.predicted_held_grads_bytes - 4 * 8_030_261_248) / (4 * 8_030_261_248) < 0.01
@@ -264,6 +264,7 @@ def test_a_probe_is_reused_only_for_the_same_config_code_and_device(tmp_path):
 def _race(tmp_path, monkeypatch, measured: dict):
     """A plan of two fitting candidates whose probes return `measured[run dir name]` = (tokens/s, p50 s, p90 s):
     the ranking logic on figures chosen to be close or far (the real probes: the drills above)."""
+    from harness.studies.advise import measure as probes
     from harness.studies.advise import search as advise
 
     def fake_probe(overrides, run_dir, reuse=True):
@@ -271,11 +272,11 @@ def _race(tmp_path, monkeypatch, measured: dict):
         return {"status": "ok", "figures": {"throughput/tokens_per_s": tps, "throughput/step_time_p50_s": p50,
                                             "throughput/step_time_p90_s": p90}}
 
-    monkeypatch.setattr(advise, "run_probe", fake_probe)
+    monkeypatch.setattr(probes, "run_probe", fake_probe)
     plan = advise.Plan([], 10**9, 0.1, 4, 2, "tiny_llama", "fp32", "cpu", "native")
     plan.candidates = [advise.Candidate(b, 1, 2, False, [f"backend={b}"], fits=True, predicted_step_s=0.01)
                        for b in ("ddp", "fsdp")]
-    advise.measure(plan, 4, tmp_path, force=False)
+    probes.measure(plan, 4, tmp_path, force=False)
     return plan
 
 

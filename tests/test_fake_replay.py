@@ -51,7 +51,7 @@ def test_a_rank_replayed_on_fake_tensors_counts_what_a_real_replay_counts(tmp_pa
 def test_what_fake_tensors_cannot_count_is_named_and_every_k_is_replayed_at_k_and_2k_blocks():
     assert counted_shapes.not_counted("fsdp") is None and counted_shapes.not_counted("fsdp_grad_op") is None
     assert "DeepSpeed" in counted_shapes.not_counted("ds_zero3")
-    assert "tensor parallelism" in counted_shapes.not_counted("fsdp", tp=8)
+    assert "tensor parallelism" in counted_shapes.not_counted("fsdp", {"tp": 8})
     assert "not yet held" in counted_shapes.not_counted("fsdp_offload")
     # every 2nd block checkpointed: 2 and 4 blocks differ by one checkpointed block and one kept, as the pattern
     # repeats; 1 and 2 would extend a kept block's work to every block

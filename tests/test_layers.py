@@ -249,3 +249,28 @@ def test_a_failed_row_keeps_the_models_size_when_no_rank_reported_it(tmp_path):
     write_json(run_dir.settings, {"workload": {"name": "full", "params": 125_248}})
     assert params_reached(run_dir, silent) == 125_248
     assert params_reached(run_dir, [RankOutcome(0, Status.FAILED, params=7), *silent]) == 7  # a rank's own count
+
+
+# a tensor-parallel degree, plan or style by its name in code (not in comments or prose)
+TP_NAMES = re.compile(r"^(tp|tps|TP_\w+|tensor_parallel\w*|\w+_tensor_parallel\w*|tensor_(?!peak|sizes)\w+|\w*tensor_plan"
+                      r"\w*|sequence_parallel|loss_parallel|Colwise\w*|Rowwise\w*|SequenceParallel|PrepareModule\w*|"
+                      r"tp_\w+|\w+_tp)$")
+
+
+def test_few_modules_outside_the_axis_package_name_tensor_parallelism():
+    """Tensor parallelism lives in harness/parallel/tp/ (and the backends that run it): everywhere else reaches
+    it through the axes' registry (config/axes.py). At most 10 modules outside them name it in code (issue 70:
+    43 files did), so that the next axis touches few files; docs/layout.md names the five that do."""
+    import io
+    import tokenize
+
+    naming = []
+    for name, path in modules().items():
+        if name.startswith(("harness.parallel", "harness.backends")):
+            continue
+        tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+        if any(t.type == tokenize.NAME and TP_NAMES.match(t.string) or t.type == tokenize.STRING
+               and re.fullmatch(r"[\"'](tp|parallelism\.tp=?)[\"']", t.string) for t in tokens):
+            naming.append(name)
+    assert len(naming) <= 10, sorted(naming)
+    assert "harness.config.axes" in naming  # the registry: what the test reads is really there

@@ -215,12 +215,12 @@ def test_the_estimator_and_the_advisor_search_the_mesh_and_say_where_the_bytes_g
     # block, and the FLOP count and the advisor's 72 candidates cost a tenth (4.4 s -> ~1 s of this test)
     base = ["model=llama_70b", "model.num_layers=8", "parallelism=gpu8", "parallelism.nnodes=8",
             "train.precision=bf16", "train.activation_checkpointing=full", "parallelism.micro_batch=1"]
-    rows = estimate.rows(base, names=["fsdp"], tps=[1, 2, 4, 8])
+    rows = estimate.rows(base, names=["fsdp"], asked={"tp": [1, 2, 4, 8]})
     assert [r["mesh"] for r in rows] == ["dp 64"] + [f"dp {64 // t} x tp {t} (SP, loss parallel)" for t in (2, 4, 8)]
     assert [r["comm_intra_node_bytes_per_step"] > 0 for r in rows] == [False, True, True, True]
     assert rows[-1]["comm_inter_node_bytes_per_step"] < rows[0]["comm_inter_node_bytes_per_step"] / 8
     plan = advise.plan(base[:-2], 80 * advise.GIB, None, ["fsdp", "ds_zero3"], 0.1)
-    assert {c.tp for c in plan.candidates} == {1, 2, 4, 8} and {c.mesh for c in plan.candidates if c.tp == 8} == {
+    assert {c.axes["tp"] for c in plan.candidates} == {1, 2, 4, 8} and {c.mesh for c in plan.candidates if c.axes["tp"] == 8} == {
         "dp 8 x tp 8 (SP, loss parallel)", "dp 8 x tp 8"}
     from harness.studies.advise.answer import predicted_choice
 

@@ -13,8 +13,9 @@ Adding an axis is the checklist in docs/layout.md ("Adding a parallel axis").
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
-from typing import ContextManager, Dict, List
+from typing import ContextManager, Dict, List, Optional, Sequence
 
 AXES: Dict[str, str] = {"tp": "harness.parallel.tp"}  # mesh dimension -> the package whose AXIS implements it
 
@@ -23,12 +24,18 @@ class Axis:
     """One parallel axis. The defaults are an axis that changes nothing: a degree of 1 everywhere."""
 
     name = ""  # its dimension of the mesh, and its degree's key: parallelism.<name>
+    title = ""  # in a sentence: "tensor parallelism"
     settings_key = ""  # where a run's settings.json records what `apply` ran ("": its name)
     searched = (1,)  # the degrees the estimator and the advisor try
 
     def rules(self, cfg) -> List[str]:
         """One line per thing this config cannot run on the axis ([] at degree 1)."""
         return []
+
+    def degree_rules(self, cfg) -> List[str]:
+        """What the degree itself cannot run (the model, the node, the family): the estimator's and the advisor's
+        search keeps the rest, which `rules` adds for a run (a choice the axis does not compose with yet)."""
+        return self.rules(cfg)
 
     def degrees(self, cfg, choices=None) -> List[int]:
         """The degrees among `choices` (its `searched` ones by default) this config can run."""
@@ -42,6 +49,17 @@ class Axis:
     def local_counts(self, counts: dict, implementation: str, degree: int) -> dict:
         """One rank's parameter counts once the axis has split the model: what the Shape's states are sized by."""
         return counts
+
+    def activation_splits(self, mesh) -> Dict[str, int]:
+        """What the axis divides one rank's activations by (theory/activations.py): `inner`, the heads' and the
+        MLP's columns; `between`, the norms and the residual stream between blocks; `logits`, the vocabulary."""
+        return {}
+
+    # why a step on the axis cannot be counted on fake tensors (studies/predict/counted_shapes.py); "" where it can
+    uncounted = ""
+    # whether the axis's collectives can run behind compute (the time model's overlap, theory/op_costs.py):
+    # tensor parallelism's sit between a block's matmuls, which wait for them
+    collectives_hide = True
 
     def collectives(self, backend, s) -> list:
         """The axis's own collectives of a step (theory/collective.Collective), each naming its mesh group."""
@@ -70,6 +88,61 @@ def active(mesh) -> List[Axis]:
     applies tensor parallelism before anything else)."""
     degrees = mesh.degrees()
     return [get(name) for name in sorted(AXES, key=lambda d: -list(degrees).index(d)) if degrees[name] > 1]
+
+
+def degree_keys() -> List[str]:
+    """Each axis's degree in the config: `parallelism.<name>`, a positive integer (config/rules.py)."""
+    return [f"parallelism.{name}" for name in AXES]
+
+
+def activation_splits(mesh) -> Dict[str, int]:
+    """What the active axes of `mesh` divide one rank's activations by, by kind (Axis.activation_splits)."""
+    out = {"inner": 1, "between": 1, "logits": 1}
+    for axis in active(mesh) if mesh is not None else ():
+        for kind, by in axis.activation_splits(mesh).items():
+            out[kind] *= by
+    return out
+
+
+def collectives_hide(mesh, group: str) -> bool:
+    """Whether a collective over `group` of `mesh` can run behind compute (an axis's group says; others can)."""
+    return group not in AXES or mesh.degrees().get(group, 1) == 1 or get(group).collectives_hide
+
+
+# -- the axes' degrees in a config, a mesh and a command line (the search itself: config/mesh_check.mesh_points)
+def pinned(overrides: Sequence[str]) -> Dict[str, int]:
+    """The axes whose degree the command line sets (`parallelism.<name>=<k>`): {name: degree}."""
+    out = {}
+    for override in overrides:
+        key, _, value = override.partition("=")
+        name = key[len("parallelism."):] if key.startswith("parallelism.") else ""
+        if name in AXES and value.isdigit():
+            out[name] = int(value)
+    return out
+
+
+def degrees_of(mesh) -> Dict[str, int]:
+    """Each axis's degree in `mesh`: {name: degree}, 1 where it is off."""
+    found = mesh.degrees()
+    return {name: found[name] for name in AXES}
+
+
+def with_degrees(cfg, degrees: Dict[str, int]):
+    """A copy of `cfg` at the axes' `degrees` (the others as they are)."""
+    out = copy.deepcopy(cfg)
+    for name, degree in degrees.items():
+        setattr(out.parallelism, name, degree)
+    return out
+
+
+def overrides_of(point: Dict[str, int], pinned_names=()) -> List[str]:
+    """The overrides that set `point` on a run: each degree above 1, and any the user pinned."""
+    return [f"parallelism.{n}={d}" for n, d in point.items() if d > 1 or n in pinned_names]
+
+
+def words(point: Dict[str, int]) -> str:
+    """The axes above 1 in `point`, in a sentence: "tensor parallelism"."""
+    return " and ".join(get(n).title for n, d in point.items() if d > 1)
 
 
 def implementation(family, name: str) -> str:

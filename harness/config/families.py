@@ -67,9 +67,10 @@ class Family:
     native_buffers_note = ""  # why its native profile's buffers can dwarf the states (studies/advise/answer.py)
     jit_op_names: Tuple[str, ...] = ()  # native ops it builds on first use (TORCH_EXTENSIONS_DIR names)
     # why its runtime cannot run on fake tensors (runtime/traced.py), as `make scale-check` found it; "" where it can;
-    # and whether, where it cannot, its tensor-parallel runtime can (another mechanism: DDP's replicate)
+    # and whether, where it cannot, its runtime on a mesh a parallel axis splits can (another mechanism: DDP's
+    # replicate under tensor parallelism)
     untraceable = ""
-    traces_with_tensor_parallel = False
+    traces_split = False
     # the parallel axes it composes with (config/axes.py), as data: {axis: whose implementation runs it}
     # (tensor parallelism: "torch", PyTorch's plan, or "autotp", DeepSpeed's); and why it refuses the others
     axes: Dict[str, str] = {"tp": "torch"}

@@ -35,9 +35,6 @@ def problems(cfg, capability: Callable[[], Optional[Tuple[int, int]]] = cuda_cap
                 "not convert (only nn.Linear); use a Llama-family model"]
     if cfg.train.precision != "bf16":
         return [f"{key}: float8 matmuls are run inside bf16 training; set train.precision=bf16"]
-    if cfg.parallelism.tp > 1:
-        return [f"{key}: not with parallelism.tp>1 yet (torchao's float8 tensor-parallel styles are not in the "
-                "harness's plan); set parallelism.tp=1"]
     if cfg.workload.name != "full":
         return [f"{key}: not with workload={cfg.workload.name} (LoRA's frozen base layers); use workload=full"]
     if cfg.parallelism.device != "cuda":

@@ -107,19 +107,4 @@ def problems(cfg) -> List[str]:
     if every < 1:
         out.append(f"train.activation_checkpointing_every={every}: must be positive; "
                    "every_k checkpoints blocks 0, k, 2k, ...")
-    if policy == "selective_op" and tensor_parallel(cfg):
-        out.append("train.activation_checkpointing=selective_op: not with parallelism.tp>1 yet; the tensor-"
-                   "parallel collectives a selective recompute reissues are not modelled. Use full or every_k")
-    return out
-
-
-def tensor_parallel(cfg) -> bool:
-    """Whether the run's mesh has a tensor-parallel dimension; False where no mesh can be built yet (an unknown
-    family, a tp outside a node: their own rules say so)."""
-    from ..core.errors import ConfigError
-    from .mesh import mesh_of
-
-    try:
-        return mesh_of(cfg).tp > 1
-    except ConfigError:
-        return False
+    return out  # with a parallel axis: that axis's rules (tensor parallelism's: parallel/tp/rules.py)

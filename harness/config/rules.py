@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..core.errors import ConfigError
 from . import (axes, data_check, derive, families, finetune_check, float8_check, hf_models, master_weights_check, recompute,
                resume_check, schema)
-from .mesh import TensorOutsideNode, mesh_of
+from .mesh_check import axis_rules, mesh_points, mesh_rules  # noqa: F401 - their callers import them from here
 from .schema import CHOICES
 
 __all__ = ["ConfigError", "check", "problems", "output_problems"]
@@ -28,7 +28,7 @@ POSITIVE = ("train.steps", "parallelism.micro_batch", "parallelism.grad_accum", 
             "model.hidden_size", "model.num_layers", "model.num_heads", "model.max_positions",
             "logger.init_timeout_s", "dist.rendezvous_timeout_s", "ops.build_timeout_s",
             "sweep.allocation_timeout_s", "model.rope_theta", "data.max_corpus_bytes", "train.memory_steps",
-            "optim.lr", "optim.eps", "data.eval_batches", "parallelism.tp")
+            "optim.lr", "optim.eps", "data.eval_batches", *axes.degree_keys())
 NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_batch": "0 = off",
                 "paths.min_free_mib": "0 = off", "train.memory_budget_bytes": "0 = no budget",
                 "launch.max_restarts": "0 = a dead rank ends the run",
@@ -200,29 +200,6 @@ def batch_rules(cfg) -> List[str]:
         return [f"parallelism.grad_accum={par.grad_accum}: contradicts parallelism.global_batch="
                 f"{par.global_batch}, which gives grad_accum {derived} at this micro-batch and {ranks}; "
                 "set only one of them"]
-    return []
-
-
-def axis_rules(cfg) -> List[str]:
-    """What each parallel axis (config/axes.py: tensor parallelism's parallel/tp/rules.py) cannot run."""
-    return [line for axis in axes.every() for line in axis.rules(cfg)]
-
-
-def mesh_rules(cfg) -> List[str]:
-    """What the mesh (config/mesh.py, the one owner of the degrees) refuses: tp outside a node, a table of
-    degrees that does not make the world. Reported alone: every rule after it reads the mesh."""
-    try:
-        families.of(cfg.backend)
-    except ConfigError:
-        return []  # an unknown family is backend_rules' to say
-    try:
-        mesh_of(cfg)
-    except TensorOutsideNode as err:
-        per_node = cfg.parallelism.nproc_per_node
-        divisors = ", ".join(str(d) for d in range(1, per_node + 1) if per_node % d == 0)
-        return [f"parallelism.{err}; use one of {divisors} (the divisors of parallelism.nproc_per_node)"]
-    except ConfigError as err:
-        return [f"parallelism: {err}"]
     return []
 
 

@@ -26,7 +26,8 @@ from ..core.records import RankOutcome, Status
 from ..core.rundir import RunDir, write_json, write_text
 from . import preflight
 from .compiled_activations import counts_for
-from .worker import best_effort, classify, end_cell, exit_without_teardown, load_config, reached, run, start
+from .rank_life import best_effort, classify, end_cell, exit_without_teardown, reached
+from .worker import load_config, run, start
 
 
 def train_cell(run_dir: RunDir, rank: int, world: int, device: torch.device) -> int:

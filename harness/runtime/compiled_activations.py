@@ -44,6 +44,7 @@ from typing import Dict, Optional
 
 from omegaconf import OmegaConf
 
+from ..config import axes
 from ..config.mesh import mesh_of
 from .trace_cache import on_disk
 
@@ -84,7 +85,7 @@ def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     from ..config import families
     from ..config.recompute import recompute_of
 
-    if not cfg.train.compile or mesh_of(cfg).tp > 1:
+    if not cfg.train.compile or axes.active(mesh_of(cfg)):
         return None
     r = recompute_of(cfg)
     kinds = {"plain": "none"}

@@ -32,9 +32,9 @@ class Meshes:
         names = self.whole.mesh_dim_names
         return self.whole["dp_replicate", "dp_shard"] if "dp_replicate" in names else self.whole["dp_shard"]
 
-    @property
-    def tensor_parallel(self) -> Optional[DeviceMesh]:
-        return self.whole["tp"] if "tp" in self.whole.mesh_dim_names else None
+    def dimension(self, name: str) -> Optional[DeviceMesh]:
+        """One dimension of the mesh (a parallel axis's: config/axes.py), None where its degree is 1."""
+        return self.whole[name] if name in self.whole.mesh_dim_names else None
 
 
 def build(record: Mesh, device_type: str) -> Meshes:

@@ -169,6 +169,15 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
     result.device = probes.device_memory(device)
     result.host_peak_reset = timer.host_peak_reset
     result.model_states, result.unclassified = states.states, states.unclassified
+    after_the_window(train_step, strategy, batches, cfg, device, states, breakdown, result, snapshot_path)
+    return result
+
+
+def after_the_window(train_step: TrainStep, strategy, batches, cfg, device, states, breakdown, result: LoopResult,
+                     snapshot_path: Optional[str]) -> None:
+    """The measurements after the timed window, untimed and unlogged, on the data the next steps would take (the
+    list in train's docstring), into `result`."""
+    t = cfg.train
     extra = itertools.count(t.steps)
     if t.count_collectives:  # first: the counted steps are ordinary ones, with every collective of a step
         counter = CollectiveCounter()
@@ -193,4 +202,4 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
     if snapshot_path:
         with probes.cuda_memory_history(snapshot_path):
             train_step(next(extra))
-    return result
+

@@ -7,10 +7,9 @@ import argparse
 import difflib
 from typing import Optional
 
+from ..config import axes  # torch-free, as are the axes' packages and the theory's margin
 from ..config.command_line import positive
 from ..core.paths import CONF, results_dir
-
-from ..parallel.tp.rules import TP_DEGREES  # torch-free, as is the theory's margin
 from ..theory.predict import FIT_MARGIN
 
 
@@ -20,10 +19,11 @@ def estimate_parser() -> argparse.ArgumentParser:
                                                  "without training. Other arguments are Hydra overrides.")
     parser.add_argument("--params", type=positive(float), help="a hypothetical parameter count (e.g. 7.5e9)")
     parser.add_argument("--world", type=positive(int), help="ranks in all (default: from parallelism)")
-    parser.add_argument("--tp", default="all",
-                        help="tensor-parallel degrees to search, comma-separated, or `all` (default: every one of "
-                             f"{', '.join(map(str, TP_DEGREES))} the node, the model and the backend allow; "
-                             "parallelism.tp=<n> pins one)")
+    for axis in axes.every():  # a flag per parallel axis (config/axes.py): --tp for tensor parallelism
+        parser.add_argument(f"--{axis.name}", default="all",
+                            help=f"{axis.title} degrees to search, comma-separated, or `all` (default: every one of "
+                                 f"{', '.join(map(str, axis.searched))} the node, the model and the backend allow; "
+                                 f"parallelism.{axis.name}=<n> pins one)")
     parser.add_argument("--device-gib", type=positive(float), help="device memory (GiB): say whether each backend's peak fits")
     parser.add_argument("--traced", action="store_true",
                         help="also trace each backend that can be traced on fake tensors at this shape (rank 0, the "

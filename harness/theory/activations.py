@@ -64,6 +64,7 @@ from __future__ import annotations
 
 from typing import Dict
 
+from ..config import axes
 from ..config.recompute import Recompute
 
 def regime(backend, precision: str, master: str = "fp32") -> str:
@@ -83,21 +84,21 @@ def _widths(model):
 
 def splits(mesh) -> tuple:
     """(what the heads' and columns' tensors divide by, what the norms and the residual stream divide by, what
-    the logits divide by) on `mesh` (config/mesh.py; None: no tensor parallelism)."""
-    if mesh is None or mesh.tp == 1:
-        return 1, 1, 1
-    return mesh.tp, mesh.tp if mesh.sequence_parallel else 1, mesh.tp if mesh.loss_parallel else 1
+    the logits divide by) on `mesh` (config/mesh.py; None: one rank holds them whole): each active parallel
+    axis says its own (config/axes.activation_splits)."""
+    by = axes.activation_splits(mesh)
+    return by["inner"], by["between"], by["logits"]
 
 
 def block_bytes_per_token(model, reg: str, mesh=None) -> float:
     """Bytes one block keeps for backward, per token (the module docstring says what each term is)."""
     h, h_kv, i, a, _ = _widths(model)
-    tp, seq, _ = splits(mesh)
+    inner, seq, _ = splits(mesh)
     if model.family == "llama":
         if reg == "autocast":
-            return 2 * (8 * h + 4) / seq + 5 * 2 * h + (2 * (2 * h + 2 * h_kv) + 4 * a + 4 * 2 * i) / tp
+            return 2 * (8 * h + 4) / seq + 5 * 2 * h + (2 * (2 * h + 2 * h_kv) + 4 * a + 4 * 2 * i) / inner
         p = 4 if reg == "fp32" else 2
-        return 2 * (4 * h + 4 + p * h) / seq + 2 * p * h + (p * (2 * h + 2 * h_kv) + 4 * a + 4 * p * i) / tp
+        return 2 * (4 * h + 4 + p * h) / seq + 2 * p * h + (p * (2 * h + 2 * h_kv) + 4 * a + 4 * p * i) / inner
     if reg == "autocast":
         return 2 * (4 * h + 8) + 2 * 2 * h + 2 * 4 * h + 4 * a + 5 * 2 * i
     p = 4 if reg == "fp32" else 2
@@ -179,7 +180,7 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
     """
     tokens = par.seq_len * par.micro_batch
     h, _, i, _, vocab = _widths(model)
-    tp, seq, logits = splits(mesh)
+    inner, seq, logits = splits(mesh)
     a = 4 if reg == "fp32" else 2
     autocast = reg == "autocast"
     out = {
@@ -193,7 +194,7 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
         # loss parallel's cross-entropy backward (torch's DTensor handlers) holds a third V/tp-sized fp32 tensor
         # beside the two the plain one makes: its gradient of the log-softmax is built from a zeroed buffer
         "logits_grads": tokens * (12 if logits > 1 else 8) * vocab / logits,
-        "mlp_grads": tokens * 2 * a * i / tp,
+        "mlp_grads": tokens * 2 * a * i / inner,
         "copies": 2 * matmul_weights if autocast else 0,
         "head_copy": 2 * head_matmul_weights if autocast else 0,
         "block_copies": 2 * (matmul_weights - head_matmul_weights) / model.num_layers if autocast else 0,

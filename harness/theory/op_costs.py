@@ -27,13 +27,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, NamedTuple, Optional
 
+from ..config import axes
 from .cold_start import AFTER, PHASE, ColdStart, cold_start_seconds, flushed, ops_in
-from .communication import collectives as theory_collectives
 from .shape import Shape
 from .time import CommTable
+from .hiding import PARTS_COUNTED, PHASES, gaps_before, hiding_rule
 
-PHASES = ("forward", "backward", "optimizer")
-PARTS_COUNTED = PHASES + ("other",)  # the parts whose work is counted and priced
 TERMS = ("host", "lines", "cold", "arithmetic", "memory")  # what a counted part's time is made of
 KINDS = ("compute", "graph", "engine", "view", "alloc", "dtensor", "marker")
 # what the calibration solves for: views and allocations share one cost (neither touches data, and a step has
@@ -211,33 +210,6 @@ def priced_phases(work: dict, costs: DeviceCosts) -> Dict[str, Dict[str, float]]
     return out
 
 
-def hiding_rule(backend, s: Shape) -> Dict[str, Optional[str]]:
-    """For each collective op, the compute it may hide behind in this backend, from its theory's list (the
-    largest of that op's buffers decides: the loss's 4-byte all-reduce is never hidden, DDP's buckets are)."""
-    rule: Dict[str, tuple] = {}
-    for c in theory_collectives(backend, s):
-        if c.size_bytes > rule.get(c.op, (0, None))[0]:
-            rule[c.op] = (c.size_bytes, c.hidden_by)
-    return {op: hidden for op, (_, hidden) in rule.items()}
-
-
-def gaps_before(work: dict, parts: Dict[str, float]) -> Dict[str, float]:
-    """The host work before each collective, by the phase that issues it: the phases run in order, and a
-    phase's collectives share its time and that of the phases before it that issued none (the work counter
-    keeps counts, not the order within a phase: a phase's collectives are taken as evenly spread)."""
-    issued = {p: 0 for p in PARTS_COUNTED}
-    for c in work.get("collectives", []):
-        if c.get("phase") in issued:
-            issued[c["phase"]] += c["count"]
-    out, since = {}, 0.0
-    for p in PARTS_COUNTED:
-        since += parts[p]
-        if issued[p]:
-            out[p] = since / issued[p]
-            since = 0.0
-    return out
-
-
 SYNC_OPS = ("aten::_local_scalar_dense",)  # reading a value back (`.item()`): the host waits for the device
 
 
@@ -280,9 +252,9 @@ def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts) -> Dict[s
         crosses = mesh.crosses_nodes(ranks)
         one = costs.comm.seconds(c["op"], c["size_bytes"], c["group"], crosses, gaps.get(c.get("phase")))
         total += one * c["count"]
-        # tensor parallelism's collectives sit between a block's matmuls, which wait for them: never hidden
-        tensor = mesh.tp > 1 and mesh.name_of(ranks) == "tp"
-        hidden_by = (rule.get(c["op"]) if c.get("phase") in ("forward", "backward") and can_hide and not tensor
+        # an axis's collectives may sit between a block's matmuls, which wait for them (Axis.collectives_hide)
+        hides = axes.collectives_hide(mesh, mesh.name_of(ranks))
+        hidden_by = (rule.get(c["op"]) if c.get("phase") in ("forward", "backward") and can_hide and hides
                      else None)
         if hidden_by is None or c["size_bytes"] <= 8:
             exposed += one * c["count"]

@@ -63,12 +63,12 @@ class Shape:
     model_params: int = 0  # the whole model's parameters (Ψ before tensor parallelism split it); 0 = params
     # what tensor parallelism's collectives carry (parallel/tp/comm.py): the width, the vocabulary, the tokens
     # of one micro-batch, how many blocks are recomputed whole (config/recompute.py), and whose plan splits the
-    # model (parallel/tp/plan.py)
+    # model, by axis (Family.axes: parallel/tp/plan.py's "torch" or "autotp")
     hidden: int = 0
     vocab: int = 0
     tokens: int = 0
     recomputed_blocks: int = 0
-    tensor_plan: str = "torch"
+    plans: tuple = ()  # ((axis, implementation), ...): a tuple, so that a Shape stays hashable
     tied_output: bool = False  # the output layer is the input embedding
     quantized_weights: bool = False  # ZeRO++ qwZ: forward all-gathers in int8
     quantized_gradients: bool = False  # ZeRO++ qgZ: gradients reduced by int4 all-to-all
@@ -97,15 +97,15 @@ class Shape:
         HSDP's shard group)."""
         return self.mesh.dp_shard
 
+    def plan(self, axis: str) -> str:
+        """Whose implementation splits the model on `axis` (config/axes.py), "" where the axis is not active."""
+        return dict(self.plans).get(axis, "")
+
     @property
     def post_forward_ranks(self) -> int:
         """The ranks a block stays sharded over from forward to backward (FSDP2's reshard_after_forward=<int>,
         ZeRO++'s hpZ group); 0 = none."""
         return self.mesh.post_forward_group
-
-    @property
-    def tp(self) -> int:
-        return self.mesh.tp
 
     @property
     def t(self) -> int:
@@ -171,7 +171,8 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   model_params=whole, hidden=cfg.model.hidden_size, vocab=cfg.model.vocab_size,
                   tokens=cfg.parallelism.micro_batch * cfg.parallelism.seq_len,
                   recomputed_blocks=recompute_of(cfg).fully_recomputed,
-                  tensor_plan=axes.implementation(family, "tp"), tied_output=bool(cfg.model.tie_embeddings),
+                  plans=tuple((a.name, axes.implementation(family, a.name)) for a in axes.active(mesh)),
+                  tied_output=bool(cfg.model.tie_embeddings),
                   float8_weights=f8["weights"], float8_block_elements=f8["block_elements"],
                   float8_all_gather=float8.all_gathers_in_float8(recipe, cfg.backend))
     return Shape(**{**fields, **families.of(cfg.backend).shape_fields(cfg, mesh, counts)})

@@ -57,7 +57,7 @@ class DDPFamily(DCPCheckpoints, Family):
     untraceable = ("DistributedDataParallel's construction reads its parameters' data to check their shapes across "
                    "ranks, which fake tensors do not have; past it, its C++ reducer asserts on the fake process group's "
                    "futures, which carry no tensor (c10d/comm.cpp)")
-    traces_with_tensor_parallel = True  # at tp > 1 it is torch's replicate, FSDP2's machinery, which traces
+    traces_split = True  # at tp > 1 it is torch's replicate, FSDP2's machinery, which traces
     term_names = {"ddp_buckets": "DDP's gradient buckets"}
     differences = (
         Difference("ddp", "bucket_cap_mb", "25 (the default)", "backend.bucket_elements × 4 B: one bucket for a "
@@ -83,13 +83,13 @@ class DDPFamily(DCPCheckpoints, Family):
         return {"params": s.w * s.params, "grads": s.w * s.t, "optimizer": 2 * s.w * s.t}
 
     def phase_terms(self, backend, s, phase, k):
-        if s.tp > 1:
+        if s.mesh.tp > 1:
             fsdp2, settings, view = replicated(backend, s)
             return fsdp2.phase_terms(settings, view, phase, k)
         return self._ddp_phase_terms(backend, s, phase, k)
 
     def reduce_terms(self, backend, s, act):
-        if s.tp > 1:
+        if s.mesh.tp > 1:
             fsdp2, settings, view = replicated(backend, s)
             return fsdp2.reduce_terms(settings, view, act)
         return {}, None
@@ -107,7 +107,7 @@ class DDPFamily(DCPCheckpoints, Family):
         return out
 
     def step_transients(self, backend, s):
-        if s.tp > 1:
+        if s.mesh.tp > 1:
             fsdp2, settings, view = replicated(backend, s)
             return fsdp2.step_transients(settings, view)
         # torch's AdamW: foreach makes one temporary per tensor, single-tensor two of the largest at a time
@@ -115,7 +115,7 @@ class DDPFamily(DCPCheckpoints, Family):
                 "ddp_buckets": s.w * s.t if s.grad_copy else 0.0}
 
     def after_backward_buffers(self, backend, s):
-        if s.tp > 1:
+        if s.mesh.tp > 1:
             fsdp2, settings, view = replicated(backend, s)
             return fsdp2.after_backward_buffers(settings, view)
         if s.grad_copy:
@@ -123,7 +123,7 @@ class DDPFamily(DCPCheckpoints, Family):
         return {}
 
     def collectives(self, backend, s):
-        if s.tp > 1:  # each unit's fp32 gradients all-reduced over the replicas: every data-parallel rank
+        if s.mesh.tp > 1:  # each unit's fp32 gradients all-reduced over the replicas: every data-parallel rank
             fsdp2, settings, view = replicated(backend, s)
             return [c._replace(group=None if c.group == "dp_replicate" else c.group)
                     for c in fsdp2.collectives(settings, view) if view.mesh.size(c.group) > 1]

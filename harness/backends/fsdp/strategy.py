@@ -19,7 +19,7 @@ from typing_extensions import override
 
 from .family import blocks_reshard_to, root_reshard
 from ...runtime import models
-from ...runtime.strategies.base import NativeStrategy
+from ...runtime.strategies.native import NativeStrategy
 
 
 class FSDPStrategy(NativeStrategy):

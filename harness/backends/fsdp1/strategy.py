@@ -21,7 +21,8 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from typing_extensions import override
 
 from ...runtime import models
-from ...runtime.strategies.base import NativeStrategy, tensors_in
+from ...runtime.strategies.base import tensors_in
+from ...runtime.strategies.native import NativeStrategy
 
 
 def sharding_strategy(backend) -> ShardingStrategy:

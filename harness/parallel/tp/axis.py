@@ -14,10 +14,14 @@ from . import comm, plan, rules
 
 class TensorParallel(Axis):
     name = "tp"
+    title = "tensor parallelism"
     settings_key = "tensor_parallel"
     searched = rules.TP_DEGREES
 
     def rules(self, cfg) -> List[str]:
+        return [*rules.tensor_rules(cfg), *rules.composition_rules(cfg)]
+
+    def degree_rules(self, cfg) -> List[str]:
         return rules.tensor_rules(cfg)
 
     def degrees(self, cfg, choices=None) -> List[int]:
@@ -31,6 +35,15 @@ class TensorParallel(Axis):
         return {"sequence_parallel": torch_plan and bool(par.sequence_parallel),
                 "loss_parallel": torch_plan and bool(par.loss_parallel)}
 
+    collectives_hide = False  # between a block's matmuls, which wait for them
+    uncounted = "loss parallel asks `nonzero`, whose size needs values"
+
+    def activation_splits(self, mesh) -> Dict[str, int]:
+        """One rank keeps 1/tp of the heads' and the MLP's columns; sequence parallel divides the norms and the
+        residual stream by tp too, loss parallel the logits (theory/activations.py's terms)."""
+        return {"inner": mesh.tp, "between": mesh.tp if mesh.sequence_parallel else 1,
+                "logits": mesh.tp if mesh.loss_parallel else 1}
+
     def local_counts(self, counts: dict, implementation: str, degree: int) -> dict:
         return plan.local_counts(counts, implementation, degree)
 
@@ -42,7 +55,7 @@ class TensorParallel(Axis):
             return {}  # AutoTP: DeepSpeed's engine splits the model from its JSON (backends/deepspeed/)
         from . import shard
 
-        return shard.apply(model, strategy.meshes.tensor_parallel, strategy.mesh.sequence_parallel,
+        return shard.apply(model, strategy.meshes.dimension(self.name), strategy.mesh.sequence_parallel,
                            strategy.mesh.loss_parallel)
 
     def step_context(self, strategy) -> ContextManager:

@@ -42,9 +42,9 @@ def dtypes(backend, s) -> tuple:
 
 def tensor_parallel_collectives(backend, s) -> List[Collective]:
     """Every tensor-parallel collective a rank issues per optimizer step (module docstring); none at tp 1."""
-    if s.tp == 1 or not s.tokens:
+    if s.mesh.tp == 1 or not s.tokens:
         return []
-    return (torch_plan if s.tensor_plan == "torch" else autotp_plan)(backend, s)
+    return (autotp_plan if s.plan("tp") == "autotp" else torch_plan)(backend, s)
 
 
 def torch_plan(backend, s) -> List[Collective]:

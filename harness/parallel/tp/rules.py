@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List
 
 from ...config import families
+from ...config.recompute import parse
 from ...config.rules import mesh_rules
 from ...core.errors import ConfigError
 
@@ -22,6 +23,21 @@ def tensor_degrees(cfg, choices=TP_DEGREES) -> List[int]:
         trial.parallelism.tp = tp
         if not mesh_rules(trial) and not tensor_rules(trial):
             out.append(tp)
+    return out
+
+
+def composition_rules(cfg) -> List[str]:
+    """What the run's other choices (config/recompute.py, config/float8_check.py) do not do with tensor
+    parallelism yet: refused for a run, while the theory still predicts the mesh (`make published`'s 2-D row)."""
+    if cfg.parallelism.tp == 1:
+        return []
+    out = []
+    if parse(cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every)[0] == "selective_op":
+        out.append("train.activation_checkpointing=selective_op: not with parallelism.tp>1 yet; the tensor-"
+                   "parallel collectives a selective recompute reissues are not modelled. Use full or every_k")
+    if cfg.train.float8 != "none":
+        out.append(f"train.float8={cfg.train.float8}: not with parallelism.tp>1 yet (torchao's float8 tensor-parallel "
+                   "styles are not in the harness's plan); set parallelism.tp=1")
     return out
 
 

@@ -16,8 +16,9 @@ import re
 from pathlib import Path
 from typing import List
 
+from ...config import axes
 from ...config.command_line import parse
-from ...core.paths import REPO, results_dir
+from ...core.paths import results_dir
 from ...core.rundir import write_text
 from .search import plan
 
@@ -31,10 +32,10 @@ def compare(advice: dict) -> dict:
     """One advice: the measured winner, the plan-of-the-day's first choice, today's dry run's."""
     p = advice["plan"]
     backends = sorted({c["backend"] for c in p["candidates"]})
-    # the same question as then: an advice made before the tensor-parallel axis searched the flat mesh only
-    flat = not any(c.get("tp", 1) > 1 for c in p["candidates"])
-    pinned = any(o.startswith("parallelism.tp=") for o in p["overrides"])
-    overrides = [*p["overrides"], "parallelism.tp=1"] if flat and not pinned else p["overrides"]
+    # the same question as then: an advice made before a parallel axis was searched searched the flat mesh only
+    flat = not any(c.get(name, 1) > 1 for c in p["candidates"] for name in axes.AXES)
+    held = [f"parallelism.{name}=1" for name in axes.AXES if name not in axes.pinned(p["overrides"])]
+    overrides = [*p["overrides"], *held] if flat else p["overrides"]
     today = plan(overrides, p["budget_bytes"], p["global_batch"], backends, p["margin"])
     ours = min(today.fitting, key=lambda c: c.predicted_step_s)
     then = first_fitting(p["candidates"])

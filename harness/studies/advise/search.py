@@ -4,13 +4,14 @@ measure the best ones, and the answer names the winner and why every other backe
     python -m harness advise model=small_llama --device-gib 0.0625 [--global-batch 16] [--max-probes 12]
     python -m harness advise model=llama_7b parallelism=gpu8 train.precision=bf16 --dry-run --device-gib 80
 
-The candidates are every backend x tensor-parallel degree x micro-batch x activation-checkpointing policy
+The candidates are every backend x mesh x micro-batch x activation-checkpointing policy
 (`--ac-policies`: none, full, every_2, selective_op; config/recompute.py), at
 the user's precision, with the global batch held fixed (`--global-batch`, else the config's micro_batch x
 grad_accum x data-parallel ranks), so that every candidate does the same optimizer work per step; grad_accum
-follows from the micro-batch and the data-parallel ranks. The tensor-parallel degrees are those of 1, 2, 4, 8
-that the node, the model's heads and the backend allow (parallel/tp/rules.tensor_degrees), or the one
-`parallelism.tp` pins; each candidate's mesh says where its bytes go (inside a node or across nodes).
+follows from the micro-batch and the data-parallel ranks. The meshes are every combination of the parallel
+axes' searched degrees (config/axes.points: each axis's, e.g. tensor parallelism's 1, 2, 4, 8) that the node,
+the model and the backend allow, or the degree the command line pins; each candidate's mesh says where its
+bytes go (inside a node or across nodes).
 
 Stage 1, theory (nothing runs): each candidate's device peak (theory/predict.py: states, buffers, and the
 largest of the step's four moments' activations and transients, theory/peak.py) must fit the device with
@@ -34,26 +35,20 @@ that close, the answer says the ranking is a tie.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Dict, List, Optional
 
+from ...config import axes
 from ...config.compose import compose
 from ...config.derive import dp_size, tokens_per_step, world_size
 from ...config.mesh import mesh_of
+from ...config.mesh_check import mesh_points
 from ...config.recompute import overrides as recompute_overrides, parse as parse_policy, recompute_of
-from ...parallel.tp.rules import tensor_degrees
 from . import step_times as advise_time
-from ..capacity.probe import device_bytes, run_probe
 from ..predict.rates import rates_for
 
 
 GIB = 2**30
-# a probe's length: the capacity probes' 3 steps (1 warm-up) say fit or OOM, but time 2 steps, too few to
-# rank by or to see the noise in
-TIMED = ["train.steps=10", "train.warmup_steps=2"]
-BOUNDARY_X = 1.5  # a pruned candidate predicted within this factor of the budget is worth one probe
 
 
 @dataclass
@@ -63,7 +58,8 @@ class Candidate:
     grad_accum: int
     checkpointing: bool  # any block recomputed
     overrides: List[str]
-    tp: int = 1  # the tensor-parallel degree: data parallelism over the world / tp others
+    # each parallel axis's degree (config/axes.py): data parallelism runs over the world / their product
+    axes: Dict[str, int] = field(default_factory=dict)
     mesh: str = ""  # config/mesh.Mesh.describe()
     predicted_intra_node_bytes: float = 0.0  # sent per rank per step inside a node (NVLink)
     predicted_inter_node_bytes: float = 0.0  # and across nodes (the network)
@@ -94,15 +90,20 @@ class Candidate:
         return self.policy or ("full" if self.checkpointing else "none")
 
     @property
+    def split(self) -> bool:
+        """Whether a parallel axis splits its data-parallel replicas."""
+        return any(d > 1 for d in self.axes.values())
+
+    @property
     def name(self) -> str:
-        tp = f"-tp{self.tp}" if self.tp > 1 else ""
+        mesh = "".join(f"-{n}{d}" for n, d in self.axes.items() if d > 1)
         # ckptoff and ckpton (full) as before the policies were searched: probes recorded under those names stay
         ac = {"none": "off", "full": "on"}.get(self.ac, f"-{self.ac}")
-        return f"{self.backend}{tp}-mb{self.micro_batch}-ckpt{ac}"
+        return f"{self.backend}{mesh}-mb{self.micro_batch}-ckpt{ac}"
 
     @property
     def label(self) -> str:
-        mesh = f" on {self.mesh}" if self.tp > 1 else ""
+        mesh = f" on {self.mesh}" if self.split else ""
         return (f"{self.backend}{mesh} with micro-batch {self.micro_batch} (grad_accum {self.grad_accum}), activation "
                 f"checkpointing {self.ac_words}")
 
@@ -136,9 +137,9 @@ def size(b: Optional[float]) -> str:
     return f"{b / GIB:,.3f} GiB" if b >= GIB else f"{b / 2**20:,.1f} MiB"
 
 
-def data_parallel_ranks(cfg, tp: int) -> int:
-    """The data-parallel ranks of `cfg`'s mesh at tensor-parallel degree `tp` (config/mesh.py)."""
-    return mesh_of(cfg).replace(tp=tp).dp
+def data_parallel_ranks(cfg, point: Dict[str, int]) -> int:
+    """The data-parallel ranks of `cfg`'s mesh at the axes' degrees `point` (config/mesh.py)."""
+    return mesh_of(cfg).replace(**point).dp
 
 
 def micro_batches(global_batch: int, dp: int) -> List[int]:
@@ -156,9 +157,9 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     base = compose(overrides)
     world, par = world_size(base), base.parallelism
     batch = global_batch or par.global_batch or par.micro_batch * par.grad_accum * dp_size(base)
-    pinned = any(o.startswith("parallelism.tp=") for o in overrides)
-    degrees = [par.tp] if pinned else tensor_degrees(base)
-    if all(batch % data_parallel_ranks(base, tp) for tp in degrees):
+    pinned = axes.pinned(overrides)
+    meshes = mesh_points(base, {n: [d] for n, d in pinned.items()})
+    if all(batch % data_parallel_ranks(base, point) for point in meshes):
         raise ValueError(f"--global-batch {batch}: not divisible by the {world} ranks (nor by the data-parallel "
                          f"ranks of any mesh); use a multiple of {world}")
     counts = models.param_count(base.model, base.workload)
@@ -174,16 +175,17 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
         # one composition per backend (a config group); the candidates' batch and checkpointing are set on a
         # copy, as their overrides would set them (a composition costs about 0.5 s, and there are 6 a backend)
         composed = compose([*overrides, f"backend={backend}", f"parallelism.global_batch={batch}"])
-        for tp in tensor_degrees(composed, degrees):
-            dp = data_parallel_ranks(composed, tp)
+        asked = {n: sorted({point[n] for point in meshes}) for n in axes.AXES}
+        for point in mesh_points(composed, asked):
+            dp = data_parallel_ranks(composed, point)
             for mb in micro_batches(batch, dp) if batch % dp == 0 else []:
                 for policy in policies:
                     ga = batch // (mb * dp)
                     extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
                              f"parallelism.global_batch={batch}", *recompute_overrides(policy),
-                             *([f"parallelism.tp={tp}"] if tp > 1 or pinned else [])]
-                    cfg = copy.deepcopy(composed)
-                    cfg.parallelism.micro_batch, cfg.parallelism.grad_accum, cfg.parallelism.tp = mb, ga, tp
+                             *axes.overrides_of(point, pinned)]
+                    cfg = axes.with_degrees(composed, point)
+                    cfg.parallelism.micro_batch, cfg.parallelism.grad_accum = mb, ga
                     kind, every = parse_policy(policy)
                     cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every = kind, every
                     out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin))
@@ -210,9 +212,10 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
     shape = shape_of(cfg, world, counts)
     peak = theory["memory/device_peak_predicted_bytes"]
     recompute = recompute_of(cfg)
-    rank_flops = flops_per_token * par.micro_batch * par.seq_len * par.grad_accum / shape.mesh.tp
+    # a data-parallel replica's FLOPs, split over its ranks (the axes': tp x cp x pp)
+    rank_flops = flops_per_token * par.micro_batch * par.seq_len * par.grad_accum * shape.mesh.dp / shape.mesh.world
     step = predict_parts(cfg.backend, shape, rank_flops, rates)["step"]
-    return Candidate(backend, par.micro_batch, par.grad_accum, recompute.any, extra, tp=shape.mesh.tp,
+    return Candidate(backend, par.micro_batch, par.grad_accum, recompute.any, extra, axes=axes.degrees_of(shape.mesh),
                      mesh=shape.mesh.describe(), policy=recompute.label,
                      predicted_intra_node_bytes=theory["comm/predicted_intra_node_bytes_per_step"],
                      predicted_inter_node_bytes=theory["comm/predicted_inter_node_bytes_per_step"],
@@ -243,89 +246,6 @@ def default_budget(cfg) -> int:
     return psutil.virtual_memory().available // cfg.parallelism.nproc_per_node
 
 
-def measure(p: Plan, max_probes: int, out: Path, force: bool) -> None:
-    """Stage 2: probe each backend's best fitting candidate (fastest predicted first), its next one after a
-    measured OOM, then the boundary of each backend whose fastest candidate was pruned, up to max_probes."""
-    by_backend: Dict[str, List[Candidate]] = {}
-    for c in p.fitting:
-        by_backend.setdefault(c.backend, []).append(c)
-    queue = [(cands[0], "best") for cands in by_backend.values()]
-    probes = 0
-    while queue and probes < max_probes:
-        c, role = queue.pop(0)
-        probe(c, role, p, out, force)
-        probes += 1
-        if c.status == "oom":  # the model was wrong: the backend's next candidate takes its place
-            rest = [n for n in by_backend[c.backend] if not n.status]
-            if rest:
-                queue.insert(0, (rest[0], "next"))
-    close = contenders(p)
-    if close and probes + 2 <= max_probes and gap_pct(*close) <= max(c.noise_pct or 0 for c in close):
-        print(f"  {close[0].name} and {close[1].name} are {gap_pct(*close):.1f}% apart, within their noise: "
-              "running both again", flush=True)
-        for c in close:
-            probe(c, "repeat", p, out, force, repeat=True)
-        probes += 2
-    for pruned in boundaries(p):
-        if probes >= max_probes:
-            break
-        probe(pruned, "boundary", p, out, force)
-        probes += 1
-
-
-def contenders(p: Plan) -> Optional[tuple]:
-    """The fastest measured candidate and the fastest of another backend, when there are two."""
-    ok = sorted((c for c in p.candidates if c.status == "ok" and c.tokens_per_s), key=lambda c: -c.tokens_per_s)
-    rival = next((c for c in ok[1:] if c.backend != ok[0].backend), None) if ok else None
-    return (ok[0], rival) if rival else None
-
-
-def gap_pct(first: Candidate, second: Candidate) -> float:
-    return 100 * (first.tokens_per_s - second.tokens_per_s) / second.tokens_per_s
-
-
-def boundaries(p: Plan) -> List[Candidate]:
-    """For each backend whose fastest candidate was pruned, its pruned candidate nearest the budget, when
-    that is within BOUNDARY_X of it (a prediction many times over the budget needs no run to be believed);
-    nearest first."""
-    out = []
-    for backend in dict.fromkeys(c.backend for c in p.candidates):
-        mine = [c for c in p.candidates if c.backend == backend]
-        if not mine[0].fits:
-            nearest = min((c for c in mine if not c.fits), key=lambda c: c.predicted_peak_bytes)
-            if nearest.predicted_peak_bytes <= BOUNDARY_X * p.budget_bytes:
-                out.append(nearest)
-    return sorted(out, key=lambda c: c.predicted_peak_bytes / p.budget_bytes)
-
-
-def probe(c: Candidate, role: str, p: Plan, out: Path, force: bool, repeat: bool = False) -> None:
-    """One short real run of `c` under the budget; a finished one (ok or oom) is reused unless `force`. A
-    repeat runs in its own dir, and its tokens/s joins the first run's (see the module doc)."""
-    run_dir = out / "probes" / (c.name + ("-repeat" if repeat else ""))
-    overrides = [*p.overrides, *c.overrides, *TIMED, f"train.memory_budget_bytes={p.budget_bytes}"]
-    summary = run_probe([*overrides, "force=true"] if force else overrides, run_dir, reuse=not force)
-    figures = summary.get("figures", {})
-    if repeat and summary.get("status") != "ok":  # the first run's figures stand; say what the repeat did
-        print(f"  probe {c.name} (repeat): {summary.get('status')}: {summary.get('reason', '')}", flush=True)
-        return
-    c.role = c.role if repeat else role
-    c.status, c.reason, c.run_dir = summary.get("status", "failed"), summary.get("reason", ""), str(run_dir)
-    if figures.get("throughput/tokens_per_s"):
-        c.runs.append(figures["throughput/tokens_per_s"])
-        p50, p90 = figures.get("throughput/step_time_p50_s"), figures.get("throughput/step_time_p90_s")
-        spreads = [c.noise_pct or 0.0] + ([100 * (p90 - p50) / p50] if p50 and p90 else [])
-        if len(c.runs) > 1:
-            spreads.append(100 * (max(c.runs) - min(c.runs)) / min(c.runs))
-        c.noise_pct = max(spreads)
-    c.tokens_per_s = sum(c.runs) / len(c.runs) if c.runs else None
-    c.peak_bytes = device_bytes(summary)  # for an OOM, what it reached
-    c.reused = bool(summary.get("reused"))
-    print(f"  probe {c.name} ({role}): {c.status}" + (" (reused: same config, code and device)" if c.reused else "")
-          + (f", {c.tokens_per_s:,.0f} tokens/s ± {c.noise_pct:.1f}%" if c.tokens_per_s else "")
-          + (f", peak {size(c.peak_bytes)} (predicted {size(c.predicted_peak_bytes)})" if c.peak_bytes else "")
-          + (f": {c.reason}" if c.status not in ("ok", "oom") else ""), flush=True)
-
-
 def to_dict(p: Plan) -> dict:
     return {**{k: v for k, v in asdict(p).items() if k != "candidates"},
-            "candidates": [{**asdict(c), "name": c.name} for c in p.candidates]}
+            "candidates": [{**asdict(c), "name": c.name, **c.axes} for c in p.candidates]}

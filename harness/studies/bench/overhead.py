@@ -26,7 +26,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import List
 
@@ -34,6 +33,7 @@ from omegaconf import OmegaConf
 
 from ...core.paths import REPO, results_dir
 from ...core.rundir import RunDir, write_json, write_text
+from .record import TARGET, verdict, write_record
 from ...launcher.torchrun import rank_env, torchrun_cmd
 from ...config.command_line import parse
 from ...core.spawn import train_command
@@ -45,7 +45,6 @@ WORKER = "harness.studies.bench.worker"
 # counted) come after its timed window and are not compared.
 DEFAULTS = ["model=small_llama", "parallelism.seq_len=128", "parallelism.micro_batch=4", "parallelism.grad_accum=1",
             "train.steps=25", "train.warmup_steps=5", "logger=none", "train.measure_flops=false"]
-TARGET = 1.03  # harness / independent: what the harness may add to a step
 BACKENDS = ["ddp", "fsdp", "fsdp_grad_op", "ds_zero2", "ds_zero3", "accelerate_ddp"]
 # the yardstick's backend -> the harness backend it is set against
 HARNESS_OF = {"accelerate_ddp": "ddp"}
@@ -249,15 +248,6 @@ def profile(backend: str, overrides: list[str], steps: int, out_dir: Path) -> Li
     return lines
 
 
-def verdict(row: dict, target: float) -> str:
-    low, high = row["interval_95"]
-    if high <= target:
-        return f"within {target} (the whole interval)"
-    if low > target:
-        return f"over {target} (the whole interval)"
-    return f"not resolved: the interval spans {target}" + ("; it contains 1" if low <= 1 <= high else "")
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default=",".join(BACKENDS),
@@ -297,28 +287,5 @@ def main(argv=None) -> int:
     command = "python -m harness bench " + shlex.join(argv if argv is not None else sys.argv[1:])
     settings = DEFAULTS + ([] if args.processes else IN_LAUNCH) + overrides
     pairs = args.pairs if args.processes else per_launch * args.launches  # what ran: whole launches
-    record = {"command": command, "settings": settings, "pairs": pairs,
-              "launches": None if args.processes else args.launches,
-              "date": time.strftime("%Y-%m-%d %H:%M"), "target_ratio": TARGET, "rows": rows}
-    write_json(out_dir / "bench.json", record)
-    lines = ["# Harness overhead: steady-state step time, harness / a loop written without it", "",
-             f"Command: `{command}` (`make bench`). Settings: `{' '.join(settings)}`.",
-             f"{pairs} interleaved pairs of a harness run and an independent run "
-             "(`harness/studies/bench/independent_loop.py`: transformers' `from_config`, each framework's plain calls, no "
-             "harness code) per backend, alternating which goes first, "
-             + ("each run its own launch" if args.processes else
-                f"both in the same ranks of a launch (`harness/studies/bench/worker.py`), {args.launches} launches a "
-                "backend, interleaved across backends")
-             + "; each pair's ratio is the median of its timed "
-             "steps over the median of the independent loop's (accelerate_ddp: the harness's ddp over accelerate's "
-             "own loop). The figure is the median pair ratio, with a 95% bootstrap interval (10,000 draws"
-             + (" of the pairs" if args.processes else " of the launches, then of the pairs within each")
-             + f"). Target ≤ {TARGET}.", "",
-             "| backend | harness median (ms) | independent median (ms) | paired ratio | 95% interval | verdict | "
-             "ratio per launch | ratio per pair |", "|---|---:|---:|---:|---|---|---|---|"]
-    lines += [f"| {r['backend']} | {r['harness_median_s'] * 1e3:.2f} | {r['independent_median_s'] * 1e3:.2f} | "
-              f"{r['ratio']:.3f} | [{r['interval_95'][0]:.3f}, {r['interval_95'][1]:.3f}] | {verdict(r, TARGET)} | "
-              f"{', '.join(f'{x:.3f}' for x in r.get('ratio_per_launch', []))} | "
-              f"{', '.join(f'{x:.3f}' for x in r['ratio_per_pair'])} |" for r in rows]
-    write_text(out_dir / "bench.md", "\n".join(lines) + "\n")
+    write_record(out_dir, command, settings, pairs, None if args.processes else args.launches, rows)
     return 0

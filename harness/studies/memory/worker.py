@@ -27,7 +27,8 @@ def main(out: Path) -> int:
     from ...config import schema
     from ...runtime import loop
     from ...runtime.sink import NullSink
-    from ...runtime.worker import end_cell, freeze_imports, prepare
+    from ...runtime.rank_life import end_cell, freeze_imports
+    from ...runtime.worker import prepare
 
     cells = json.loads((out / "cells.json").read_text())
     first = cells[0]["config"]

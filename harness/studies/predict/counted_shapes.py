@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 from typing import Dict, List, Optional
 
+from ...config import axes
 from ...core.paths import REPO
 
 DEPTHS = (1, 2)  # runtime/fake_replay.DEPTHS, restated here so that the parent need not import torch for it
@@ -31,14 +32,15 @@ COUNTED = ("fsdp", "fsdp_grad_op")
 TIME_TARGET_PCT = 30  # issue 49's target for a predicted step against a published one
 
 
-def not_counted(backend: str, tp: int = 1) -> Optional[str]:
-    """Why this backend's work at this tensor-parallel degree cannot be counted on fake tensors, or None."""
+def not_counted(backend: str, degrees: Optional[Dict[str, int]] = None) -> Optional[str]:
+    """Why this backend's work on a mesh of these axis `degrees` cannot be counted on fake tensors, or None."""
     if backend.startswith("ds_"):
         return f"{backend}: DeepSpeed compares values read back across ranks, which fake tensors do not hold"
     if backend not in COUNTED:
         return f"{backend}: not yet held against a real replay on fake tensors"
-    if tp > 1:
-        return "tensor parallelism: loss parallel asks `nonzero`, whose size needs values"
+    for name, degree in (degrees or {}).items():
+        if degree > 1 and axes.get(name).uncounted:
+            return f"{axes.get(name).title}: {axes.get(name).uncounted}"
     return None
 
 

@@ -20,14 +20,12 @@ With --params, terms sized by the largest tensor (offload staging, DeepSpeed's g
 """
 from __future__ import annotations
 
-import copy
 from typing import List
 
-from ...config import families, hf_models
+from ...config import axes, families, hf_models
 from ...config.compose import compose, compose_many
 from ...config import rules
-from ...config.rules import mesh_rules
-from ...parallel.tp.rules import TP_DEGREES, tensor_rules
+from ...config.rules import axis_rules, mesh_rules
 from ...config.derive import world_size
 from ...config.mesh import mesh_of
 from ...core.errors import ConfigError
@@ -69,14 +67,14 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
 
     t = Table(title=title)
     timed = "step_s" in table[0]
-    for col in ("backend", "dp", "tp", "paper", "device", "host", "buffers", "framework est.", "activations",
+    for col in ("backend", "dp", *axes.AXES, "paper", "device", "host", "buffers", "framework est.", "activations",
                 "act. (ckpt)", "comm/step", "intra-node", "inter-node", "peak", "peak GiB") + \
             (("fits",) if device_gib else ()) + \
             (("step ms", "tokens/s") if timed else ()):
         t.add_column(col, justify="left" if col == "backend" else "right")
     fmt = lambda v: "-" if v is None else f"{v / GB:,.3f}"  # noqa: E731
     for r in table:
-        t.add_row(r["backend"], str(r["dp"]), str(r["tp"]), fmt(r["paper_bytes"]), fmt(r["device_bytes"]), fmt(r["host_bytes"] or None),
+        t.add_row(r["backend"], str(r["dp"]), *(str(r[n]) for n in axes.AXES), fmt(r["paper_bytes"]), fmt(r["device_bytes"]), fmt(r["host_bytes"] or None),
                   fmt(r["buffers_bytes"] or None), fmt(r["framework_estimate_gpu_bytes"]), fmt(r["activations_bytes"]),
                   fmt(r["activations_ckpt_bytes"]), fmt(r["comm_bytes_per_step"]),
                   fmt(r["comm_intra_node_bytes_per_step"]), fmt(r["comm_inter_node_bytes_per_step"]),
@@ -123,9 +121,10 @@ def print_counted(table: List[dict], overrides: List[str], cfg, hypothetical: bo
     if why:
         print(f"--counted: not counted here, {why}")
         return
-    keys = [f"{r['backend']} (dp {r['dp']} x tp {r['tp']})" for r in table]
-    configs = compose_many([[*overrides, f"backend={r['backend']}", f"parallelism.tp={r['tp']}"] for r in table])
-    notes = {k: not_counted(r["backend"], r["tp"]) for k, r in zip(keys, table)}
+    keys = [f"{r['backend']} (dp {r['dp']}{''.join(f' x {n} {r[n]}' for n in axes.AXES)})" for r in table]
+    configs = compose_many([[*overrides, f"backend={r['backend']}", *(f"parallelism.{n}={r[n]}" for n in axes.AXES)]
+                            for r in table])
+    notes = {k: not_counted(r["backend"], {n: r[n] for n in axes.AXES}) for k, r in zip(keys, table)}
     counted = count_configs({k: (c, depths_for(c)) for k, c in zip(keys, configs) if not notes[k]})
     print(f"Counted work ({CARDS[card]['label']}'s measured costs, results/device_costs/cuda.json; the step counted op "
           f"by op on fake tensors, as `make published` prices published runs{published_record()}):")
@@ -172,15 +171,15 @@ def main(argv: List[str] | None = None) -> int:
         raise ConfigError(unsupported[0])
     args.time = args.time or args.counted  # the counted step is set beside the roofline's
     rates = rates_for(cfg, args.world or world_size(cfg)) if args.time else None  # measured once, here
-    pinned = any(o.startswith("parallelism.tp=") for o in overrides)
-    tps = None if pinned else (list(TP_DEGREES) if args.tp == "all" else [int(t) for t in args.tp.split(",") if t])
+    pinned = axes.pinned(overrides)  # a degree the overrides set is the only one; else --<axis> (`all`: searched)
+    asked = {n: [pinned[n]] if n in pinned else list(axes.get(n).searched) if getattr(args, n) == "all" else
+             [int(d) for d in getattr(args, n).split(",") if d] for n in axes.AXES}
     table = rows(overrides, args.params, args.world, rates, names=args.backends.split(",") if args.backends else None,
-                 tps=tps)
-    if not table:  # every asked degree refused by the tensor rules: say why, in one line
-        trial = copy.deepcopy(cfg)
-        trial.parallelism.tp = (tps or [cfg.parallelism.tp])[0]
-        raise ConfigError(f"no backend runs this shape at the asked tensor-parallel degree(s): "
-                          f"{(mesh_rules(trial) or tensor_rules(trial) or ['no rows'])[0]}")
+                 asked=asked)
+    if not table:  # every asked degree refused by an axis's rules: say why, in one line
+        trial = axes.with_degrees(cfg, {n: degrees[0] for n, degrees in asked.items()})
+        raise ConfigError(f"no backend runs this shape at the asked degree(s) of the parallel axes: "
+                          f"{(mesh_rules(trial) or axis_rules(trial) or ['no rows'])[0]}")
     r = table[0]
     mesh = mesh_of(cfg, args.world)  # --world's ranks as nodes of the preset's ranks per node (not the preset's)
     title = (f"{cfg.model.name if not args.params else 'Ψ=%.3g' % args.params}: {r['model_params']:,} params, "

@@ -24,6 +24,7 @@ from typing import Dict, List
 
 import yaml
 
+from ...config import axes
 from ...config.command_line import parse
 from ...config.derive import world_size
 from ...core.paths import REPO, results_dir, snapshot
@@ -79,7 +80,7 @@ def predict_row(row: dict) -> dict:
     backend = row.get("backend", "fsdp")
     overrides = [*base_of(row), *row["overrides"]]
     world = row.get("gpus_per_node", GPUS_PER_NODE) * row["nodes"]
-    (est,) = estimate_rows(overrides, rates=rates(row["card"], world), names=[backend])  # at the row's parallelism.tp
+    (est,) = estimate_rows(overrides, rates=rates(row["card"], world), names=[backend])  # at the row's own mesh
     out = {"id": row["id"], "source": row["source"], "table": row["table"], "card": card["label"],
            "gpus": est["world"],
            "backend": backend, "mesh": est["mesh"], "overrides": row["overrides"], "assumed": row.get("assumed", ""),
@@ -147,8 +148,7 @@ def price_rows(rows: List[dict]) -> Dict[str, dict]:
     out: Dict[str, dict] = {}
     eager = {}
     for row in rows:
-        tp = next((int(o.split("=")[1]) for o in row["overrides"] if o.startswith("parallelism.tp=")), 1)
-        reason = not_counted(row.get("backend", "fsdp"), tp)
+        reason = not_counted(row.get("backend", "fsdp"), axes.pinned(row["overrides"]))
         if reason:
             out[row["id"]] = {"counted_note": reason}
         else:

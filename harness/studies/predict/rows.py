@@ -3,12 +3,12 @@ link, DeepSpeed's own estimate) and, given rates, the time model's step. The est
 published.py and hybrid.py read them."""
 from __future__ import annotations
 
-import copy
-from typing import List
+from typing import Dict, List
 
 from ...config.compose import backends, compose, compose_many, flat_backends
 from ...config.recompute import Recompute
-from ...parallel.tp.rules import tensor_degrees
+from ...config import axes
+from ...config.mesh_check import mesh_points
 from ...config.derive import tokens_per_step, world_size
 from ...core.components import totals
 from ...runtime.compiled_activations import counts_for
@@ -21,9 +21,9 @@ from ...theory.time import predict_parts
 
 
 def rows(overrides: List[str], params: float | None = None, world: int | None = None, rates=None,
-         names: List[str] | None = None, tps: List[int] | None = None) -> List[dict]:
-    """One row per backend (`names`, else every one this shape runs) and tensor-parallel degree (`tps`, else
-    the config's parallelism.tp; each one the backend and model can run): every prediction, plus DeepSpeed's
+         names: List[str] | None = None, asked: Dict[str, List[int]] | None = None) -> List[dict]:
+    """One row per backend (`names`, else every one this shape runs) and mesh (the parallel axes' `asked`
+    degrees, else the config's; each one the backend and model can run): every prediction, plus DeepSpeed's
     estimate where there is one; with `rates` (predict/rates.py's rates_for), the time model's step time and
     tokens/s too."""
     out = []
@@ -34,10 +34,9 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
     # the hybrid backends (HSDP, partial resharding) differ from their flat form only across nodes
     chosen = names or (backends() if base.parallelism.nnodes > 1 else flat_backends())
     for name, backend_cfg in zip(chosen, compose_many([[*overrides, f"backend={b}"] for b in chosen])):
-        for tp in tensor_degrees(backend_cfg, tps or [backend_cfg.parallelism.tp]):
-            cfg = copy.deepcopy(backend_cfg)
-            cfg.parallelism.tp = tp
-            out.append(row(cfg, name, params, world, flops_per_token, rates))
+        own = {n: [getattr(backend_cfg.parallelism, n)] for n in axes.AXES}
+        for point in mesh_points(backend_cfg, asked or own):
+            out.append(row(axes.with_degrees(backend_cfg, point), name, params, world, flops_per_token, rates))
     return out
 
 
@@ -56,7 +55,7 @@ def row(cfg, name: str, params: float | None, world: int | None, flops_per_token
     mesh = shape.mesh
     return {
         "backend": name, "params": shape.params, "world": n, "precision": shape.precision,
-        "dp": mesh.dp, "tp": mesh.tp, "mesh": mesh.describe(), "model_params": shape.model_params or shape.params,
+        "dp": mesh.dp, **axes.degrees_of(mesh), "mesh": mesh.describe(), "model_params": shape.model_params or shape.params,
         "paper_bytes": memory.paper_bytes(memory.paper_stage(cfg.backend), shape),
         "device_bytes": total["device"], "host_bytes": total["host"], "buffers_bytes": comps.get("buffers", 0),
         "framework_estimate_gpu_bytes": ds["gpu"] if ds else None,

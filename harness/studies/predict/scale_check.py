@@ -65,7 +65,7 @@ def cell_overrides(model: str, backend: str, world: int, precision: str, checkpo
 def tp_cells(grid, common: List[str], backends: List[str]) -> List[List[str]]:
     """The 2-D cells (TP_GRID's shape) under those of `backends` that trace at tp > 1. The others are not tried
     again: they fail as their 1-D cells do (DeepSpeed's engine moves the module to its device)."""
-    ok, _ = traceable(2)
+    ok, _ = traceable(split=True)
     return [cell_overrides(m, b, world, "bf16", c == "on", common, tp)
             for m, world, tps, ckpt in grid for tp in tps for b in ok if b in backends for c in ckpt]
 

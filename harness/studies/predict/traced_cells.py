@@ -11,8 +11,9 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from ...config import axes
 from ...config.compose import compose
-from ...config.mesh import per_node_overrides
+from ...config.mesh import mesh_of, per_node_overrides
 from ...core.paths import extensions_dir
 
 
@@ -22,8 +23,8 @@ STATE_KINDS = ("params", "grads", "master", "optimizer")  # theory/memory.layout
 THRESHOLDS = {"states": 1.0, "peak": 10.0, "bytes": 5.0}  # percent, the issue's; never tuned to the results
 
 
-def traceable(tp: int = 1) -> Tuple[List[str], Dict[str, str]]:
-    """The backends whose family runs on fake tensors (at tensor-parallel degree `tp`), and the others with why
+def traceable(split: bool = False) -> Tuple[List[str], Dict[str, str]]:
+    """The backends whose family runs on fake tensors (on a mesh a parallel axis `split`s), and the others with why
     not (their family's `untraceable`). The others fail whatever the model, world, precision or checkpointing,
     with the same cause (ZeRO-3 takes minutes to reach it), so the grid tries each once, to show the cause, not
     once a cell. Offloading and hybrid ones are left out: they fail, or trace, as their flat form does."""
@@ -34,8 +35,8 @@ def traceable(tp: int = 1) -> Tuple[List[str], Dict[str, str]]:
     for name in backends():
         backend = compose([f"backend={name}"]).backend
         family = families.of(backend)
-        why = "" if tp > 1 and family.traces_with_tensor_parallel else family.untraceable
-        if backend.offload_optimizer or backend.offload_params or (tp > 1 and family.is_hybrid(backend)):
+        why = "" if split and family.traces_split else family.untraceable
+        if backend.offload_optimizer or backend.offload_params or (split and family.is_hybrid(backend)):
             continue
         if why:
             others[name] = why
@@ -67,11 +68,13 @@ def traced_bytes_per_step(collectives: List[dict]) -> float:
 
 def row_head(cfg, overrides: List[str]) -> dict:
     """What names a cell in its row, traced or not."""
+    from ...config import axes
     from ...config.derive import world_size
+    from ...config.mesh import mesh_of
     from ...config.recompute import recompute_of
 
     return {"name": cell_name(overrides), "overrides": overrides, "model": cfg.model.name, "backend": cfg.backend.name,
-            "world": world_size(cfg), "tp": cfg.parallelism.tp, "precision": cfg.train.precision,
+            "world": world_size(cfg), **axes.degrees_of(mesh_of(cfg)), "precision": cfg.train.precision,
             "checkpointing": recompute_of(cfg).any}
 
 
@@ -188,7 +191,7 @@ def render_traced(overrides: List[str], world: int | None = None) -> List[dict]:
 
     if world:
         overrides = [*overrides, *world_overrides(world)]
-    ok, others = traceable(compose(overrides).parallelism.tp)
+    ok, others = traceable(bool(axes.active(mesh_of(compose(overrides)))))
     cells = [[*overrides, f"backend={b}", "parallelism.device=cpu", "logger=none"] for b in ok]
     with tempfile.TemporaryDirectory(prefix="shardbench-traced-") as tmp:
         rows = run_grid(cells, Path(tmp), jobs=2)
@@ -217,5 +220,5 @@ def render_traced(overrides: List[str], world: int | None = None) -> List[dict]:
 def cell_name(overrides: List[str]) -> str:
     """The cell's key in cells.jsonl: the overrides that set what the grid varies."""
     keys = ("model=", "backend=", "parallelism.nnodes=", "parallelism.nproc_per_node=", "train.precision=",
-            "train.activation_checkpointing=", "parallelism.tp=")
+            "train.activation_checkpointing=", *(f"{key}=" for key in axes.degree_keys()))
     return " ".join(o for o in overrides if o.startswith(keys))

@@ -140,17 +140,8 @@ def attention_costs(device, precision: str, shapes=ATTENTION_SHAPES, seconds=Non
     return out
 
 
-def run(out: Path, device_type: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from ...runtime import probes
-
-    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if device_type == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+def device_rates(device) -> tuple:
+    """(the CUDA-only record, the matmul, copy and elementwise rates, attention's costs, the copy curve)."""
     if device.type == "cuda":  # the host and the device apart, timed on the device (device_costs_cuda.py)
         from .device_costs_cuda import ATTENTION_SHAPES as CUDA_SHAPES, device_seconds, measure
 
@@ -159,14 +150,22 @@ def run(out: Path, device_type: str) -> None:
                              for p in ("fp32", "bf16")}
         rates = {**{p: cuda["matmul_tflops"][p] for p in ("fp32", "bf16")}, "copy_gbps": cuda["copy_gbps"],
                  **{f"elementwise_{p}": cuda["elementwise_per_s"][p] for p in ("fp32", "bf16")}}
-        attention, copy_curve = cuda["attention"], cuda["copy_gbps_by_size"]
-    else:
-        cuda = {}
-        rates = {p: matmul_tflops(device, p, 1024) for p in ("fp32", "bf16")}
-        rates["copy_gbps"] = copy_gbps(device)
-        rates.update({f"elementwise_{p}": elementwise_rate(device, p) for p in ("fp32", "bf16")})
-        attention = {p: attention_costs(device, p) for p in ("fp32", "bf16")}
-        copy_curve = [[size, copy_gbps(device, size)] for size in COPY_SIZES]
+        return cuda, rates, cuda["attention"], cuda["copy_gbps_by_size"]
+    rates = {p: matmul_tflops(device, p, 1024) for p in ("fp32", "bf16")}
+    rates["copy_gbps"] = copy_gbps(device)
+    rates.update({f"elementwise_{p}": elementwise_rate(device, p) for p in ("fp32", "bf16")})
+    attention = {p: attention_costs(device, p) for p in ("fp32", "bf16")}
+    return {}, rates, attention, [[size, copy_gbps(device, size)] for size in COPY_SIZES]
+
+
+def busy_collectives(device, n: int) -> list:
+    """Each collective at each size after each gap of busy work: the time the caller was blocked, the slowest
+    rank's mean."""
+    import torch
+    import torch.distributed as dist
+
+    from ...runtime import probes
+
     x = torch.ones(256, device=device)
     units = {gap: units_for(gap, x) for gap in GAPS}
     rows = []
@@ -188,6 +187,20 @@ def run(out: Path, device_type: str) -> None:
                 dist.all_reduce(mean, op=dist.ReduceOp.MAX)  # the slowest rank's mean, as a step waits for it
                 rows.append({"op": op, "ranks": n, "size_bytes": nbytes, "gap_s": gap, "time_s": mean.item(),
                              "device": device.type, "busy": True, "iters": iters})
+    return rows
+
+
+def run(out: Path, device_type: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    cuda, rates, attention, copy_curve = device_rates(device)
+    rows = busy_collectives(device, n)
     measured = torch.tensor([rates["fp32"], rates["bf16"], rates["copy_gbps"], rates["elementwise_fp32"],
                              rates["elementwise_bf16"]] + [g for _, g in copy_curve], dtype=torch.float64,
                             device=device)
