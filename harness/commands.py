@@ -29,7 +29,7 @@ class Command:
 COMMANDS: Dict[str, Command] = {
     # a run, a sweep and their report
     "train": Command("harness.launcher.train:main", "one run, or a Hydra multirun (-m) of runs: "
-                     "`shardbench train backend=fsdp model=small_llama`"),
+                     "`shardbench train backend=<name> model=<preset>`"),
     "report": Command("harness.reporting.sweep_report:main",
                       "rebuild a sweep's tables, report and plots from its run dirs"),
     "dashboard": Command("harness.reporting.dashboard:main", "create a sweep's W&B Report and workspace from its "

@@ -23,8 +23,8 @@ def test_the_queue_holds_the_issues_order_and_every_command_checks(monkeypatch, 
     from harness.config.compose import compose
 
     names = [c.name for c in QUEUE]
-    assert names[:5] == ["axes", "capacity-headline", "capacity-rest", "bench-fsdp-mb2", "time-model"]
-    assert {"zeropp-quantized", "fsdp1-offload"} <= set(names) and len(set(names)) == len(names)
+    assert names[:5] == ["axes", "capacity-headline", "capacity-rest", "bench-mb2", "time-model"]
+    assert {"zeropp-quantized", "cuda-only-offload"} <= set(names) and len(set(names)) == len(names)
     for check in QUEUE:
         words = [w.replace("{budget_s}", "300").replace("{device}", "nvidia-h200") for w in check.command]
         assert words[0] in commands.COMMANDS, check.name

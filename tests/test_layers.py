@@ -274,3 +274,24 @@ def test_few_modules_outside_the_axis_package_name_tensor_parallelism():
             naming.append(name)
     assert len(naming) <= 10, sorted(naming)
     assert "harness.config.axes" in naming  # the registry: what the test reads is really there
+
+
+def test_no_backend_is_named_in_code_outside_its_package_the_registry_and_conf():
+    """A study's default backends and cells are data in conf/studies.yaml (harness/studies/flags.py), a refusal
+    names what the registry says: outside harness/backends/, the families' registry and the independent loop
+    (whose point is to be written without the harness), no string in code names a backend (issue 70: 22
+    did, in 6 study files). Prose (docstrings, comments) may."""
+    import io
+    import tokenize
+
+    names = sorted(p.stem for p in (REPO / "conf" / "backend").glob("*.yaml"))
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+    allowed = ("harness.backends", "harness.config.families", "harness.studies.bench.independent_loop")
+    found = []
+    for name, path in modules().items():
+        if name.startswith(allowed):
+            continue
+        for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            if t.type == tokenize.STRING and not re.match(r"[rbfu]*(\"\"\"|''')", t.string) and pattern.search(t.string):
+                found.append(f"{name}:{t.start[0]}: {t.string[:60]}")
+    assert not found, found

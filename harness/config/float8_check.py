@@ -28,8 +28,9 @@ def problems(cfg, capability: Callable[[], Optional[Tuple[int, int]]] = cuda_cap
     key = f"train.float8={recipe}"
     refusal = families.of(cfg.backend).float8_refusal
     if refusal:
-        return [f"{key}: not under {cfg.backend.name} ({refusal}); torchao's float8 training runs under FSDP2 and "
-                "DDP. Use backend=fsdp or ddp"]
+        able = [f.name for f in families.every() if not f.float8_refusal]  # the registry's, not a list here
+        return [f"{key}: not under {cfg.backend.name} ({refusal}); torchao's float8 training runs under the "
+                f"{' and '.join(able)} families. Use a backend of one of them"]
     if cfg.model.family != "llama":
         return [f"{key}: model family {cfg.model.family}'s matmuls are transformers' Conv1D, which torchao does "
                 "not convert (only nn.Linear); use a Llama-family model"]

@@ -1,10 +1,12 @@
 """The flags of `shardbench estimate`, `shardbench advise` and `shardbench gpu-capacity`, parsed before torch is imported
-(the check itself, which every command runs first, is config/command_line.py).
+(the check itself, which every command runs first, is config/command_line.py), and the studies' defaults that name
+backends (conf/studies.yaml).
 """
 from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 from typing import Optional
 
 from ..config import axes  # torch-free, as are the axes' packages and the theory's margin
@@ -73,7 +75,16 @@ def advise_parser() -> argparse.ArgumentParser:
     return parser
 
 
-CAPACITY_BACKENDS = ["ds_zero3_offload", "ddp", "fsdp_offload", "ds_zero3", "fsdp", "ds_zero2", "ds_zero2_offload"]
+@functools.lru_cache(maxsize=None)
+def defaults(study: str) -> dict:
+    """One study's defaults that name backends (the backends it runs, the cells it names), from
+    conf/studies.yaml: data in conf/, as the backends' own settings are, not strings in the studies' code."""
+    import yaml
+
+    return yaml.safe_load((CONF / "studies.yaml").read_text())[study]
+
+
+CAPACITY_BACKENDS = defaults("capacity")["backends"]  # conf/studies.yaml
 
 
 def gpu_capacity_parser() -> argparse.ArgumentParser:

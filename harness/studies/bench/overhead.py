@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 
 from ...core.paths import REPO, results_dir
 from ...core.rundir import RunDir, write_json, write_text
+from ..flags import defaults
 from .record import TARGET, verdict, write_record
 from ...launcher.torchrun import rank_env, torchrun_cmd
 from ...config.command_line import parse
@@ -45,9 +46,9 @@ WORKER = "harness.studies.bench.worker"
 # counted) come after its timed window and are not compared.
 DEFAULTS = ["model=small_llama", "parallelism.seq_len=128", "parallelism.micro_batch=4", "parallelism.grad_accum=1",
             "train.steps=25", "train.warmup_steps=5", "logger=none", "train.measure_flops=false"]
-BACKENDS = ["ddp", "fsdp", "fsdp_grad_op", "ds_zero2", "ds_zero3", "accelerate_ddp"]
+BACKENDS = defaults("bench")["backends"]  # conf/studies.yaml
 # the yardstick's backend -> the harness backend it is set against
-HARNESS_OF = {"accelerate_ddp": "ddp"}
+HARNESS_OF = defaults("bench")["yardsticks"]
 # in the paired launch, the harness run's steps after its timed window (profiled memory, counted collectives and
 # work, the time breakdown's profiled steps) are off: they are not compared, they would add half to a pair's time,
 # and torch's profiler would have run in the process before the later pairs' timed steps, which in a run it never
@@ -251,8 +252,8 @@ def profile(backend: str, overrides: list[str], steps: int, out_dir: Path) -> Li
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default=",".join(BACKENDS),
-                        help=f"comma-separated (default: {','.join(BACKENDS)}; accelerate_ddp: the harness's ddp "
-                             "against accelerate's own loop)")
+                        help=f"comma-separated (default: {','.join(BACKENDS)}; a yardstick is set against the "
+                             f"harness's backend: {', '.join(f'{y}: {b}' for y, b in HARNESS_OF.items())})")
     parser.add_argument("--pairs", type=int, default=48, help="interleaved harness/independent pairs per backend")
     parser.add_argument("--out", default=str(results_dir("bench")))
     parser.add_argument("--launches", type=int, default=12,

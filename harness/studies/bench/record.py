@@ -37,7 +37,7 @@ def write_record(out_dir: Path, command: str, settings: List[str], pairs: int, l
                 f"both in the same ranks of a launch (`harness/studies/bench/worker.py`), {launches} launches a "
                 "backend, interleaved across backends")
              + "; each pair's ratio is the median of its timed "
-             "steps over the median of the independent loop's (accelerate_ddp: the harness's ddp over accelerate's "
+             "steps over the median of the independent loop's (a yardstick: the harness's backend over that library's "
              "own loop). The figure is the median pair ratio, with a 95% bootstrap interval (10,000 draws"
              + (" of the pairs" if launches is None else " of the launches, then of the pairs within each")
              + f"). Target ≤ {TARGET}.", "",

@@ -24,7 +24,8 @@ import torch.distributed as dist
 
 from ...core.rundir import RunDir, write_json
 from ...runtime.cells_worker import train_cell
-from ...runtime.worker import end_cell, exit_without_teardown, load_config, start
+from ...runtime.rank_life import end_cell, exit_without_teardown
+from ...runtime.worker import load_config, start
 from . import independent_loop
 
 

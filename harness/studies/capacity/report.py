@@ -7,9 +7,11 @@ from typing import List, Optional
 
 from ...core.rundir import write_text
 from ...reporting.plots import pyplot
+from ..flags import defaults
 
 GIB = 2**30
-OFFLOADING = ("ds_zero3_offload", "fsdp_offload", "ds_zero2_offload")
+OFFLOADING = tuple(defaults("capacity")["offloading"])  # conf/studies.yaml, with the baseline
+BASELINE = defaults("capacity")["baseline"]
 
 
 def billions(params: Optional[float]) -> str:
@@ -101,10 +103,10 @@ def seeds_comparison(result: dict) -> List[str]:
     out = [f"Under DDP the model states take 16 bytes a parameter (fp32 weights or masters, fp32 gradients, Adam's "
            f"two fp32 moments): {size(card, div)} {label} / 16 B = {billions(card / 16)} parameters before any "
            "activation. The paper's V100 (32 GB) gives 2B by the same count, and DDP stopped at 1.4B there."]
-    ddp = rows.get("ddp")
+    ddp = rows.get(BASELINE)
     base = largest_params(ddp, predicted) if ddp else None
     if ddp:
-        out.append(f"- ddp: {billions(base)} ({word}).")
+        out.append(f"- {BASELINE}: {billions(base)} ({word}).")
     for b in OFFLOADING:
         if b not in rows:
             continue

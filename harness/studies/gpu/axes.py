@@ -29,6 +29,7 @@ from typing import List
 from ...config.command_line import parse
 from ...core.paths import REPO
 from ...core.rundir import write_json, write_text
+from ..flags import defaults
 from ..axes import rows as axes
 from .machine import environment, prepare_jit_ops, slug
 from ...core.spawn import command_argv
@@ -40,17 +41,7 @@ from ...core.spawn import command_argv
 COMMON = ["model=llama_1b", "parallelism=gpu1", "train.precision=bf16", "parallelism.micro_batch=8",
           "parallelism.seq_len=2048", "logger=none", "train.breakdown_steps=0", "train.count_collectives=false",
           "optim.lr=3e-4", "optim.warmup_steps=10"]
-CELLS = {
-    "fsdp": ["backend=fsdp"],
-    "fsdp_compiled": ["backend=fsdp", "train.compile=true"],
-    "fsdp_compiled_float8_tensorwise": ["backend=fsdp", "train.compile=true", "train.float8=tensorwise"],
-    "fsdp_compiled_float8_rowwise": ["backend=fsdp", "train.compile=true", "train.float8=rowwise"],
-    "fsdp_selective_op": ["backend=fsdp", "train.activation_checkpointing=selective_op"],
-    "fsdp_every_2": ["backend=fsdp", "train.activation_checkpointing=every_2"],
-    "ds_zero3": ["backend=ds_zero3"],
-    "ds_zero3_deepcompile": ["backend=ds_zero3", "backend.deepcompile=true"],
-    "ddp_compiled": ["backend=ddp", "train.compile=true"],
-}
+CELLS = defaults("gpu_axes")["cells"]  # conf/studies.yaml: each cell's overrides, in the order they run
 
 
 def run_cells(root: Path, names: List[str], steps: int, overrides: List[str], budget_s: float, started: float):

@@ -18,10 +18,16 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ...core.paths import REPO
+from ..flags import defaults
 
 LLAMA_1B = ("model=llama_1b", "parallelism=gpu1", "train.precision=bf16")
 GPT2 = ("model=gpt2_124m", "parallelism=gpu1", "parallelism.seq_len=1024", "train.precision=bf16")
 SHORT = ("logger=none", "train.steps=12", "train.warmup_steps=4")
+WHICH = defaults("gpu_queue")  # conf/studies.yaml: the backends each check runs
+
+
+def listed(name: str) -> str:
+    return ",".join(WHICH[name])
 
 
 @dataclass(frozen=True)
@@ -40,26 +46,26 @@ QUEUE: List[Check] = [
           ("gpu-axes", "--budget-s", "{budget_s}"), 480, "make gpu-axes's own bound (8 minutes)", ("axes.md",)),
     Check("capacity-headline", "the seeds' headline, measured: the largest Llama DDP, ZeRO-3 offload and FSDP2 "
           "offload train on the card (predicted 2.25B, 5.07B, 7.58B on 80 GB with 128 GiB of host memory)",
-          ("gpu-capacity", "--backends", "ddp,ds_zero3_offload,fsdp_offload", "--budget-s", "{budget_s}"), 450,
+          ("gpu-capacity", "--backends", listed("capacity_headline"), "--budget-s", "{budget_s}"), 450,
           "3 backends x 2 probes (the boundary and the rung above) x 75 s, a run's longest on one H100 "
           "(docs/gpu.md)", ("capacity.md",)),
     Check("capacity-rest", "the other backends' boundaries: ZeRO-3, FSDP2, ZeRO-2 and its offload",
-          ("gpu-capacity", "--backends", "ds_zero3,fsdp,ds_zero2,ds_zero2_offload", "--budget-s", "{budget_s}"), 600,
+          ("gpu-capacity", "--backends", listed("capacity_rest"), "--budget-s", "{budget_s}"), 600,
           "4 backends x 2 probes x 75 s", ("capacity.md",)),
-    Check("bench-fsdp-mb2", "the FSDP2 bench pair at micro-batch 2 in one launch (1.065 [1.024, 1.106] on the H100 "
-          "in separate launches)", ("bench", "--backends", "fsdp", "--pairs", "4", "--out",
+    Check("bench-mb2", "the FSDP2 bench pair at micro-batch 2 in one launch (1.065 [1.024, 1.106] on the H100 "
+          "in separate launches)", ("bench", "--backends", listed("bench"), "--pairs", "4", "--out",
                                     "results/gpu/{device}/bench", *LLAMA_1B, "parallelism.micro_batch=2",
                                     "parallelism.seq_len=2048"), 300,
           "4 pairs of 25-step llama_1b runs in one launch, about 35 s a side on one H100", ("bench",)),
     Check("time-model", "the time model's GPU parts (10 of 32 within 30% on the H200) since the cold start and the "
           "counted-work pricing landed; the device costs timed again",
-          ("gpu-check", "--device-costs", "--backends", "ddp,fsdp,ds_zero3,ds_zero2", "--no-oom",
+          ("gpu-check", "--device-costs", "--backends", listed("time_model"), "--no-oom",
            "--budget-s", "{budget_s}", "train.profile_memory=false", "train.profile=true"), 286,
           "the same command on one H200, 2026-11-26 (docs/gpu.md)", ("time_model.md", "check.md")),
     Check("zeropp-quantized", "ZeRO++'s quantized weights and gradients (qwZ, qgZ), a CUDA-only path",
-          ("train", "backend=ds_zeropp", "backend.quantized_weights=true", "backend.quantized_gradients=true",
+          ("train", f"backend={WHICH['zeropp']}", "backend.quantized_weights=true", "backend.quantized_gradients=true",
            *GPT2, *SHORT), 120, "one gpt2_124m run with the op build, as gpu-check's offload runs took"),
-    Check("fsdp1-offload", "FSDP1's CPU offload, which needs CUDA", ("train", "backend=fsdp1_offload", *GPT2, *SHORT),
+    Check("cuda-only-offload", "FSDP1's CPU offload, which needs CUDA", ("train", f"backend={WHICH['cuda_only_offload']}", *GPT2, *SHORT),
           90, "one gpt2_124m run, as gpu-check's took on one H100"),
 ]
 

@@ -26,9 +26,10 @@ from typing import Dict, List, Optional
 
 from ...config import axes
 from ...core.paths import REPO
+from ..flags import defaults
 
 DEPTHS = (1, 2)  # runtime/fake_replay.DEPTHS, restated here so that the parent need not import torch for it
-COUNTED = ("fsdp", "fsdp_grad_op")
+COUNTED = tuple(defaults("counted")["backends"])  # conf/studies.yaml
 TIME_TARGET_PCT = 30  # issue 49's target for a predicted step against a published one
 
 

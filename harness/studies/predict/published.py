@@ -29,6 +29,7 @@ from ...config.command_line import parse
 from ...config.derive import world_size
 from ...core.paths import REPO, results_dir, snapshot
 from ...core.rundir import write_json, write_text
+from ..flags import defaults
 from .counted_shapes import TIME_TARGET_PCT
 from .cards import CARDS, MEASURED_CARDS
 
@@ -69,7 +70,12 @@ def base_of(row: dict) -> List[str]:
     """The overrides every config of `row` starts from: its hosts, bf16, one micro-batch a step, its backend."""
     return [f"parallelism=gpu{GPUS_PER_NODE}", f"parallelism.nproc_per_node={row.get('gpus_per_node', GPUS_PER_NODE)}",
             "train.precision=bf16", f"parallelism.nnodes={row['nodes']}", "parallelism.grad_accum=1",
-            f"backend={row.get('backend', 'fsdp')}"]
+            f"backend={backend_of(row)}"]
+
+
+def backend_of(row: dict) -> str:
+    """The backend a row ran: the one it names, else the one conf/studies.yaml says the published rows ran."""
+    return row.get("backend") or defaults("counted")["published_default"]
 
 
 def predict_row(row: dict) -> dict:
@@ -77,7 +83,7 @@ def predict_row(row: dict) -> dict:
     from .rows import rows as estimate_rows
 
     card = CARDS[row["card"]]
-    backend = row.get("backend", "fsdp")
+    backend = backend_of(row)
     overrides = [*base_of(row), *row["overrides"]]
     world = row.get("gpus_per_node", GPUS_PER_NODE) * row["nodes"]
     (est,) = estimate_rows(overrides, rates=rates(row["card"], world), names=[backend])  # at the row's own mesh
@@ -148,7 +154,7 @@ def price_rows(rows: List[dict]) -> Dict[str, dict]:
     out: Dict[str, dict] = {}
     eager = {}
     for row in rows:
-        reason = not_counted(row.get("backend", "fsdp"), axes.pinned(row["overrides"]))
+        reason = not_counted(backend_of(row), axes.pinned(row["overrides"]))
         if reason:
             out[row["id"]] = {"counted_note": reason}
         else:

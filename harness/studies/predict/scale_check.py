@@ -35,6 +35,7 @@ from typing import List
 from ...config.command_line import parse
 from ...core.paths import REPO, results_dir
 from ...core.rundir import write_json, write_text
+from ..flags import defaults
 from .traced_cells import THRESHOLDS, gib_text, misses, pct_text, run_grid, traceable, world_overrides
 
 
@@ -52,7 +53,7 @@ WIDE = GRID["models"]  # the models traced under every traceable backend and in 
 TP_GRID = (("llama_70b", 256, (8,), ("off", "on")), ("llama_70b", 512, (8,), ("off", "on")),
            ("llama_7b", 64, (2, 4, 8), ("off",)), ("llama_13b", 64, (2, 4, 8), ("off",)))
 TP_COMMON = ["parallelism.loss_parallel=false"]
-TP_BACKENDS = "fsdp,ddp"  # FSDP2 + TP and DDP + TP (torch's replicate): the two mechanisms; the FSDP2 variants trace too
+TP_BACKENDS = ",".join(defaults("scale_check")["axis_backends"])  # FSDP2 + TP and DDP + TP (torch's replicate): the two mechanisms; the FSDP2 variants trace too
 
 
 def cell_overrides(model: str, backend: str, world: int, precision: str, checkpointing: bool,
