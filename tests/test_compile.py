@@ -1,7 +1,7 @@
 """train.compile=true on CPU (inductor, g++): DDP and FSDP2 compile each Transformer block and keep the eager
 DDP run's fp32 losses; compiling happens in the warm-up and is reported as time/compile_s, outside the timed
 window; and the memory check's compiled cells, whose peaks are predicted from what AOTAutograd's partition of a
-block keeps (runtime/compiled_activations.py), or of DeepSpeed's whole compiled module. Eight cells of one launch,
+block keeps (runtime/compiled/compiled_activations.py), or of DeepSpeed's whole compiled module. Eight cells of one launch,
 about 2 minutes with a cold inductor cache: make test-drills (CI runs it)."""
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def runs(tmp_path_factory):
         "compiled": only(("ddp", "fsdp"), *common, "train.compile=true"),
         "memory": only(("ddp", *WHOLE_MODULE), "profile=parity", *COMPILED, *memory_check.CELL,
                        f"train.memory_steps={REPEATS}"),
-        # fully checkpointed, the peak is inside a block's compiled backward (runtime/compiled_backward.py)
+        # fully checkpointed, the peak is inside a block's compiled backward (runtime/compiled/compiled_backward.py)
         "memory_full": only(("ddp", *WHOLE_MODULE), "profile=parity", *COMPILED, "train.activation_checkpointing=full",
                             *memory_check.CELL, f"train.memory_steps={REPEATS}")})
 
@@ -65,7 +65,7 @@ def test_compile_time_is_reported_and_stays_out_of_the_timed_steps(runs, backend
     eager = runs["eager"][backend][0]["figures"]
     assert "time/compile_s" not in eager
     # a process's first compile builds inductor's C++ and takes seconds here (2.1 s), unless the rank has just
-    # generated a block's backward for its memory prediction (runtime/compiled_backward.py, when the clone's trace
+    # generated a block's backward for its memory prediction (runtime/compiled/compiled_backward.py, when the clone's trace
     # cache does not have it yet), which warms inductor; a later cell's re-traces its blocks with inductor warm
     # (0.22 s; the cells worker resets dynamo between cells, so no cell runs another's compiled code). A timed step
     # of tiny_llama takes 16-34 ms, so a compile inside the window would make the slowest step at least its time
@@ -102,7 +102,7 @@ def test_a_fully_checkpointed_compiled_run_peaks_inside_the_backward_it_compiled
     mask (+9.1% to +33.6% before)."""
     from harness.config.compose import compose
     from harness.config.derive import world_size
-    from harness.runtime.compiled_activations import counts_for
+    from harness.runtime.compiled.compiled_activations import counts_for
     from harness.theory.predict import predict
 
     summary, _, run_dir = runs["memory_full"][backend]
@@ -130,7 +130,8 @@ def test_a_deepspeed_compiled_run_is_within_10_percent_of_what_its_whole_compile
     ZeRO-2's only 1.3% here, but +13.5% on the activation-dominated tiny_llama, where ZeRO-3's was +54.7%."""
     from harness.config.compose import compose
     from harness.config.derive import world_size
-    from harness.runtime import compiled_activations, models
+    from harness.runtime.compiled import compiled_activations
+    from harness.runtime import models
     from harness.theory.activations import regime
     from harness.theory.predict import predict
 

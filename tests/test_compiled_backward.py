@@ -1,11 +1,11 @@
 """What a compiled block's backward holds at its peak, walked from inductor's generated wrapper
-(runtime/compiled_backward.py): inputs until their `del`, buffers from allocation to `del`, a buffer handed on
+(runtime/compiled/compiled_backward.py): inputs until their `del`, buffers from allocation to `del`, a buffer handed on
 keeps its one storage, a fallback kernel's results are held from the line that takes each out. In process, on a
 wrapper written here in the form inductor generates (the real one is generated for the drill's compiled cells,
 tests/test_compile.py, and the memory check's)."""
 from __future__ import annotations
 
-from harness.runtime.compiled_backward import wrapper_peak
+from harness.runtime.compiled.compiled_backward import wrapper_peak
 
 MIB = 2**20
 
@@ -55,9 +55,9 @@ def test_a_wrapper_it_cannot_read_is_an_error_not_a_figure():
 
 
 def test_a_trace_is_read_back_from_disk_and_a_failed_one_is_tried_again(tmp_path, monkeypatch):
-    # runtime/trace_cache.on_disk: what one process traced, the next reads instead of tracing again; a trace that
+    # runtime/compiled/trace_cache.on_disk: what one process traced, the next reads instead of tracing again; a trace that
     # found nothing (None: the generated code could not be read) is not kept, so the next process tries again
-    from harness.runtime import trace_cache
+    from harness.runtime.compiled import trace_cache
 
     monkeypatch.setattr(trace_cache, "traces_dir", lambda: tmp_path)
     calls = []
@@ -105,7 +105,7 @@ def test_views_of_one_storage_hold_it_once_until_the_last_of_them_goes():
 
 
 def test_a_backward_input_is_a_parameter_by_the_forward_input_it_came_in_as():
-    from harness.runtime.compiled_backward import _is_parameter
+    from harness.runtime.compiled.compiled_backward import _is_parameter
 
     parameter = [False, True, True]  # the compiled graph's inputs: the ids, then two weights
     assert [_is_parameter(n, parameter) for n in ("primals_1", "primals_2", "primals_3")] == [False, True, True]
@@ -169,7 +169,7 @@ def test_a_deep_module_s_backward_is_generated_at_two_depths_and_each_further_bl
     from omegaconf import OmegaConf
 
     from harness.config.compose import compose
-    from harness.runtime import compiled_backward
+    from harness.runtime.compiled import compiled_backward
 
     asked = []
 

@@ -1,4 +1,4 @@
-"""A rank too large for this host counted on fake tensors (runtime/fake_replay.py), and the published rows it
+"""A rank too large for this host counted on fake tensors (runtime/simulate/fake_replay.py), and the published rows it
 prices (studies/predict/counted_shapes.py): the fake replay counts what a real replay of the same rank counts, its
 two shallow depths extend to a deeper one exactly, and a card's costs are the committed GPU's scaled by the
 datasheets."""
@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from harness.config.compose import compose
-from harness.runtime.fake_replay import extend
+from harness.runtime.simulate.fake_replay import extend
 from harness.studies.predict import counted_shapes
 from harness.studies.predict import published
 

@@ -14,7 +14,8 @@ import torch
 from conftest import BACKENDS
 from harness.config import rules
 from harness.config.compose import compose
-from harness.runtime import initial_weights, models, probes
+from harness.runtime import initial_weights, models
+from harness.runtime.measure import probes
 from harness.runtime.pretrained import Checkpoint
 from test_memory_model import _measured_vs_predicted
 from test_parity import assert_losses_match

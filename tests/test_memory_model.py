@@ -171,7 +171,7 @@ def test_a_compiled_shape_is_estimated_and_advised_with_what_its_compiled_blocks
     # own prediction reads what AOTAutograd's partition of each block keeps. The three must say the same peak.
     # Nothing is traced here (seconds a shape: the compile drill's cells and the memory check trace): what a block
     # keeps and what its backward holds are given, far under eager's count, and must reach all three
-    from harness.runtime import compiled_activations, compiled_backward
+    from harness.runtime.compiled import compiled_activations, compiled_backward
     monkeypatch.setattr(compiled_activations, "_kept", lambda *args: {"per_token": 100.0, "per_block": 0.0})
     monkeypatch.setattr(compiled_backward, "backward_peak", lambda cfg, regime, policy: 2.0**20)
     from harness.config.compose import compose
@@ -203,7 +203,7 @@ def test_each_backend_asks_for_the_trace_its_engine_compiles(monkeypatch, backen
     # which generated backward is read: each block's (DDP), the whole module's (ZeRO-1/2, whose one backward holds
     # every block), none under ZeRO-3's split module, whose checkpointed blocks recompute eagerly
     from harness.config.compose import compose
-    from harness.runtime import compiled_activations, compiled_backward
+    from harness.runtime.compiled import compiled_activations, compiled_backward
 
     asked, read = [], []
     monkeypatch.setattr(compiled_activations, "_kept_module", lambda *args: asked.append(("module", *args)) or {})

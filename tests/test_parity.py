@@ -110,7 +110,7 @@ def test_flops_are_counted_and_mfu_follows_from_throughput(fp32_runs):
                                         ("NVIDIA H200 NVL", 835.5), ("NVIDIA A100-SXM4-40GB", 312.0),
                                         ("NVIDIA H100", None), ("NVIDIA GeForce RTX 4090", None)])
 def test_peaks_are_looked_up_by_exact_device_name(name, peak):
-    from harness.runtime.probes import datasheet_peak
+    from harness.runtime.measure.probes import datasheet_peak
 
     assert datasheet_peak(name, "bf16") == peak  # an unlisted name falls back to the measured matmul peak
 

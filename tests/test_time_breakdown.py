@@ -1,4 +1,4 @@
-"""Where the step time goes: the measured breakdown (runtime/time_profile.py) on the fixture sweeps' runs, and
+"""Where the step time goes: the measured breakdown (runtime/measure/time_profile.py) on the fixture sweeps' runs, and
 the theory of communication and time (theory/communication.py, theory/time.py) against the ZeRO paper."""
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def test_comm_table_interpolates_measured_sizes_and_states_its_default():
 
 
 def test_every_backend_sends_the_bytes_the_model_predicts(fp32_runs, bf16_runs):
-    """The bytes each rank sends in one step, counted from every c10d collective (runtime/collective_count.py),
+    """The bytes each rank sends in one step, counted from every c10d collective (runtime/measure/collective_count.py),
     against theory/communication.py's list, on both sweeps: 3 ranks, fp32, parity, 2 micro-batches (tiny_llama)
     and 2 ranks, bf16, native (tiny_gpt2). Among what this holds: DeepSpeed 0.19 all-reduces ZeRO-1/2's
     gradient buckets (half again the paper's volume), and ZeRO-3 gathers its persistent parameters after each

@@ -16,8 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from .families import FAMILIES, backend_fields
-from .sections import (DataConfig, DistConfig, FaultConfig, LaunchConfig, LoggerConfig, OpsConfig, OptimConfig,
-                       PathsConfig, SweepConfig)
+from .sections import DataConfig, DistConfig, FaultConfig, LaunchConfig, LoggerConfig, OpsConfig, OptimConfig, PathsConfig, SweepConfig
 from .run_names import MAX_DIRNAME, name_of_hf_config, run_dirname, run_model_name  # noqa: F401 - schema.<name>
 
 # fault.kind: what runtime/faults.py can inject; `none` first, `hang` last (the drill interrupts it)
@@ -160,10 +159,10 @@ class TrainConfig:
     measure_flops: bool = True  # count FLOPs once with FlopCounterMode on a meta-device copy
     # two extra steps after the timed window, neither timed nor logged: one whose collectives are counted by op,
     # size and group (which link they cross: comm/measured_* against comm/predicted_*) and ops by phase, one
-    # whose Python lines are (runtime/work_count.py): the time model's input
+    # whose Python lines are (runtime/measure/work_count.py): the time model's input
     count_collectives: bool = True
     # peak tensor memory by kind, from torch's memory profiler on one extra step after the timed window
-    # (runtime/memory_profile.py); that step is neither timed nor logged
+    # (runtime/measure/memory_profile.py); that step is neither timed nor logged
     profile_memory: bool = True
     # split that peak by kind with torch's data-flow analysis (~1-2 s a run); false: the peak and the closure
     # check only, from the step's allocations and frees (a strategy holding buffers Python cannot reach, DDP's
@@ -176,7 +175,7 @@ class TrainConfig:
     # (torch.cuda.memory._record_memory_history), dumped to memory/rank<r>_snapshot.pickle in the run dir: open it
     # at https://pytorch.org/memory_viz. Neither timed nor logged
     memory_snapshot: bool = False
-    # where the step time goes (runtime/time_profile.py): this many extra steps after the timed window run under
+    # where the step time goes (runtime/measure/time_profile.py): this many extra steps after the timed window run under
     # torch's profiler, neither timed nor logged; 0 = no breakdown
     breakdown_steps: int = 2
     # true: those steps are also written as a Chrome/Perfetto trace per rank, traces/rank<r>.json.gz in the run dir

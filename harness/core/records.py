@@ -106,13 +106,13 @@ class RankReport:
     init: str  # where the model was built: host | meta | zero.Init
     params: Dict[str, int]  # total, embedding, per_block, largest_param, sizes
     measured_peak_tflops: float = 0.0  # a matmul's best rate on this rank: the practical ceiling
-    tensor_peak: Optional[dict] = None  # runtime.memory_profile: peak live tensor bytes by kind, closure
-    time_breakdown: Optional[dict] = None  # runtime.time_profile: seconds per part of a profiled step
+    tensor_peak: Optional[dict] = None  # runtime.measure.memory_profile: peak live tensor bytes by kind, closure
+    time_breakdown: Optional[dict] = None  # runtime.measure.time_profile: seconds per part of a profiled step
     measured_copy_gbps: float = 0.0  # a large copy's best rate on this rank: the optimizer theory's bandwidth
-    # runtime.collective_count: every collective of one extra step, by op, size and group's ranks; None = not
+    # runtime.measure.collective_count: every collective of one extra step, by op, size and group's ranks; None = not
     # counted (train.count_collectives=false)
     collectives: Optional[List[dict]] = None
-    # runtime.work_count: one step's ops, Python lines and collectives by phase (the time model's input)
+    # runtime.measure.work_count: one step's ops, Python lines and collectives by phase (the time model's input)
     work: Optional[dict] = None
     # runtime.train_state: this rank's saves (seconds blocking and in all, host peak, bytes on disk on rank 0)
     # and the checkpoint it resumed from (seconds to load, host peak); None = no checkpointing

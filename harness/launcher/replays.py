@@ -1,5 +1,5 @@
 """Count the work of runs nobody has started: each config's rank 0 replayed in one process over the mirror
-process group (runtime/replay.py), in `jobs` processes at once, each replaying its share of the configs one
+process group (runtime/simulate/replay.py), in `jobs` processes at once, each replaying its share of the configs one
 after another (a process costs its imports, about 8 s here; a replayed small model a second or two).
 
 The processes run `jobs` at a time. A config's result is kept in `<directory>/<name>.json` beside its `<name>.yaml`; a config whose result is
@@ -19,15 +19,15 @@ from ..config.derive import world_size
 from ..core.paths import REPO
 from .torchrun import rank_env
 
-MODULE = "harness.runtime.replay"
+MODULE = "harness.runtime.simulate.replay"
 
 
 def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank: int = 0,
                 popen=subprocess.Popen, fake: bool = False) -> Dict[str, dict]:
     """{name: {"ok": True, "work": Work dict} or {"ok": False, "error": ...}} for every config, as its rank
-    `rank` counts it. `popen` starts each replay process (`python -m harness.runtime.replay <batch>`) with
+    `rank` counts it. `popen` starts each replay process (`python -m harness.runtime.simulate.replay <batch>`) with
     subprocess.Popen's arguments: a test passes one that forks the test process instead, which has paid the
-    imports already (tests/forked_ranks.ForkedPopen). `fake`: on fake tensors (runtime/fake_replay.py), for
+    imports already (tests/forked_ranks.ForkedPopen). `fake`: on fake tensors (runtime/simulate/fake_replay.py), for
     ranks too large for this host."""
     directory = Path(directory) / f"rank{rank}"
     todo: Dict[str, str] = {}
@@ -38,7 +38,7 @@ def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank
             continue
         todo[name] = text
     if todo:
-        # one world size a process (runtime/replay.py), each world's configs split over up to `jobs` processes;
+        # one world size a process (runtime/simulate/replay.py), each world's configs split over up to `jobs` processes;
         # a fake replay's process takes any worlds, so that `jobs` processes pay the imports once each
         by_world: Dict[int, list] = {}
         for name in todo:

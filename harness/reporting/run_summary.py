@@ -140,7 +140,7 @@ def memory(cfg, ranks: List[RankReport]) -> Dict[str, float]:
 
 
 def tensor_peak(ranks: List[RankReport]) -> Dict[str, float]:
-    """Peak live tensor bytes (runtime/memory_profile.py), its kinds on the rank with the highest peak, and
+    """Peak live tensor bytes (runtime/measure/memory_profile.py), its kinds on the rank with the highest peak, and
     the closure check: live bytes after backward that no model state or buffer accounts for."""
     profiled = [r.tensor_peak for r in ranks]
     if not all(profiled):

@@ -31,7 +31,7 @@ COLUMNS = [
     ("status", lambda s: s.get("status", "?"), "{}"),
     ("tokens/s", lambda s: s["figures"].get("throughput/tokens_per_s"), "{:,.0f}"),
     ("step p50 ms", lambda s: _ms(s["figures"].get("throughput/step_time_p50_s")), "{:.1f}"),
-    # the share of the (slowest rank's) step spent blocked on communication: runtime/time_profile.py
+    # the share of the (slowest rank's) step spent blocked on communication: runtime/measure/time_profile.py
     ("exposed comm %", lambda s: s["figures"].get("time/comm_exposed_pct"), "{:.0f}"),
     # peak live tensor bytes per rank (the allocator's on CUDA, the profiled step's on CPU), max over ranks
     ("peak MiB/rank", lambda s: _mib(s["figures"].get("memory/peak_mem_bytes")), "{:,.2f}"),

@@ -23,7 +23,7 @@ from ..theory.time import PARTS, CommTable
 
 
 def time_breakdown(ranks: List[RankReport]) -> Dict[str, float]:
-    """The step's parts (runtime/time_profile.py) on the rank whose measured step was slowest: a synchronous
+    """The step's parts (runtime/measure/time_profile.py) on the rank whose measured step was slowest: a synchronous
     step goes at that rank's pace, and one rank's parts sum to its step. How far that step is from the
     rank's timed steps says whether the breakdown describes them."""
     profiled = [r.time_breakdown for r in ranks]
@@ -62,7 +62,7 @@ def stragglers(ranks: List[RankReport]) -> Dict[str, float]:
 
 
 def communication(cfg, ranks: List[RankReport]) -> Dict[str, float]:
-    """Bytes sent in the counted step (runtime/collective_count.py), on the rank that sent most: in all, inside
+    """Bytes sent in the counted step (runtime/measure/collective_count.py), on the rank that sent most: in all, inside
     a node and across nodes (its groups' ranks against the node size), beside the theory's
     comm/predicted_*."""
     counted = [r for r in ranks if r.collectives is not None]

@@ -1,5 +1,5 @@
 """One generated sentence per backend against the fastest run of its group, naming the part of the step
-(runtime/time_profile.py's breakdown) that accounts for most of the gap, e.g. "fsdp: +21.0 ms per step
+(runtime/measure/time_profile.py's breakdown) that accounts for most of the gap, e.g. "fsdp: +21.0 ms per step
 against ddp, of which 15.2 ms is exposed communication".
 
 The step figures are the table's: the median step of the timed window. The parts come from the breakdown steps

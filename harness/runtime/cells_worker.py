@@ -25,7 +25,7 @@ from ..core.fatal_dump import dumped_on_fatal_signal
 from ..core.records import RankOutcome, Status
 from ..core.rundir import RunDir, write_json, write_text
 from . import preflight
-from .compiled_activations import counts_for
+from .compiled.compiled_activations import counts_for
 from .rank_life import best_effort, classify, end_cell, exit_without_teardown, reached
 from .worker import load_config, run, start
 

@@ -59,7 +59,7 @@ def _segfault(cfg, rank, step, loss):
 
 def _slow(cfg, rank, step, loss):
     """Work, not sleep: a slow rank computes longer (a throttled GPU, a busy host). Sleeping would read as
-    waiting in the thread clocks that split the step (runtime/time_profile.py)."""
+    waiting in the thread clocks that split the step (runtime/measure/time_profile.py)."""
     end = time.perf_counter() + cfg.fault.slow_s
     while time.perf_counter() < end:
         pass

@@ -18,9 +18,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..config import derive
-from . import memory_profile, probes, schedule, time_profile, work_count
-from .collective_count import CollectiveCounter
-from .time_profile import phase
+from .measure import memory_profile, probes, time_profile, work_count
+from . import schedule
+from .measure.collective_count import CollectiveCounter
+from .measure.time_profile import phase
 from .errors import NonFiniteLoss
 from .faults import Injector, no_fault
 from .strategies.base import local_tensor
@@ -125,13 +126,13 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
           trace_path: Optional[str] = None, snapshot_path: Optional[str] = None,
           checkpointer: Optional[Checkpointer] = None) -> LoopResult:
     """Run `train.steps` logged steps, the ones after `train.warmup_steps` timed (and on CPU clocked by phase,
-    runtime/time_profile.py); `sink.log(record)` receives each step's record (rank 0 writes it). A run resumed
+    runtime/measure/time_profile.py); `sink.log(record)` receives each step's record (rank 0 writes it). A run resumed
     at step k (`checkpointer`, runtime/train_state.py) runs steps k.. and warms up again, for as many steps as a
     fresh run but leaving at least one timed; the checkpointer saves between steps, outside their times, and so
     does the eval loss every `train.eval_every` steps and after the last. Then, untimed
     and unlogged, taking the data the next steps would: with `train.count_collectives` one whose collectives
-    are counted by group (runtime/collective_count.py) and ops by phase, and one whose Python lines are
-    (runtime/work_count.py), `train.breakdown_steps` under torch's profiler for the
+    are counted by group (runtime/measure/collective_count.py) and ops by phase, and one whose Python lines are
+    (runtime/measure/work_count.py), `train.breakdown_steps` under torch's profiler for the
     rest of the time breakdown (and the Chrome trace at `trace_path`), `train.memory_steps` under the memory
     profiler, and (CUDA, `snapshot_path`) one under the allocator's history."""
     t = cfg.train

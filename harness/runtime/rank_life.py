@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 import torch
 from ..core.records import Status
-from . import probes
+from .measure import probes
 from .errors import Preempted
 
 

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from ..core.checkpoint_dirs import MARKER, bytes_on_disk, manifest, prune, read_marker, step_dir
 from ..core.rundir import write_json
-from . import probes
+from .measure import probes
 from .errors import DiskFullWhileSaving, Preempted
 
 

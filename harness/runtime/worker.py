@@ -33,8 +33,9 @@ from ..core.records import RankOutcome, RankReport, Status
 from ..core.rundir import RunDir, write_json, write_text
 from ..core.waiting import announced
 from ..reporting import run_summary
-from . import data, elastic, faults, loop, models, preflight, probes, train_state
-from .compiled_activations import counts_for
+from . import data, elastic, faults, loop, models, preflight, train_state
+from .measure import probes
+from .compiled.compiled_activations import counts_for
 from .sink import open_sink
 from .strategies import make_strategy
 from .rank_life import best_effort, classify, exit_without_teardown, freeze_imports, reached, watch_parent

@@ -29,7 +29,7 @@ def estimate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device-gib", type=positive(float), help="device memory (GiB): say whether each backend's peak fits")
     parser.add_argument("--traced", action="store_true",
                         help="also trace each backend that can be traced on fake tensors at this shape (rank 0, the "
-                             "real strategy code: harness/runtime/traced.py) and set its figures beside the theory "
+                             "real strategy code: harness/runtime/simulate/traced.py) and set its figures beside the theory "
                              "(~10 s to a few minutes a backend, two at a time)")
     parser.add_argument("--markdown", action="store_true",
                         help="print the mesh-by-mesh table as markdown (states, peak, bytes by link, step)")

@@ -173,7 +173,7 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
 
     `recompute`: the policy (config/recompute.Recompute).
     `mesh` (config/mesh.py): under tensor parallelism, one rank's part (module docstring).
-    `compiled`: under torch.compile, what a compiled block of each kind keeps (runtime/compiled_activations.py:
+    `compiled`: under torch.compile, what a compiled block of each kind keeps (runtime/compiled/compiled_activations.py:
     {"plain"|"checkpointed": {"per_token", "per_block"}}, read from AOTAutograd's partition of the block's graph),
     which replaces the eager count of what the blocks keep through forward; where the whole module is compiled,
     also of what the rest of the model keeps (`outside`, but the loss's log-softmax).
@@ -265,7 +265,7 @@ def in_block(a: Dict[str, float], k: int) -> float:
     input shared with its first norm's), and the residual gradient and the two MLP gradients are alive; under
     autocast block k's weight copies and those of the plain blocks below it, not yet freed by their backward.
     Compiled block by block, block k's backward is one generated function, whose peak (what it was handed, the
-    recompute under checkpointing, its buffers) is read from its code (runtime/compiled_backward.py) where it
+    recompute under checkpointing, its buffers) is read from its code (runtime/compiled/compiled_backward.py) where it
     could be; only the blocks below are then added. Compiled whole (ZeRO-1/2), the module's one backward holds
     every activation alive then: its read peak is the whole term. Split at every submodule (ZeRO-3), a
     checkpointed block recomputes eagerly, with the mask the compiled module built (masked_attention_bytes)."""

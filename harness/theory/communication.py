@@ -67,7 +67,7 @@ def comm_per_step(backend, s: Shape) -> Dict[str, float]:
 
 
 def counted_by_link(rows: List[dict], mesh) -> Dict[str, float]:
-    """What the rank that counted `rows` (runtime/collective_count.py: op, size_bytes, group, ranks, count)
+    """What the rank that counted `rows` (runtime/measure/collective_count.py: op, size_bytes, group, ranks, count)
     sent, with ring collectives over each group, split into groups inside one node and groups that cross
     nodes (the run's mesh, config/mesh.py, says which): the measured side of `comm_per_step`."""
     out = {"intra_node": 0.0, "inter_node": 0.0}

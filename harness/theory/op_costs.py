@@ -1,5 +1,5 @@
-"""The step-time model: the parts of a step predicted from its counted work (runtime/work_count.py) priced at
-this device's measured costs (studies/timing/device_costs.py), beside the measured breakdown (runtime/time_profile.py).
+"""The step-time model: the parts of a step predicted from its counted work (runtime/measure/work_count.py) priced at
+this device's measured costs (studies/timing/device_costs.py), beside the measured breakdown (runtime/measure/time_profile.py).
 
 - forward, backward, optimizer, other: every op the phase dispatches costs the host a fixed time for its kind
   (`HostCosts`) and the device its roofline time, the larger of its work and its bytes. The work: its FLOPs at
@@ -42,7 +42,7 @@ HOST_TERMS = ("compute", "graph", "engine", "light", "dtensor", "marker", "line"
 DTYPE_OF_RATE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-REUSE_DISTANCES = (1 << 20, 1 << 22, 1 << 24)  # runtime/work_count.py counts cold bytes at each of these
+REUSE_DISTANCES = (1 << 20, 1 << 22, 1 << 24)  # runtime/measure/work_count.py counts cold bytes at each of these
 
 
 class OpRow(NamedTuple):
@@ -233,7 +233,7 @@ def device_walk(phases: Dict[str, Dict[str, float]], syncing: set, exposed: floa
 def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts) -> Dict[str, float]:
     """Seconds per part of one rank's step from its counted work, with each part's terms (`*_host_s`, ...), the
     communication total, and the step. On CUDA a phase is its kernels' device time (as the profiler measures
-    it: runtime/time_profile.py) and `other` the rest of the step (`device_walk`): the device waiting on the
+    it: runtime/measure/time_profile.py) and `other` the rest of the step (`device_walk`): the device waiting on the
     host, and the kernels launched between phases."""
     ranks_on_host = s.mesh.per_node  # the ranks sharing this host's cores (one node's)
     phases = priced_phases(work, costs)

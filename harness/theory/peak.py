@@ -58,7 +58,7 @@ def phase_terms(backend, s: Shape, act: Dict[str, float]) -> Tuple[Dict[str, Dic
 
 def after_backward_buffers(backend, s: Shape) -> Dict[str, float]:
     """What may be live right after the last backward besides the model states and the buffers a strategy's
-    classifier names: the closure check's candidates (runtime/memory_profile.py), each a mechanism with its
+    classifier names: the closure check's candidates (runtime/measure/memory_profile.py), each a mechanism with its
     size, from the backend's family (buffers a collective or a framework releases late, out of Python's reach)."""
     return families.of(backend).after_backward_buffers(backend, s)
 

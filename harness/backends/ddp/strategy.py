@@ -32,7 +32,7 @@ class DDPStrategy(NativeStrategy):
     @override
     def setup(self, model, optim_cfg):
         if any(p.device != self.device for p in model.parameters()):
-            model.to(self.device)  # (a model on fake tensors cannot be moved: runtime/traced.py)
+            model.to(self.device)  # (a model on fake tensors cannot be moved: runtime/simulate/traced.py)
         self.parallelize(model)  # the mesh's axes, then float8 (runtime/parallelize.py)
         self.initialise(model)
         self.to_model_dtype(model)

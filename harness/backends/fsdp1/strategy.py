@@ -37,7 +37,7 @@ class FSDP1Strategy(NativeStrategy):
         b = self.backend
         home = torch.device("cpu") if b.cpu_offload else self.device
         if any(p.device != home for p in model.parameters()):
-            model.to(home)  # (a model on fake tensors cannot be moved: runtime/traced.py)
+            model.to(home)  # (a model on fake tensors cannot be moved: runtime/simulate/traced.py)
         self.initialise(model)
         self.to_model_dtype(model)  # master_weights=model: flattened in the model's dtype, no MixedPrecision
         if self.cfg.train.compile:

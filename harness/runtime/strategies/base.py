@@ -224,7 +224,7 @@ class Strategy(ABC):
 
     def memory_tracker(self):
         """torch's tracker of this rank's storages by kind (parameters, gradients, optimizer state, activations,
-        temporaries), for a step on fake tensors (runtime/traced.py); FSDP2's own tracker splits further."""
+        temporaries), for a step on fake tensors (runtime/simulate/traced.py); FSDP2's own tracker splits further."""
         from torch.distributed._tools.mem_tracker import MemTracker
 
         tracker = MemTracker()

@@ -152,7 +152,7 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
          margin: float, policies=("none", "full")) -> Plan:
     """Stage 1: every candidate with its predicted peak and step time, those that fit first, fastest first."""
     from ...runtime import models
-    from ...runtime.probes import count_flops_per_token
+    from ...runtime.measure.probes import count_flops_per_token
 
     base = compose(overrides)
     world, par = world_size(base), base.parallelism
@@ -201,7 +201,7 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
               margin: float) -> Candidate:
     """One candidate's theory: its predicted device peak, its mesh's bytes by link, and its roofline step (the
     FLOPs of its data-parallel rank's tokens, split over its tensor-parallel ranks)."""
-    from ...runtime.compiled_activations import with_compiled
+    from ...runtime.compiled.compiled_activations import with_compiled
     from ...theory.predict import predict
     from ...theory.shape import shape_of
     from ...theory.time import predict_parts

@@ -1,5 +1,5 @@
 """The advisor's step times from the time model (theory/op_costs.py): each candidate that fits is replayed in one
-process (runtime/replay.py, a few steps over the mirror process group), its counted work priced at this
+process (runtime/simulate/replay.py, a few steps over the mirror process group), its counted work priced at this
 device's costs (results/device_costs/). Where that cannot be done, the candidates keep the roofline lower bound
 (theory/time.py's predict_parts), and the plan says why: no device costs for this machine, or a device this
 machine does not have (a dry run for GPUs on a CPU host)."""

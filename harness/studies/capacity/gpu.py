@@ -39,7 +39,7 @@ from ...config.compose import compose
 from ...config.derive import world_size
 from ...core.paths import REPO
 from ...core.rundir import read_json, write_json
-from ...runtime.compiled_activations import counts_for
+from ...runtime.compiled.compiled_activations import counts_for
 from ...theory.predict import FIT_MARGIN, predict
 from . import probe as capacity
 from .report import write_report

@@ -9,7 +9,7 @@ predicts will fit; that rung and its neighbour are probed, then the search bisec
 largest rung known to fit and the smallest known to fail. Every probe is a short real run (a few steps) under
 `train.memory_budget_bytes`, recorded under <out>/probes/ like any run, OOM included. The budget bounds the
 device's peak of live tensors: on CUDA it is the allocator's cap (`torch.cuda.set_per_process_memory_fraction`);
-on CPU it bounds the profiled step's peak less the offloaded host states (runtime/probes.StateProbe), so
+on CPU it bounds the profiled step's peak less the offloaded host states (runtime/measure/probes.StateProbe), so
 offload backends are judged on device bytes and activations count on both.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ...config.compose import compose, flat_backends
 from ...config.derive import world_size
 from ...core.paths import REPO, results_dir
 from ...core.rundir import write_json, write_text
-from ...runtime.compiled_activations import counts_for
+from ...runtime.compiled.compiled_activations import counts_for
 from ...theory.predict import predict
 from ...reporting.plots import pyplot
 from .probe import ladder, search, run_probe, device_bytes

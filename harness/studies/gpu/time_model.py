@@ -1,10 +1,10 @@
 """The time model against a GPU's measured steps: `time_model.md` of `make gpu-check` (studies/gpu/check.py), one
 row per run and part, measured beside predicted.
 
-What is measured: each part is the profiler's (runtime/time_profile.py: a phase is the busy time of the kernels
+What is measured: each part is the profiler's (runtime/measure/time_profile.py: a phase is the busy time of the kernels
 launched inside it, `other` the rest of the profiled step, mostly the device waiting on the host), on a step
 after the timed window; the timed steps' median is beside it. What is predicted: the step's counted work
-(runtime/work_count.py) priced at the device costs `make device-costs` measured on this GPU
+(runtime/measure/work_count.py) priced at the device costs `make device-costs` measured on this GPU
 (theory/op_costs.py), nothing fitted to any step.
 """
 from __future__ import annotations
@@ -30,13 +30,13 @@ def read_run(run_dir: Path) -> tuple:
 
 def refresh(row: dict, run_dir: Path, record: Optional[dict], trace: Optional[dict], ranks: Optional[list]) -> dict:
     """The row with its time figures taken again from what its run dir holds: the measured parts from its Chrome
-    `trace` (runtime/time_profile.Timeline.from_chrome, as the loop measures them now), and the predicted ones
+    `trace` (runtime/measure/time_profile.Timeline.from_chrome, as the loop measures them now), and the predicted ones
     from its `ranks`' counted work priced at the device-costs `record` (results/device_costs/cuda.json), the
     timed steps' median from the reports where the summary has none. So a run whose breakdown was measured
     under an older rule, or whose prediction failed, is set beside the model as it stands."""
     figures = dict(row.get("figures") or {})
     if trace:
-        from ...runtime.time_profile import Timeline
+        from ...runtime.measure.time_profile import Timeline
 
         timeline = Timeline.from_chrome(trace)
         windows = sorted(timeline.ranges.get("step", []))
@@ -147,7 +147,7 @@ def by_op(trace: dict, work: dict, record: dict, phase: str) -> List[tuple]:
     import collections
 
     from ...reporting.time_and_comm import device_costs
-    from ...runtime.time_profile import PREFIX
+    from ...runtime.measure.time_profile import PREFIX
     from ...theory.op_costs import op_rows, op_seconds
 
     costs = device_costs(record)

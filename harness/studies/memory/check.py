@@ -38,7 +38,7 @@ from ...config.derive import world_size
 from ...core.paths import REPO, results_dir
 from ...core.rundir import write_json, write_text
 from ...launcher.torchrun import die_with_parent, launch_config, rank_env, torchrun_cmd
-from ...runtime.compiled_activations import counts_for
+from ...runtime.compiled.compiled_activations import counts_for
 from ...theory.peak import PHASES, after_backward_buffers, explain_unaccounted
 from ...theory.shape import shape_of
 from ...theory.predict import predict

@@ -2,7 +2,7 @@
 (theory/op_costs.py), not the roofline, for shapes no host here can run (`make published`'s rows,
 `shardbench estimate --time --counted`).
 
-- *The work*: the config's rank 0 replayed on fake tensors (runtime/fake_replay.py: every op at its real shape,
+- *The work*: the config's rank 0 replayed on fake tensors (runtime/simulate/fake_replay.py: every op at its real shape,
   nothing computed) at 1 and 2 blocks (k and 2k under every_k checkpointing), in processes of its own
   (launcher/replays.py, `jobs` at a time), and extended block by block to the model's depth. The replays are kept
   in `.cache/counted_work/`, under a key of the harness's code and torch's and transformers' versions: a change to
@@ -28,7 +28,7 @@ from ...config import axes
 from ...core.paths import REPO
 from ..flags import defaults
 
-DEPTHS = (1, 2)  # runtime/fake_replay.DEPTHS, restated here so that the parent need not import torch for it
+DEPTHS = (1, 2)  # runtime/simulate/fake_replay.DEPTHS, restated here so that the parent need not import torch for it
 COUNTED = tuple(defaults("counted")["backends"])  # conf/studies.yaml
 TIME_TARGET_PCT = 30  # issue 49's target for a predicted step against a published one
 
@@ -79,7 +79,7 @@ def count_configs(wanted: Dict[str, tuple], jobs: int = 2) -> Dict[str, dict]:
     from omegaconf import OmegaConf
 
     from ...launcher.replays import replay_work
-    from ...runtime.fake_replay import extend
+    from ...runtime.simulate.fake_replay import extend
 
     names: Dict[str, str] = {}  # a replay's config as text -> its name
     configs, asked = {}, {}
@@ -136,7 +136,7 @@ def card_costs(card: dict, world: int, intra_gbps: float = 0.0, inter_gbps: floa
 def counted_step(cfg, work: dict, costs, world: int) -> Dict[str, float]:
     """The time model's parts of one rank's step (theory/op_costs.predict_counted) and its tokens/s per GPU."""
     from ...config.derive import tokens_per_step
-    from ...runtime.compiled_activations import counts_for
+    from ...runtime.compiled.compiled_activations import counts_for
     from ...theory.op_costs import predict_counted
     from ...theory.shape import shape_of
 

@@ -5,7 +5,7 @@
     python -m harness estimate model=llama_7b parallelism=gpu8 --device-gib 80   # does each backend fit?
 
 Arguments other than the flags are Hydra overrides of the usual config (model, parallelism, train...).
-With --traced, the backends that run on fake tensors are also traced (harness/runtime/traced.py, as
+With --traced, the backends that run on fake tensors are also traced (harness/runtime/simulate/traced.py, as
 `make scale-check` does) and their model states, peak and bytes per step printed beside the theory's.
 Figures are per rank, in GB (1e9 bytes, as the ZeRO paper). "paper" is the paper's formula; "device" and
 "host" are the backend's real layout (harness/theory/memory.py); "DeepSpeed" is DeepSpeed's own estimator
@@ -110,8 +110,7 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
 def print_counted(table: List[dict], overrides: List[str], cfg, hypothetical: bool) -> None:
     """--counted: each FSDP2 row's step from its counted work at the committed GPU's costs (studies/predict/counted_shapes.py)
     beside the roofline's, and why each other row is not counted."""
-    from .counted_shapes import (card_costs, count_configs, counted_step, depths_for, measured_card, not_counted,
-                                 published_record)
+    from .counted_shapes import card_costs, count_configs, counted_step, depths_for, measured_card, not_counted, published_record
     from .cards import CARDS
 
     card = measured_card()

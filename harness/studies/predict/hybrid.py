@@ -6,7 +6,7 @@ predicted for H100 clusters.
 Measured: each backend below trains tiny_llama (fp32, parity profile) on 2 nodes x 2 ranks, emulated on this
 machine as two launchers with node ranks 0 and 1 that rendezvous over loopback (launcher/nodes.py; gloo), the
 way tests/test_multinode.py's drill does. Every run counts the c10d collectives of one extra step by process
-group (runtime/collective_count.py), so its summary has the bytes each rank sent per step inside a node and
+group (runtime/measure/collective_count.py), so its summary has the bytes each rank sent per step inside a node and
 across nodes beside the theory's split (theory/communication.py). The table sets each run's per-step losses
 against DDP's at the same world, its model states and peak against theory, and those bytes.
 

@@ -11,7 +11,7 @@ def rates_for(cfg, world: int):
     import torch
 
     from ...reporting.time_and_comm import collectives_table, committed_gpu_rates
-    from ...runtime import probes
+    from ...runtime.measure import probes
     from ...theory.time import STATED_CUDA_MEM_GBPS, STATED_CUDA_TFLOPS, CommTable, Rates
 
     par = cfg.parallelism

@@ -11,8 +11,8 @@ from ...config import axes
 from ...config.mesh_check import mesh_points
 from ...config.derive import tokens_per_step, world_size
 from ...core.components import totals
-from ...runtime.compiled_activations import counts_for
-from ...runtime.probes import count_flops_per_token
+from ...runtime.compiled.compiled_activations import counts_for
+from ...runtime.measure.probes import count_flops_per_token
 from ...theory import activations, memory
 from ...theory.communication import comm_per_step
 from ...theory.predict import predict
@@ -45,7 +45,7 @@ def row(cfg, name: str, params: float | None, world: int | None, flops_per_token
     n = world or world_size(cfg)
     # a hypothetical model has no tensors: the terms sized by its tensors (offload staging, DeepSpeed's
     # gathered layer, ZeRO-3's persistent small parameters) are left out. A compiled run's counts carry what its
-    # compiled graphs keep for backward, traced as the run traces them (runtime/compiled_activations.py)
+    # compiled graphs keep for backward, traced as the run traces them (runtime/compiled/compiled_activations.py)
     counts = ({"total": int(params), "largest_param": 0, "sizes": ()} if params else counts_for(cfg))
     shape = shape_of(cfg, n, counts)
     comps = memory.layout(cfg.backend, shape)

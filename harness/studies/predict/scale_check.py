@@ -1,5 +1,5 @@
 """`make scale-check`: the real strategy code at 8 to 512 ranks, traced on fake tensors over a fake process group
-(runtime/traced.py), against the memory and communication model.
+(runtime/simulate/traced.py), against the memory and communication model.
 
     python -m harness scale-check [--models llama_1b,llama_7b,llama_13b,llama_70b] [--worlds 8,64,512]
         [--backends fsdp] [--wide llama_1b,llama_7b,llama_13b,llama_70b]
@@ -77,7 +77,7 @@ def render(rows: List[dict], command: str) -> str:
     lines = [f"# Traced at scale against theory: {len(traced)} of {len(rows)} cells traced, {len(missed)} miss a "
              "threshold", "",
              f"Command: `{command}`. Rank 0 of each world on fake tensors over torch's fake process group "
-             "(`harness/runtime/traced.py`); GiB per rank (2^30 bytes). Thresholds: model states "
+             "(`harness/runtime/simulate/traced.py`); GiB per rank (2^30 bytes). Thresholds: model states "
              f"{THRESHOLDS['states']:g}%, peak {THRESHOLDS['peak']:g}%, bytes per step {THRESHOLDS['bytes']:g}%. "
              "Predicted: `harness/theory` for the same config on the CPU code path the trace runs (AdamW "
              "single-tensor).", "",

@@ -1,4 +1,4 @@
-"""Cells traced on fake tensors against the theory: the real strategy code at any world size (runtime/traced.py),
+"""Cells traced on fake tensors against the theory: the real strategy code at any world size (runtime/simulate/traced.py),
 its states, peak and bytes a step set beside the predictions, for the scale check's grid and the estimator's
 --traced."""
 from __future__ import annotations
@@ -79,10 +79,10 @@ def row_head(cfg, overrides: List[str]) -> dict:
 
 
 def trace_cell(overrides: List[str]) -> dict:
-    """One cell traced (runtime/traced.trace): what the code allocated and sent, with no theory in it (compare()
+    """One cell traced (runtime/simulate/traced.trace): what the code allocated and sent, with no theory in it (compare()
     adds that when the table is written, so that a fix to the theory needs no new trace)."""
     from ...config.derive import world_size
-    from ...runtime.traced import trace
+    from ...runtime.simulate.traced import trace
 
     cfg = compose(overrides)
     got = trace(cfg, world_size(cfg))
@@ -97,7 +97,7 @@ def compare(row: dict) -> dict:
     """A traced cell beside theory/predict.predict and theory/communication for its config, with the errors."""
     if not row["ok"]:
         return row
-    from ...runtime.compiled_activations import counts_for
+    from ...runtime.compiled.compiled_activations import counts_for
     from ...theory.communication import collectives, counted_by_link
     from ...theory.peak import PHASES
     from ...theory.predict import predict

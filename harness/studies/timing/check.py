@@ -5,7 +5,7 @@ matrix of runs in one launch a model, as `make memory-check` does for memory.
         [--backends ddp,...] [--tolerance 30] [--out results/time_check] [overrides]
 
 Every backend x model x precision on 2 ranks is a cell: a run of 25 steps whose last 20 are clocked by phase
-(runtime/time_profile.py), then counted (runtime/work_count.py). Each cell runs --repeats times (the passes in
+(runtime/measure/time_profile.py), then counted (runtime/measure/work_count.py). Each cell runs --repeats times (the passes in
 alternating order) and the least disturbed run, the one with the fastest step, is compared: this host is a
 shared VM whose speed moved by up to 2x within minutes while this was written, and a slowdown only adds time.
 The table shows every repeat's step; the report, the launch's matmul rate against the calibration's. Each part of its step (forward, backward,
@@ -110,7 +110,7 @@ def report(rows: List[dict], totals: dict, tolerance: float, source: str, args: 
              f"Command: `python -m harness time-check {args}`. Device costs: {source}.", "",
              "Each cell: milliseconds per step on the slowest rank, measured / predicted (measured against "
              f"predicted); bold where they differ by more than {tolerance:.0f}%. {speed} Measured: the mean of 20 clocked "
-             "steps (runtime/time_profile.py); predicted: that run's counted work priced at the device's costs "
+             "steps (runtime/measure/time_profile.py); predicted: that run's counted work priced at the device's costs "
              "(theory/op_costs.py). The tiny_llama fp32 cells have the calibration's shape (other runs of it).", "",
              f"**{a['within']} of {a['parts']} parts within {tolerance:.0f}%** ({h['within']} of {h['parts']} in "
              f"cells outside the calibration's shape); steps within {tolerance:.0f}%: {a['steps_within']} of "

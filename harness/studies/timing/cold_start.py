@@ -6,7 +6,7 @@ twice, over and over: once warm (right after running it), once right after strea
 the last-level cache (FLUSH_CACHES). The sequence has the kinds of work a step's `other` runs once: distinct small ops (an
 allocation, a slice, an in-place add, a copy, a read back, a random draw, a stack, a profiler range) and
 distinct Python lines, each a call on its own object. Ops and lines are timed apart, in the training thread's
-CPU time, as the step's breakdown is (runtime/time_profile.py); the medians' difference, over the ops or lines
+CPU time, as the step's breakdown is (runtime/measure/time_profile.py); the medians' difference, over the ops or lines
 in the sequence, is the extra cost of one. Nothing here is fitted to a run.
 """
 from __future__ import annotations

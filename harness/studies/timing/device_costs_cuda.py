@@ -14,7 +14,7 @@ are measured apart:
   - the shortest kernel (`kernel_s`): what a kernel that touches nothing costs the device, the floor under
     every op's roofline.
 - the host's side (`host_costs`): the seconds the training thread spends on each kind of op the work counter
-  files (runtime/work_count.py), measured by calling that kind of op on a small CUDA tensor thousands of
+  files (runtime/measure/work_count.py), measured by calling that kind of op on a small CUDA tensor thousands of
   times with nothing waiting on the device, and on a Python line, a profiler range, a DTensor op and a
   collective's call. These are measured, not fitted to any step: on CPU the host costs come from a fit to
   2-rank runs (studies/timing/device_costs.py), which one GPU cannot give.

@@ -66,7 +66,7 @@ def call_of(op: str, size: int, n: int, device, dist):
 
 
 def median_seconds(fn, device, repeats: int = 15) -> float:
-    from ...runtime import probes
+    from ...runtime.measure import probes
 
     fn()
     times = []
@@ -164,7 +164,7 @@ def busy_collectives(device, n: int) -> list:
     import torch
     import torch.distributed as dist
 
-    from ...runtime import probes
+    from ...runtime.measure import probes
 
     x = torch.ones(256, device=device)
     units = {gap: units_for(gap, x) for gap in GAPS}

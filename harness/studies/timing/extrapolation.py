@@ -7,7 +7,7 @@ Targets, every flat backend, fp32: tiny_llama on 3 and on 4 ranks (on this 2-cor
 core of its own), and small_llama (24x the parameters) on 2.
 
 1. Predict. Each target's first and last rank are replayed, each in one process over the mirror process group
-   (runtime/replay.py), which counts a rank's step's work without the run; the work is priced at the device's
+   (runtime/simulate/replay.py), which counts a rank's step's work without the run; the work is priced at the device's
    costs (theory/op_costs.py), and the slower rank is the prediction. The predictions are written to
    predictions.json, with the time, before any target runs.
 2. Run. One launch per world size (cells), each target --repeats times, the least disturbed run kept
@@ -155,7 +155,7 @@ def report(rows: List[dict], totals: dict, tolerance: float, costs, args: str) -
              f"Command: `python -m harness time-extrapolate {args}`. Device costs: {costs.source}; host costs "
              f"{costs.host.source}.", "",
              "Milliseconds per step on the slowest rank, measured / predicted (measured against predicted), bold "
-             f"beyond {tolerance:.0f}%. Predicted from the replayed rank's work (runtime/replay.py) before the run; "
+             f"beyond {tolerance:.0f}%. Predicted from the replayed rank's work (runtime/simulate/replay.py) before the run; "
              "measured: the least disturbed of the repeats. 'work' is how far the replay's counts were from the real "
              "run's same rank (ops, Python lines, collectives), and which of the first and last ranks were replayed "
              "and gave the prediction (the slower).", "",

@@ -24,7 +24,7 @@ from typing import Dict, Iterator, List, Optional
 
 import torch
 
-from .strategies.base import stored_tensors
+from ..strategies.base import stored_tensors
 from .late_frees import collective_frees, typed_events
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")

@@ -35,7 +35,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from ..theory.time import PHASES
+from ...theory.time import PHASES
 
 PREFIX = "shardbench/"
 Interval = Tuple[int, int]
@@ -67,7 +67,7 @@ _ACTIVE: List[str] = []  # the phases the training thread is inside, outermost f
 
 def current_phase() -> str:
     """The innermost of PHASES the training thread is in, else `other` (inside a step, between its phases, or
-    outside any step): what runtime/work_count.py files an op, a Python line or a collective under."""
+    outside any step): what runtime/measure/work_count.py files an op, a Python line or a collective under."""
     for name in reversed(_ACTIVE):
         if name in PHASES:
             return name

@@ -1,4 +1,4 @@
-"""The storages a communication library frees late, read off torch's profiler (runtime/memory_profile.py counts
+"""The storages a communication library frees late, read off torch's profiler (runtime/measure/memory_profile.py counts
 them as freed when the training thread was done with them): gloo keeps a finished collective's tensors until it
 moves on, at a moment that changes from run to run."""
 from __future__ import annotations

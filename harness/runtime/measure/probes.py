@@ -13,8 +13,8 @@ from typing import Dict, Iterator
 
 import torch
 
-from ..theory.memory import device_share
-from .errors import MemoryBudgetExceeded
+from ...theory.memory import device_share
+from ..errors import MemoryBudgetExceeded
 
 # Dense (no sparsity) peak TFLOP/s by device-name substring and dtype, from the vendors' data sheets.
 # Dense datasheet peaks in TFLOP/s, by the exact name torch.cuda.get_device_name() reports: the variants of
@@ -179,7 +179,7 @@ class StateProbe:
                 {f"memory/model_states_{k}_bytes": v for k, v in self.states.items() if k in ("device", "host")})
 
     def check_peak(self, profile: dict | None, step: int) -> None:
-        """The profiled step's device peak (runtime/memory_profile.py) against the budget, on CPU. Without
+        """The profiled step's device peak (runtime/measure/memory_profile.py) against the budget, on CPU. Without
         a profile (a torch lacking the memory profiler) only the states were checked."""
         if not (self.budget and self.emulated and profile):
             return
@@ -215,7 +215,7 @@ _FLOPS_PER_TOKEN: Dict[tuple, int] = {}
 def _count_flops_per_token(model_cfg, seq_len: int, workload=None) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
-    from . import models
+    from .. import models
 
     model = models.build(model_cfg, device="meta", workload=workload)
     ids = torch.zeros(1, seq_len, dtype=torch.long, device="meta")

@@ -11,7 +11,7 @@ step (runtime/loop.TrainStep) under:
   right shape, as if N-1 peers had answered;
 - the strategy's memory tracker (Strategy.memory_tracker: torch.distributed._tools' FSDPMemTracker for FSDP2,
   MemTracker otherwise), which counts every storage by kind as the dispatcher allocates and frees it;
-- runtime/collective_count.py's `CollectiveCounter`, which records every c10d collective the step issues,
+- runtime/measure/collective_count.py's `CollectiveCounter`, which records every c10d collective the step issues,
   with its buffer's bytes and its group's ranks.
 
 Only the last step is tracked. The first ones, untracked, create the optimizer state and fill DTensor's
@@ -37,9 +37,9 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from ..config import families
-from . import schedule
-from .collective_count import CollectiveCounter
+from ...config import families
+from .. import schedule
+from ..measure.collective_count import CollectiveCounter
 
 # the tracker's kinds, mapped onto the theory's (theory/memory.layout's components, and the transients)
 KINDS = {"Sharded Param": "params", "Parameter": "params", "Sharded Grad": "grads", "Gradient": "grads",
@@ -119,8 +119,8 @@ def trace(cfg, world: int, steps: int = 2) -> Trace:
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from .loop import TrainStep
-    from .worker import prepare
+    from ..loop import TrainStep
+    from ..worker import prepare
 
     start = time.perf_counter()
     device = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""What a compiled graph keeps, kept on disk between processes (runtime/compiled_activations.py): a trace takes
+"""What a compiled graph keeps, kept on disk between processes (runtime/compiled/compiled_activations.py): a trace takes
 seconds (an 8B block's four compiles about 15 s here, a whole tiny module's four 6-12 s), and every rank of a run,
 the memory check's parent, the estimator and the advisor ask for the same ones."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from ..core.paths import traces_dir
+from ...core.paths import traces_dir
 
 
 def on_disk(code_file: str):

@@ -1,7 +1,7 @@
 """A process group of one real rank whose peers are its mirror images: `init_process_group("mirror", ...)`.
 
-runtime/replay.py runs rank 0 of a world of N in one process over it, to count what that rank's step asks of
-the host (runtime/work_count.py) at any N without N processes. torch's own fake process group answers every
+runtime/simulate/replay.py runs rank 0 of a world of N in one process over it, to count what that rank's step asks of
+the host (runtime/measure/work_count.py) at any N without N processes. torch's own fake process group answers every
 collective at once but leaves the outputs unwritten, and DDP's reducer refuses its futures, which carry no
 tensor; here every collective completes at once, with the result it would have if every peer held what this
 rank holds:
@@ -15,7 +15,7 @@ rank holds:
 
 So a replayed rank trains on finite numbers through the same code as a real one (DeepSpeed's and FSDP2's
 gathered parameters are this rank's shard repeated, not the model; the numbers are not the point, the work
-is). Each collective is logged as runtime/collective_count.py's CollectiveCounter logs a real one (op, whole
+is). Each collective is logged as runtime/measure/collective_count.py's CollectiveCounter logs a real one (op, whole
 buffer, group, phase), since these Python calls do not pass the dispatcher where that counter listens, and
 its own data movement runs outside any TorchDispatchMode, as gloo's runs on its own threads.
 """
@@ -31,8 +31,8 @@ from torch.distributed.distributed_c10d import ReduceOp
 from torch.futures import Future
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .time_profile import current_phase
-from .work_count import uncounted
+from ..measure.time_profile import current_phase
+from ..measure.work_count import uncounted
 
 NAME = "mirror"
 

@@ -1,5 +1,5 @@
 """Every c10d collective a step issues, counted by op, buffer size and group (a real run's extra step,
-runtime/loop.py, and a traced rank's, runtime/traced.py).
+runtime/loop.py, and a traced rank's, runtime/simulate/traced.py).
 
 `CollectiveCounter` is a TorchDispatchMode: each ProcessGroup call (DDP's reducer, FSDP2's all-gathers and
 reduce-scatters, DeepSpeed's comm layer) becomes a `c10d::` dispatcher op on the calling thread, and DTensor's
@@ -62,7 +62,7 @@ class CollectiveCounter(TorchDispatchMode):
     all-gather and the input of a reduce-scatter (the larger side), the tensor itself for an all-reduce or
     broadcast. Not seen: a collective DTensor issues inside its own dispatch, while this mode is off for the
     op it handles (FSDP2's gradient-norm all-reduce, 4 bytes; the replay's mirror group logs it,
-    runtime/mirror_group.py)."""
+    runtime/simulate/mirror_group.py)."""
 
     def __init__(self):
         super().__init__()
@@ -75,7 +75,7 @@ class CollectiveCounter(TorchDispatchMode):
             # all_gather's output and reduce_scatter's input are args[0] or args[1]: the larger is the buffer (a
             # functional all-gather is given only its input: rows() multiplies it by the group's size). The group
             # is kept as the op named it and resolved to ranks in rows(), after the step: resolving it here would
-            # put torch's Python into the step's counted work (runtime/work_count.py)
+            # put torch's Python into the step's counted work (runtime/measure/work_count.py)
             tensors = [a for a in args[:2] if isinstance(a, (torch.Tensor, list, tuple))]
             named = tuple(a for a in args if isinstance(a, (torch.ScriptObject, str)))
             gathered = func.namespace == "_c10d_functional" and op == "all_gather"

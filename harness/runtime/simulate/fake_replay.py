@@ -1,4 +1,4 @@
-"""Count the work of a rank too large for this host: the replay (runtime/replay.py) on fake tensors, at two
+"""Count the work of a rank too large for this host: the replay (runtime/simulate/replay.py) on fake tensors, at two
 shallow depths, extended block by block to the model's own.
 
 A published run (experiments/published/) trains Llama 3 8B on 16,384 tokens a rank, or 70B: its rank's states and
@@ -30,7 +30,7 @@ from typing import Dict, List, Tuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .work_count import count, count_ops
+from ..measure.work_count import count, count_ops
 
 DEPTHS = (1, 2)  # the root's own work is in both; the second block adds what every block adds
 
@@ -48,7 +48,7 @@ class StandIns(TorchDispatchMode):
 def replay_fake(cfg, settled_step) -> dict:
     """The counted work (Work.to_dict()) of `cfg` at its own depth: its ops and collectives replayed on fake
     tensors, its Python lines on real ones at a narrow width (`narrow`). `settled_step(cfg, first_steps)` builds
-    a rank and trains its first steps (runtime/replay.py's, which calls this module: passed in, not imported)."""
+    a rank and trains its first steps (runtime/simulate/replay.py's, which calls this module: passed in, not imported)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .mirror_group import CallLog
@@ -83,7 +83,7 @@ def narrow(cfg):
 def _no_initial_values():
     """A fake tensor holds no value: the seeded initial weights (runtime/initial_weights.py) are not written, a
     tenth of a fake replay's time, and none of its step's work."""
-    from . import initial_weights
+    from .. import initial_weights
 
     original = initial_weights.apply
     initial_weights.apply = lambda *args, **kwargs: None

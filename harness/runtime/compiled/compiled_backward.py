@@ -28,7 +28,7 @@ on fake tensors (no memory, no arithmetic) and walks it, for the two scopes a ru
   hands the backward fresh fake tensors, which share no storage with the module's (a whole tiny_gpt2's weights
   were once read as activations, 0.8 MiB on the compile drill's shape).
 
-Against results/memory_check/compiled (the peaks measured inside the backward, runtime/memory_profile.py): every
+Against results/memory_check/compiled (the peaks measured inside the backward, runtime/measure/memory_profile.py): every
 DDP and FSDP2 cell within 1.3%, fully checkpointed included; every ZeRO-2 cell within 7.5%, the worst tiny_llama
 fully checkpointed (+5.2% in fp32, +7.5% in bf16: CPU flash attention's backward allocates inside the kernel,
 which no wrapper line shows).
@@ -67,7 +67,7 @@ def module_backward_peak(cfg, regime: str) -> Optional[Dict[str, float]]:
     included but parameters not (every activation alive in backward is among them), "kept": what it is handed
     but the incoming gradient, which is what the compiled forward kept}; None where the generated code could not
     be read (module docstring)."""
-    from ..config.recompute import recompute_of
+    from ...config.recompute import recompute_of
 
     par, r, layers = cfg.parallelism, recompute_of(cfg), cfg.model.num_layers
 
@@ -128,8 +128,8 @@ def fake_model(m, regime: str, policy: str, layers: int, every: int = 1):
     policy set on every block (also compiled_activations' whole-module trace)."""
     import torch
 
-    from ..config.recompute import Recompute
-    from . import models
+    from ...config.recompute import Recompute
+    from .. import models
 
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16 if regime == "16-bit" else torch.float32)
@@ -189,7 +189,7 @@ def _block_backward(m, regime: str, policy: str, sequences: int, positions: int,
     """One block compiled as the run compiles it, called as the model calls it (module docstring)."""
     import torch
 
-    from . import models
+    from .. import models
 
     dtype = torch.bfloat16 if regime == "16-bit" else torch.float32
     model = fake_model(m, regime, policy, 1)

@@ -1,17 +1,17 @@
 """One rank of a run at any world size (rank 0 unless SHARDBENCH_REPLAY_RANK says), replayed in one process over the mirror process group
-(runtime/mirror_group.py) on real tensors: the work its step asks of the host and the device, counted as a real
-rank counts it (runtime/work_count.py), without starting the run. The time model prices that work
+(runtime/simulate/mirror_group.py) on real tensors: the work its step asks of the host and the device, counted as a real
+rank counts it (runtime/measure/work_count.py), without starting the run. The time model prices that work
 (theory/op_costs.py): a prediction for a world, a model or a backend not yet run.
 
-    python -m harness.runtime.replay <dir>     # every <dir>/<name>.yaml (a resolved run config) -> <dir>/<name>.json
-    python -m harness.runtime.replay <dir> --fake   # the same on fake tensors (runtime/fake_replay.py)
+    python -m harness.runtime.simulate.replay <dir>     # every <dir>/<name>.yaml (a resolved run config) -> <dir>/<name>.json
+    python -m harness.runtime.simulate.replay <dir> --fake   # the same on fake tensors (runtime/simulate/fake_replay.py)
 
 Ranks can differ in their work (ZeRO-1/2's partitions hold different parameters, the last one the padding), so
 a prediction replays the first and the last rank and takes the slower (studies/timing/extrapolation.py). The
 rank is built as a run builds it (runtime/worker.prepare), trains `train.steps` steps through the loop's
 own step (so that what a framework settles in its first steps, DDP's bucket order or ZeRO-3's prefetch trace,
 is settled), then runs the two counted steps. On real tensors it needs the model to fit this host; a model too
-large for it is replayed on fake tensors instead (`--fake`, runtime/fake_replay.py: shapes without values).
+large for it is replayed on fake tensors instead (`--fake`, runtime/simulate/fake_replay.py: shapes without values).
 """
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from ..config import schema
-from . import mirror_group, schedule, work_count
-from .loop import TrainStep
+from ...config import schema
+from . import mirror_group
+from .. import schedule
+from ..measure import work_count
+from ..loop import TrainStep
 
 
 def start(world: int, rank: int = 0) -> None:
@@ -45,7 +47,7 @@ def start(world: int, rank: int = 0) -> None:
 def settled_step(cfg, first_steps: int = 2):
     """This process's rank of `cfg`'s world, built as a run builds it and trained through its first steps (at
     least `first_steps`): a callable that runs its next step."""
-    from .worker import prepare
+    from ..worker import prepare
 
     device = torch.device("cpu")
     ready = prepare(cfg, dist.get_rank(), dist.get_world_size(), device)
@@ -65,7 +67,7 @@ def replay(cfg) -> dict:
 def main(directory: Path, fake: bool = False) -> int:
     """Replay every config in `directory`, which must share one world size (launcher/replays.py groups them);
     with `fake`, on fake tensors."""
-    from ..config.derive import world_size
+    from ...config.derive import world_size
     from .fake_replay import replay_fake
 
     torch.set_num_threads(1)  # as torchrun runs each rank here

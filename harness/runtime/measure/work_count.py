@@ -1,6 +1,6 @@
 """What one training step asks of the host and the device, counted by phase (forward, backward, optimizer,
 other): the time model's input (theory/time.py), for a real rank (runtime/loop.py's counted steps) and for a
-replayed one at any world size (runtime/replay.py).
+replayed one at any world size (runtime/simulate/replay.py).
 
 - `OpCounter`, a TorchDispatchMode: every aten op the step dispatches, with its FLOPs (torch's own
   flop_registry, as FlopCounterMode counts them) and the bytes it reads and writes (its tensor arguments and
@@ -10,7 +10,7 @@ replayed one at any world size (runtime/replay.py).
     the forward's ops), which costs the host a node of the graph besides the op;
   - `engine`: the same, run by autograd's engine inside a node of the graph (the backward's ops), which costs
     the engine's bookkeeping besides the op;
-  - `marker`: a profiler range's entry or exit (the loop's phase markers, runtime/time_profile.phase);
+  - `marker`: a profiler range's entry or exit (the loop's phase markers, runtime/measure/time_profile.phase);
   - `view`: a view or a reshape, which moves no data (torch's `_VIEW_OPS`, or any op whose schema says it
     returns a view);
   - `alloc`: an allocation without initialisation (`empty*`), which touches no memory;
@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._runtime_estimation import _VIEW_OPS
 from torch.utils.flop_counter import flop_registry
 
-from ..theory.op_costs import REUSE_DISTANCES
+from ...theory.op_costs import REUSE_DISTANCES
 from .collective_count import is_collective
 from .time_profile import current_phase
 
@@ -115,7 +115,7 @@ class OpCounter(TorchDispatchMode):
             size = t.numel() * t.element_size()
             if not size:
                 continue
-            if type(t).__name__ == "FakeTensor":  # a replay on fake tensors (runtime/fake_replay.py) has no
+            if type(t).__name__ == "FakeTensor":  # a replay on fake tensors (runtime/simulate/fake_replay.py) has no
                 continue  # addresses: its bytes count, their reuse distance is unknown (a GPU prices none)
             try:
                 address = t.untyped_storage().data_ptr()
@@ -161,7 +161,7 @@ _UNCOUNTED = [0]  # > 0 while the replay's mirror group stands in for a peer: it
 
 @contextlib.contextmanager
 def uncounted() -> Iterator[None]:
-    """Lines run inside are not counted (runtime/mirror_group.py's collectives, which gloo runs in C++)."""
+    """Lines run inside are not counted (runtime/simulate/mirror_group.py's collectives, which gloo runs in C++)."""
     _UNCOUNTED[0] += 1
     try:
         yield
@@ -198,7 +198,7 @@ class LineCounter:
 class Work:
     """One step's counted work: op rows [phase, kind, op, dtype, flops, bytes, elements, cold bytes, count]
     (theory/op_costs.OpRow), Python lines by phase,
-    and the collectives (runtime/collective_count.py's rows, each with the phase that issued it)."""
+    and the collectives (runtime/measure/collective_count.py's rows, each with the phase that issued it)."""
 
     ops: List[list] = field(default_factory=list)
     lines: Dict[str, int] = field(default_factory=dict)

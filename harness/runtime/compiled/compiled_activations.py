@@ -31,7 +31,7 @@ sequences, give what a block keeps and what the rest of the module keeps (the em
 output layer's input, the rotary tables, the mask), each per sequence and per micro-batch.
 
 What a compiled backward holds at its peak (the recompute and its buffers) is not what its forward kept: it is
-read from the code inductor generates for it (runtime/compiled_backward.py): a block's, for the block-by-block
+read from the code inductor generates for it (runtime/compiled/compiled_backward.py): a block's, for the block-by-block
 scope; the whole module's for ZeRO-1/2, whose inputs are then also what the module kept (read at the run's own
 depth, which the four traces' extrapolation over-counted by 2 MiB under selective checkpointing). Under ZeRO-3's
 split module a checkpoint runs eagerly (its graph breaks inside it), and so does its recompute: a checkpointed
@@ -44,8 +44,8 @@ from typing import Dict, Optional
 
 from omegaconf import OmegaConf
 
-from ..config import axes
-from ..config.mesh import mesh_of
+from ...config import axes
+from ...config.mesh import mesh_of
 from .trace_cache import on_disk
 
 TOKENS = (8, 16)  # two token counts (one sequence each): the slope is per token, the intercept per block
@@ -58,7 +58,7 @@ LAYERS = (2, 3)
 def counts_for(cfg) -> dict:
     """A run's model counts (models.param_count) and, when it compiles, what each compiled block keeps for
     backward (`kept`), which the memory model reads in place of its eager count."""
-    from . import models
+    from .. import models
 
     return with_compiled(cfg, models.param_count(cfg.model, cfg.workload))
 
@@ -66,7 +66,7 @@ def counts_for(cfg) -> dict:
 def with_compiled(cfg, counts: dict) -> dict:
     """`counts` with what the run's compiled graphs keep (`kept`) where it compiles: for the candidates of one
     model that differ in backend, policy or batch (the advisor's), whose parameter counts are the same."""
-    from ..theory.activations import regime
+    from ...theory.activations import regime
 
     compiled = kept(cfg, regime(cfg.backend, cfg.train.precision, cfg.train.master_weights))
     return {**counts, "compiled_kept": compiled} if compiled else counts
@@ -75,15 +75,15 @@ def with_compiled(cfg, counts: dict) -> dict:
 def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     """{"plain": {...}, "checkpointed": {...}} for the run's policy: each {"per_token", "per_block"}
     bytes a compiled block of that kind keeps (module docstring), with its compiled backward's peak at the run's
-    shape ("backward_peak", runtime/compiled_backward.py) where it could be read, and, where the whole module is
+    shape ("backward_peak", runtime/compiled/compiled_backward.py) where it could be read, and, where the whole module is
     compiled (the family's compile_scope), what the rest of the module keeps ("outside": the same two terms) and
     the sequence length traced ("positions"); for ZeRO-1/2's one module backward, its peak and what it is handed
     ("module_backward_peak", "module_kept"), for ZeRO-3's split module under checkpointing "eager_recompute".
     "plain" is always there: it is also what a block's backward has alive when its checkpointed forward has been
     recomputed. None when the run does not compile or is under tensor
     parallelism (its blocks are DTensor-sharded: not traced here, eager's count stands)."""
-    from ..config import families
-    from ..config.recompute import recompute_of
+    from ...config import families
+    from ...config.recompute import recompute_of
 
     if not cfg.train.compile or axes.active(mesh_of(cfg)):
         return None
@@ -124,8 +124,8 @@ def _kept(model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
 def _trace(model_yaml: str, regime: str, policy: str) -> Dict[str, float]:
     import torch
 
-    from ..config.recompute import Recompute
-    from . import models
+    from ...config.recompute import Recompute
+    from .. import models
 
     m = OmegaConf.create(model_yaml)
     with torch.device("meta"):
@@ -212,7 +212,7 @@ def _module_saved(m, layers: int, shape: tuple, regime: str, policy: str, split:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from . import models
+    from .. import models
     from .compiled_backward import fake_model
 
     torch._dynamo.reset()
