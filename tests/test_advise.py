@@ -84,6 +84,9 @@ def test_dry_run_prunes_and_a_pruned_candidate_really_runs_out_of_memory(tmp_pat
     (["model=tiny_llama", "train.precision=fp16", "--dry-run"], "train.precision=fp16"),
     # a dry run for GPUs this machine lacks: it asks for the card's memory rather than guessing from the host
     (["model=llama_7b", "parallelism=gpu8", "train.precision=bf16", "--dry-run"], "give it with --device-gib"),
+    # a card the theory has no datasheet for, and a card on a CPU shape
+    (["model=tiny_llama", "parallelism=gpu8", "--card=h300", "--dry-run"], "parallelism.card=h300: not a card"),
+    (["model=tiny_llama", "--card=h100-sxm", "--dry-run"], "prices a CUDA shape and this one is on cpu"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, args, says):
     # in this process: the command's own main (harness/commands.py runs it so), refusing before
@@ -170,6 +173,60 @@ def test_a_dry_run_plans_for_gpus_this_machine_does_not_have(tmp_path, capsys):
     assert plan["rates"]["copy_gbps"] == rates["copy_gbps"]
     assert f"measured on an {measured['machine']} on {measured['measured']}" in plan["rates"]["time_model"]
     assert f"{rates['matmul_tflops'][plan['precision']]:.3g} TFLOP/s" in out.out
+
+
+def test_a_named_card_prices_the_plan_at_its_datasheet_scaled_by_the_measured_card_and_is_the_budget(tmp_path, capsys):
+    """--card b200: the plan's rates are the B200's datasheet peak times measured ÷ datasheet on the card a lent
+    GPU measured (results/device_costs/cuda.json), its links the B200's, its budget the B200's memory; the dry run
+    says which rates it used, and why the pick beats each other kind of mesh."""
+    from harness.config.cards import CARDS
+    from harness.studies.advise.answer import main
+    from harness.studies.predict.cards import MEASURED_CARDS
+
+    code = main(["model=tiny_llama", "parallelism=gpu8", "train.precision=bf16", "--dry-run", "--card=b200",
+                 "--backends=ddp,fsdp", "--ac-policies=none", f"--out={tmp_path}", "--name=b200"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-2000:]
+    plan = json.loads((tmp_path / "b200" / "plan.json").read_text())
+    measured = json.loads((REPO / "results" / "device_costs" / "cuda.json").read_text())
+    kind = CARDS[MEASURED_CARDS[measured["machine"]]]
+    one = measured["worlds"]["1"]
+    assert plan["rates"]["matmul_tflops"] == pytest.approx(2250 * one["matmul_tflops"]["bf16"] / kind["tflops"])
+    assert plan["rates"]["copy_gbps"] == pytest.approx(8000 * one["copy_gbps"] / kind["mem_gbps"])
+    assert plan["budget_bytes"] == 180e9
+    rates = next(line for line in out.out.splitlines() if line.startswith("rates: "))
+    assert "B200 (HGX, 1000 W)" in rates and "900 GB/s a GPU each way inside a node" in rates, rates
+    # one sentence a kind of mesh: the pick's kind holds it, the other kind says why its fastest loses
+    why = plan["why_not"]
+    assert why[0].startswith("Why ") and len(why) == 3, why
+    assert sum("the pick" in line for line in why[1:]) == 1
+    assert {line.split(":")[0].strip() for line in why[1:]} == {"dp only", "dp split by tp"}
+
+
+def test_each_kind_of_mesh_loses_for_the_reason_that_decides_it():
+    """advise/kinds.py's reasons, on candidates whose numbers decide them: a tie inside the band, the bytes
+    across nodes (most of the extra step at the link's bandwidth), the step itself, and memory."""
+    from harness.studies.advise import kinds
+    from harness.studies.advise.search import Candidate, Plan
+
+    def cand(name, kind, step, inter=0.0, peak=10.0, fits=True):
+        return Candidate(name, 1, 1, False, [], predicted_step_s=step, predicted_tokens_per_s=1 / step,
+                         predicted_inter_node_bytes=inter, predicted_peak_bytes=peak, fits=fits, kind=kind)
+
+    pick = cand("fsdp", "dp only", 1.0, inter=10e9)
+    across = cand("ds_zero3", "offload", 2.0, inter=70e9)  # 60 GB more at 50 GB/s: 1.2 s of its 1 s more
+    slower = cand("ddp", "dp x tp", 2.0, inter=10e9)
+    unfit = cand("fsdp_hsdp", "hybrid", 0.5, peak=100.0, fits=False)
+    p = Plan([], 50, 0.1, 8, 16, "m", "bf16", "cuda", "native", rates={"inter_gbps": 50.0},
+             candidates=[pick, across, slower, unfit])
+    lines = dict(line.strip().split(": ", 1) for line in kinds.sentences(p, None)[1:])
+    assert lines["dp only"].startswith("the pick, fsdp-mb1")
+    assert lines["offload"].startswith("ds_zero3-mb1-ckptoff 100% slower predicted, most of it the bytes across "
+                                       "nodes: 60 GB more a step, 1,200 ms at 50 GB/s, against a step 1,000 ms longer")
+    assert lines["dp split by tp"].startswith("ddp-mb1-ckptoff 100% slower predicted (2,000 ms a step")
+    assert lines["hybrid"].startswith("memory, none of its 1 candidates fits: the smallest predicted peak")
+    tie = kinds.sentences(p, (1.0, 3.0, "a band"))  # 1/3 < 1/2: the two bands overlap
+    assert "ties with the pick inside the error band" in next(line for line in tie if "offload" in line)
 
 
 def test_an_unknown_checkpointing_policy_for_the_advisor_is_one_line(capsys):

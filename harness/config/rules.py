@@ -14,7 +14,7 @@ from typing import Callable, List
 from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import ConfigError
-from . import axes, data_check, derive, families, finetune_check, float8_check, hf_models, master_weights_check, recompute, resume_check, schema
+from . import axes, cards, data_check, derive, families, finetune_check, float8_check, hf_models, master_weights_check, recompute, resume_check, schema
 from .mesh_check import axis_rules, mesh_points, mesh_rules  # noqa: F401 - their callers import them from here
 from .schema import CHOICES
 
@@ -254,7 +254,7 @@ def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[s
     mesh = [] if family else mesh_rules(cfg)
     if mesh:
         return mesh
-    return [*shape_rules(cfg), *axis_rules(cfg), *device_rules(cfg, cuda_devices),
+    return [*shape_rules(cfg), *cards.rules(cfg), *axis_rules(cfg), *device_rules(cfg, cuda_devices),
             *(batch_rules(cfg) if not family else []), *run_rules(cfg), *family,
             *finetune_check.problems(cfg), *float8_check.problems(cfg), *master_weights_check.problems(cfg),
             *resume_check.problems(cfg), *data_check.problems(cfg)]

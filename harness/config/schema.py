@@ -134,6 +134,10 @@ class ParallelismConfig:
     # (50), on CPU gloo over loopback (1). A measured `make collectives` table replaces them where it has rows
     intra_node_gbps: float = 0.0
     inter_node_gbps: float = 0.0
+    # the GPU a CUDA shape is priced for where none is here (studies/predict/cards.py: h100-sxm, h100-pcie, h200,
+    # a100-80gb, b200 ...): its datasheet's rates scaled by what a lent GPU measured, its links where the two
+    # above are 0, its memory as advise's default budget. "" = the GPU measured last (results/device_costs/)
+    card: str = ""
 
 
 @dataclass

@@ -31,6 +31,7 @@ def estimate_parser() -> argparse.ArgumentParser:
                         help="also trace each backend that can be traced on fake tensors at this shape (rank 0, the "
                              "real strategy code: harness/runtime/simulate/traced.py) and set its figures beside the theory "
                              "(~10 s to a few minutes a backend, two at a time)")
+    card_flag(parser)
     parser.add_argument("--markdown", action="store_true",
                         help="print the mesh-by-mesh table as markdown (states, peak, bytes by link, step)")
     parser.add_argument("--backends", type=backend_names, help="comma-separated (default: every backend this shape "
@@ -67,12 +68,26 @@ def advise_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ac-policies", default=",".join(ADVISE_POLICIES),
                         help="activation-checkpointing policies searched (train.activation_checkpointing; default "
                              f"{','.join(ADVISE_POLICIES)})")
+    card_flag(parser)
     parser.add_argument("--dry-run", action="store_true", help="theory only: print the table and stop")
     parser.add_argument("--force", action="store_true", help="re-run probes that already have a result")
     parser.add_argument("--name", help="<out>/<name> (default: from the model, ranks, batch, budget)")
     parser.add_argument("--out", default=str(results_dir("advise")),
                         help="where the advice dirs go (default results/local/advise; --snapshot: results/advise)")
     return parser
+
+
+def card_flag(parser: argparse.ArgumentParser) -> None:
+    from ..config.cards import names
+
+    parser.add_argument("--card", help=f"the GPU a CUDA shape is priced for ({names()}): its datasheet's rates scaled "
+                        "by what a lent GPU measured, its links, its memory (parallelism.card; default: the preset's "
+                        "card, else the GPU measured last)")
+
+
+def with_card(args, overrides: list) -> list:
+    """The overrides, with --card as the parallelism.card it stands for."""
+    return [*overrides, f"parallelism.card={args.card}"] if getattr(args, "card", None) else overrides
 
 
 @functools.lru_cache(maxsize=None)

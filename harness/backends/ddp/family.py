@@ -45,8 +45,18 @@ def replicated(backend, s):
     mesh = s.mesh.replace(dp_replicate=s.mesh.dp, dp_shard=1, post_forward=0)  # every dp rank a replica
     view = dataclasses.replace(s, precision="fp32", mesh=mesh, blocks_reshard=False, root_reshards=False,
                                shard_params=s.params, shard_trainable=s.t)
-    settings = OmegaConf.merge(backend, {"reshard_after_forward": False, "cpu_offload": False})
-    return fsdp2, settings, view
+    held = _SETTINGS.get(id(backend))
+    if held is None or held[0] is not backend:  # merged once a backend config, not once a prediction
+        held = _SETTINGS[id(backend)] = (backend, OmegaConf.merge(backend, {"reshard_after_forward": False,
+                                                                             "cpu_offload": False}))
+        while len(_SETTINGS) > 64:
+            _SETTINGS.pop(next(iter(_SETTINGS)))
+    return fsdp2, held[1], view
+
+
+# replicated's settings by the backend config they were merged from (held, so that its id is not reused): the
+# advisor predicts hundreds of candidates from one backend config, which nothing mutates
+_SETTINGS: dict = {}
 
 
 class DDPFamily(DCPCheckpoints, Family):

@@ -23,6 +23,7 @@ uses); config/rules.py requires the heads and the key/value heads to divide by t
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -44,6 +45,7 @@ COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate
 ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
 
 
+@functools.lru_cache(maxsize=65536)  # a model's names, asked once a candidate by the advisor's hundreds
 def split_dim(plan: str, name: str) -> Optional[int]:
     """The dimension the plan splits parameter `name` on, or None (replicated on every tensor-parallel rank)."""
     for pattern, dim in PLANS[plan]:
@@ -66,9 +68,20 @@ def local_counts(counts: dict, plan: str, tp: int) -> dict:
     returned as they are."""
     if tp <= 1 or not counts.get("tensors"):
         return counts
-    local = [[name, list(local_shape(plan, name, shape, tp)), trains, tags]
-             for name, shape, trains, tags in counts["tensors"]]
-    return {**counts, **aggregate(local), "tensors": local}
+    key = (id(counts["tensors"]), plan, tp)
+    held = _LOCAL.get(key)
+    if held is None or held[0] is not counts["tensors"]:  # the same list (not a new one at a reused id)
+        local = [[name, list(local_shape(plan, name, shape, tp)), trains, tags]
+                 for name, shape, trains, tags in counts["tensors"]]
+        held = _LOCAL[key] = (counts["tensors"], {**aggregate(local), "tensors": local})
+        while len(_LOCAL) > 64:
+            _LOCAL.pop(next(iter(_LOCAL)))
+    return {**counts, **held[1]}
+
+
+# local_counts' answers by (the model's tensor list, plan, tp), each holding the list it was asked of, so that a
+# model's shards are cut once, not once a candidate (the advisor asks hundreds); the records are not mutated
+_LOCAL: Dict[tuple, tuple] = {}
 
 
 def split_elements(counts: dict, plan: str, tp: int) -> Dict[str, int]:

@@ -11,11 +11,12 @@ from ...config.compose import compose
 from ...core.paths import REPO
 from ...core.rundir import write_json
 from . import frontier as advise_frontier
+from . import kinds as advise_kinds
 from . import notes as advise_notes
 from .frontier import link_words
 from .measure import BOUNDARY_X, contenders, gap_pct, measure
 from .search import GIB, Candidate, Plan, plan, size, to_dict
-from ..flags import advise_parser
+from ..flags import advise_parser, with_card
 from .record import error_pct, theory_table, write
 
 
@@ -140,9 +141,17 @@ def print_plan(p: Plan) -> None:
     print(f"advise: {p.model}, {p.world} {p.device} ranks, {p.precision}, global batch {p.global_batch}, "
           f"budget {size(p.budget_bytes)} per rank ({p.margin:.0%} margin); {len(p.fitting)} of "
           f"{len(p.candidates)} candidates predicted to fit; step times: {p.rates.get('time_model', 'roofline')}")
+    print(rates_line(p), flush=True)
     print("\n".join(theory_table(p)), flush=True)
     for note in advise_notes.notes(p):
         print(note, flush=True)
+
+
+def rates_line(p: Plan) -> str:
+    """Which rates priced the plan: the card (or device), its matmul and copy rates and where they come from."""
+    r = p.rates
+    return (f"rates: {r['matmul_tflops']:,.0f} TFLOP/s matmul ({p.precision}), {r['copy_gbps']:,.0f} GB/s copy, "
+            f"{r.get('rates_source') or 'measured on this ' + p.device}; links {r.get('links', '')}")
 
 
 def main(argv=None) -> int:
@@ -153,6 +162,7 @@ def main(argv=None) -> int:
     from ...core.errors import ConfigError
     parser = advise_parser()
     args, overrides = parser.parse_known_args(argv)
+    overrides = with_card(args, overrides)
     budget = int(args.device_gib * GIB) if args.device_gib else None
     try:  # bad input is refused as shardbench train refuses it, before anything is measured or run
         cfg = compose([*overrides, f"train.memory_budget_bytes={budget or 0}"])
@@ -180,8 +190,10 @@ def main(argv=None) -> int:
     print_plan(p)
     if args.dry_run:  # the table, its recommendation, and the plan for scripts (no probe has run)
         choice, frontier = predicted_choice(p), advise_frontier.lines(p)
-        print("\n".join([f"\n{choice}", "", *frontier]))
-        write_json(out / "plan.json", {**to_dict(p), "predicted_choice": choice, "frontier": frontier})
+        why_not = advise_kinds.sentences(p, advise_frontier.band(p))
+        print("\n".join([f"\n{choice}", "", *why_not, "", *frontier]))
+        write_json(out / "plan.json", {**to_dict(p), "predicted_choice": choice, "why_not": why_not,
+                                       "frontier": frontier})
         advise_frontier.plot(p, out / "frontier.png")
         print(f"written to {out}/plan.json and frontier.png")
         return 0

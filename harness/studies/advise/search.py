@@ -35,6 +35,7 @@ that close, the answer says the ranking is a tie.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
@@ -83,6 +84,8 @@ class Candidate:
     runs: List[float] = field(default_factory=list)  # tokens/s of each run that trained (a repeat adds one)
     noise_pct: Optional[float] = None  # see the module doc
     policy: str = ""  # train.activation_checkpointing: none, full, every_<k>, selective_op ("": as checkpointing)
+    # the mesh's kind, as the answer compares them (advise/kinds.py): offload, hybrid, dp x <axes>, dp only
+    kind: str = ""
 
     @property
     def ac(self) -> str:
@@ -169,7 +172,8 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     out = Plan(overrides, budget, margin, batch, world, base.model.name, base.train.precision, par.device, base.profile,
                rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps, "rates_source": rates.source,
                       "rates_committed": rates.committed,
-                      "collectives_measured": float(rates.comm.measured), "flops_per_token": flops_per_token})
+                      "collectives_measured": float(rates.comm.measured), "flops_per_token": flops_per_token,
+                      "links": links_words(rates.comm), "inter_gbps": rates.comm.links[True][1] / 1e9})
     fitting = {}  # the candidates that fit, by name: their step times come from their counted work
     for backend in backends:
         # one composition per backend (a config group); the candidates' batch and checkpointing are set on a
@@ -178,19 +182,20 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
         asked = {n: sorted({point[n] for point in meshes}) for n in axes.AXES}
         for point in mesh_points(composed, asked):
             dp = data_parallel_ranks(composed, point)
+            at_point = axes.with_degrees(composed, point)  # one copy a mesh point, its batch and policy set below
             for mb in micro_batches(batch, dp) if batch % dp == 0 else []:
                 for policy in policies:
                     ga = batch // (mb * dp)
                     extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
                              f"parallelism.global_batch={batch}", *recompute_overrides(policy),
                              *axes.overrides_of(point, pinned)]
-                    cfg = axes.with_degrees(composed, point)
+                    cfg = at_point
                     cfg.parallelism.micro_batch, cfg.parallelism.grad_accum = mb, ga
                     kind, every = parse_policy(policy)
                     cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every = kind, every
                     out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin))
-                    if out.candidates[-1].fits:
-                        fitting[out.candidates[-1].name] = cfg
+                    if out.candidates[-1].fits:  # kept for its counted work, as it is now
+                        fitting[out.candidates[-1].name] = copy.deepcopy(cfg)
     advise_time.price(out, fitting, base, counts)
     # those that fit first, by their counted work's step; then the rest, by the roofline bound
     out.candidates.sort(key=lambda c: (not c.fits, c.predicted_step_s))
@@ -228,19 +233,47 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
                      predicted_reduce_bucket_bytes=max((v for k, v in theory.items()
                                                         if k.endswith("_reduce_bucket_predicted_bytes")
                                                         or k == "memory/buffers_predicted_bytes"), default=0.0),
-                     family=cfg.backend.family)
+                     family=cfg.backend.family, kind=mesh_kind(cfg, shape))
+
+
+def links_words(comm) -> str:
+    """The collectives' links as the time model prices them: measured rows, else each level's bus bandwidth."""
+    inside, across = (comm.links[crosses][1] / 1e9 for crosses in (False, True))
+    return (f"{inside:,.0f} GB/s a GPU each way inside a node, {across:,.0f} across nodes"
+            + (" (and this machine's measured collectives)" if comm.measured else ""))
+
+
+def mesh_kind(cfg, shape) -> str:
+    """What kind of layout a candidate is, as a user compares them: its optimizer offloaded to the host, hybrid
+    (sharding in groups smaller than the world), split by a parallel axis besides data parallelism, or data
+    parallelism alone (the registry's words: config/families.py, config/axes.py)."""
+    from ...config import families
+
+    family = families.of(cfg.backend)
+    if "host_link" in family.optimizer_bytes(cfg.backend, shape):
+        return "offload"
+    if family.is_hybrid(cfg.backend):
+        return "hybrid"
+    split = axes.degrees_of(shape.mesh)
+    return f"dp x {' x '.join(n for n, d in split.items() if d > 1)}" if any(d > 1 for d in split.values()) \
+        else "dp only"
 
 
 def default_budget(cfg) -> int:
     """The device's memory: the GPU's, or on CPU this host's available memory shared by its ranks. A CUDA
-    config on a machine without a GPU (a dry run for hardware you do not have) must say the card's memory."""
+    config on a machine without a GPU (a dry run for hardware you do not have) takes its named card's memory
+    (parallelism.card, --card), else must say it."""
     if cfg.parallelism.device == "cuda":
         import torch
 
+        from ...config.cards import CARDS, card_named
+
         if torch.cuda.is_available():
             return torch.cuda.get_device_properties(0).total_memory
+        if cfg.parallelism.card:  # the datasheet's GB (10^9 bytes), as cards are sold
+            return int(CARDS[card_named(cfg.parallelism.card)]["gib"] * 1e9)
         raise ValueError("parallelism.device=cuda and no GPU here to read the card's memory from: give it with "
-                         "--device-gib (80 for an H100 80GB)")
+                         "--device-gib (80 for an H100 80GB) or name the card (--card h100-sxm)")
     import psutil
 
     return psutil.virtual_memory().available // cfg.parallelism.nproc_per_node

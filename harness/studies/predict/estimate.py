@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import List
 
-from ...config import axes, families, hf_models
+from ...config import axes, cards, families, hf_models
 from ...config.compose import compose, compose_many
 from ...config import rules
 from ...config.rules import axis_rules, mesh_rules
@@ -32,7 +32,7 @@ from ...core.errors import ConfigError
 from ...theory import memory
 from ...theory.predict import FIT_MARGIN
 from .rates import rates_for
-from ..flags import estimate_parser
+from ..flags import estimate_parser, with_card
 from .rows import rows
 
 
@@ -111,12 +111,12 @@ def print_counted(table: List[dict], overrides: List[str], cfg, hypothetical: bo
     """--counted: each FSDP2 row's step from its counted work at the committed GPU's costs (studies/predict/counted_shapes.py)
     beside the roofline's, and why each other row is not counted."""
     from .counted_shapes import card_costs, count_configs, counted_step, depths_for, measured_card, not_counted, published_record
-    from .cards import CARDS
+    from .cards import CARDS, card_named
 
-    card = measured_card()
+    card = card_named(cfg.parallelism.card) if cfg.parallelism.card else measured_card()
     why = ("it prices a CUDA shape (parallelism=gpu8 ...)" if cfg.parallelism.device != "cuda" else
            "it builds the model: not with --params or --world" if hypothetical else
-           "no GPU's device costs are committed (results/device_costs/cuda.json)" if card is None else "")
+           "no GPU's device costs are committed (results/device_costs/cuda.json)" if measured_card() is None else "")
     if why:
         print(f"--counted: not counted here, {why}")
         return
@@ -125,7 +125,8 @@ def print_counted(table: List[dict], overrides: List[str], cfg, hypothetical: bo
                             for r in table])
     notes = {k: not_counted(r["backend"], {n: r[n] for n in axes.AXES}) for k, r in zip(keys, table)}
     counted = count_configs({k: (c, depths_for(c)) for k, c in zip(keys, configs) if not notes[k]})
-    print(f"Counted work ({CARDS[card]['label']}'s measured costs, results/device_costs/cuda.json; the step counted op "
+    print(f"Counted work ({CARDS[card]['label']}'s costs, {'as measured' if card == measured_card() else 'scaled from'} "
+          f"results/device_costs/cuda.json's; the step counted op "
           f"by op on fake tensors, as `make published` prices published runs{published_record()}):")
     for key, r, c in zip(keys, table, configs):
         result = counted.get(key, {})
@@ -162,10 +163,11 @@ def offload_rates(rates) -> str:
 def main(argv: List[str] | None = None) -> int:
     parser = estimate_parser()
     args, overrides = parser.parse_known_args(argv)
+    overrides = with_card(args, overrides)
     cfg = compose(overrides)
     # a value out of range (a negative micro-batch printed negative bytes), then a model the theory cannot cover:
     # one line, as train refuses them, not a table or a KeyError
-    unsupported = rules.value_rules(cfg) or hf_models.problems(cfg)
+    unsupported = rules.value_rules(cfg) or hf_models.problems(cfg) or cards.rules(cfg)
     if unsupported:
         raise ConfigError(unsupported[0])
     args.time = args.time or args.counted  # the counted step is set beside the roofline's

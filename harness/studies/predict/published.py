@@ -31,7 +31,7 @@ from ...core.paths import REPO, results_dir, snapshot
 from ...core.rundir import write_json, write_text
 from ..flags import defaults
 from .counted_shapes import TIME_TARGET_PCT
-from .cards import CARDS, MEASURED_CARDS
+from .cards import CARDS, card_rates, rates
 
 GIB = 2**30
 ROWS = REPO / "experiments" / "published" / "rows.yaml"
@@ -39,32 +39,6 @@ README = REPO / "experiments" / "published" / "README.md"
 MARKERS = ("<!-- table: written by `make published` -->", "<!-- /table -->")
 GPUS_PER_NODE = 8  # the sources' hosts, where a row does not say (its gpus_per_node)
 MEMORY_TARGET_PCT = 10  # the issue's targets: memory within 10%, time within 30% (counted_shapes.TIME_TARGET_PCT)
-
-def card_rates(name: str) -> dict:
-    """A card's bf16 matmul TFLOP/s and copy GB/s as the time model takes them: measured where the committed GPU
-    measurement is this card; otherwise its datasheet's, scaled by measured ÷ datasheet on the measured card
-    (nothing runs at its datasheet peak); the datasheet's alone where nothing is committed."""
-    from ...reporting.time_and_comm import committed_gpu_rates
-
-    card, measured = CARDS[name], committed_gpu_rates()
-    kind = MEASURED_CARDS.get(measured["machine"]) if measured and "bf16" in measured["tflops"] else None
-    if kind is None:
-        return {"tflops": card["tflops"], "mem_gbps": card["mem_gbps"], "how": "its datasheet's"}
-    compute = measured["tflops"]["bf16"] / CARDS[kind]["tflops"]
-    memory = measured["copy_gbps"] / CARDS[kind]["mem_gbps"]
-    how = (f"measured on an {measured['machine']}" if kind == name else
-           f"its datasheet's x {compute:.3f} (matmul) and x {memory:.3f} (copy), measured ÷ datasheet on an "
-           f"{measured['machine']}")
-    return {"tflops": card["tflops"] * compute, "mem_gbps": card["mem_gbps"] * memory, "how": how}
-
-
-def rates(name: str, world: int):
-    from ...theory.time import CommTable, Rates
-
-    card, at = CARDS[name], card_rates(name)
-    return Rates(tflops=at["tflops"], mem_gbps=at["mem_gbps"], device="cuda", source=at["how"],
-                 comm=CommTable([], "cuda", world, card["intra_gbps"], card["inter_gbps"]))
-
 
 def base_of(row: dict) -> List[str]:
     """The overrides every config of `row` starts from: its hosts, bf16, one micro-batch a step, its backend."""
@@ -213,15 +187,16 @@ def counted_summary(results: List[dict]) -> List[str]:
 
 def write(results: List[dict], out: Path, sources: Dict[str, str]) -> None:
     lines = table(results)
+    used = {n for n, c in CARDS.items() if c["label"] in {r["card"] for r in results}}  # the cards the rows ran on
     cards = ["", "The cards' rates and links:", ""] + [
         f"- {c['label']}: {c['tflops']} TFLOP/s bf16 dense, {c['mem_gbps']:,} GB/s, {c['intra_gbps']} GB/s in a node "
         f"and {c['inter_gbps']} GB/s across nodes a GPU each way; {c['source']}. The roofline takes "
         f"{at['tflops']:.0f} TFLOP/s and {at['mem_gbps']:,.0f} GB/s, {at['how']}."
-        for c, at in ((CARDS[n], card_rates(n)) for n in CARDS)]
+        for c, at in ((CARDS[n], card_rates(n)) for n in CARDS if n in used)]
     sourced = ["", "Sources:", ""] + [f"- {name}: {text}" for name, text in sources.items()]
     write_text(out / "published.md", "\n".join(["# Published runs against the theory", "", *lines, *cards, *sourced])
                + "\n")
-    write_json(out / "published.json", {"rows": results, "cards": CARDS, "sources": sources})
+    write_json(out / "published.json", {"rows": results, "cards": {n: c for n, c in CARDS.items() if n in used}, "sources": sources})
     if README.exists():  # the committed README's table with --snapshot; else its copy beside published.md
         text = README.read_text()
         start, end = text.index(MARKERS[0]) + len(MARKERS[0]), text.index(MARKERS[1])

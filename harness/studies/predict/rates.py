@@ -1,20 +1,32 @@
 """The rates a prediction is priced at: this device's measured matmul peak and copy bandwidth, or for a CUDA shape
-where no GPU is, the committed rates of the GPU measured last (else a datasheet's); and the collectives table."""
+where no GPU is, the card the config names (`parallelism.card`, `--card`: its datasheet scaled by what a lent GPU
+measured, studies/predict/cards.py), else the committed rates of the GPU measured last (else a datasheet's); and
+the collectives table."""
 from __future__ import annotations
 
 
 def rates_for(cfg, world: int):
     """This device's measured matmul peak and copy bandwidth (one rank's share of the host on CPU: torchrun
     runs each rank with one thread), and the collectives table the runs' own time model uses. A CUDA shape
-    where no GPU is gets the committed rates of the GPU measured last (results/device_costs/cuda.json), else an
-    H100's datasheet peaks (theory/time.py's STATED_CUDA_*), never this CPU's."""
+    where no GPU is gets its named card's rates and links (cards.rates), else the committed rates of the GPU
+    measured last (results/device_costs/cuda.json), else an H100's datasheet peaks (theory/time.py's
+    STATED_CUDA_*), never this CPU's."""
     import torch
 
     from ...reporting.time_and_comm import collectives_table, committed_gpu_rates
     from ...runtime.measure import probes
     from ...theory.time import STATED_CUDA_MEM_GBPS, STATED_CUDA_TFLOPS, CommTable, Rates
+    from . import cards
 
     par = cfg.parallelism
+    if par.device == "cuda" and not torch.cuda.is_available() and par.card:
+        import dataclasses
+
+        name = cards.card_named(par.card)
+        at = cards.rates(name, world, cfg.train.precision, par.intra_node_gbps, par.inter_node_gbps,
+                         collectives_table(cfg))
+        return dataclasses.replace(at, source=f"{cards.CARDS[name]['label']}, {at.source}",
+                                   committed=at.source != "its datasheet's")
     comm = CommTable(collectives_table(cfg), par.device, world, par.intra_node_gbps, par.inter_node_gbps)
     if par.device == "cuda" and not torch.cuda.is_available():
         measured = committed_gpu_rates()
