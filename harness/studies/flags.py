@@ -1,4 +1,4 @@
-"""The flags of `shardbench estimate`, `shardbench advise` and `shardbench gpu-capacity`, parsed before torch is imported
+"""The flags of `shardbench estimate`, `shardbench advise`, `shardbench export` and `shardbench gpu-capacity`, parsed before torch is imported
 (the check itself, which every command runs first, is config/command_line.py), and the studies' defaults that name
 backends (conf/studies.yaml).
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import functools
+from pathlib import Path
 from typing import Optional
 
 from ..config import axes  # torch-free, as are the axes' packages and the theory's margin
@@ -74,6 +75,22 @@ def advise_parser() -> argparse.ArgumentParser:
     parser.add_argument("--name", help="<out>/<name> (default: from the model, ranks, batch, budget)")
     parser.add_argument("--out", default=str(results_dir("advise")),
                         help="where the advice dirs go (default results/local/advise; --snapshot: results/advise)")
+    return parser
+
+
+def checkpoint_dir(text: str):
+    """A checkpoint directory that exists: refused before torch loads, not after (an export of a mistyped path
+    took 9 s to say so)."""
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no such directory; give a run's checkpoints/step_<k> dir")
+    return Path(text)
+
+
+def export_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness export", description="Any backend's checkpoint as one "
+                                     "Hugging Face directory: config.json and safetensors.")
+    parser.add_argument("checkpoint", type=checkpoint_dir, help="a checkpoints/step_<k> directory")
+    parser.add_argument("out", type=Path)
     return parser
 
 

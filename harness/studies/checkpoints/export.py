@@ -11,7 +11,6 @@ process on the host: the whole model and, for DCP, its optimizer state pass thro
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Dict, List
@@ -23,6 +22,7 @@ from ...config import families
 from ...config.compose import compose
 from ...core.checkpoint_dirs import is_complete, read_marker
 from ...core.errors import ConfigError
+from ..flags import export_parser
 
 
 def weights(directory: Path) -> Dict[str, torch.Tensor]:
@@ -59,10 +59,7 @@ def export(directory: Path, out: Path) -> Path:
 
 
 def main(argv: List[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", type=Path, help="a checkpoints/step_<k> directory")
-    parser.add_argument("out", type=Path)
-    args = parse("export", parser, argv, takes_overrides=False)[0]
+    args = parse("export", export_parser(), argv, takes_overrides=False)[0]
     try:
         print(f"wrote {export(args.checkpoint, args.out)}")
     except ConfigError as err:
