@@ -229,6 +229,23 @@ def test_each_kind_of_mesh_loses_for_the_reason_that_decides_it():
     assert "ties with the pick inside the error band" in next(line for line in tie if "offload" in line)
 
 
+def test_the_advisor_offers_no_candidate_a_run_would_refuse(capsys):
+    # issue 73: selective_op at tp 8 was priced (137.6 GiB against 62.8 with no checkpointing, for 70B) and pruned,
+    # though tensor parallelism's rules refuse the pair: such a candidate is left out, and the plan says so
+    from harness.studies.advise import search as advise
+    from harness.studies.advise.answer import print_plan
+
+    p = advise.plan(["model=tiny_llama", "parallelism=gpu8"], 80 * 2**30, 16, ["fsdp"], 0.1,
+                    policies=("none", "selective_op"))
+    assert {(c.axes["tp"] > 1, c.policy) for c in p.candidates} == {(False, "none"), (False, "selective_op"),
+                                                                      (True, "none")}
+    (why, count), = p.refused.items()
+    assert why.startswith("train.activation_checkpointing=selective_op: not with parallelism.tp>1") and count > 0
+    print_plan(p)
+    assert f"left out, as a run would be refused: {count} candidates: train.activation_checkpointing=selective_op" \
+        in capsys.readouterr().out
+
+
 def test_an_unknown_checkpointing_policy_for_the_advisor_is_one_line(capsys):
     from harness.studies.advise.answer import main
 

@@ -142,6 +142,8 @@ def print_plan(p: Plan) -> None:
           f"budget {size(p.budget_bytes)} per rank ({p.margin:.0%} margin); {len(p.fitting)} of "
           f"{len(p.candidates)} candidates predicted to fit; step times: {p.rates.get('time_model', 'roofline')}")
     print(rates_line(p), flush=True)
+    for why, count in p.refused.items():
+        print(f"left out, as a run would be refused: {count} candidate{'s' if count > 1 else ''}: {why}", flush=True)
     print("\n".join(theory_table(p)), flush=True)
     for note in advise_notes.notes(p):
         print(note, flush=True)

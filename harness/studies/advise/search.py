@@ -43,7 +43,7 @@ from ...config import axes
 from ...config.compose import compose
 from ...config.derive import dp_size, tokens_per_step, world_size
 from ...config.mesh import mesh_of
-from ...config.mesh_check import mesh_points
+from ...config.mesh_check import axis_rules, mesh_points
 from ...config.recompute import overrides as recompute_overrides, parse as parse_policy, recompute_of
 from . import step_times as advise_time
 from ..predict.rates import rates_for
@@ -128,6 +128,8 @@ class Plan:
     profile: str
     rates: Dict[str, object] = field(default_factory=dict)  # the roofline's rates, and how step times were predicted
     candidates: List[Candidate] = field(default_factory=list)
+    # what the axes' rules refuse (config/mesh_check.axis_rules), left out of the candidates: {reason: how many}
+    refused: Dict[str, int] = field(default_factory=dict)
 
     @property
     def fitting(self) -> List[Candidate]:
@@ -193,6 +195,10 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                     cfg.parallelism.micro_batch, cfg.parallelism.grad_accum = mb, ga
                     kind, every = parse_policy(policy)
                     cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every = kind, every
+                    refusal = axis_rules(cfg)  # a combination a run would be refused (selective_op at tp > 1)
+                    if refusal:
+                        out.refused[refusal[0]] = out.refused.get(refusal[0], 0) + 1
+                        continue
                     out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin))
                     if out.candidates[-1].fits:  # kept for its counted work, as it is now
                         fitting[out.candidates[-1].name] = copy.deepcopy(cfg)
