@@ -215,7 +215,8 @@ def test_each_kind_of_mesh_loses_for_the_reason_that_decides_it():
 
     pick = cand("fsdp", "dp only", 1.0, inter=10e9)
     across = cand("ds_zero3", "offload", 2.0, inter=70e9)  # 60 GB more at 50 GB/s: 1.2 s of its 1 s more
-    slower = cand("ddp", "dp x tp", 2.0, inter=10e9)
+    slower = cand("ddp", "split", 2.0, inter=10e9)
+    slower.axes = {"tp": 2}
     unfit = cand("fsdp_hsdp", "hybrid", 0.5, peak=100.0, fits=False)
     p = Plan([], 50, 0.1, 8, 16, "m", "bf16", "cuda", "native", rates={"inter_gbps": 50.0},
              candidates=[pick, across, slower, unfit])
@@ -223,7 +224,7 @@ def test_each_kind_of_mesh_loses_for_the_reason_that_decides_it():
     assert lines["dp only"].startswith("the pick, fsdp-mb1")
     assert lines["offload"].startswith("ds_zero3-mb1-ckptoff 100% slower predicted, most of it the bytes across "
                                        "nodes: 60 GB more a step, 1,200 ms at 50 GB/s, against a step 1,000 ms longer")
-    assert lines["dp split by tp"].startswith("ddp-mb1-ckptoff 100% slower predicted (2,000 ms a step")
+    assert lines["dp split by tp"].startswith("ddp-tp2-mb1-ckptoff 100% slower predicted (2,000 ms a step")
     assert lines["hybrid"].startswith("memory, none of its 1 candidates fits: the smallest predicted peak")
     tie = kinds.sentences(p, (1.0, 3.0, "a band"))  # 1/3 < 1/2: the two bands overlap
     assert "ties with the pick inside the error band" in next(line for line in tie if "offload" in line)

@@ -1,8 +1,8 @@
 """train.compile=true on CPU (inductor, g++): DDP and FSDP2 compile each Transformer block and keep the eager
 DDP run's fp32 losses; compiling happens in the warm-up and is reported as time/compile_s, outside the timed
 window; and the memory check's compiled cells, whose peaks are predicted from what AOTAutograd's partition of a
-block keeps (runtime/compiled/compiled_activations.py), or of DeepSpeed's whole compiled module. Eight cells of one launch,
-about 2 minutes with a cold inductor cache: make test-drills (CI runs it)."""
+block keeps (runtime/compiled/compiled_activations.py), or of DeepSpeed's whole compiled module. Eight cells of one
+launch, about 2 minutes with a cold inductor cache: make test-drills (CI runs it)."""
 from __future__ import annotations
 
 import json
@@ -65,8 +65,8 @@ def test_compile_time_is_reported_and_stays_out_of_the_timed_steps(runs, backend
     eager = runs["eager"][backend][0]["figures"]
     assert "time/compile_s" not in eager
     # a process's first compile builds inductor's C++ and takes seconds here (2.1 s), unless the rank has just
-    # generated a block's backward for its memory prediction (runtime/compiled/compiled_backward.py, when the clone's trace
-    # cache does not have it yet), which warms inductor; a later cell's re-traces its blocks with inductor warm
+    # generated a block's backward for its memory prediction (runtime/compiled/compiled_backward.py, when the clone's
+    # trace cache does not have it yet), which warms inductor; a later cell's re-traces its blocks with inductor warm
     # (0.22 s; the cells worker resets dynamo between cells, so no cell runs another's compiled code). A timed step
     # of tiny_llama takes 16-34 ms, so a compile inside the window would make the slowest step at least its time
     assert f["time/compile_s"] > 0.1

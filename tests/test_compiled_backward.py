@@ -55,8 +55,8 @@ def test_a_wrapper_it_cannot_read_is_an_error_not_a_figure():
 
 
 def test_a_trace_is_read_back_from_disk_and_a_failed_one_is_tried_again(tmp_path, monkeypatch):
-    # runtime/compiled/trace_cache.on_disk: what one process traced, the next reads instead of tracing again; a trace that
-    # found nothing (None: the generated code could not be read) is not kept, so the next process tries again
+    # runtime/compiled/trace_cache.on_disk: what one process traced, the next reads instead of tracing again; a trace
+    # that found nothing (None: the generated code could not be read) is not kept, so the next process tries again
     from harness.runtime.compiled import trace_cache
 
     monkeypatch.setattr(trace_cache, "traces_dir", lambda: tmp_path)

@@ -1,6 +1,7 @@
-"""The real strategy code at a world of 64, on fake tensors over a fake process group (harness/runtime/simulate/traced.py),
-against the memory and communication model (`make scale-check`'s cheap cell): llama_1b under FSDP2 in bf16, full
-shard and HSDP (8 nodes of 8), and a backend that cannot be traced, tried beside it, with its cause."""
+"""The real strategy code at a world of 64, on fake tensors over a fake process group
+(harness/runtime/simulate/traced.py), against the memory and communication model (`make scale-check`'s cheap cell):
+llama_1b under FSDP2 in bf16, full shard and HSDP (8 nodes of 8), and a backend that cannot be traced, tried beside
+it, with its cause."""
 from __future__ import annotations
 
 import json

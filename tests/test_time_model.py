@@ -1,6 +1,6 @@
 """The step-time model: what a step's work is counted as (runtime/measure/work_count.py), the mirror process group that
-lets a run nobody started be counted (runtime/simulate/mirror_group.py, runtime/simulate/replay.py), and how the work is priced
-(theory/op_costs.py, theory/time.CommTable). In-process, but for the replays of three fixture runs, whose
+lets a run nobody started be counted (runtime/simulate/mirror_group.py, runtime/simulate/replay.py), and how the work
+is priced (theory/op_costs.py, theory/time.CommTable). In-process, but for the replays of three fixture runs, whose
 counted work must be the real runs' own."""
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import torch.distributed as dist
 from harness.runtime.simulate import mirror_group
 from harness.runtime.measure import time_profile, work_count
 from harness.theory.calibration import calibrate
-from harness.theory.op_costs import DeviceCosts, HostCosts, HOST_TERMS, gaps_before, predict_counted, priced_phases, work_totals
+from harness.theory.op_costs import (DeviceCosts, HostCosts, HOST_TERMS, gaps_before, predict_counted, priced_phases,
+                                     work_totals)
 from harness.theory.time import CommTable
 
 

@@ -66,8 +66,8 @@ class Family:
     ranged_fields: Tuple[str, ...] = ()  # numeric backend fields whose range its rules check (config/rules.py)
     native_buffers_note = ""  # why its native profile's buffers can dwarf the states (studies/advise/answer.py)
     jit_op_names: Tuple[str, ...] = ()  # native ops it builds on first use (TORCH_EXTENSIONS_DIR names)
-    # why its runtime cannot run on fake tensors (runtime/simulate/traced.py), as `make scale-check` found it; "" where it can;
-    # and whether, where it cannot, its runtime on a mesh a parallel axis splits can (another mechanism: DDP's
+    # why its runtime cannot run on fake tensors (runtime/simulate/traced.py), as `make scale-check` found it; "" where
+    # it can; and whether, where it cannot, its runtime on a mesh a parallel axis splits can (another mechanism: DDP's
     # replicate under tensor parallelism)
     untraceable = ""
     traces_split = False
@@ -149,8 +149,8 @@ class Family:
 
     def compile_scope(self, backend) -> str:
         """What train.compile compiles, which decides what the compiled graphs keep for backward
-        (runtime/compiled/compiled_activations.py): `blocks`, each Transformer block, the wrapper's hooks outside the graphs
-        (torchtitan's way); `module`, the whole model as one graph; `module_split`, the whole model with a graph
+        (runtime/compiled/compiled_activations.py): `blocks`, each Transformer block, the wrapper's hooks outside the
+        graphs (torchtitan's way); `module`, the whole model as one graph; `module_split`, the whole model with a graph
         break at every submodule, where hooks that dynamo must not trace run."""
         return "blocks"
 

@@ -14,7 +14,8 @@ from typing import Callable, List
 from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import ConfigError
-from . import axes, cards, data_check, derive, families, finetune_check, float8_check, hf_models, master_weights_check, recompute, resume_check, schema
+from . import (axes, cards, data_check, derive, families, finetune_check, float8_check, hf_models, master_weights_check,
+               recompute, resume_check, schema)
 from .mesh_check import axis_rules, mesh_points, mesh_rules  # noqa: F401 - their callers import them from here
 from .schema import CHOICES
 

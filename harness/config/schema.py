@@ -16,7 +16,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from .families import FAMILIES, backend_fields
-from .sections import DataConfig, DistConfig, FaultConfig, LaunchConfig, LoggerConfig, OpsConfig, OptimConfig, PathsConfig, SweepConfig
+from .sections import (DataConfig, DistConfig, FaultConfig, LaunchConfig, LoggerConfig, OpsConfig, OptimConfig,
+                       PathsConfig, SweepConfig)
 from .run_names import MAX_DIRNAME, name_of_hf_config, run_dirname, run_model_name  # noqa: F401 - schema.<name>
 
 # fault.kind: what runtime/faults.py can inject; `none` first, `hang` last (the drill interrupts it)

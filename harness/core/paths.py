@@ -31,6 +31,6 @@ def extensions_dir() -> str:
 
 
 def traces_dir() -> Path:
-    """Where what compiled blocks and whole modules keep is kept between processes (runtime/compiled/compiled_activations.py):
-    in the clone, as its torch and transformers decide it."""
+    """Where what compiled blocks and whole modules keep is kept between processes
+    (runtime/compiled/compiled_activations.py): in the clone, as its torch and transformers decide it."""
     return REPO / ".cache" / "compiled_kept"

@@ -68,7 +68,8 @@ def memory_predicted_vs_measured(ok: Labelled, out_dir: Path) -> Path:
     return _save(fig, out_dir / "memory_predicted_vs_measured.png")
 
 
-KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")  # runtime/measure/memory_profile.KINDS
+# runtime/measure/memory_profile.KINDS
+KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")
 PEAK_PHASES = ("forward_end", "backward_start", "block_backward", "gradient_reduce", "step", "param_gather")  # theory/peak.PHASES
 STATE_KIND = {"params": "params", "grads": "grads", "master": "optimizer", "optimizer": "optimizer"}
 

@@ -1,6 +1,6 @@
-"""The flags of `shardbench estimate`, `shardbench advise`, `shardbench export` and `shardbench gpu-capacity`, parsed before torch is imported
-(the check itself, which every command runs first, is config/command_line.py), and the studies' defaults that name
-backends (conf/studies.yaml).
+"""The flags of `shardbench estimate`, `shardbench advise`, `shardbench export` and `shardbench gpu-capacity`, parsed
+before torch is imported (the check itself, which every command runs first, is config/command_line.py), and the
+studies' defaults that name backends (conf/studies.yaml).
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def estimate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device-gib", type=positive(float), help="device memory (GiB): say whether each backend's peak fits")
     parser.add_argument("--traced", action="store_true",
                         help="also trace each backend that can be traced on fake tensors at this shape (rank 0, the "
-                             "real strategy code: harness/runtime/simulate/traced.py) and set its figures beside the theory "
-                             "(~10 s to a few minutes a backend, two at a time)")
+                             "real strategy code: harness/runtime/simulate/traced.py) and set its figures beside the "
+                             "theory (~10 s to a few minutes a backend, two at a time)")
     card_flag(parser)
     parser.add_argument("--markdown", action="store_true",
                         help="print the mesh-by-mesh table as markdown (states, peak, bytes by link, step)")

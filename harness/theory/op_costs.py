@@ -1,5 +1,6 @@
 """The step-time model: the parts of a step predicted from its counted work (runtime/measure/work_count.py) priced at
-this device's measured costs (studies/timing/device_costs.py), beside the measured breakdown (runtime/measure/time_profile.py).
+this device's measured costs (studies/timing/device_costs.py), beside the measured breakdown
+(runtime/measure/time_profile.py).
 
 - forward, backward, optimizer, other: every op the phase dispatches costs the host a fixed time for its kind
   (`HostCosts`) and the device its roofline time, the larger of its work and its bytes. The work: its FLOPs at

@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any, Dict
 
 from ...config.derive import bucket_elements, stored_bytes
+from ...core.identity_cache import IdentityCache
 from ...config.families import Difference, Family
 from ...config.profiles import NATIVE
 from ...theory.communication import Collective, bucketed
@@ -45,18 +46,12 @@ def replicated(backend, s):
     mesh = s.mesh.replace(dp_replicate=s.mesh.dp, dp_shard=1, post_forward=0)  # every dp rank a replica
     view = dataclasses.replace(s, precision="fp32", mesh=mesh, blocks_reshard=False, root_reshards=False,
                                shard_params=s.params, shard_trainable=s.t)
-    held = _SETTINGS.get(id(backend))
-    if held is None or held[0] is not backend:  # merged once a backend config, not once a prediction
-        held = _SETTINGS[id(backend)] = (backend, OmegaConf.merge(backend, {"reshard_after_forward": False,
-                                                                             "cpu_offload": False}))
-        while len(_SETTINGS) > 64:
-            _SETTINGS.pop(next(iter(_SETTINGS)))
-    return fsdp2, held[1], view
+    settings = _SETTINGS.get(backend, None, lambda: OmegaConf.merge(backend, {"reshard_after_forward": False,
+                                                                              "cpu_offload": False}))
+    return fsdp2, settings, view
 
 
-# replicated's settings by the backend config they were merged from (held, so that its id is not reused): the
-# advisor predicts hundreds of candidates from one backend config, which nothing mutates
-_SETTINGS: dict = {}
+_SETTINGS = IdentityCache()  # replicated's settings, merged once a backend config, not once a prediction
 
 
 class DDPFamily(DCPCheckpoints, Family):

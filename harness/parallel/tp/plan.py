@@ -27,6 +27,7 @@ import functools
 import re
 from typing import Dict, Optional, Sequence, Tuple
 
+from ...core.identity_cache import IdentityCache
 from ...theory.param_counts import aggregate, numel
 
 
@@ -68,20 +69,16 @@ def local_counts(counts: dict, plan: str, tp: int) -> dict:
     returned as they are."""
     if tp <= 1 or not counts.get("tensors"):
         return counts
-    key = (id(counts["tensors"]), plan, tp)
-    held = _LOCAL.get(key)
-    if held is None or held[0] is not counts["tensors"]:  # the same list (not a new one at a reused id)
-        local = [[name, list(local_shape(plan, name, shape, tp)), trains, tags]
-                 for name, shape, trains, tags in counts["tensors"]]
-        held = _LOCAL[key] = (counts["tensors"], {**aggregate(local), "tensors": local})
-        while len(_LOCAL) > 64:
-            _LOCAL.pop(next(iter(_LOCAL)))
-    return {**counts, **held[1]}
+    return {**counts, **_LOCAL.get(counts["tensors"], (plan, tp), lambda: shards(counts["tensors"], plan, tp))}
 
 
-# local_counts' answers by (the model's tensor list, plan, tp), each holding the list it was asked of, so that a
-# model's shards are cut once, not once a candidate (the advisor asks hundreds); the records are not mutated
-_LOCAL: Dict[tuple, tuple] = {}
+def shards(tensors: list, plan: str, tp: int) -> dict:
+    """Rank 0's shard of every tensor record, and the aggregates over them."""
+    local = [[name, list(local_shape(plan, name, shape, tp)), trains, tags] for name, shape, trains, tags in tensors]
+    return {**aggregate(local), "tensors": local}
+
+
+_LOCAL = IdentityCache()  # local_counts' shards, cut once a model's records, plan and tp, not once a candidate
 
 
 def split_elements(counts: dict, plan: str, tp: int) -> Dict[str, int]:

@@ -75,8 +75,8 @@ def with_compiled(cfg, counts: dict) -> dict:
 def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     """{"plain": {...}, "checkpointed": {...}} for the run's policy: each {"per_token", "per_block"}
     bytes a compiled block of that kind keeps (module docstring), with its compiled backward's peak at the run's
-    shape ("backward_peak", runtime/compiled/compiled_backward.py) where it could be read, and, where the whole module is
-    compiled (the family's compile_scope), what the rest of the module keeps ("outside": the same two terms) and
+    shape ("backward_peak", runtime/compiled/compiled_backward.py) where it could be read, and, where the whole module
+    is compiled (the family's compile_scope), what the rest of the module keeps ("outside": the same two terms) and
     the sequence length traced ("positions"); for ZeRO-1/2's one module backward, its peak and what it is handed
     ("module_backward_peak", "module_kept"), for ZeRO-3's split module under checkpointing "eager_recompute".
     "plain" is always there: it is also what a block's backward has alive when its checkpointed forward has been

@@ -1,5 +1,5 @@
-"""What a compiled backward's generated wrapper holds at its peak, read from its source (runtime/compiled/compiled_backward.py
-traces the graphs): the storages it allocates and frees, walked in order."""
+"""What a compiled backward's generated wrapper holds at its peak, read from its source
+(runtime/compiled/compiled_backward.py traces the graphs): the storages it allocates and frees, walked in order."""
 from __future__ import annotations
 
 import math

@@ -48,7 +48,8 @@ class StandIns(TorchDispatchMode):
 def replay_fake(cfg, settled_step) -> dict:
     """The counted work (Work.to_dict()) of `cfg` at its own depth: its ops and collectives replayed on fake
     tensors, its Python lines on real ones at a narrow width (`narrow`). `settled_step(cfg, first_steps)` builds
-    a rank and trains its first steps (runtime/simulate/replay.py's, which calls this module: passed in, not imported)."""
+    a rank and trains its first steps (runtime/simulate/replay.py's, which calls this module: passed in, not
+    imported)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .mirror_group import CallLog

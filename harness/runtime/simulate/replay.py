@@ -3,8 +3,8 @@
 rank counts it (runtime/measure/work_count.py), without starting the run. The time model prices that work
 (theory/op_costs.py): a prediction for a world, a model or a backend not yet run.
 
-    python -m harness.runtime.simulate.replay <dir>     # every <dir>/<name>.yaml (a resolved run config) -> <dir>/<name>.json
-    python -m harness.runtime.simulate.replay <dir> --fake   # the same on fake tensors (runtime/simulate/fake_replay.py)
+    # every <dir>/<name>.yaml (a resolved run config) -> <dir>/<name>.json; --fake: on fake tensors (fake_replay.py)
+    python -m harness.runtime.simulate.replay <dir> [--fake]
 
 Ranks can differ in their work (ZeRO-1/2's partitions hold different parameters, the last one the padding), so
 a prediction replays the first and the last rank and takes the slower (studies/timing/extrapolation.py). The

@@ -14,11 +14,7 @@ from typing import List, Optional, Tuple
 
 from .search import Candidate, Plan, size
 
-KINDS = ("dp only", "dp x", "hybrid", "offload")  # the order the sentences go in; "dp x" is every split mesh
-
-
-def kind_of(c: Candidate) -> str:
-    return "dp x" if c.kind.startswith("dp x") else c.kind
+KINDS = ("dp only", "split", "hybrid", "offload")  # the order the sentences go in
 
 
 def figures(c: Candidate) -> str:
@@ -55,12 +51,13 @@ def sentences(p: Plan, band: Optional[Tuple[float, float, str]]) -> List[str]:
     pick = fitting[0]
     out = [f"Why {pick.name} and not another kind of mesh (each kind's fastest that fits, against the pick):"]
     for kind in KINDS:
-        mine = [c for c in p.candidates if kind_of(c) == kind]
+        mine = [c for c in p.candidates if c.kind == kind]
         if not mine:
             continue
-        fits = [c for c in fitting if kind_of(c) == kind]
-        label = kind if kind != "dp x" else "dp split by " + ", ".join(sorted({c.kind[5:] for c in mine}))
-        if kind_of(pick) == kind:
+        fits = [c for c in fitting if c.kind == kind]
+        label = kind if kind != "split" else "dp split by " + ", ".join(
+            sorted({name for c in mine for name, degree in c.axes.items() if degree > 1}))
+        if pick.kind == kind:
             runner = next((c for c in fits if c is not pick), None)
             out.append(f"  {label}: the pick, {pick.name} ({figures(pick)})"
                        + (f"; its next, {runner.name}, {reason(p, pick, runner, band)}" if runner else ""))

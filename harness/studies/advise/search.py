@@ -84,7 +84,8 @@ class Candidate:
     runs: List[float] = field(default_factory=list)  # tokens/s of each run that trained (a repeat adds one)
     noise_pct: Optional[float] = None  # see the module doc
     policy: str = ""  # train.activation_checkpointing: none, full, every_<k>, selective_op ("": as checkpointing)
-    # the mesh's kind, as the answer compares them (advise/kinds.py): offload, hybrid, dp x <axes>, dp only
+    # the mesh's kind, as the answer compares them (advise/kinds.py): offload, hybrid, split (by the axes above 1 in
+    # `axes`), dp only
     kind: str = ""
 
     @property
@@ -185,20 +186,19 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
         for point in mesh_points(composed, asked):
             dp = data_parallel_ranks(composed, point)
             at_point = axes.with_degrees(composed, point)  # one copy a mesh point, its batch and policy set below
+            # what a run would refuse at this mesh (selective_op at tp > 1), which no micro-batch changes
+            refusals = {policy: axis_rules(with_policy(at_point, policy)) for policy in policies}
             for mb in micro_batches(batch, dp) if batch % dp == 0 else []:
                 for policy in policies:
+                    if refusals[policy]:
+                        out.refused[refusals[policy][0]] = out.refused.get(refusals[policy][0], 0) + 1
+                        continue
                     ga = batch // (mb * dp)
                     extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
                              f"parallelism.global_batch={batch}", *recompute_overrides(policy),
                              *axes.overrides_of(point, pinned)]
-                    cfg = at_point
+                    cfg = with_policy(at_point, policy)
                     cfg.parallelism.micro_batch, cfg.parallelism.grad_accum = mb, ga
-                    kind, every = parse_policy(policy)
-                    cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every = kind, every
-                    refusal = axis_rules(cfg)  # a combination a run would be refused (selective_op at tp > 1)
-                    if refusal:
-                        out.refused[refusal[0]] = out.refused.get(refusal[0], 0) + 1
-                        continue
                     out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin))
                     if out.candidates[-1].fits:  # kept for its counted work, as it is now
                         fitting[out.candidates[-1].name] = copy.deepcopy(cfg)
@@ -206,6 +206,12 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     # those that fit first, by their counted work's step; then the rest, by the roofline bound
     out.candidates.sort(key=lambda c: (not c.fits, c.predicted_step_s))
     return out
+
+
+def with_policy(cfg, policy: str):
+    """`cfg` with its activation-checkpointing policy set to `policy` (none, full, every_<k>, selective_op)."""
+    cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every = parse_policy(policy)
+    return cfg
 
 
 def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token: float, rates, budget: int,
@@ -260,9 +266,7 @@ def mesh_kind(cfg, shape) -> str:
         return "offload"
     if family.is_hybrid(cfg.backend):
         return "hybrid"
-    split = axes.degrees_of(shape.mesh)
-    return f"dp x {' x '.join(n for n, d in split.items() if d > 1)}" if any(d > 1 for d in split.values()) \
-        else "dp only"
+    return "split" if any(d > 1 for d in axes.degrees_of(shape.mesh).values()) else "dp only"
 
 
 def default_budget(cfg) -> int:

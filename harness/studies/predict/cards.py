@@ -18,19 +18,22 @@ MEASURED_CARDS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100_80gb"}
 def card_rates(name: str, precision: str = "bf16") -> dict:
     """A card's matmul TFLOP/s in `precision` and copy GB/s as the time model takes them: measured where the
     committed GPU measurement is this card; otherwise its datasheet's, scaled by measured ÷ datasheet on the
-    measured card; the datasheet's alone where nothing is committed. {"tflops", "mem_gbps", "how"}."""
+    measured card; the datasheet's alone where nothing is committed. {"tflops", "mem_gbps", "how", "measured": whether
+    a GPU measurement priced them}."""
     from ...reporting.time_and_comm import committed_gpu_rates
 
     card, measured = CARDS[name], committed_gpu_rates()
     kind = MEASURED_CARDS.get(measured["machine"]) if measured and precision in measured["tflops"] else None
     if kind is None:
-        return {"tflops": peak(card, precision), "mem_gbps": card["mem_gbps"], "how": "its datasheet's"}
+        return {"tflops": peak(card, precision), "mem_gbps": card["mem_gbps"], "how": "its datasheet's",
+                "measured": False}
     compute = measured["tflops"][precision] / peak(CARDS[kind], precision)
     memory = measured["copy_gbps"] / CARDS[kind]["mem_gbps"]
     how = (f"measured on an {measured['machine']}" if kind == name else
            f"its datasheet's x {compute:.3f} (matmul) and x {memory:.3f} (copy), measured ÷ datasheet on an "
            f"{measured['machine']}")
-    return {"tflops": peak(card, precision) * compute, "mem_gbps": card["mem_gbps"] * memory, "how": how}
+    return {"tflops": peak(card, precision) * compute, "mem_gbps": card["mem_gbps"] * memory, "how": how,
+            "measured": True}
 
 
 def rates(name: str, world: int, precision: str = "bf16", intra_gbps: float = 0.0, inter_gbps: float = 0.0,
@@ -40,5 +43,6 @@ def rates(name: str, world: int, precision: str = "bf16", intra_gbps: float = 0.
 
     card, at = CARDS[name], card_rates(name, precision)
     return Rates(tflops=at["tflops"], mem_gbps=at["mem_gbps"], device="cuda", source=at["how"],
+                 committed=at["measured"],
                  comm=CommTable(list(table), "cuda", world, intra_gbps or card["intra_gbps"],
                                 inter_gbps or card["inter_gbps"]))

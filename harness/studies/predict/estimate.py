@@ -110,7 +110,8 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
 def print_counted(table: List[dict], overrides: List[str], cfg, hypothetical: bool) -> None:
     """--counted: each FSDP2 row's step from its counted work at the committed GPU's costs (studies/predict/counted_shapes.py)
     beside the roofline's, and why each other row is not counted."""
-    from .counted_shapes import card_costs, count_configs, counted_step, depths_for, measured_card, not_counted, published_record
+    from .counted_shapes import (card_costs, count_configs, counted_step, depths_for, measured_card, not_counted,
+                                 published_record)
     from .cards import CARDS, card_named
 
     card = card_named(cfg.parallelism.card) if cfg.parallelism.card else measured_card()
@@ -125,8 +126,8 @@ def print_counted(table: List[dict], overrides: List[str], cfg, hypothetical: bo
                             for r in table])
     notes = {k: not_counted(r["backend"], {n: r[n] for n in axes.AXES}) for k, r in zip(keys, table)}
     counted = count_configs({k: (c, depths_for(c)) for k, c in zip(keys, configs) if not notes[k]})
-    print(f"Counted work ({CARDS[card]['label']}'s costs, {'as measured' if card == measured_card() else 'scaled from'} "
-          f"results/device_costs/cuda.json's; the step counted op "
+    how = "as measured" if card == measured_card() else "scaled from"
+    print(f"Counted work ({CARDS[card]['label']}'s costs, {how} results/device_costs/cuda.json's; the step counted op "
           f"by op on fake tensors, as `make published` prices published runs{published_record()}):")
     for key, r, c in zip(keys, table, configs):
         result = counted.get(key, {})

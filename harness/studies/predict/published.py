@@ -196,7 +196,8 @@ def write(results: List[dict], out: Path, sources: Dict[str, str]) -> None:
     sourced = ["", "Sources:", ""] + [f"- {name}: {text}" for name, text in sources.items()]
     write_text(out / "published.md", "\n".join(["# Published runs against the theory", "", *lines, *cards, *sourced])
                + "\n")
-    write_json(out / "published.json", {"rows": results, "cards": {n: c for n, c in CARDS.items() if n in used}, "sources": sources})
+    write_json(out / "published.json",
+               {"rows": results, "cards": {n: c for n, c in CARDS.items() if n in used}, "sources": sources})
     if README.exists():  # the committed README's table with --snapshot; else its copy beside published.md
         text = README.read_text()
         start, end = text.index(MARKERS[0]) + len(MARKERS[0]), text.index(MARKERS[1])

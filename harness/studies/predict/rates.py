@@ -25,8 +25,7 @@ def rates_for(cfg, world: int):
         name = cards.card_named(par.card)
         at = cards.rates(name, world, cfg.train.precision, par.intra_node_gbps, par.inter_node_gbps,
                          collectives_table(cfg))
-        return dataclasses.replace(at, source=f"{cards.CARDS[name]['label']}, {at.source}",
-                                   committed=at.source != "its datasheet's")
+        return dataclasses.replace(at, source=f"{cards.CARDS[name]['label']}, {at.source}")
     comm = CommTable(collectives_table(cfg), par.device, world, par.intra_node_gbps, par.inter_node_gbps)
     if par.device == "cuda" and not torch.cuda.is_available():
         measured = committed_gpu_rates()

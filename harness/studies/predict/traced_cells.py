@@ -1,6 +1,6 @@
-"""Cells traced on fake tensors against the theory: the real strategy code at any world size (runtime/simulate/traced.py),
-its states, peak and bytes a step set beside the predictions, for the scale check's grid and the estimator's
---traced."""
+"""Cells traced on fake tensors against the theory: the real strategy code at any world size
+(runtime/simulate/traced.py), its states, peak and bytes a step set beside the predictions, for the scale check's grid
+and the estimator's --traced."""
 from __future__ import annotations
 
 import functools
@@ -79,8 +79,8 @@ def row_head(cfg, overrides: List[str]) -> dict:
 
 
 def trace_cell(overrides: List[str]) -> dict:
-    """One cell traced (runtime/simulate/traced.trace): what the code allocated and sent, with no theory in it (compare()
-    adds that when the table is written, so that a fix to the theory needs no new trace)."""
+    """One cell traced (runtime/simulate/traced.trace): what the code allocated and sent, with no theory in it
+    (compare() adds that when the table is written, so that a fix to the theory needs no new trace)."""
     from ...config.derive import world_size
     from ...runtime.simulate.traced import trace
 

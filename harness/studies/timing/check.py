@@ -5,8 +5,8 @@ matrix of runs in one launch a model, as `make memory-check` does for memory.
         [--backends ddp,...] [--tolerance 30] [--out results/time_check] [overrides]
 
 Every backend x model x precision on 2 ranks is a cell: a run of 25 steps whose last 20 are clocked by phase
-(runtime/measure/time_profile.py), then counted (runtime/measure/work_count.py). Each cell runs --repeats times (the passes in
-alternating order) and the least disturbed run, the one with the fastest step, is compared: this host is a
+(runtime/measure/time_profile.py), then counted (runtime/measure/work_count.py). Each cell runs --repeats times (the
+passes in alternating order) and the least disturbed run, the one with the fastest step, is compared: this host is a
 shared VM whose speed moved by up to 2x within minutes while this was written, and a slowdown only adds time.
 The table shows every repeat's step; the report, the launch's matmul rate against the calibration's. Each part of its step (forward, backward,
 optimizer, other, exposed communication) and the step itself are set beside the prediction priced from that

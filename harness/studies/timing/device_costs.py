@@ -8,8 +8,8 @@ results/device_costs/<device>.json, as `make collectives` keeps its table.
    0.1 to 8 ms, smoothed as latency plus size over bandwidth (`smoothed`).
 2. The host's costs, calibrated on 2-rank tiny_llama runs only (fp32, every flat backend, one launch of cells,
    each run twice and the least disturbed of the two kept, as `make time-check` does):
-   each run's counted work (runtime/measure/work_count.py) and its measured breakdown (runtime/measure/time_profile.py) give,
-   per part of its step, the measured seconds less the part's roofline time at the rates of step 1; the
+   each run's counted work (runtime/measure/work_count.py) and its measured breakdown (runtime/measure/time_profile.py)
+   give, per part of its step, the measured seconds less the part's roofline time at the rates of step 1; the
    seconds per compute op, per view or allocation, per DTensor op and per Python line that best explain every
    part of every run together (least squares on the relative error, none negative) are the host's costs. They
    are properties of this host and this software stack, shared by every backend and model: one set of four

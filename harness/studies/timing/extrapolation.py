@@ -155,10 +155,10 @@ def report(rows: List[dict], totals: dict, tolerance: float, costs, args: str) -
              f"Command: `python -m harness time-extrapolate {args}`. Device costs: {costs.source}; host costs "
              f"{costs.host.source}.", "",
              "Milliseconds per step on the slowest rank, measured / predicted (measured against predicted), bold "
-             f"beyond {tolerance:.0f}%. Predicted from the replayed rank's work (runtime/simulate/replay.py) before the run; "
-             "measured: the least disturbed of the repeats. 'work' is how far the replay's counts were from the real "
-             "run's same rank (ops, Python lines, collectives), and which of the first and last ranks were replayed "
-             "and gave the prediction (the slower).", "",
+             f"beyond {tolerance:.0f}%. Predicted from the replayed rank's work (runtime/simulate/replay.py) before "
+             "the run; measured: the least disturbed of the repeats. 'work' is how far the replay's counts were from "
+             "the real run's same rank (ops, Python lines, collectives), and which of the first and last ranks were "
+             "replayed and gave the prediction (the slower).", "",
              f"**{totals['within']} of {totals['parts']} parts within {tolerance:.0f}%; steps {totals['steps_within']} "
              f"of {totals['steps']}.**", "",
              "| backend | target | " + " | ".join(p.replace("_", " ") for p in (*PARTS, "step"))
