@@ -10,12 +10,17 @@ import sys
 import textwrap
 
 from conftest import REPO
+from harness.core.fatal_dump import read_dump
 from harness.core.records import RankOutcome, Status
 
 CHILD = """
-import ctypes, sys, threading, time
+import ctypes, os, signal, sys, threading, time
 from pathlib import Path
-from harness.core.fatal_dump import dumped_on_fatal_signal
+from harness.core.fatal_dump import dumped_on_fatal_signal, exit_now
+
+dump = Path(sys.argv[1])
+# as runtime/worker.py does: torchrun stops a surviving rank with SIGTERM, and its handler leaves by os._exit
+signal.signal(signal.SIGTERM, lambda signum, frame: exit_now(143, dump))
 
 def watch():
     while True:
@@ -24,10 +29,13 @@ def watch():
 def crash_in_native_code():
     ctypes.string_at(0)
 
-with dumped_on_fatal_signal(Path(sys.argv[1])):
+with dumped_on_fatal_signal(dump):
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
     if sys.argv[2] == "crash":
         crash_in_native_code()
+    if sys.argv[2] in ("stopped", "killed"):
+        os.kill(os.getpid(), signal.SIGTERM if sys.argv[2] == "stopped" else signal.SIGKILL)
+        time.sleep(30)
 """
 
 
@@ -58,6 +66,20 @@ def test_a_rank_that_ends_normally_leaves_no_dump(tmp_path):
     proc, dump = run_child(tmp_path, "end")
     assert proc.returncode == 0, proc.stderr
     assert not dump.exists() and dump.parent.is_dir()
+
+
+def test_a_rank_stopped_by_the_launcher_leaves_no_dump(tmp_path):
+    """A surviving rank stopped by SIGTERM leaves through os._exit, past the context's own cleanup: an empty
+    dump left behind would read as a crash of a rank that was only stopped (CI saw it under load)."""
+    proc, dump = run_child(tmp_path, "stopped")
+    assert proc.returncode == 143, proc.stderr
+    assert not dump.exists() and dump.parent.is_dir()
+
+
+def test_the_launcher_removes_a_sigkilled_ranks_empty_dump(tmp_path):
+    proc, dump = run_child(tmp_path, "killed")
+    assert proc.returncode == -signal.SIGKILL and dump.exists() and dump.stat().st_size == 0
+    assert read_dump(dump) == "" and not dump.exists()  # as launcher/outcome.rank_outcomes reads it
 
 
 def test_without_a_dump_the_reason_is_the_signal_alone():

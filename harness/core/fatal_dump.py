@@ -6,6 +6,7 @@ signal number. Stdlib only: the launcher reads the dump without torch."""
 from __future__ import annotations
 
 import faulthandler
+import os
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,8 +29,34 @@ def dumped_on_fatal_signal(path: Path) -> Iterator[None]:
             yield
         finally:
             faulthandler.disable()
-    if path.exists() and path.stat().st_size == 0:
-        path.unlink()
+    drop_if_empty(path)
+
+
+def drop_if_empty(path: Path) -> None:
+    """Remove a dump nothing was written into: the rank ended without a fatal signal. A rank that leaves through
+    os._exit (stopped by torchrun's SIGTERM, its launcher lost) or is SIGKILLed never reaches the context's exit,
+    and its empty file would read as a crash."""
+    try:
+        if path.stat().st_size == 0:
+            path.unlink()
+    except OSError:
+        pass
+
+
+def read_dump(path: Path) -> str:
+    """The launcher's read of a rank's dump, "" if none; an empty one (a SIGKILLed rank's) is removed."""
+    drop_if_empty(path)
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def exit_now(code: int, dump: Path) -> None:
+    """os._exit from a signal handler, without leaving an empty dump behind (see drop_if_empty)."""
+    faulthandler.disable()
+    drop_if_empty(dump)
+    os._exit(code)
 
 
 def fatal_frame(dump: str) -> str:

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import List
 
 from ..config.mesh import mesh_of
+from ..core.fatal_dump import read_dump
 from ..core.records import RankOutcome, Status
-from ..core.rundir import NODE_ENDED, RunDir, read_json, read_text
+from ..core.rundir import NODE_ENDED, RunDir, read_json
 from ..core.runlock import RunDirBusy, RunLock, describe, holder
 from ..core.waiting import Announcer, stderr_line
 from .ops import ensure_ops
@@ -70,7 +71,7 @@ def node_outcomes(run_dir: RunDir, cfg, node: int) -> List[RankOutcome]:
     for rank in (r for r in range(mesh.world) if mesh.node_of(r) == node):
         found = read_json(run_dir.rank_outcome(rank))
         out.append(RankOutcome.from_dict(found) if found else RankOutcome.killed(
-            rank, None, node, read_text(run_dir.rank_fatal(rank))))
+            rank, None, node, read_dump(run_dir.rank_fatal(rank))))
     return out
 
 

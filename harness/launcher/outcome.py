@@ -13,8 +13,9 @@ from typing import Dict, List
 
 from ..config import derive
 from ..config.mesh import Mesh, mesh_of
+from ..core.fatal_dump import read_dump
 from ..core.records import Identity, RankOutcome, RankReport, RunSummary, Status
-from ..core.rundir import NODE_ENDED, RunDir, read_json, read_jsonl, read_text, write_json
+from ..core.rundir import NODE_ENDED, RunDir, read_json, read_jsonl, write_json
 from ..reporting.run_summary import summary_of_finished_run
 from ..core.runlock import holder
 
@@ -35,7 +36,7 @@ def rank_outcomes(run_dir: RunDir, mesh: Mesh) -> List[RankOutcome]:
         found = read_json(run_dir.rank_outcome(rank))
         node = mesh.node_of(rank)
         outcomes.append(RankOutcome.from_dict(found) if found else RankOutcome.killed(
-            rank, codes.get(rank), node, read_text(run_dir.rank_fatal(rank))))
+            rank, codes.get(rank), node, read_dump(run_dir.rank_fatal(rank))))
     return outcomes
 
 

@@ -28,7 +28,7 @@ from ..config.recompute import recompute_of
 from ..core import preemption
 from ..core.checkpoint_dirs import to_resume
 from ..core.errors import ConfigError
-from ..core.fatal_dump import dumped_on_fatal_signal
+from ..core.fatal_dump import dumped_on_fatal_signal, exit_now
 from ..core.records import RankOutcome, RankReport, Status
 from ..core.rundir import RunDir, write_json, write_text
 from ..core.waiting import announced
@@ -210,13 +210,13 @@ def main() -> int:
         write_json(run_dir.rank_outcome(rank), RankOutcome(rank, Status.TERMINATED, reason="stopped by launcher",
                                                            peer=True, elapsed_s=time.time() - started,
                                                            node=node).to_dict())
-        os._exit(143)
+        exit_now(143, run_dir.rank_fatal(rank))
 
     def on_parent_lost(parent: int):
         write_json(run_dir.rank_outcome(rank), RankOutcome(
             rank, Status.FAILED, error="LauncherLost", reason=f"launcher lost: torchrun (pid {parent}) is gone",
             elapsed_s=time.time() - started, node=node).to_dict())
-        os._exit(1)
+        exit_now(1, run_dir.rank_fatal(rank))
 
     signal.signal(signal.SIGTERM, on_term)
     watch_parent(on_parent_lost)
