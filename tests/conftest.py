@@ -312,24 +312,48 @@ STATES_BACKENDS = ("ddp", "ds_zero1", "ds_zero2", "ds_zero3", "fsdp")
 STATES_REPEATS = 3
 
 
+# context parallelism at 4 ranks (dp 2 x cp 2) in the same launch: the GQA cell's shape again, each sequence cut
+# over 2 ranks by torch's ring (parallel/cp/), under FSDP2 (the all-gather rotation, torch's default) and DDP (the
+# all-to-all one), held to the same DDP losses, states, peak and bytes (tests/test_context_parallel.py)
+CP_COMMON = ("parallelism.nproc_per_node=4", "parallelism.cp=2", "train.memory_steps=2", "train.measure_flops=false",
+             "train.breakdown_steps=0")
+
+
+def cp_cells(llama_checkpoint) -> dict:
+    gqa = (*FINETUNE, "parallelism.micro_batch=3", "model.init=meta", f"model.pretrained_path={llama_checkpoint}",
+           "train.peak_by_kind=false")
+    return {"gqa/fsdp": (*gqa, "backend=fsdp"), "gqa/ddp": (*gqa, "backend=ddp", "parallelism.cp_rotate=alltoall")}
+
+
 @pytest.fixture(scope="session")
-def tp_runs(tmp_path_factory, llama_checkpoint, user_corpus) -> dict:
-    """tp_cells at 4 ranks, in one launch (a start-up of 4 ranks on 2 cores costs about 15 s): {cell: (summary,
-    per-step records, run dir)}."""
+def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus) -> dict:
+    """tp_cells and cp_cells at 4 ranks, in one launch (a start-up of 4 ranks on 2 cores costs about 15 s):
+    {"tp/<cell>" or "cp/<cell>": (summary, per-step records, run dir)}."""
     from harness.launcher.cells import run_cells
 
     root = tmp_path_factory.mktemp("four_ranks")
     os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
     cells = [(f"tp/{name}", [*overrides, *TP_COMMON])
              for name, overrides in tp_cells(llama_checkpoint, user_corpus).items()]
+    cells += [(f"cp/{name}", [*overrides, *CP_COMMON]) for name, overrides in cp_cells(llama_checkpoint).items()]
     summaries = run_cells(root / "sweeps", cells, [f"paths.root={root}", *FAST], report=False)
     out = {}
     for cell, summary in summaries.items():
         run_dir = root / "sweeps" / cell
         metrics = run_dir / "metrics.jsonl"
-        out[cell.removeprefix("tp/")] = (summary, [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists()
+        out[cell] = (summary, [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists()
                      else [], run_dir)
     return out
+
+
+@pytest.fixture(scope="session")
+def tp_runs(four_rank_runs) -> dict:
+    return {cell.removeprefix("tp/"): run for cell, run in four_rank_runs.items() if cell.startswith("tp/")}
+
+
+@pytest.fixture(scope="session")
+def cp_runs(four_rank_runs) -> dict:
+    return {cell.removeprefix("cp/"): run for cell, run in four_rank_runs.items() if cell.startswith("cp/")}
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-LAUNCHES = {"llama_checkpoint", "fp32_launch", "two_rank_sweeps", "tp_runs"}
+LAUNCHES = {"llama_checkpoint", "fp32_launch", "two_rank_sweeps", "four_rank_runs"}
 # modules whose own launch runs with the session's, not beside them: two launches at once put 4 to 6 ranks on 2
 # cores, and gloo's threads then free more buffers a phase late than the memory checks allow (two misses in
 # one of three runs: ZeRO-3 +16.7% at 4 ranks, fsdp_offload +26.4% in the fp32 sweep)

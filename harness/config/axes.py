@@ -17,7 +17,7 @@ import copy
 import importlib
 from typing import ContextManager, Dict, List, Optional, Sequence
 
-AXES: Dict[str, str] = {"tp": "harness.parallel.tp"}  # mesh dimension -> the package whose AXIS implements it
+AXES: Dict[str, str] = {"cp": "harness.parallel.cp", "tp": "harness.parallel.tp"}  # mesh dimension -> the package whose AXIS implements it
 
 
 class Axis:
@@ -27,6 +27,7 @@ class Axis:
     title = ""  # in a sentence: "tensor parallelism"
     settings_key = ""  # where a run's settings.json records what `apply` ran ("": its name)
     searched = (1,)  # the degrees the estimator and the advisor try
+    search_note = "every one"  # in words, which of them the search tries by default (`searched_for`)
 
     def rules(self, cfg) -> List[str]:
         """One line per thing this config cannot run on the axis ([] at degree 1)."""
@@ -36,6 +37,11 @@ class Axis:
         """What the degree itself cannot run (the model, the node, the family): the estimator's and the advisor's
         search keeps the rest, which `rules` adds for a run (a choice the axis does not compose with yet)."""
         return self.rules(cfg)
+
+    def searched_for(self, cfg) -> tuple:
+        """The degrees the estimator and the advisor try for this shape when the user names none: `searched`,
+        unless the axis says where it is worth a search (context parallelism: long sequences)."""
+        return self.searched
 
     def degrees(self, cfg, choices=None) -> List[int]:
         """The degrees among `choices` (its `searched` ones by default) this config can run."""
@@ -52,7 +58,8 @@ class Axis:
 
     def activation_splits(self, mesh) -> Dict[str, int]:
         """What the axis divides one rank's activations by (theory/activations.py): `inner`, the heads' and the
-        MLP's columns; `between`, the norms and the residual stream between blocks; `logits`, the vocabulary."""
+        MLP's columns; `between`, the norms and the residual stream between blocks; `logits`, the vocabulary;
+        `tokens`, every per-token term (the sequence: context parallelism)."""
         return {}
 
     # why a step on the axis cannot be counted on fake tensors (studies/predict/counted_shapes.py); "" where it can
@@ -73,6 +80,11 @@ class Axis:
     def step_context(self, strategy) -> ContextManager:
         """What wraps the loss and its backward (tensor parallelism's loss_parallel)."""
         return contextlib.nullcontext()
+
+    def micro_batch(self, strategy, inputs, targets) -> ContextManager:
+        """What wraps one micro-batch's forward and backward, yielding the (inputs, targets, position ids) this
+        rank computes: context parallelism's slice of each sequence (None: the positions are the model's own)."""
+        return contextlib.nullcontext((inputs, targets, None))
 
 
 def get(name: str) -> Axis:
@@ -97,7 +109,7 @@ def degree_keys() -> List[str]:
 
 def activation_splits(mesh) -> Dict[str, int]:
     """What the active axes of `mesh` divide one rank's activations by, by kind (Axis.activation_splits)."""
-    out = {"inner": 1, "between": 1, "logits": 1}
+    out = {"inner": 1, "between": 1, "logits": 1, "tokens": 1}
     for axis in active(mesh) if mesh is not None else ():
         for kind, by in axis.activation_splits(mesh).items():
             out[kind] *= by

@@ -72,8 +72,9 @@ class Family:
     untraceable = ""
     traces_split = False
     # the parallel axes it composes with (config/axes.py), as data: {axis: whose implementation runs it}
-    # (tensor parallelism: "torch", PyTorch's plan, or "autotp", DeepSpeed's); and why it refuses the others
-    axes: Dict[str, str] = {"tp": "torch"}
+    # (tensor parallelism: "torch", PyTorch's plan, or "autotp", DeepSpeed's; context parallelism: "torch", its
+    # ring attention); and why it refuses the others
+    axes: Dict[str, str] = {"tp": "torch", "cp": "torch"}
     axis_refusals: Dict[str, str] = {}
     # checkpoints (runtime/train_state.py): what its save writes (a checkpoint resumes under any family that
     # writes the same format, at any world size: each strategy's load_checkpoint reshards); why a checkpoint of

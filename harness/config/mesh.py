@@ -4,7 +4,10 @@ A mesh is an ordered table of degrees, torchtitan's ParallelDims order, outermos
 
     pp x dp_replicate x dp_shard x cp x tp      (world = their product; dp = dp_replicate * dp_shard)
 
-pp (pipeline stages) and cp (context parallelism) are held at 1 until their axes land. Ranks are numbered node
+pp (pipeline stages) is held at 1 until its axis lands. cp (context parallelism, parallel/cp/) borrows its ranks
+from the data-parallel ones: the `cp` ranks of one data-parallel rank read the same micro-batches, each a slice
+of every sequence, so FSDP shards over `dp_shard x cp` (the `dp_shard_cp` group) and the loss is a mean over
+`dp x cp` (`dp_cp`). Ranks are numbered node
 by node (torchrun's order) and laid out row-major over the table, so the `tp` ranks of one data-parallel rank
 are consecutive and sit inside one node (`tp` must divide the ranks of a node: refused here, in one line). Every
 group, coordinate and link class is read off the table: a group is a run of consecutive dimensions, its size
@@ -52,7 +55,7 @@ class Mesh:
     pp: int = 1  # pipeline stages (1 until pipeline parallelism is an axis)
     dp_replicate: int = 1  # replicas of the sharded data-parallel group (HSDP's inter-node dimension)
     dp_shard: int = 0  # data-parallel ranks a parameter is sharded over; 0: what the other degrees leave
-    cp: int = 1  # context-parallel degree (1 until context parallelism is an axis)
+    cp: int = 1  # context-parallel degree: ranks that split each sequence of one data-parallel rank
     tp: int = 1  # tensor-parallel degree, inside a node
     post_forward: int = 0  # data-parallel ranks a block stays sharded over after forward: 0 = as `dp_shard`
     sequence_parallel: bool = False  # tp > 1: activations between blocks sharded on the sequence
@@ -126,10 +129,12 @@ class Mesh:
     @functools.lru_cache(maxsize=4096)
     def group(self, name: Optional[str]) -> Tuple[int, int]:
         """`world`, a dimension of the table, `dp` (None: every data-parallel rank), `dp_shard_cp` (what FSDP
-        shards over once cp lands), `post_forward`, `dp_node` (the data-parallel ranks of one node) or
+        shards over: the data-parallel shard group and the context-parallel ranks of each), `dp_cp` (the ranks whose
+        losses differ: a mean is taken over them), `post_forward`, `dp_node` (the data-parallel ranks of one node) or
         `dp_nodes` (one data-parallel rank a node)."""
         groups = {"world": (self.world, 1), "dp": self.span("dp_replicate", "dp_shard"),
-                  "dp_shard_cp": self.span("dp_shard", "cp"), "dp_nodes": (self.nodes, self.per_node),
+                  "dp_shard_cp": self.span("dp_shard", "cp"), "dp_cp": self.span("dp_replicate", "cp"),
+                  "dp_nodes": (self.nodes, self.per_node),
                   "post_forward": (self.post_forward_group or self.dp_shard, self.stride("dp_shard")),
                   "dp_node": (min(self.dp_per_node, self.dp), self.stride("dp_shard")),
                   **{d: self.span(d, d) for d in DIMENSIONS}}
@@ -180,7 +185,8 @@ class Mesh:
         """Which of this mesh's groups `ranks` are (a counted collective's), the tensor-parallel group first;
         None when no group matches."""
         ranks = sorted(ranks)
-        for name in ("tp", "cp", "dp", "dp_shard", "dp_replicate", "dp_shard_cp", "post_forward", "pp", "world"):
+        for name in ("tp", "cp", "dp", "dp_shard", "dp_replicate", "dp_shard_cp", "dp_cp", "post_forward", "pp",
+                     "world"):
             if self.size(name) == len(ranks) and self.ranks(name, ranks[0]) == ranks:
                 return name
         return None
@@ -231,9 +237,9 @@ def mesh_of(cfg, world: Optional[int] = None) -> Mesh:
     par = cfg.parallelism
     world = world or world_of(par)
     per_node = par.nproc_per_node if world % par.nproc_per_node == 0 else world
-    tp = max(par.tp, 1)
+    tp, cp = max(par.tp, 1), max(par.cp, 1)
     request = families.of(cfg.backend).mesh_request(cfg.backend) or DPRequest()
-    flat = Mesh(per_node=per_node, nodes=world // per_node, tp=tp)
+    flat = Mesh(per_node=per_node, nodes=world // per_node, cp=cp, tp=tp)
     # 0 = the data-parallel ranks of a node
     resolve = lambda asked: min(asked or flat.dp_per_node, flat.dp)  # noqa: E731
     shard = resolve(request.shard) if request.shard is not None else flat.dp

@@ -17,12 +17,14 @@ def axis_rules(cfg) -> List[str]:
 
 
 def mesh_points(cfg, asked: Optional[Dict[str, Sequence[int]]] = None) -> List[Dict[str, int]]:
-    """Every combination of the axes' degrees (each axis's `asked` ones, else its `searched`) that `cfg` can run:
+    """Every combination of the axes' degrees (each axis's `asked` ones, else its `searched_for` this shape) that
+    `cfg` can run:
     the mesh lays it out (mesh_rules) and no axis refuses the degree (Axis.degree_rules): the meshes the
     estimator and the advisor search."""
     names = list(axes.AXES)
     out = []
-    for combination in itertools.product(*[list((asked or {}).get(n) or axes.get(n).searched) for n in names]):
+    for combination in itertools.product(*[list((asked or {}).get(n) or axes.get(n).searched_for(cfg))
+                                           for n in names]):
         point = dict(zip(names, combination))
         trial = axes.with_degrees(cfg, point)
         if not mesh_rules(trial) and not any(axes.get(n).degree_rules(trial) for n in names):

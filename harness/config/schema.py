@@ -130,6 +130,16 @@ class ParallelismConfig:
     # tp > 1, PyTorch's plan: the logits stay sharded on the vocabulary into a parallel cross-entropy
     # (torch's loss_parallel, torchtitan's default), else gathered whole on every tensor-parallel rank
     loss_parallel: bool = True
+    # context parallelism (parallel/cp/): each data-parallel rank is `cp` ranks that each hold 1/cp of every
+    # sequence, attention passing the keys and values between them (torch's ring attention under FSDP2 and DDP;
+    # FSDP2 shards the parameters over dp_shard x cp, as torchtitan does). 1 = none
+    cp: int = 1
+    # cp > 1, torch's ring: how the keys and values go round, `allgather` (torch's default: one all-gather of
+    # them a layer) or `alltoall` (cp - 1 exchanges with the next rank, each hidden behind a chunk of attention)
+    cp_rotate: str = "allgather"
+    # cp > 1, torch's ring: causal load balancing (torch's default: head-tail chunks, so every rank has as much
+    # of the causal triangle); needs a sequence divisible by 2 x cp
+    cp_load_balance: bool = True
     # each link's bus bandwidth in GB/s each way, for the time model's collectives (theory/time.py); 0 = the
     # stated default for the device: on CUDA an H100 node's NVLink (450) and one 400 Gb/s InfiniBand NIC a GPU
     # (50), on CPU gloo over loopback (1). A measured `make collectives` table replaces them where it has rows

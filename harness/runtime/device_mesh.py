@@ -6,7 +6,7 @@ The dimensions are the record's table, outermost first, a dimension of one left 
 given. The strategies take
 their sub-meshes from here, never from a world size of their own: `data_parallel` for fully_shard (2-D under
 HSDP) and `tensor_parallel` for the plan (parallel/tp/shard.py); what is reduced over the data-parallel
-ranks alone (the loss) goes over the strategy's dp_group, cut from the same record (strategies/base.py).
+ranks alone (the loss) goes over the strategy's loss_group, cut from the same record (strategies/base.py).
 """
 from __future__ import annotations
 
@@ -28,9 +28,12 @@ class Meshes:
 
     @property
     def data_parallel(self) -> DeviceMesh:
-        """What fully_shard (and replicate) take: (dp_replicate, dp_shard) under HSDP, else dp_shard."""
+        """What fully_shard (and replicate) take: (dp_replicate, dp_shard) under HSDP, else dp_shard; with context
+        parallelism its ranks join the shard dimension, flattened into `dp_shard_cp` as torchtitan does, since
+        the cp ranks of one data-parallel rank hold the same parameters and their gradients are summed too."""
         names = self.whole.mesh_dim_names
-        return self.whole["dp_replicate", "dp_shard"] if "dp_replicate" in names else self.whole["dp_shard"]
+        shard = "dp_shard_cp" if "cp" in names else "dp_shard"  # flattened by build()
+        return self.whole["dp_replicate", shard] if "dp_replicate" in names else self.whole[shard]
 
     def dimension(self, name: str) -> Optional[DeviceMesh]:
         """One dimension of the mesh (a parallel axis's: config/axes.py), None where its degree is 1."""
@@ -42,6 +45,8 @@ def build(record: Mesh, device_type: str) -> Meshes:
     dims = [(name, n) for name, n in record.degrees().items() if n > 1 or name == "dp_shard"]
     with unset_fake_temporarily():  # the mesh is a real list of ranks, also when the model is traced
         whole = init_device_mesh(device_type, tuple(n for _, n in dims), mesh_dim_names=tuple(d for d, _ in dims))
+        if record.cp > 1:  # collective, so here, where every rank builds the mesh at once
+            whole["dp_shard", "cp"]._flatten("dp_shard_cp")
     if whole.size() != dist.get_world_size():
         raise RuntimeError(f"the mesh {record.describe()} holds {whole.size()} ranks, the process group "
                            f"{dist.get_world_size()}")

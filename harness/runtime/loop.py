@@ -54,8 +54,8 @@ class LoopResult:
 
 
 def global_mean_loss(loss_sum: torch.Tensor, count: int, step: int, on_nonfinite: str, group=None) -> float:
-    """One scalar collective per step: the mean loss over the data-parallel ranks (`group`; every rank without
-    tensor parallelism) and micro-batches. A non-finite mean stops the run (unless on_nonfinite=continue), saying
+    """One scalar collective per step: the mean loss over the ranks whose losses differ (`group`: the data-parallel
+    ranks and the context-parallel ranks of each; every rank without tensor parallelism) and micro-batches. A non-finite mean stops the run (unless on_nonfinite=continue), saying
     whether this rank's own loss was the cause."""
     local = loss_sum.clone()
     dist.all_reduce(loss_sum, group=group)
@@ -79,17 +79,18 @@ class TrainStep:
     lr_at: Callable[[int], float]
     inject: Injector = no_fault
 
-    def loss_of(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss_of(self, inputs: torch.Tensor, targets: torch.Tensor, positions=None) -> torch.Tensor:
+        # positions: None (the model's own), or a context-parallel rank's of its slice of each sequence
+        extra = {} if positions is None else {"position_ids": positions}
         with self.strategy.autocast():
-            logits = self.model(input_ids=inputs).logits
+            logits = self.model(input_ids=inputs, **extra).logits
         with self.strategy.loss_context():  # loss parallel: the logits sharded on the vocabulary
             return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
-    def micro_batch_loss(self, step: int, micro: int) -> torch.Tensor:
+    def micro_batch_loss(self, step: int, micro: int, batch: tuple) -> torch.Tensor:
         # a function of its own, so that the logits are freed when it returns, not held through backward
-        inputs, targets = self.batches.get(step, micro)
         with phase("forward"):
-            loss = self.loss_of(inputs, targets)
+            loss = self.loss_of(*batch)
         return self.inject(step, loss) if micro == 0 else loss  # the identity unless fault.kind is set
 
     @torch.no_grad()
@@ -98,17 +99,19 @@ class TrainStep:
         wrapped model (its hooks gather what it shards), one all-reduce."""
         total = torch.zeros((), device=self.device)
         for batch in range(batches):
-            total += self.loss_of(*self.batches.eval_batch(batch))
-        dist.all_reduce(total, group=self.strategy.dp_group())
-        return total.item() / (batches * self.strategy.data_parallel_ranks)
+            with self.strategy.micro_batch(*self.batches.eval_batch(batch)) as cut:
+                total += self.loss_of(*cut)
+        dist.all_reduce(total, group=self.strategy.loss_group())
+        return total.item() / (batches * self.strategy.loss_ranks)
 
     def __call__(self, step: int, after_backward: Callable[[], None] = lambda: None,
                  on_nonfinite: str = "continue", mean_loss: bool = True) -> Tuple[float, torch.Tensor]:
         with phase("step"):
             loss_sum = torch.zeros((), device=self.device)
             for micro in range(self.grad_accum):
-                with self.strategy.sync_context(last=micro == self.grad_accum - 1):
-                    loss = self.micro_batch_loss(step, micro)
+                with self.strategy.sync_context(last=micro == self.grad_accum - 1), \
+                        self.strategy.micro_batch(*self.batches.get(step, micro)) as batch:
+                    loss = self.micro_batch_loss(step, micro, batch)
                     with phase("backward"), self.strategy.loss_context():
                         self.strategy.backward(loss)
                 loss_sum += local_tensor(loss.detach())  # a DTensor under loss parallel: its (whole) value
@@ -116,8 +119,8 @@ class TrainStep:
             with phase("optimizer"):
                 self.strategy.set_learning_rate(self.lr_at(step))
                 grad_norm = self.strategy.step()
-            loss = (global_mean_loss(loss_sum, self.grad_accum * self.strategy.data_parallel_ranks, step,
-                                     on_nonfinite, self.strategy.dp_group()) if mean_loss else math.nan)
+            loss = (global_mean_loss(loss_sum, self.grad_accum * self.strategy.loss_ranks, step,
+                                     on_nonfinite, self.strategy.loss_group()) if mean_loss else math.nan)
             probes.device_sync(self.device)
         return loss, grad_norm
 

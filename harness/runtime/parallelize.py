@@ -8,7 +8,9 @@ DeepSpeed's engine applies its AutoTP, compile and wrapper from its JSON (its fa
 tensor-parallel implementation): the axes' `apply` does nothing there.
 
 `step_context` is every active axis's context around the loss and its backward (tensor parallelism's
-loss_parallel), which the train loop enters through Strategy.loss_context.
+loss_parallel), which the train loop enters through Strategy.loss_context; `micro_batch` every active axis's
+context around a micro-batch's forward and backward, with the slice of it this rank computes (context
+parallelism's), which it enters through Strategy.micro_batch.
 """
 from __future__ import annotations
 
@@ -43,3 +45,14 @@ def _every(strategy, active):
         for axis in active:
             stack.enter_context(axis.step_context(strategy))
         yield
+
+
+@contextlib.contextmanager
+def micro_batch(strategy, active, inputs, targets):
+    """The micro-batch (inputs, targets, position ids or None) as the active axes cut it, each axis's context
+    open around its forward and backward (at most one axis cuts the batch: context parallelism)."""
+    with contextlib.ExitStack() as stack:
+        batch = (inputs, targets, None)
+        for axis in active:
+            batch = stack.enter_context(axis.micro_batch(strategy, *batch[:2]))
+        yield batch

@@ -23,9 +23,10 @@ def estimate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--params", type=positive(float), help="a hypothetical parameter count (e.g. 7.5e9)")
     parser.add_argument("--world", type=positive(int), help="ranks in all (default: from parallelism)")
     for axis in axes.every():  # a flag per parallel axis (config/axes.py): --tp for tensor parallelism
-        parser.add_argument(f"--{axis.name}", default="all",
-                            help=f"{axis.title} degrees to search, comma-separated, or `all` (default: every one of "
+        parser.add_argument(f"--{axis.name}", default="",
+                            help=f"{axis.title} degrees to search, comma-separated, or `all` (every one of "
                                  f"{', '.join(map(str, axis.searched))} the node, the model and the backend allow; "
+                                 f"default: those the axis searches at this shape, {axis.search_note}; "
                                  f"parallelism.{axis.name}=<n> pins one)")
     parser.add_argument("--device-gib", type=positive(float), help="device memory (GiB): say whether each backend's peak fits")
     parser.add_argument("--traced", action="store_true",

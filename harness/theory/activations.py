@@ -178,7 +178,9 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
     which replaces the eager count of what the blocks keep through forward; where the whole module is compiled,
     also of what the rest of the model keeps (`outside`, but the loss's log-softmax).
     """
-    tokens = par.seq_len * par.micro_batch
+    # one rank's tokens: under context parallelism its 1/cp of each sequence, every per-token term of its slice
+    cut = axes.activation_splits(mesh)["tokens"]
+    tokens = par.seq_len * par.micro_batch / cut
     h, _, i, _, vocab = _widths(model)
     inner, seq, logits = splits(mesh)
     a = 4 if reg == "fp32" else 2
@@ -188,8 +190,8 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
         "block": tokens * block_bytes_per_token(model, reg, mesh),
         "block_input": tokens * residual_bytes(reg) * h / seq,
         "selective_block": tokens * selective_bytes_per_token(model, reg) if recompute.selective else 0.0,
-        "outside": tokens * outside_bytes_per_token(model, reg, mesh) + per_sequence_bytes(model, par, reg),
-        "per_sequence": per_sequence_bytes(model, par, reg),
+        "outside": tokens * outside_bytes_per_token(model, reg, mesh) + per_sequence_bytes(model, par, reg) / cut,
+        "per_sequence": per_sequence_bytes(model, par, reg) / cut,
         "log_softmax": tokens * 4 * vocab / logits,
         # loss parallel's cross-entropy backward (torch's DTensor handlers) holds a third V/tp-sized fp32 tensor
         # beside the two the plain one makes: its gradient of the log-softmax is built from a zeroed buffer

@@ -65,6 +65,8 @@ class Shape:
     # of one micro-batch, how many blocks are recomputed whole (config/recompute.py), and whose plan splits the
     # model, by axis (Family.axes: parallel/tp/plan.py's "torch" or "autotp")
     hidden: int = 0
+    cp_rotate: str = "allgather"  # how torch's ring passes them (parallelism.cp_rotate)
+    kv_hidden: int = 0  # the key/value heads' width (GQA: below `hidden`): what the ring passes (parallel/cp/comm.py)
     vocab: int = 0
     tokens: int = 0
     recomputed_blocks: int = 0
@@ -88,14 +90,15 @@ class Shape:
 
     @property
     def dp(self) -> int:
-        """N: the data-parallel ranks (each its own micro-batches), what ZeRO partitions over."""
-        return self.mesh.dp
+        """N: the ranks whose gradients are reduced together, what ZeRO partitions over: the data-parallel ranks,
+        each with its context-parallel ones (they hold the same parameters, each the gradient of its own tokens)."""
+        return self.mesh.dp * self.mesh.cp
 
     @property
     def shards(self) -> int:
-        """The data-parallel ranks each parameter, gradient and optimizer state is sharded over (all of them, or
-        HSDP's shard group)."""
-        return self.mesh.dp_shard
+        """The ranks each parameter, gradient and optimizer state is sharded over (every data-parallel rank, or
+        HSDP's shard group; with the context-parallel ranks of each, as FSDP2 shards over dp_shard x cp)."""
+        return self.mesh.dp_shard * self.mesh.cp
 
     def plan(self, axis: str) -> str:
         """Whose implementation splits the model on `axis` (config/axes.py), "" where the axis is not active."""
@@ -169,7 +172,10 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   matmul_weights=counts.get("matmul_weights", 0),
                   head_matmul_weights=counts.get("head_matmul_weights", 0), device=cfg.parallelism.device,
                   model_params=whole, hidden=cfg.model.hidden_size, vocab=cfg.model.vocab_size,
-                  tokens=cfg.parallelism.micro_batch * cfg.parallelism.seq_len,
+                  cp_rotate=cfg.parallelism.cp_rotate, kv_hidden=cfg.model.hidden_size * (cfg.model.num_kv_heads or cfg.model.num_heads)
+                  // cfg.model.num_heads,
+                  # one rank's tokens of a micro-batch: its 1/cp of each sequence under context parallelism
+                  tokens=cfg.parallelism.micro_batch * cfg.parallelism.seq_len // mesh.cp,
                   recomputed_blocks=recompute_of(cfg).fully_recomputed,
                   plans=tuple((a.name, axes.implementation(family, a.name)) for a in axes.active(mesh)),
                   tied_output=bool(cfg.model.tie_embeddings),

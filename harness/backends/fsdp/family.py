@@ -77,8 +77,9 @@ class FSDPFamily(DCPCheckpoints, Family):
         # fully_shard splits each parameter on its first dimension in chunks of ceil(rows / N) (torch.chunk),
         # padding it to a multiple of N: a 32,000-row embedding over 512 ranks is 63 rows a rank, not 62.5.
         # Under HSDP N is the shard group, not the world; under tensor parallelism the rows are the rank's
-        # tensor-parallel shard's (FSDP2 shards the local tensor over the data-parallel ranks)
-        shards = mesh.dp_shard
+        # tensor-parallel shard's (FSDP2 shards the local tensor over the data-parallel ranks); under context
+        # parallelism N is dp_shard x cp (runtime/device_mesh.py)
+        shards = mesh.dp_shard * mesh.cp
 
         def shard(rows) -> int:
             return sum(-(-first // shards) * per_row for first, per_row, _ in rows)

@@ -101,7 +101,8 @@ class FSDP1Family(FSDPFamily):
     ranged_fields = ("shard_degree",)
     axes: dict = {}
     axis_refusals = {"tp": "FSDP1 composes with tensor parallelism only through its 2-D DTensor path, which torch "
-                           "has moved to FSDP2; use backend=fsdp"}
+                           "has moved to FSDP2; use backend=fsdp",
+                     "cp": "torch's context parallelism composes with FSDP2 (torchtitan's), not FSDP1; use backend=fsdp"}
     untraceable = ("FullyShardedDataParallel moves the module to its device_id at construction (_move_module_to_device), "
                    "which torch cannot do with fake parameters (\"Couldn't swap Embedding.weight\"); without a device_id "
                    "it asks for an accelerator this CPU path does not have")

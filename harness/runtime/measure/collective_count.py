@@ -26,7 +26,26 @@ C10D_OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
             "reduce_scatter_tensor_coalesced_": "reduce_scatter", "broadcast_": "broadcast",
             # torch's functional collectives (DTensor's: the clipped gradient norm of sharded gradients)
             "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce", "all_gather_into_tensor": "all_gather",
-            "reduce_scatter_tensor": "reduce_scatter"}
+            "reduce_scatter_tensor": "reduce_scatter",
+            # torch's ring attention (context parallelism): its rotations are functional all-to-alls in which each
+            # rank sends its whole buffer to one peer (a `permute`, named so in rows())
+            "all_to_all_single": "all_to_all"}
+
+
+def _is_permute(op: str, args) -> bool:
+    """A functional all-to-all whose input goes whole to one rank (ft_c.permute_tensor: the ring's step)."""
+    splits = args[2] if op == "all_to_all" and len(args) > 2 else None
+    return isinstance(splits, (list, tuple)) and sum(1 for n in splits if n) == 1
+
+
+def _ring_attention(func, args) -> bool:
+    """An attention op on DTensors: under context parallelism torch's ring runs inside DTensor's dispatch of it,
+    where this mode is off, so the counter re-enters for it to see the ring's collectives."""
+    if func.namespace != "aten" or not func._opname.startswith("_scaled_dot_product"):
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(a, DTensor) for a in args)
 
 
 def _nbytes(obj) -> int:
@@ -79,7 +98,15 @@ class CollectiveCounter(TorchDispatchMode):
             tensors = [a for a in args[:2] if isinstance(a, (torch.Tensor, list, tuple))]
             named = tuple(a for a in args if isinstance(a, (torch.ScriptObject, str)))
             gathered = func.namespace == "_c10d_functional" and op == "all_gather"
+            op = "permute" if _is_permute(op, args) else op
             self.calls[(op, max((_nbytes(t) for t in tensors), default=0), named, gathered, current_phase())] += 1
+        elif _ring_attention(func, args):
+            from torch.distributed.tensor import DTensor
+
+            ring = DTensor._op_dispatcher._custom_op_handlers.get(func)
+            if ring is not None:  # the handler DTensor would call, called here: its collectives come back to us
+                with self:
+                    return ring(func, args, kwargs)
         return func(*args, **kwargs)
 
     def rows(self) -> List[dict]:

@@ -82,7 +82,7 @@ class Strategy(ABC):
         # the run's mesh (config/mesh.py): its data-parallel and tensor-parallel degrees, groups and links
         self.mesh = mesh_of(cfg, world_size)
         self._meshes = None
-        self._dp_group = None
+        self._loss_group = None
         self._active_axes = None  # the mesh's parallel axes above degree 1 (config/axes.py), found on first use
         self.params = params  # the model's parameter count (sizes the default buckets)
         self.precision = cfg.train.precision
@@ -105,21 +105,21 @@ class Strategy(ABC):
         return self._meshes
 
     @property
-    def data_parallel_ranks(self) -> int:
-        """The ranks whose micro-batches differ: the loss and the tokens count these, not every rank."""
-        return self.mesh.dp
+    def loss_ranks(self) -> int:
+        """The ranks whose losses differ, over which the loss is a mean: each data-parallel rank's micro-batches,
+        cut on the sequence over its context-parallel ranks (the tensor-parallel ones share one loss)."""
+        return self.mesh.size("dp_cp")
 
-    def dp_group(self):
-        """The process group over which a mean over data-parallel ranks is reduced (the loss): the default
-        group when every rank is a data-parallel one (no axis splits a replica). Made on first call: every rank
-        calls it at the same point."""
-        if self.mesh.dp == self.mesh.world:
+    def loss_group(self):
+        """The process group of those ranks (the mesh's `dp_cp`): the default group when every rank is one (no
+        tensor parallelism). Made on first call: every rank calls it at the same point."""
+        if self.loss_ranks == self.mesh.world:
             return None
-        if self._dp_group is None:
+        if self._loss_group is None:
             import torch.distributed as dist
 
-            self._dp_group, _ = dist.new_subgroups_by_enumeration(self.mesh.groups("dp"))
-        return self._dp_group
+            self._loss_group, _ = dist.new_subgroups_by_enumeration(self.mesh.groups("dp_cp"))
+        return self._loss_group
 
     # -- construction -------------------------------------------------------------------------------
     def init_context(self, use_meta: bool) -> ContextManager:
@@ -159,11 +159,27 @@ class Strategy(ABC):
         (runtime/parallelize.py; torch's loss_parallel() where the logits stay sharded on the vocabulary)."""
         from ..parallelize import step_context
 
-        if self._active_axes is None:  # the registry is asked once, not every micro-batch
+        return step_context(self, self.active_axes)
+
+    @property
+    def active_axes(self) -> list:
+        """The mesh's parallel axes above degree 1 (config/axes.py): the registry is asked once, not every
+        micro-batch."""
+        if self._active_axes is None:
             from ...config import axes
 
             self._active_axes = axes.active(self.mesh)
-        return step_context(self, self._active_axes)
+        return self._active_axes
+
+    def micro_batch(self, inputs, targets) -> ContextManager:
+        """Entered around a micro-batch's forward and backward, yielding the (inputs, targets, position ids)
+        this rank computes: the batch itself (positions None), or the active axes' slice of it (context
+        parallelism's: runtime/parallelize.py)."""
+        if not self.active_axes:
+            return contextlib.nullcontext((inputs, targets, None))
+        from ..parallelize import micro_batch
+
+        return micro_batch(self, self.active_axes, inputs, targets)
 
     def axis_implementation(self, name: str) -> str:
         """Whose implementation of parallel axis `name` this family runs (Family.axes: "torch", "autotp")."""

@@ -175,7 +175,8 @@ def main(argv: List[str] | None = None) -> int:
     rates = rates_for(cfg, args.world or world_size(cfg)) if args.time else None  # measured once, here
     pinned = axes.pinned(overrides)  # a degree the overrides set is the only one; else --<axis> (`all`: searched)
     asked = {n: [pinned[n]] if n in pinned else list(axes.get(n).searched) if getattr(args, n) == "all" else
-             [int(d) for d in getattr(args, n).split(",") if d] for n in axes.AXES}
+             [int(d) for d in getattr(args, n).split(",") if d] or list(axes.get(n).searched_for(cfg))
+             for n in axes.AXES}
     table = rows(overrides, args.params, args.world, rates, names=args.backends.split(",") if args.backends else None,
                  asked=asked)
     if not table:  # every asked degree refused by an axis's rules: say why, in one line

@@ -1,0 +1,66 @@
+"""Context parallelism as an axis (config/axes.Axis): its degree `parallelism.cp`, with `cp_rotate` and
+`cp_load_balance` as options of torch's ring. Its rules (rules.py), its collectives (comm.py) and, inside a rank,
+torch's `context_parallel` around each micro-batch (ring.py; on CPU with the registration of ring_cpu.py).
+
+The cp ranks of one data-parallel rank read the same micro-batches, each keeping 1/cp of every sequence, so one
+rank's activations are those of S/cp tokens (`activation_splits`'s `tokens`), its parameters are the whole
+model's (no `local_counts`), and FSDP2 shards them over dp_shard x cp (config/mesh.py's `dp_shard_cp`), as
+torchtitan does. DeepSpeed's answer at long context is Ulysses (all-to-alls over the heads), not yet an
+implementation here: the DeepSpeed family refuses the axis in one line (Family.axis_refusals)."""
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager, Dict, List
+
+from ...config.axes import Axis
+from . import comm, rules
+
+
+class ContextParallel(Axis):
+    name = "cp"
+    title = "context parallelism"
+    settings_key = "context_parallel"
+    searched = rules.CP_DEGREES
+    search_note = f"from a sequence of {rules.LONG_SEQUENCE:,} tokens"
+
+    def searched_for(self, cfg) -> tuple:
+        """Searched by default at long sequences only (rules.LONG_SEQUENCE); `--cp all` or `--cp 2,4` asks."""
+        return self.searched if cfg.parallelism.seq_len >= rules.LONG_SEQUENCE else (1,)
+
+    def rules(self, cfg) -> List[str]:
+        return [*rules.degree_rules(cfg), *rules.composition_rules(cfg)]
+
+    def degree_rules(self, cfg) -> List[str]:
+        return rules.degree_rules(cfg)
+
+    def degrees(self, cfg, choices=None) -> List[int]:
+        from ...config.axes import with_degrees
+
+        return [cp for cp in choices or self.searched if not rules.degree_rules(with_degrees(cfg, {"cp": cp}))]
+
+    def activation_splits(self, mesh) -> Dict[str, int]:
+        """Every per-token term of one rank's activations is of its S/cp tokens (theory/activations.py)."""
+        return {"tokens": mesh.cp}
+
+    # the ring's exchanges sit between chunks of attention, which hide them (torch's ring: async collectives)
+    collectives_hide = True
+    uncounted = "the ring's attention runs through DTensor dispatch on sequence shards, not counted on fake tensors"
+
+    def collectives(self, backend, s) -> list:
+        return comm.ring_collectives(backend, s, s.cp_rotate)
+
+    def apply(self, strategy, model) -> dict:
+        from . import ring
+
+        par = strategy.cfg.parallelism
+        return ring.apply(model, strategy.meshes.dimension(self.name), strategy.device.type, par.cp_rotate,
+                          bool(par.cp_load_balance))
+
+    def micro_batch(self, strategy, inputs, targets) -> ContextManager:
+        from . import ring
+
+        return ring.micro_batch(strategy.meshes.dimension(self.name), inputs, targets)
+
+    def step_context(self, strategy) -> ContextManager:
+        return contextlib.nullcontext()
+

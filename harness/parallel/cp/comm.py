@@ -1,0 +1,42 @@
+"""Context parallelism's collectives: what the `cp` ranks of one data-parallel rank send each other every
+micro-batch, over the mesh's `cp` group, as torch's ring runs them (torch/distributed/tensor/experimental/
+_context_parallel/_attention.py; Liu et al., "Ring Attention with Blockwise Transformers", arXiv 2310.01889, for
+the ring; torchtitan's context-parallel write-up for the all-gather form).
+
+Each attention layer, each micro-batch, with K and V of this rank's S/cp tokens (2 b (S/cp) h_kv elements in the
+attention's dtype; h_kv = the key/value heads' width, so GQA sends less):
+
+- forward: `allgather` (torch's default) all-gathers them once; `alltoall` passes them to the next rank cp - 1
+  times (`permute`: each rank sends its whole buffer to one peer);
+- backward: the keys and values again, the same way, and their gradients round the ring cp times, always as
+  permutes, in fp32 (torch accumulates them in fp32: `_cp_options.convert_to_f32`);
+- a block recomputed in backward (activation checkpointing) runs its forward's ring again.
+
+The attention between two exchanges hides them (the ring's point), which the time model prices as overlap
+(`collectives_hide`); the all-gather form waits for the whole buffer once instead.
+"""
+from __future__ import annotations
+
+from typing import List
+
+from ...theory.collective import Collective
+
+
+def ring_collectives(backend, s, rotate: str) -> List[Collective]:
+    """Every collective the ring issues per optimizer step on one rank; none at cp 1."""
+    cp = s.mesh.cp
+    if cp == 1 or not s.tokens:
+        return []
+    from ..tp.comm import dtypes
+
+    _, matmul = dtypes(backend, s)  # q, k and v are projections' outputs
+    kv = 2 * s.tokens * s.kv_hidden  # this rank's keys and values of one micro-batch (s.tokens: b x S/cp)
+    layers, again = s.blocks * s.grad_accum, s.recomputed_blocks * s.grad_accum
+
+    def rotate_kv(count: float) -> List[Collective]:
+        if rotate == "allgather":  # one all-gather of every rank's buffer
+            return [Collective("all_gather", kv * matmul * cp, count, "forward+backward", "cp")]
+        return [Collective("permute", kv * matmul, count * (cp - 1), "forward+backward", "cp")]
+
+    return [*rotate_kv(layers + again + layers),  # forward, recomputed forward, backward
+            Collective("permute", kv * 4, layers * cp, "backward", "cp")]  # dK, dV round the ring in fp32

@@ -1,0 +1,76 @@
+"""What context parallelism cannot run, one line each, and the degrees the estimator and the advisor search."""
+from __future__ import annotations
+
+from typing import List
+
+from ...config import families
+from ...config.mesh import mesh_of
+from ...config.recompute import parse
+from ...core.errors import ConfigError
+
+CP_DEGREES = (1, 2, 4, 8)  # the context-parallel degrees the estimator and the advisor search
+# the shortest sequence at which they search them unasked: below it one rank's chunk of attention is too short
+# to hide the ring's exchange of keys and values, and activation checkpointing answers the memory first (the
+# field's context-parallel runs start at 32k: torchtitan's, ALST's); `--cp all` searches them at any length
+LONG_SEQUENCE = 16384
+ROTATE_METHODS = ("allgather", "alltoall")  # torch's set_rotate_method
+
+
+def degree_rules(cfg) -> List[str]:
+    """The degree against the model, the sequence and the family: what the search leaves out."""
+    par, m = cfg.parallelism, cfg.model
+    cp = par.cp
+    if cp == 1:
+        return []
+    out = []
+    # head-tail load balancing cuts the sequence into 2 x cp chunks (torch's _HeadTailLoadBalancer)
+    chunks = 2 * cp if par.cp_load_balance else cp
+    if par.seq_len % chunks:
+        out.append(f"parallelism.cp={cp}: parallelism.seq_len={par.seq_len} must divide into {chunks} equal chunks "
+                   f"({'2 x cp, for causal load balancing' if par.cp_load_balance else 'one a rank'}); use a "
+                   f"seq_len that is a multiple of {chunks}")
+    if m.family != "llama":
+        out.append(f"parallelism.cp={cp}: model {m.name} ({m.model_type or m.family}) is not run on the ring here: "
+                   "its attention is not transformers' SDPA attention with rotary positions, which the ring's "
+                   "slices keep; use a llama, mistral or qwen2 model, or parallelism.cp=1")
+    try:
+        family = families.of(cfg.backend)
+        refusal = "" if "cp" in family.axes else family.axis_refusals.get("cp", f"{family.name} runs no context "
+                                                                                "parallelism")
+    except ConfigError:
+        refusal = ""  # an unknown family is backend_rules' to say
+    if refusal:
+        out.append(f"parallelism.cp={cp}: {refusal}")
+    return out
+
+
+def composition_rules(cfg) -> List[str]:
+    """What the run's other choices do not do with the ring yet: refused for a run, while the theory still
+    predicts the mesh."""
+    par, t = cfg.parallelism, cfg.train
+    cp = par.cp
+    if cp == 1:
+        return []
+    out = []
+    if par.cp_rotate not in ROTATE_METHODS:
+        out.append(f"parallelism.cp_rotate={par.cp_rotate}: expected one of {', '.join(ROTATE_METHODS)}")
+    if par.tp > 1:
+        out.append(f"parallelism.cp={cp}: not with parallelism.tp={par.tp} yet (the ring under the tensor-parallel "
+                   "plan's local heads is not held to DDP's losses here); set one of them to 1")
+    if t.compile:
+        out.append(f"parallelism.cp={cp}: not with train.compile=true yet (dynamo would trace through the ring's "
+                   "replaced SDPA); set train.compile=false")
+    if parse(t.activation_checkpointing, t.activation_checkpointing_every)[0] == "selective_op":
+        out.append(f"parallelism.cp={cp}: train.activation_checkpointing=selective_op is not measured with context "
+                   "parallelism; use full or every_k")
+    if t.float8 != "none":
+        out.append(f"parallelism.cp={cp}: train.float8={t.float8} is not measured with context parallelism")
+    try:
+        mesh = mesh_of(cfg)
+    except ConfigError:
+        return out  # the mesh's own refusal says why (config/mesh_check.mesh_rules)
+    if mesh.dp_replicate > 1 or mesh.post_forward_group:
+        out.append(f"parallelism.cp={cp}: backend={cfg.backend.name} shards over a node's data-parallel ranks "
+                   "(HSDP, partial resharding), whose groups with the cp ranks folded in are not held by a test "
+                   "yet; use a backend that shards over every data-parallel rank")
+    return out

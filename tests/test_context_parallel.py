@@ -1,0 +1,139 @@
+"""Context parallelism, the mesh's cp axis (parallel/cp/): the mesh's groups with the cp ranks folded into the
+data-parallel ones, one-line refusals, the theory's states, activations and ring bytes, the search's default, and
+real runs at 4 ranks (dp 2 x cp 2) under torch's ring (on CPU through parallel/cp/ring_cpu.py) whose per-step
+losses equal DDP's, whose counted bytes are the theory's, and whose peak is within 10% of it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.config import rules
+from harness.config.axes import get
+from harness.config.compose import compose
+from harness.config.mesh import Mesh, mesh_of
+from harness.config.mesh_check import mesh_points
+from harness.config.recompute import recompute_of
+from harness.runtime import models
+from harness.theory import activations
+from harness.theory.communication import collectives, comm_per_step
+from harness.theory.predict import predict
+from harness.theory.shape import shape_of
+
+
+def test_the_cp_ranks_join_the_data_parallel_groups_of_the_mesh():
+    m = Mesh(per_node=8, cp=2, tp=2)  # dp 2 x cp 2 x tp 2
+    assert (m.dp, m.dp_shard, m.cp, m.world) == (2, 2, 2, 8)
+    assert m.ranks("cp", 0) == [0, 2] and m.ranks("tp", 0) == [0, 1]  # tp innermost, then cp
+    assert m.ranks("dp_shard_cp", 1) == [1, 3, 5, 7]  # what FSDP2 shards over: dp_shard x cp
+    assert m.ranks("dp_cp", 0) == [0, 2, 4, 6]  # whose losses differ: the loss's mean
+    assert m.ranks("dp", 0) == [0, 4] and m.coordinates(6)["dp"] == 1  # which micro-batches rank 6 reads
+    assert m.describe() == "dp 2 x cp 2 x tp 2" and m.name_of([0, 2]) == "cp"
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["parallelism.cp=2", "parallelism.seq_len=66"], "seq_len=66 must divide into 4 equal chunks (2 x cp"),
+    (["parallelism.cp=2", "model=tiny_gpt2"], "is not run on the ring here"),
+    (["parallelism.cp=2", "backend=ds_zero2"], "DeepSpeed splits the sequence with Ulysses"),
+    (["parallelism.cp=2", "backend=fsdp1"], "composes with FSDP2 (torchtitan's), not FSDP1"),
+    (["parallelism.cp=2", "parallelism.cp_rotate=ring"], "parallelism.cp_rotate=ring: expected one of allgather"),
+    (["parallelism.cp=2", "parallelism.nproc_per_node=4", "parallelism.tp=2"], "not with parallelism.tp=2 yet"),
+    (["parallelism.cp=2", "train.compile=true"], "not with train.compile=true yet"),
+    (["parallelism.cp=2", "backend=fsdp_hsdp", "parallelism.nnodes=2"], "shards over a node's data-parallel"),
+    (["parallelism.cp=3"], "pp x dp_replicate x cp x tp = 3 does not divide the 2 ranks"),
+    (["parallelism.cp=0"], "parallelism.cp=0: must be positive"),
+])
+def test_what_context_parallelism_cannot_run_is_refused_in_one_line(overrides, says):
+    found = rules.problems(compose(["model=tiny_llama", *overrides]))
+    assert any(says in line for line in found), found
+
+
+def test_the_states_are_sharded_over_dp_shard_x_cp_and_the_activations_are_of_s_over_cp():
+    base = ["model=tiny_llama", "backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.seq_len=256"]
+    counts = models.param_count(compose(base).model)
+    flat, cp = (predict(compose(c), None, counts) for c in (base, [*base, "parallelism.cp=2"]))
+    # FSDP2 over 4 ranks either way: the states are those of 4 shards
+    assert cp["memory/model_states_predicted_bytes"] == flat["memory/model_states_predicted_bytes"]
+    # every per-token term of one rank is its S/cp tokens' (theory/activations.py)
+    assert cp["memory/activations_predicted_bytes"] == pytest.approx(flat["memory/activations_predicted_bytes"] / 2)
+
+
+@pytest.mark.parametrize("rotate", ["allgather", "alltoall"])
+def test_the_rings_bytes_are_its_keys_and_values_each_layer(rotate):
+    """K and V of one rank's S/cp tokens (GQA: the key/value heads' width) go round the cp group in forward, in
+    the recomputed forward and in backward, and their fp32 gradients cp times in backward (parallel/cp/comm.py)."""
+    cp = 4
+    cfg = compose(["model=tiny_llama", "backend=ddp", "parallelism.nproc_per_node=4", f"parallelism.cp={cp}",
+                   "parallelism.micro_batch=3", "parallelism.grad_accum=2", f"parallelism.cp_rotate={rotate}",
+                   "train.activation_checkpointing=full"])
+    s = shape_of(cfg, None, models.param_count(cfg.model))
+    every = collectives(cfg.backend, s)
+    ring = {(c.op, c.size_bytes, c.hidden_by): c.count for c in every if c.group == "cp"}
+    kv = 2 * 3 * (64 // cp) * 32  # 2 x b x S/cp x the key/value width (2 of tiny_llama's 4 heads of 16)
+    layers = 2 * 2  # blocks x micro-batches; each runs the ring in forward, recomputed forward and backward
+    rotations = ({("all_gather", kv * 4 * cp, "forward+backward"): 3 * layers} if rotate == "allgather" else
+                 {("permute", kv * 4, "forward+backward"): 3 * layers * (cp - 1)})
+    assert ring == {**rotations, ("permute", kv * 4, "backward"): layers * cp}
+    # the data-parallel all-reduces run over dp x cp: every rank of the 4
+    assert {c.group for c in every if c.group != "cp"} == {"dp_cp"}
+
+
+def test_the_estimate_cuts_a_long_sequence_over_cp():
+    shape = ["model=llama3_8b", "parallelism=gpu8", "parallelism.seq_len=131072", "parallelism.micro_batch=1",
+             "train.precision=bf16", "train.activation_checkpointing=full"]
+    whole, ring = compose(shape), compose([*shape, "parallelism.cp=8"])
+    counts = models.param_count(whole.model)
+    flat, cut = predict(whole, None, counts), predict(ring, None, counts)
+    # what forward keeps, by the tokens: autocast's bf16 weight copies, a constant, aside
+    kept = [activations.saved(activations.parts(c.model, c.parallelism, "autocast", recompute_of(c), mesh=mesh_of(c)))
+            for c in (whole, ring)]
+    assert kept[1] == pytest.approx(kept[0] / 8)
+    assert cut["memory/model_states_predicted_bytes"] == flat["memory/model_states_predicted_bytes"]  # 8 shards
+    assert comm_per_step(ring.backend, shape_of(ring, None, counts))["bytes"] > comm_per_step(
+        whole.backend, shape_of(whole, None, counts))["bytes"]  # the ring's keys and values on top
+    assert mesh_of(ring).describe() == "dp 1 x cp 8"
+
+
+def test_the_search_tries_cp_at_long_sequences_unless_asked():
+    short, long = (compose(["model=llama3_8b", "parallelism=gpu8", f"parallelism.seq_len={n}",
+                            "parallelism.micro_batch=1"]) for n in (4096, 131072))
+    assert {p["cp"] for p in mesh_points(short)} == {1}
+    assert {p["cp"] for p in mesh_points(long)} == {1, 2, 4, 8}
+    assert {p["cp"] for p in mesh_points(short, {"cp": [1, 2]})} == {1, 2}
+    assert get("cp").searched_for(long) == (1, 2, 4, 8)
+
+
+@pytest.mark.slow
+def test_per_step_losses_equal_ddps_under_the_ring(cp_runs, fp32_runs):
+    # at dp 2 x cp 2 against the fp32 sweep's DDP (3 ranks): the same model, data and sequences a step
+    reference = [r["loss/loss"] for r in fp32_runs["ddp"][1]]
+    for cell, (summary, records, _) in cp_runs.items():
+        assert summary["status"] == "ok", (cell, summary.get("reason"))
+        losses = [r["loss/loss"] for r in records]
+        assert len(losses) == len(reference) and losses == pytest.approx(reference, rel=1e-4), cell
+        worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+        print(f"PARITY {cell} cp 2: largest relative loss difference against DDP {worst:.1e}")
+        # every token counted once: the tokens a step are the DDP run's, not cp times them
+        tokens = [r["throughput/tokens_per_s"] * r["throughput/step_time_s"] for r in records]
+        ddp = [r["throughput/tokens_per_s"] * r["throughput/step_time_s"] for r in fp32_runs["ddp"][1]]
+        assert tokens == pytest.approx(ddp)
+
+
+@pytest.mark.slow
+def test_the_ring_sends_and_holds_what_the_theory_says(cp_runs):
+    for cell, (summary, _, run_dir) in cp_runs.items():
+        f = summary["figures"]
+        # every collective counted, the ring's included (runtime/measure/collective_count.py re-enters the
+        # attention's DTensor dispatch), against the theory's list
+        assert f["comm/bytes_error_pct"] == pytest.approx(0, abs=0.1), (cell, f["comm/measured_bytes_per_step"],
+                                                                       f["comm/predicted_bytes_per_step"])
+        predicted = f["memory/tensor_peak_predicted_bytes"]
+        for rank in json.loads((run_dir / "ranks" / "report.json").read_text())["ranks"]:
+            error = 100 * (rank["tensor_peak"]["peak"] - predicted) / predicted
+            print(f"CP {cell} rank {rank['rank']}: peak {error:+.1f}% against the theory")
+            assert abs(error) <= 10, (cell, rank["rank"], error)
+        settings = json.loads((run_dir / "settings.json").read_text())
+        assert settings["mesh"]["describe"] == "dp 2 x cp 2"
+        ring = settings["context_parallel"]
+        assert ring["rotate_method"] == ("alltoall" if cell.endswith("ddp") else "allgather")
+        assert ring["load_balance"] == "head-tail" and ring["cpu_ring_op"].endswith("_for_cpu")
