@@ -196,7 +196,7 @@ def only(backends: tuple, *overrides: str):
 
 
 @pytest.fixture(scope="session")
-def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, tp_runs):
+def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, tp_runs, cp_runs):
     """The LoRA, bf16, resharding and user-data sweeps, all on 2 ranks, as the cells of one launch: one start-up,
     not four."""
     def reshard(backend: str) -> tuple:
@@ -235,6 +235,10 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         # and DDP (the tensor-parallel shards joined): tests/test_tensor_parallel.py
         "tp_resume": tp_resumed(tp_runs, llama_checkpoint, 6, 2),
         "tp_reshard": tp_resumed(tp_runs, llama_checkpoint, 3, 1, ("fsdp", "ddp")),
+        # dp 2 x cp 2 resumed at dp 1 x cp 2 (still on the ring), and at cp 1 under FSDP2 and DDP:
+        # tests/test_context_parallel.py
+        "cp_resume": cp_resumed(cp_runs, llama_checkpoint, 6, 2),
+        "cp_reshard": cp_resumed(cp_runs, llama_checkpoint, 3, 1, ("fsdp", "ddp")),
         # a NaN in rank 1's loss at step 3 under train.on_nonfinite=continue: tests/test_environment_faults.py
         "nan": only(("ddp",), "fault.kind=nan", "fault.rank=1", "fault.step=3", "train.on_nonfinite=continue",
                     "train.steps=6", "train.warmup_steps=1", "train.measure_flops=false",
@@ -314,7 +318,8 @@ STATES_REPEATS = 3
 
 # context parallelism at 4 ranks (dp 2 x cp 2) in the same launch: the GQA cell's shape again, each sequence cut
 # over 2 ranks by torch's ring (parallel/cp/), under FSDP2 (the all-gather rotation, torch's default) and DDP (the
-# all-to-all one), held to the same DDP losses, states, peak and bytes (tests/test_context_parallel.py)
+# all-to-all one), and by DeepSpeed-Ulysses under ZeRO-2 and ZeRO-3, held to the same DDP losses, states, peak and
+# bytes (tests/test_context_parallel.py)
 CP_COMMON = ("parallelism.nproc_per_node=4", "parallelism.cp=2", "train.memory_steps=2", "train.measure_flops=false",
              "train.breakdown_steps=0")
 
@@ -322,7 +327,22 @@ CP_COMMON = ("parallelism.nproc_per_node=4", "parallelism.cp=2", "train.memory_s
 def cp_cells(llama_checkpoint) -> dict:
     gqa = (*FINETUNE, "parallelism.micro_batch=3", "model.init=meta", f"model.pretrained_path={llama_checkpoint}",
            "train.peak_by_kind=false")
-    return {"gqa/fsdp": (*gqa, "backend=fsdp"), "gqa/ddp": (*gqa, "backend=ddp", "parallelism.cp_rotate=alltoall")}
+    return {"gqa/fsdp": (*gqa, "backend=fsdp", f"train.checkpoint_every={SAVED_AT}"),
+            "gqa/ddp": (*gqa, "backend=ddp", "parallelism.cp_rotate=alltoall"),
+            # DeepSpeed's implementation of the axis: Ulysses' all-to-alls over the heads, under ZeRO-2 and ZeRO-3
+            "gqa/ds_zero2": (*gqa, "backend=ds_zero2"), "gqa/ds_zero3": (*gqa, "backend=ds_zero3")}
+
+
+def cp_resumed(cp_runs, llama_checkpoint, micro_batch: int, cp: int, backends=("fsdp",)):
+    """Cells at 2 ranks that resume cp's gqa/fsdp checkpoint (dp 2 x cp 2, after step 3 of 5) at `cp`, the same 12
+    sequences a step: DCP reshards it from FSDP2's dp_shard x cp shards."""
+    def overrides(backend: str) -> tuple:
+        path = f"{cp_runs['gqa/fsdp'][2]}/checkpoints/step_{SAVED_AT:07d}"
+        return cheap(*FINETUNE, "parallelism.nproc_per_node=2", f"parallelism.cp={cp}",
+                     f"parallelism.micro_batch={micro_batch}", "parallelism.grad_accum=2", "model.init=meta",
+                     f"model.pretrained_path={llama_checkpoint}", f"train.resume='{path}'")
+    overrides.backends = list(backends)
+    return overrides
 
 
 @pytest.fixture(scope="session")
@@ -354,6 +374,12 @@ def tp_runs(four_rank_runs) -> dict:
 @pytest.fixture(scope="session")
 def cp_runs(four_rank_runs) -> dict:
     return {cell.removeprefix("cp/"): run for cell, run in four_rank_runs.items() if cell.startswith("cp/")}
+
+
+@pytest.fixture(scope="session")
+def cp_resume_runs(two_rank_sweeps):
+    return {**{f"cp2/{b}": r for b, r in two_rank_sweeps["cp_resume"].items()},
+            **{f"cp1/{b}": r for b, r in two_rank_sweeps["cp_reshard"].items()}}
 
 
 @pytest.fixture(scope="session")

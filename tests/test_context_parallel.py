@@ -34,7 +34,8 @@ def test_the_cp_ranks_join_the_data_parallel_groups_of_the_mesh():
 @pytest.mark.parametrize("overrides, says", [
     (["parallelism.cp=2", "parallelism.seq_len=66"], "seq_len=66 must divide into 4 equal chunks (2 x cp"),
     (["parallelism.cp=2", "model=tiny_gpt2"], "is not run on the ring here"),
-    (["parallelism.cp=2", "backend=ds_zero2"], "DeepSpeed splits the sequence with Ulysses"),
+    (["parallelism.cp=8", "parallelism.nproc_per_node=8", "backend=ds_zero2"],
+     "Ulysses gives each rank heads/cp of the 4 attention heads"),
     (["parallelism.cp=2", "backend=fsdp1"], "composes with FSDP2 (torchtitan's), not FSDP1"),
     (["parallelism.cp=2", "parallelism.cp_rotate=ring"], "parallelism.cp_rotate=ring: expected one of allgather"),
     (["parallelism.cp=2", "parallelism.nproc_per_node=4", "parallelism.tp=2"], "not with parallelism.tp=2 yet"),
@@ -78,6 +79,20 @@ def test_the_rings_bytes_are_its_keys_and_values_each_layer(rotate):
     assert {c.group for c in every if c.group != "cp"} == {"dp_cp"}
 
 
+@pytest.mark.parametrize("cp, kv_width", [(2, 32), (4, 64)])
+def test_ulysses_bytes_are_four_all_to_alls_each_way_and_the_positions(cp, kv_width):
+    """q, k, v and attention's output of one rank's S/cp tokens through an all-to-all each, forward and backward
+    (k and v at the key/value width, replicated to cp where cp exceeds tiny_llama's 2 key/value heads), and the
+    position ids all-gathered before each forward's attention (parallel/cp/comm.py)."""
+    cfg = compose(["model=tiny_llama", "backend=ds_zero2", "parallelism.nproc_per_node=4", f"parallelism.cp={cp}",
+                   "parallelism.micro_batch=3", "parallelism.grad_accum=2"])
+    s = shape_of(cfg, None, models.param_count(cfg.model))
+    ulysses = {(c.op, c.size_bytes): c.count for c in collectives(cfg.backend, s) if c.group == "cp"}
+    tokens, layers = 3 * 64 // cp, 2 * 2
+    assert ulysses == {("all_to_all", tokens * 64 * 4): 4 * layers, ("all_to_all", tokens * kv_width * 4): 4 * layers,
+                       ("all_gather", 3 * 64 * 8): layers}
+
+
 def test_the_estimate_cuts_a_long_sequence_over_cp():
     shape = ["model=llama3_8b", "parallelism=gpu8", "parallelism.seq_len=131072", "parallelism.micro_batch=1",
              "train.precision=bf16", "train.activation_checkpointing=full"]
@@ -104,7 +119,7 @@ def test_the_search_tries_cp_at_long_sequences_unless_asked():
 
 
 @pytest.mark.slow
-def test_per_step_losses_equal_ddps_under_the_ring(cp_runs, fp32_runs):
+def test_per_step_losses_equal_ddps_under_the_ring_and_ulysses(cp_runs, fp32_runs):
     # at dp 2 x cp 2 against the fp32 sweep's DDP (3 ranks): the same model, data and sequences a step
     reference = [r["loss/loss"] for r in fp32_runs["ddp"][1]]
     for cell, (summary, records, _) in cp_runs.items():
@@ -120,20 +135,42 @@ def test_per_step_losses_equal_ddps_under_the_ring(cp_runs, fp32_runs):
 
 
 @pytest.mark.slow
-def test_the_ring_sends_and_holds_what_the_theory_says(cp_runs):
+def test_the_ring_and_ulysses_send_and_hold_what_the_theory_says(cp_runs):
     for cell, (summary, _, run_dir) in cp_runs.items():
         f = summary["figures"]
-        # every collective counted, the ring's included (runtime/measure/collective_count.py re-enters the
-        # attention's DTensor dispatch), against the theory's list
+        # every collective counted, the ring's and Ulysses' included (runtime/measure/collective_count.py re-enters
+        # the attention's DTensor dispatch, and counts DeepSpeed's own all-to-all op), against the theory's list
         assert f["comm/bytes_error_pct"] == pytest.approx(0, abs=0.1), (cell, f["comm/measured_bytes_per_step"],
                                                                        f["comm/predicted_bytes_per_step"])
         predicted = f["memory/tensor_peak_predicted_bytes"]
+        ulysses = "/ds_" in f"/{cell}"
         for rank in json.loads((run_dir / "ranks" / "report.json").read_text())["ranks"]:
-            error = 100 * (rank["tensor_peak"]["peak"] - predicted) / predicted
-            print(f"CP {cell} rank {rank['rank']}: peak {error:+.1f}% against the theory")
-            assert abs(error) <= 10, (cell, rank["rank"], error)
+            p = rank["tensor_peak"]
+            errors = [100 * (p["peak"] - predicted) / predicted,
+                      100 * (p["peak"] - p["unaccounted"] - predicted) / predicted]
+            print(f"CP {cell} rank {rank['rank']}: peak {errors[0]:+.1f}% against the theory ({errors[1]:+.1f}% less "
+                  "what it had not released at the after-backward marker)")
+            # under Ulysses, as under AutoTP (tests/test_tensor_parallel.py), gloo releases a timing-dependent number
+            # of the all-to-alls' buffers a phase late on this oversubscribed CPU (4 ranks, 2 cores): with what
+            # the rank had not released at the marker set aside, the peak is the theory's
+            assert -10 <= errors[0] and errors[1 if ulysses else 0] <= 10, (cell, rank["rank"], errors)
         settings = json.loads((run_dir / "settings.json").read_text())
         assert settings["mesh"]["describe"] == "dp 2 x cp 2"
-        ring = settings["context_parallel"]
-        assert ring["rotate_method"] == ("alltoall" if cell.endswith("ddp") else "allgather")
-        assert ring["load_balance"] == "head-tail" and ring["cpu_ring_op"].endswith("_for_cpu")
+        ran = settings["context_parallel"]
+        if ulysses:
+            assert ran["api"].endswith("UlyssesSPAttentionHF") and ran["slices"] == "contiguous"
+            continue
+        assert ran["rotate_method"] == ("alltoall" if cell.endswith("ddp") else "allgather")
+        assert ran["load_balance"] == "head-tail" and ran["cpu_ring_op"].endswith("_for_cpu")
+
+
+@pytest.mark.slow
+def test_a_dp_x_cp_checkpoint_resumes_exactly_on_the_ring_and_at_cp_1(cp_runs, cp_resume_runs):
+    # saved after step 3 of 5 at dp 2 x cp 2 (DCP, FSDP2 sharded over dp_shard x cp); resumed at dp 1 x cp 2, and
+    # at cp 1 under FSDP2 and DDP: the same 12 sequences a step
+    original = [r["loss/loss"] for r in cp_runs["gqa/fsdp"][1]][3:]
+    assert set(cp_resume_runs) == {"cp2/fsdp", "cp1/fsdp", "cp1/ddp"}
+    for cell, (summary, records, _) in cp_resume_runs.items():
+        assert summary["status"] == "ok", (cell, summary.get("reason"))
+        assert [r["step"] for r in records] == [3, 4], cell
+        assert [r["loss/loss"] for r in records] == pytest.approx(original, rel=1e-5), cell

@@ -66,6 +66,7 @@ class Shape:
     # model, by axis (Family.axes: parallel/tp/plan.py's "torch" or "autotp")
     hidden: int = 0
     cp_rotate: str = "allgather"  # how torch's ring passes them (parallelism.cp_rotate)
+    heads: int = 0  # attention heads: Ulysses splits them (parallel/cp/comm.py)
     kv_hidden: int = 0  # the key/value heads' width (GQA: below `hidden`): what the ring passes (parallel/cp/comm.py)
     vocab: int = 0
     tokens: int = 0
@@ -172,7 +173,7 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   matmul_weights=counts.get("matmul_weights", 0),
                   head_matmul_weights=counts.get("head_matmul_weights", 0), device=cfg.parallelism.device,
                   model_params=whole, hidden=cfg.model.hidden_size, vocab=cfg.model.vocab_size,
-                  cp_rotate=cfg.parallelism.cp_rotate, kv_hidden=cfg.model.hidden_size * (cfg.model.num_kv_heads or cfg.model.num_heads)
+                  cp_rotate=cfg.parallelism.cp_rotate, heads=cfg.model.num_heads, kv_hidden=cfg.model.hidden_size * (cfg.model.num_kv_heads or cfg.model.num_heads)
                   // cfg.model.num_heads,
                   # one rank's tokens of a micro-batch: its 1/cp of each sequence under context parallelism
                   tokens=cfg.parallelism.micro_batch * cfg.parallelism.seq_len // mesh.cp,

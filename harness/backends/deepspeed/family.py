@@ -41,10 +41,9 @@ class DeepSpeedFamily(Family):
     representative = "ds_zero2"
     # AutoTP: DeepSpeed splits the projections itself, from its JSON (json_config.py), with an all-reduce after
     # each rowwise one: no sequence parallelism, the logits gathered whole before the loss (parallel/tp/)
-    axes = {"tp": "autotp"}
-    axis_refusals = {"cp": "DeepSpeed splits the sequence with Ulysses (UlyssesSPAttentionHF, all-to-alls over the "
-                           "heads), not torch's ring, and Ulysses is not an implementation here yet; use backend=fsdp "
-                           "or ddp for the ring"}
+    # Ulysses: DeepSpeed's sequence parallelism for transformers models (parallel/cp/ulysses.py), all-to-alls over
+    # the heads; the engine is built with its groups and ZeRO partitions over dp x cp
+    axes = {"tp": "autotp", "cp": "ulysses"}
     untraceable = ("the engine moves the module to its device (engine._configure_distributed_model), which torch "
                    "cannot do with fake parameters; ZeRO-3 built under zero.Init gets through forward and backward and "
                    "stops where the step reads the gradient norm's value (runtime/utils.is_invalid_grad_norm)")

@@ -83,6 +83,9 @@ def harness_keys(cfg, mesh: Mesh | int) -> Dict[str, Any]:
         "fp16": {"enabled": t.precision == "fp16"},
         "zero_optimization": {"stage": b.zero_stage, **zeropp_keys(cfg, mesh)},
         **tensor_parallel_keys(cfg, mesh),
+        # Ulysses (parallel/cp/ulysses.py): DeepSpeed's key for the sequence-parallel degree, which its config
+        # parse reads before the engine has the groups (zero.Init divides the world by it to check the batch)
+        **({"sequence_parallel_size": mesh.cp} if mesh.cp > 1 else {}),
         **({"compile": {"deepcompile": True}} if b.deepcompile else {}),
     }
 

@@ -67,8 +67,15 @@ class DeepSpeedStrategy(Strategy):
             self.optimizer_name = "DeepSpeedCPUAdam(adamw_mode=True)"
         else:
             optimizer = torch.optim.AdamW(self.trainable(model), **kw)
+        if self.active_axes:  # Ulysses' groups are made through DeepSpeed's comm layer: attach it first
+            deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
+        for axis in self.active_axes:  # AutoTP applies from the JSON; Ulysses wraps attention, hands its groups
+            applied = axis.apply(self, model)
+            if applied:
+                self.settings[axis.settings_key or axis.name] = applied
+        extra = {"mpu": self.engine_groups} if self.engine_groups is not None else {}
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=self.config, dist_init_required=False
+            model=model, optimizer=optimizer, config=self.config, dist_init_required=False, **extra
         )
         if self.cfg.train.compile or self.cfg.backend.deepcompile:
             # DeepSpeed's own compile support: the engine compiles its wrapped module (DeepSpeedEngine.compile);
@@ -104,7 +111,11 @@ class DeepSpeedStrategy(Strategy):
 
     @override
     def backward(self, loss):
-        self.engine.backward(loss)  # divides by gradient_accumulation_steps itself
+        # divides by gradient_accumulation_steps itself. Under Ulysses its ZeRO reduction sums the sequence-parallel
+        # ranks' gradients and averages over the data-parallel ones only (stage_1_and_2 and stage3: divided by
+        # world / sequence_parallel_size): each rank's loss is the mean of its S/cp tokens, so it goes in over cp,
+        # as ALST averages its shards' losses, and the gradient is the whole sequence's mean's
+        self.engine.backward(loss / self.mesh.cp if self.mesh.cp > 1 else loss)
 
     @override
     def step(self):

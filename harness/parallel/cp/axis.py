@@ -5,8 +5,8 @@ torch's `context_parallel` around each micro-batch (ring.py; on CPU with the reg
 The cp ranks of one data-parallel rank read the same micro-batches, each keeping 1/cp of every sequence, so one
 rank's activations are those of S/cp tokens (`activation_splits`'s `tokens`), its parameters are the whole
 model's (no `local_counts`), and FSDP2 shards them over dp_shard x cp (config/mesh.py's `dp_shard_cp`), as
-torchtitan does. DeepSpeed's answer at long context is Ulysses (all-to-alls over the heads), not yet an
-implementation here: the DeepSpeed family refuses the axis in one line (Family.axis_refusals)."""
+torchtitan does. DeepSpeed's implementation is Ulysses (ulysses.py: all-to-alls over the heads, DeepSpeed's own
+`UlyssesSPAttentionHF`), whose groups the engine is built with, so that ZeRO partitions over dp x cp too."""
 from __future__ import annotations
 
 import contextlib
@@ -47,16 +47,28 @@ class ContextParallel(Axis):
     uncounted = "the ring's attention runs through DTensor dispatch on sequence shards, not counted on fake tensors"
 
     def collectives(self, backend, s) -> list:
-        return comm.ring_collectives(backend, s, s.cp_rotate)
+        return comm.context_parallel_collectives(backend, s)
 
     def apply(self, strategy, model) -> dict:
+        par = strategy.cfg.parallelism
+        if strategy.axis_implementation(self.name) == "ulysses":  # DeepSpeed's: its engine takes the groups
+            from . import ulysses
+
+            strategy.engine_groups, settings = ulysses.apply(model, strategy.cfg)
+            return settings
         from . import ring
 
-        par = strategy.cfg.parallelism
         return ring.apply(model, strategy.meshes.dimension(self.name), strategy.device.type, par.cp_rotate,
                           bool(par.cp_load_balance))
 
     def micro_batch(self, strategy, inputs, targets) -> ContextManager:
+        if strategy.axis_implementation(self.name) == "ulysses":
+            from . import ulysses
+
+            import torch.distributed as dist
+
+            return ulysses.micro_batch(strategy.mesh.coordinates(dist.get_rank())["cp"], strategy.mesh.cp, inputs,
+                                       targets)
         from . import ring
 
         return ring.micro_batch(strategy.meshes.dimension(self.name), inputs, targets)

@@ -14,12 +14,43 @@ attention's dtype; h_kv = the key/value heads' width, so GQA sends less):
 
 The attention between two exchanges hides them (the ring's point), which the time model prices as overlap
 (`collectives_hide`); the all-gather form waits for the whole buffer once instead.
+
+DeepSpeed-Ulysses (`ulysses`: deepspeed/runtime/sequence_parallel/ulysses_sp.py; Jacobs et al., "DeepSpeed
+Ulysses", arXiv 2309.14509, section 3) moves the heads instead, each attention layer, each micro-batch:
+
+- forward: q, k and v of this rank's S/cp tokens and every head through an all-to-all each (k and v at the
+  key/value heads' width, replicated up to cp where cp exceeds the key/value heads), and attention's output
+  back through a fourth; before them, every rank's position ids all-gathered (int64, b x S);
+- backward: the four all-to-alls' gradients, the same sizes;
+- a recomputed block runs its forward's five again.
 """
 from __future__ import annotations
 
 from typing import List
 
 from ...theory.collective import Collective
+
+
+def context_parallel_collectives(backend, s) -> List[Collective]:
+    """Every collective the axis's implementation issues per optimizer step on one rank; none at cp 1."""
+    if s.mesh.cp == 1 or not s.tokens:
+        return []
+    return ulysses_collectives(backend, s) if s.plan("cp") == "ulysses" else ring_collectives(backend, s, s.cp_rotate)
+
+
+def ulysses_collectives(backend, s) -> List[Collective]:
+    cp = s.mesh.cp
+    from ..tp.comm import dtypes
+
+    _, matmul = dtypes(backend, s)
+    kv_heads = s.kv_hidden * s.heads // s.hidden if s.heads else 0
+    kv = s.tokens * s.kv_hidden * max(cp // kv_heads, 1) if kv_heads else s.tokens * s.kv_hidden
+    q = s.tokens * s.hidden  # this rank's S/cp tokens, every head: q, and attention's output
+    layers, again = s.blocks * s.grad_accum, s.recomputed_blocks * s.grad_accum
+    forwards = layers + again
+    return [Collective("all_to_all", q * matmul, 2 * (forwards + layers), "forward+backward", "cp"),
+            Collective("all_to_all", kv * matmul, 2 * (forwards + layers), "forward+backward", "cp"),
+            Collective("all_gather", s.tokens * cp * 8, forwards, "forward+backward", "cp")]
 
 
 def ring_collectives(backend, s, rotate: str) -> List[Collective]:

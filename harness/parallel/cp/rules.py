@@ -38,9 +38,15 @@ def degree_rules(cfg) -> List[str]:
         refusal = "" if "cp" in family.axes else family.axis_refusals.get("cp", f"{family.name} runs no context "
                                                                                 "parallelism")
     except ConfigError:
-        refusal = ""  # an unknown family is backend_rules' to say
+        return out  # an unknown family is backend_rules' to say
     if refusal:
         out.append(f"parallelism.cp={cp}: {refusal}")
+    if family.axes.get("cp") == "ulysses":
+        heads, kv = m.num_heads, m.num_kv_heads or m.num_heads
+        if heads % cp or (kv % cp and cp % kv):
+            out.append(f"parallelism.cp={cp}: Ulysses gives each rank heads/cp of the {heads} attention heads and "
+                       f"of the {kv} key/value heads (replicated where cp is a multiple of them): cp must divide "
+                       f"{heads}, and divide or be a multiple of {kv}")
     return out
 
 

@@ -29,7 +29,10 @@ C10D_OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
             "reduce_scatter_tensor": "reduce_scatter",
             # torch's ring attention (context parallelism): its rotations are functional all-to-alls in which each
             # rank sends its whole buffer to one peer (a `permute`, named so in rows())
-            "all_to_all_single": "all_to_all"}
+            "all_to_all_single": "all_to_all", "alltoall_base_": "all_to_all",
+            # DeepSpeed-Ulysses' exchange: its own op (deepspeed/sequence/layer.py), an all-to-all on dim 0 over the
+            # group it names, whose c10d call inside runs where this mode is off
+            "dim_zero_all_to_all": "all_to_all"}
 
 
 def _is_permute(op: str, args) -> bool:
@@ -72,7 +75,7 @@ def group_ranks(args) -> Optional[Tuple[int, ...]]:
 
 
 def is_collective(func) -> bool:
-    return func.namespace in ("c10d", "_c10d_functional") and func._opname in C10D_OPS
+    return func.namespace in ("c10d", "_c10d_functional", "deepspeed") and func._opname in C10D_OPS
 
 
 class CollectiveCounter(TorchDispatchMode):

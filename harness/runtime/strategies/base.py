@@ -92,6 +92,8 @@ class Strategy(ABC):
         self.optimizer_name = "torch.optim.AdamW"
         self.construction = "host"  # where the model was really built: host, meta or zero.Init
         self.settings: Dict[str, dict] = {}  # the framework settings this strategy passed, by framework
+        # parallel-state groups an axis hands a framework's engine (DeepSpeed-Ulysses' `mpu`: parallel/cp/)
+        self.engine_groups = None
 
     # -- the mesh -----------------------------------------------------------------------------------------
     @property

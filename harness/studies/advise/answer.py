@@ -115,7 +115,8 @@ def lost(p: Plan, backend: str, winner) -> str:
 
 def predicted_choice(p: Plan) -> str:
     """The dry run's recommendation: the fastest predicted candidate that fits, its mesh and why, against the
-    runner-up of another mesh or backend and the best without tensor parallelism (theory only: nothing ran)."""
+    runner-up of another mesh or backend and the best without the parallel axes it runs (theory only: nothing
+    ran)."""
     fitting = sorted(p.fitting, key=lambda c: c.predicted_step_s)
     if not fitting:
         return "Nothing is predicted to fit."
@@ -127,11 +128,13 @@ def predicted_choice(p: Plan) -> str:
     if rival:
         out += (f" Runner-up: {rival.label}, {rival.predicted_step_s * 1e3:,.0f} ms, peak "
                 f"{size(rival.predicted_peak_bytes)}, {link_words(rival)}.")
-    flat = next((c for c in fitting if not c.split), None)
     split = axes.words(best.axes)  # the parallel axes the best one runs (config/axes.py), in words
-    if best.split and flat:
-        out += (f" Without {split} the best is {flat.label}: {flat.predicted_step_s * 1e3:,.0f} ms, "
-                f"{link_words(flat)}: {split} moves the bytes onto the node's links.")
+    used = [n for n, d in best.axes.items() if d > 1]
+    # the best candidate without any of those axes (it may run another: tensor parallelism against cp)
+    other = next((c for c in fitting if not any(c.axes.get(n, 1) > 1 for n in used)), None)
+    if best.split and other:
+        out += (f" Without {split} the best is {other.label}: {other.predicted_step_s * 1e3:,.0f} ms, "
+                f"{link_words(other)}.")
     elif best.split:
         out += f" No candidate without {split} fits."
     return out

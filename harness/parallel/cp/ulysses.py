@@ -1,0 +1,58 @@
+"""Inside a rank: DeepSpeed-Ulysses (`deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF`, part
+of Arctic Long Sequence Training) on a transformers model, as DeepSpeed documents it: `register_with_transformers`
+wraps the model's attention so that q, k and v, each of this rank's S/cp tokens and every head, go through an
+all-to-all into the whole sequence for cp's share of the heads, attention runs on them, and a fourth all-to-all
+returns its output to the sequence slices; it returns the sequence-parallel groups (`mpu`) the engine is built
+with, so that ZeRO partitions and reduces over dp x cp.
+
+Two things are this harness's own:
+- **The name.** DeepSpeed replaces the attention function registered under the name it is given, for the life
+  of the process. A launch runs many cells in one process (launcher/cells.py), so the model's SDPA attention is
+  first registered under a name of ours and DeepSpeed wraps that one: a later cell's "sdpa" is untouched.
+- **The micro-batch.** Contiguous slices of the sequence (Ulysses gathers the whole sequence before attention,
+  so no load balancing is needed), with their position ids, as `UlyssesSPDataLoaderAdapter` cuts them; the
+  targets are already shifted by the data (runtime/data.py).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Tuple
+
+import torch
+
+ATTENTION = "shardbench_ulysses"  # the name Ulysses wraps, in transformers' attention registry
+
+
+def apply(model, cfg) -> Tuple[object, dict]:
+    """Register Ulysses for `model`; (DeepSpeed's sequence-parallel groups for deepspeed.initialize, settings)."""
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    par = cfg.parallelism
+    release = getattr(parallel_state_sp, "_release_sequence_parallel_groups", None)
+    if release is not None:  # a previous cell's groups, in this process (launcher/cells.py)
+        release()
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    AttentionInterface.register(ATTENTION, sdpa_attention_forward)  # DeepSpeed wraps this name, not "sdpa"
+    if ATTENTION in ALL_ATTENTION_FUNCTIONS._local_mapping:  # a previous cell's wrapper, which it would wrap again
+        del ALL_ATTENTION_FUNCTIONS[ATTENTION]
+    model.config._attn_implementation = ATTENTION
+    mpu = UlyssesSPAttentionHF.register_with_transformers(
+        model_name_or_path=model, core_attn_implementation=ATTENTION, sequence_parallel_size=par.cp,
+        micro_batch_size=par.micro_batch, seq_length=par.seq_len, seq_length_is_variable=False)
+    return mpu, {"api": "deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF",
+                 "degree": par.cp, "attention": f"transformers sdpa_attention_forward under Ulysses ({ATTENTION})",
+                 "slices": "contiguous", "engine_mpu": type(mpu).__name__ if not isinstance(mpu, type(torch))
+                 else mpu.__name__}
+
+
+@contextlib.contextmanager
+def micro_batch(rank: int, cp: int, inputs: torch.Tensor, targets: torch.Tensor) -> Iterator[Tuple[torch.Tensor, ...]]:
+    """This rank's contiguous slice of the micro-batch (inputs, targets, position ids): its `rank`-th of `cp`."""
+    length = inputs.shape[1] // cp
+    cut = slice(rank * length, (rank + 1) * length)
+    positions = torch.arange(cut.start, cut.stop, device=inputs.device).expand(inputs.shape[0], length)
+    yield inputs[:, cut].contiguous(), targets[:, cut].contiguous(), positions.contiguous()
