@@ -29,6 +29,7 @@ def test_the_cp_ranks_join_the_data_parallel_groups_of_the_mesh():
     assert m.ranks("dp_cp", 0) == [0, 2, 4, 6]  # whose losses differ: the loss's mean
     assert m.ranks("dp", 0) == [0, 4] and m.coordinates(6)["dp"] == 1  # which micro-batches rank 6 reads
     assert m.describe() == "dp 2 x cp 2 x tp 2" and m.name_of([0, 2]) == "cp"
+    assert Mesh(per_node=8, cp=8, cp_method="Ulysses").describe() == "dp 1 x cp 8 (Ulysses)"
 
 
 @pytest.mark.parametrize("overrides, says", [
@@ -106,7 +107,7 @@ def test_the_estimate_cuts_a_long_sequence_over_cp():
     assert cut["memory/model_states_predicted_bytes"] == flat["memory/model_states_predicted_bytes"]  # 8 shards
     assert comm_per_step(ring.backend, shape_of(ring, None, counts))["bytes"] > comm_per_step(
         whole.backend, shape_of(whole, None, counts))["bytes"]  # the ring's keys and values on top
-    assert mesh_of(ring).describe() == "dp 1 x cp 8"
+    assert mesh_of(ring).describe() == "dp 1 x cp 8 (ring)"
 
 
 def test_the_search_tries_cp_at_long_sequences_unless_asked():
@@ -155,7 +156,7 @@ def test_the_ring_and_ulysses_send_and_hold_what_the_theory_says(cp_runs):
             # the rank had not released at the marker set aside, the peak is the theory's
             assert -10 <= errors[0] and errors[1 if ulysses else 0] <= 10, (cell, rank["rank"], errors)
         settings = json.loads((run_dir / "settings.json").read_text())
-        assert settings["mesh"]["describe"] == "dp 2 x cp 2"
+        assert settings["mesh"]["describe"] == "dp 2 x cp 2 (" + ("Ulysses" if ulysses else "ring") + ")"
         ran = settings["context_parallel"]
         if ulysses:
             assert ran["api"].endswith("UlyssesSPAttentionHF") and ran["slices"] == "contiguous"

@@ -60,6 +60,7 @@ class Mesh:
     post_forward: int = 0  # data-parallel ranks a block stays sharded over after forward: 0 = as `dp_shard`
     sequence_parallel: bool = False  # tp > 1: activations between blocks sharded on the sequence
     loss_parallel: bool = False  # tp > 1: the logits stay sharded on the vocabulary into the loss
+    cp_method: str = ""  # cp > 1: how the sequence is split, "ring" (torch's) or "Ulysses" (DeepSpeed's)
 
     def __post_init__(self):
         world = self.per_node * self.nodes
@@ -204,11 +205,14 @@ class Mesh:
         return " x ".join(f"{d} {getattr(self, d)}" for d in DIMENSIONS)
 
     def describe(self) -> str:
-        """`dp 4` / `dp 2 x tp 2` / `dp 2 (replicate 2 x shard 1) x tp 4`, with SP and loss parallel named."""
+        """`dp 4` / `dp 2 x tp 2` / `dp 2 (replicate 2 x shard 1) x tp 4` / `dp 1 x cp 8 (ring)`, with SP and loss
+        parallel and the context-parallel method named."""
         dp = (f"dp {self.dp}" if self.dp_replicate == 1 else
               f"dp {self.dp} (replicate {self.dp_replicate} x shard {self.dp_shard})")
         outer = [f"pp {self.pp}"] if self.pp > 1 else []
         inner = [f"{d} {getattr(self, d)}" for d in ("cp", "tp") if getattr(self, d) > 1]
+        if self.cp > 1 and self.cp_method:
+            inner[0] += f" ({self.cp_method})"
         if self.tp == 1:
             return " x ".join([*outer, dp, *inner])
         extras = [x for x, on in (("SP", self.sequence_parallel), ("loss parallel", self.loss_parallel)) if on]
@@ -244,7 +248,11 @@ def mesh_of(cfg, world: Optional[int] = None) -> Mesh:
     resolve = lambda asked: min(asked or flat.dp_per_node, flat.dp)  # noqa: E731
     shard = resolve(request.shard) if request.shard is not None else flat.dp
     post = resolve(request.post_forward) if request.post_forward is not None else 0
-    layout = axes.get("tp").layout(cfg, axes.implementation(families.of(cfg.backend), "tp")) if tp > 1 else {}
+    family = families.of(cfg.backend)
+    layout = {}  # each active axis's switches as its implementation runs them (TP's SP and loss parallel, cp's method)
+    for name, degree in (("tp", tp), ("cp", cp)):
+        if degree > 1:
+            layout.update(axes.get(name).layout(cfg, axes.implementation(family, name)))
     return flat.replace(dp_replicate=flat.dp // shard, dp_shard=shard, post_forward=post, **layout)
 
 

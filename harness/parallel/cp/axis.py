@@ -38,6 +38,10 @@ class ContextParallel(Axis):
 
         return [cp for cp in choices or self.searched if not rules.degree_rules(with_degrees(cfg, {"cp": cp}))]
 
+    def layout(self, cfg, implementation: str) -> Dict[str, str]:
+        """The method, in the mesh's words: torch's ring, or DeepSpeed's Ulysses."""
+        return {"cp_method": {"torch": "ring", "ulysses": "Ulysses"}.get(implementation, "")}
+
     def activation_splits(self, mesh) -> Dict[str, int]:
         """Every per-token term of one rank's activations is of its S/cp tokens (theory/activations.py)."""
         return {"tokens": mesh.cp}
