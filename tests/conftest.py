@@ -167,13 +167,13 @@ USER = ("model=tiny_qwen2", "data=files", "data.text_field=content", "optim.sche
         "optim.warmup_steps=2", "train.eval_every=3", "train.steps=8", "train.warmup_steps=2", "profile=parity")
 
 
-def tp_resumed(tp_runs, llama_checkpoint, micro_batch: int, tp: int, backends=("fsdp",)):
-    """Cells at 2 ranks that resume gqa/fsdp's checkpoint (dp 2 x tp 2, after step 3 of 5) at `tp`, the same 12
-    sequences a step: DCP reshards it, over the data-parallel ranks and, at tp 1, out of its tensor-parallel
-    shards."""
+def axis_resumed(runs, llama_checkpoint, axis: str, degree: int, micro_batch: int, backends=("fsdp",)):
+    """Cells at 2 ranks that resume the 4-rank gqa/fsdp cell's checkpoint of `runs` (dp 2 x tp 2 or dp 2 x cp 2,
+    after step 3 of 5) at parallelism.<axis>=`degree`, the same 12 sequences a step: DCP reshards it, over the
+    data-parallel ranks and out of the axis's shards (tensor parallelism's), or FSDP2's dp_shard x cp ones."""
     def overrides(backend: str) -> tuple:
-        path = f"{tp_runs['gqa/fsdp'][2]}/checkpoints/step_{SAVED_AT:07d}"
-        return cheap(*FINETUNE, "parallelism.nproc_per_node=2", f"parallelism.tp={tp}",
+        path = f"{runs['gqa/fsdp'][2]}/checkpoints/step_{SAVED_AT:07d}"
+        return cheap(*FINETUNE, "parallelism.nproc_per_node=2", f"parallelism.{axis}={degree}",
                      f"parallelism.micro_batch={micro_batch}", "parallelism.grad_accum=2", "model.init=meta",
                      f"model.pretrained_path={llama_checkpoint}", f"train.resume='{path}'")
     overrides.backends = list(backends)
@@ -233,12 +233,12 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         "user": cheap(*USER, f"data.files=[{user_corpus}/docstrings.jsonl,{user_corpus}/notes.txt]"),
         # dp 2 x tp 2 resumed at dp 1 x tp 2 (the same shards' data-parallel split undone), and at tp 1 under FSDP2
         # and DDP (the tensor-parallel shards joined): tests/test_tensor_parallel.py
-        "tp_resume": tp_resumed(tp_runs, llama_checkpoint, 6, 2),
-        "tp_reshard": tp_resumed(tp_runs, llama_checkpoint, 3, 1, ("fsdp", "ddp")),
+        "tp_resume": axis_resumed(tp_runs, llama_checkpoint, "tp", 2, 6),
+        "tp_reshard": axis_resumed(tp_runs, llama_checkpoint, "tp", 1, 3, ("fsdp", "ddp")),
         # dp 2 x cp 2 resumed at dp 1 x cp 2 (still on the ring), and at cp 1 under FSDP2 and DDP:
         # tests/test_context_parallel.py
-        "cp_resume": cp_resumed(cp_runs, llama_checkpoint, 6, 2),
-        "cp_reshard": cp_resumed(cp_runs, llama_checkpoint, 3, 1, ("fsdp", "ddp")),
+        "cp_resume": axis_resumed(cp_runs, llama_checkpoint, "cp", 2, 6),
+        "cp_reshard": axis_resumed(cp_runs, llama_checkpoint, "cp", 1, 3, ("fsdp", "ddp")),
         # a NaN in rank 1's loss at step 3 under train.on_nonfinite=continue: tests/test_environment_faults.py
         "nan": only(("ddp",), "fault.kind=nan", "fault.rank=1", "fault.step=3", "train.on_nonfinite=continue",
                     "train.steps=6", "train.warmup_steps=1", "train.measure_flops=false",
@@ -331,18 +331,6 @@ def cp_cells(llama_checkpoint) -> dict:
             "gqa/ddp": (*gqa, "backend=ddp", "parallelism.cp_rotate=alltoall"),
             # DeepSpeed's implementation of the axis: Ulysses' all-to-alls over the heads, under ZeRO-2 and ZeRO-3
             "gqa/ds_zero2": (*gqa, "backend=ds_zero2"), "gqa/ds_zero3": (*gqa, "backend=ds_zero3")}
-
-
-def cp_resumed(cp_runs, llama_checkpoint, micro_batch: int, cp: int, backends=("fsdp",)):
-    """Cells at 2 ranks that resume cp's gqa/fsdp checkpoint (dp 2 x cp 2, after step 3 of 5) at `cp`, the same 12
-    sequences a step: DCP reshards it from FSDP2's dp_shard x cp shards."""
-    def overrides(backend: str) -> tuple:
-        path = f"{cp_runs['gqa/fsdp'][2]}/checkpoints/step_{SAVED_AT:07d}"
-        return cheap(*FINETUNE, "parallelism.nproc_per_node=2", f"parallelism.cp={cp}",
-                     f"parallelism.micro_batch={micro_batch}", "parallelism.grad_accum=2", "model.init=meta",
-                     f"model.pretrained_path={llama_checkpoint}", f"train.resume='{path}'")
-    overrides.backends = list(backends)
-    return overrides
 
 
 @pytest.fixture(scope="session")

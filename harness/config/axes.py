@@ -160,3 +160,18 @@ def words(point: Dict[str, int]) -> str:
 def implementation(family, name: str) -> str:
     """Whose implementation of axis `name` the family runs (Family.axes); "" where it does not compose with it."""
     return family.axes.get(name, "")
+
+
+def family_refusal(cfg, name: str) -> Optional[str]:
+    """Why the config's family does not run axis `name` ("" where it does: Family.axes; its axis_refusals, or a
+    plain sentence, where not); None for an unknown family, which the backend rules name."""
+    from . import families
+    from ..core.errors import ConfigError
+
+    try:
+        family = families.of(cfg.backend)
+    except ConfigError:
+        return None
+    if name in family.axes:
+        return ""
+    return family.axis_refusals.get(name, f"{family.name} runs no {get(name).title}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import List
 
 from ...config import families
+from ...config.axes import family_refusal
 from ...config.mesh import mesh_of
 from ...config.recompute import parse
 from ...core.errors import ConfigError
@@ -33,15 +34,12 @@ def degree_rules(cfg) -> List[str]:
         out.append(f"parallelism.cp={cp}: model {m.name} ({m.model_type or m.family}) is not run on the ring here: "
                    "its attention is not transformers' SDPA attention with rotary positions, which the ring's "
                    "slices keep; use a llama, mistral or qwen2 model, or parallelism.cp=1")
-    try:
-        family = families.of(cfg.backend)
-        refusal = "" if "cp" in family.axes else family.axis_refusals.get("cp", f"{family.name} runs no context "
-                                                                                "parallelism")
-    except ConfigError:
+    refusal = family_refusal(cfg, "cp")
+    if refusal is None:
         return out  # an unknown family is backend_rules' to say
     if refusal:
         out.append(f"parallelism.cp={cp}: {refusal}")
-    if family.axes.get("cp") == "ulysses":
+    if families.of(cfg.backend).axes.get("cp") == "ulysses":
         heads, kv = m.num_heads, m.num_kv_heads or m.num_heads
         if heads % cp or (kv % cp and cp % kv):
             out.append(f"parallelism.cp={cp}: Ulysses gives each rank heads/cp of the {heads} attention heads and "

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import List
 
-from ...config import families
+from ...config.axes import family_refusal
 from ...config.recompute import parse
 from ...config.rules import mesh_rules
-from ...core.errors import ConfigError
 
 
 TP_DEGREES = (1, 2, 4, 8)  # the tensor-parallel degrees the estimator and the advisor search (inside a node of 8)
@@ -63,12 +62,7 @@ def tensor_rules(cfg) -> List[str]:
     if cfg.workload.name != "full":
         out.append(f"parallelism.tp={tp}: workload={cfg.workload.name} is not sharded by the tensor-parallel plans "
                    "(peft's adapters wrap the projections they split); use workload=full or parallelism.tp=1")
-    try:
-        family = families.of(cfg.backend)
-        refusal = "" if "tp" in family.axes else family.axis_refusals.get("tp", f"{family.name} runs no tensor "
-                                                                                "parallelism")
-    except ConfigError:
-        refusal = ""  # an unknown family is backend_rules' to say
+    refusal = family_refusal(cfg, "tp")
     if refusal:
         out.append(f"parallelism.tp={tp}: {refusal}")
     if cfg.train.master_weights == "model":
