@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ..config import derive
 from .measure import memory_profile, probes, time_profile, work_count
 from . import schedule
-from .measure.collective_count import CollectiveCounter
+from .measure.collective_count import counter_for
 from .measure.time_profile import phase
 from .errors import NonFiniteLoss
 from .faults import Injector, no_fault
@@ -184,7 +184,7 @@ def after_the_window(train_step: TrainStep, strategy, batches, cfg, device, stat
     t = cfg.train
     extra = itertools.count(t.steps)
     if t.count_collectives:  # first: the counted steps are ordinary ones, with every collective of a step
-        counter = CollectiveCounter()
+        counter = counter_for(strategy.mesh)
         result.work = work_count.count(lambda: train_step(next(extra)), counter).to_dict()
         result.collectives = counter.rows()
     if t.breakdown_steps:

@@ -103,13 +103,6 @@ class CollectiveCounter(TorchDispatchMode):
             gathered = func.namespace == "_c10d_functional" and op == "all_gather"
             op = "permute" if _is_permute(op, args) else op
             self.calls[(op, max((_nbytes(t) for t in tensors), default=0), named, gathered, current_phase())] += 1
-        elif _ring_attention(func, args):
-            from torch.distributed.tensor import DTensor
-
-            ring = DTensor._op_dispatcher._custom_op_handlers.get(func)
-            if ring is not None:  # the handler DTensor would call, called here: its collectives come back to us
-                with self:
-                    return ring(func, args, kwargs)
         return func(*args, **kwargs)
 
     def rows(self) -> List[dict]:
@@ -121,3 +114,25 @@ class CollectiveCounter(TorchDispatchMode):
         return [{"op": op, "size_bytes": b, "group": len(ranks), "ranks": list(ranks), "phase": phase, "count": n}
                 for (op, b, ranks, phase), n in sorted(merged.items())]
 
+
+
+class RingAwareCounter(CollectiveCounter):
+    """The counter for a run with context parallelism: torch's ring runs inside DTensor's handler for attention,
+    where this mode is off, so attention on DTensors is handed to that handler here, with the mode back on, and
+    the ring's collectives are counted. A subclass, so that every other run's counted step runs the plain
+    counter's lines (the work count counts them: runtime/measure/work_count.py)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _ring_attention(func, args):
+            from torch.distributed.tensor import DTensor
+
+            ring = DTensor._op_dispatcher._custom_op_handlers.get(func)
+            if ring is not None:  # the handler DTensor would call, called here: its collectives come back to us
+                with self:
+                    return ring(func, args, kwargs or {})
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def counter_for(mesh) -> CollectiveCounter:
+    """The collective counter for a run on `mesh` (config/mesh.py)."""
+    return RingAwareCounter() if mesh.cp > 1 and mesh.cp_method == "ring" else CollectiveCounter()
