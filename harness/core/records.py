@@ -202,7 +202,10 @@ def one_line(summary: dict, run_dir: Path, peak_note: Optional[str] = None) -> s
     loss_text = f"{loss:.4f}" if loss is not None else f"non-finite ({f.get('loss/nonfinite_steps')} steps)"
     peak = f.get("memory/peak_mem_bytes")  # absent on CPU under train.profile_memory=false
     peak_text = "not measured" if peak is None else f"{peak / 2**20:,.2f} MiB"
-    predicted = f.get("memory/device_peak_predicted_bytes")  # the theory's figure beside it (theory/memory.py)
+    # the theory's figure of the same peak (theory/memory.py): the allocator's on CUDA is the device's; on CPU the
+    # peak is every live tensor's, offloaded states included (the table's pair), not the device share's
+    predicted = f.get("memory/device_peak_predicted_bytes" if "memory/peak_allocated_bytes_max" in f else
+                      "memory/tensor_peak_predicted_bytes")
     if peak is not None and predicted:
         peak_text += f" (predicted {predicted / 2**20:,.2f} MiB, {100 * (peak / predicted - 1):+.1f}%)"
     peak_text += f" ({peak_note})" if peak_note else ""
