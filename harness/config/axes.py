@@ -17,7 +17,8 @@ import copy
 import importlib
 from typing import ContextManager, Dict, List, Optional, Sequence
 
-AXES: Dict[str, str] = {"cp": "harness.parallel.cp", "tp": "harness.parallel.tp"}  # mesh dimension -> the package whose AXIS implements it
+# mesh dimension -> the package whose AXIS implements it
+AXES: Dict[str, str] = {"cp": "harness.parallel.cp", "tp": "harness.parallel.tp"}
 
 
 class Axis:

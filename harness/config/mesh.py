@@ -144,6 +144,14 @@ class Mesh:
             raise KeyError(f"no group {name!r} in the mesh; known: {', '.join(str(g) for g in groups if g)}")
         return groups[name]
 
+    def with_cp(self, name: Optional[str]) -> Optional[str]:
+        """A data-parallel group of a family's theory as it runs on this mesh: with context parallelism its ranks
+        join the data-parallel ones (the same parameters, each the gradient of its own tokens), so every
+        data-parallel rank becomes `dp_cp` and the shard group `dp_shard_cp`; unchanged at cp 1."""
+        if self.cp == 1:
+            return name
+        return {None: "dp_cp", "dp": "dp_cp", "dp_shard": "dp_shard_cp"}.get(name, name)
+
     def size(self, name: Optional[str]) -> int:
         return self.group(name)[0]
 
@@ -242,13 +250,13 @@ def mesh_of(cfg, world: Optional[int] = None) -> Mesh:
     world = world or world_of(par)
     per_node = par.nproc_per_node if world % par.nproc_per_node == 0 else world
     tp, cp = max(par.tp, 1), max(par.cp, 1)
-    request = families.of(cfg.backend).mesh_request(cfg.backend) or DPRequest()
+    family = families.of(cfg.backend)
+    request = family.mesh_request(cfg.backend) or DPRequest()
     flat = Mesh(per_node=per_node, nodes=world // per_node, cp=cp, tp=tp)
     # 0 = the data-parallel ranks of a node
     resolve = lambda asked: min(asked or flat.dp_per_node, flat.dp)  # noqa: E731
     shard = resolve(request.shard) if request.shard is not None else flat.dp
     post = resolve(request.post_forward) if request.post_forward is not None else 0
-    family = families.of(cfg.backend)
     layout = {}  # each active axis's switches as its implementation runs them (TP's SP and loss parallel, cp's method)
     for name, degree in (("tp", tp), ("cp", cp)):
         if degree > 1:

@@ -18,9 +18,8 @@ def axis_rules(cfg) -> List[str]:
 
 def mesh_points(cfg, asked: Optional[Dict[str, Sequence[int]]] = None) -> List[Dict[str, int]]:
     """Every combination of the axes' degrees (each axis's `asked` ones, else its `searched_for` this shape) that
-    `cfg` can run:
-    the mesh lays it out (mesh_rules) and no axis refuses the degree (Axis.degree_rules): the meshes the
-    estimator and the advisor search."""
+    `cfg` can run: the mesh lays it out (mesh_rules) and no axis refuses the degree (Axis.degree_rules): the
+    meshes the estimator and the advisor search."""
     names = list(axes.AXES)
     out = []
     for combination in itertools.product(*[list((asked or {}).get(n) or axes.get(n).searched_for(cfg))

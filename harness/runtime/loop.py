@@ -55,7 +55,8 @@ class LoopResult:
 
 def global_mean_loss(loss_sum: torch.Tensor, count: int, step: int, on_nonfinite: str, group=None) -> float:
     """One scalar collective per step: the mean loss over the ranks whose losses differ (`group`: the data-parallel
-    ranks and the context-parallel ranks of each; every rank without tensor parallelism) and micro-batches. A non-finite mean stops the run (unless on_nonfinite=continue), saying
+    ranks and the context-parallel ranks of each; every rank without tensor parallelism) and micro-batches. A
+    non-finite mean stops the run (unless on_nonfinite=continue), saying
     whether this rank's own loss was the cause."""
     local = loss_sum.clone()
     dist.all_reduce(loss_sum, group=group)

@@ -1,11 +1,12 @@
 """The one order in which a model is parallelised inside a rank, written once for the families that wrap a torch
-module themselves and compose with the axes (FSDP2, DDP; FSDP1 composes with none), as torchtitan's parallelize_llama writes it: the parallel axes of the mesh
-first, innermost first (tensor parallelism: config/axes.py, parallel/<axis>/), then float8 (torchao converts the
-axes' shards), then the family's own steps: its dtype, compile and wrapper (fully_shard, DDP or replicate), whose
-scope is the family's (Family.compile_scope) and stays in its setup. Activation checkpointing is applied when the
-model is built (runtime/models.py), before all of these; it wraps whole blocks, which the axes then split.
-DeepSpeed's engine applies its AutoTP, compile and wrapper from its JSON (its family declares AutoTP as its
-tensor-parallel implementation): the axes' `apply` does nothing there.
+module themselves and compose with the axes (FSDP2, DDP; FSDP1 composes with none), as torchtitan's
+parallelize_llama writes it: the parallel axes of the mesh first, innermost first (config/axes.py,
+parallel/<axis>/), then float8 (torchao converts the axes' shards), then the family's own steps: its dtype,
+compile and wrapper (fully_shard, DDP or replicate), whose scope is the family's (Family.compile_scope) and stays
+in its setup. Activation checkpointing is applied when the model is built (runtime/models.py), before all of
+these; it wraps whole blocks, which the axes then split. DeepSpeed's engine applies its AutoTP, compile and
+wrapper from its JSON; its strategy calls `apply_axes` before the engine, where AutoTP's `apply` does nothing and
+Ulysses' wraps attention and hands the engine its groups.
 
 `step_context` is every active axis's context around the loss and its backward (tensor parallelism's
 loss_parallel), which the train loop enters through Strategy.loss_context; `micro_batch` every active axis's
@@ -17,16 +18,20 @@ from __future__ import annotations
 import contextlib
 from typing import ContextManager
 
-from ..config import axes
-
 
 def parallelize(strategy, model) -> None:
     """Apply the mesh's axes, then float8, to `model`, recording what ran in the strategy's settings."""
-    for axis in axes.active(strategy.mesh):
+    apply_axes(strategy, model)
+    strategy.apply_float8(model)
+
+
+def apply_axes(strategy, model) -> None:
+    """Each active axis, innermost first, on `model`, its settings recorded: also what DeepSpeed's strategy calls
+    before its engine (AutoTP applies from the JSON; Ulysses wraps attention and hands the engine its groups)."""
+    for axis in strategy.active_axes:
         settings = axis.apply(strategy, model)
         if settings:
             strategy.settings[axis.settings_key or axis.name] = settings
-    strategy.apply_float8(model)
 
 
 def step_context(strategy, active) -> ContextManager:

@@ -26,15 +26,10 @@ def collectives(backend, s: Shape) -> List[Collective]:
     none over a group of one rank. Gradients exist, and are reduced, only for the T parameters that train (LoRA:
     the adapters); parameters are gathered whole, frozen or not."""
     data_parallel = families.of(backend).collectives(backend, s) if s.dp > 1 else []
-    if s.mesh.cp > 1:  # the family's groups take in the context-parallel ranks (config/mesh.py)
-        data_parallel = [c._replace(group=WITH_CP.get(c.group, c.group)) for c in data_parallel]
+    if s.mesh.cp > 1:  # the family's groups take in the context-parallel ranks (config/mesh.Mesh.with_cp)
+        data_parallel = [c._replace(group=s.mesh.with_cp(c.group)) for c in data_parallel]
     axis_collectives = [c for axis in axes.active(s.mesh) for c in axis.collectives(backend, s)]
     return [c for c in data_parallel + axis_collectives if group_of(c, s)[0] > 1]
-
-
-# a data-parallel family's groups, once context parallelism's ranks join them: they hold the same parameters, and
-# their gradients (each of its own tokens) are reduced with the data-parallel ones'
-WITH_CP = {None: "dp_cp", "dp": "dp_cp", "dp_shard": "dp_shard_cp"}
 
 
 def group_of(c: Collective, s: Shape) -> Tuple[int, bool]:

@@ -173,7 +173,8 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   matmul_weights=counts.get("matmul_weights", 0),
                   head_matmul_weights=counts.get("head_matmul_weights", 0), device=cfg.parallelism.device,
                   model_params=whole, hidden=cfg.model.hidden_size, vocab=cfg.model.vocab_size,
-                  cp_rotate=cfg.parallelism.cp_rotate, heads=cfg.model.num_heads, kv_hidden=cfg.model.hidden_size * (cfg.model.num_kv_heads or cfg.model.num_heads)
+                  cp_rotate=cfg.parallelism.cp_rotate, heads=cfg.model.num_heads,
+                  kv_hidden=cfg.model.hidden_size * (cfg.model.num_kv_heads or cfg.model.num_heads)
                   // cfg.model.num_heads,
                   # one rank's tokens of a micro-batch: its 1/cp of each sequence under context parallelism
                   tokens=cfg.parallelism.micro_batch * cfg.parallelism.seq_len // mesh.cp,

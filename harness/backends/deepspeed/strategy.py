@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from .jit_ops import settle_arch_list
 from .json_config import ds_config
+from ...runtime.parallelize import apply_axes
 from ...runtime.strategies.base import Strategy
 from .states import classify, placed
 
@@ -69,10 +70,7 @@ class DeepSpeedStrategy(Strategy):
             optimizer = torch.optim.AdamW(self.trainable(model), **kw)
         if self.active_axes:  # Ulysses' groups are made through DeepSpeed's comm layer: attach it first
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
-        for axis in self.active_axes:  # AutoTP applies from the JSON; Ulysses wraps attention, hands its groups
-            applied = axis.apply(self, model)
-            if applied:
-                self.settings[axis.settings_key or axis.name] = applied
+            apply_axes(self, model)  # AutoTP applies from the JSON; Ulysses wraps attention, hands its groups
         extra = {"mpu": self.engine_groups} if self.engine_groups is not None else {}
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.config, dist_init_required=False, **extra

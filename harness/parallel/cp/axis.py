@@ -9,7 +9,6 @@ torchtitan does. DeepSpeed's implementation is Ulysses (ulysses.py: all-to-alls 
 `UlyssesSPAttentionHF`), whose groups the engine is built with, so that ZeRO partitions over dp x cp too."""
 from __future__ import annotations
 
-import contextlib
 from typing import ContextManager, Dict, List
 
 from ...config.axes import Axis
@@ -76,7 +75,3 @@ class ContextParallel(Axis):
         from . import ring
 
         return ring.micro_batch(strategy.meshes.dimension(self.name), inputs, targets)
-
-    def step_context(self, strategy) -> ContextManager:
-        return contextlib.nullcontext()
-

@@ -27,9 +27,9 @@ def _forward(mesh, query, key, value, dropout_p=0.0, is_causal=False, *, attn_ma
     if attn_mask is not None:
         raise NotImplementedError("context parallelism: attention with an explicit mask (the ring runs causal or "
                                   "full attention only)")
-    return _templated_ring_attention(mesh.get_group(), SEQ_DIM, aten._scaled_dot_product_flash_attention_for_cpu.default,
-                                     query=query, key=key, value=value, is_causal=is_causal, dropout_p=dropout_p,
-                                     scale=scale)
+    return _templated_ring_attention(mesh.get_group(), SEQ_DIM,
+                                     aten._scaled_dot_product_flash_attention_for_cpu.default, query=query, key=key,
+                                     value=value, is_causal=is_causal, dropout_p=dropout_p, scale=scale)
 
 
 def _backward(mesh, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,

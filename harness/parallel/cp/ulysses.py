@@ -29,24 +29,24 @@ def apply(model, cfg) -> Tuple[object, dict]:
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     par = cfg.parallelism
     release = getattr(parallel_state_sp, "_release_sequence_parallel_groups", None)
     if release is not None:  # a previous cell's groups, in this process (launcher/cells.py)
         release()
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     AttentionInterface.register(ATTENTION, sdpa_attention_forward)  # DeepSpeed wraps this name, not "sdpa"
-    if ATTENTION in ALL_ATTENTION_FUNCTIONS._local_mapping:  # a previous cell's wrapper, which it would wrap again
+    try:  # a previous cell's wrapper (DeepSpeed sets it over the registered function), which it would wrap again
         del ALL_ATTENTION_FUNCTIONS[ATTENTION]
+    except KeyError:
+        pass
     model.config._attn_implementation = ATTENTION
     mpu = UlyssesSPAttentionHF.register_with_transformers(
         model_name_or_path=model, core_attn_implementation=ATTENTION, sequence_parallel_size=par.cp,
         micro_batch_size=par.micro_batch, seq_length=par.seq_len, seq_length_is_variable=False)
     return mpu, {"api": "deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF",
                  "degree": par.cp, "attention": f"transformers sdpa_attention_forward under Ulysses ({ATTENTION})",
-                 "slices": "contiguous", "engine_mpu": type(mpu).__name__ if not isinstance(mpu, type(torch))
-                 else mpu.__name__}
+                 "slices": "contiguous", "engine_mpu": getattr(mpu, "__name__", type(mpu).__name__)}
 
 
 @contextlib.contextmanager
