@@ -314,6 +314,9 @@ OUT_OF_RANGE = [
     (["estimate", "--backends", "fsdp,ds_zero4"], "ds_zero4: no such backend in conf/backend/; did you mean ds_zero3?"),
     (["export", "/nonexistent/step_0000003", "/tmp/shardbench-export"], "/nonexistent/step_0000003: no such directory"),
     (["gpu-review", "--budget-s", "0"], "argument --budget-s: 0: must be above 0"),
+    # an axis's degrees to search: a traceback (int()) or a ZeroDivisionError before they were checked
+    (["estimate", "--cp", "0"], "argument --cp: 0: must be above 0"),
+    (["estimate", "--tp", "x"], "argument --tp: 'x' is not an integer"),
 ]
 
 

@@ -16,6 +16,15 @@ from ..core.paths import CONF, results_dir
 from ..theory.predict import FIT_MARGIN
 
 
+def degree_list(text: str) -> str:
+    """An argparse type for an axis's degrees: `all`, or positive integers, comma-separated (`2,4`); else
+    argparse's one-line refusal naming the value."""
+    if text in ("", "all"):
+        return text
+    parse = positive(int)
+    return ",".join(str(parse(d)) for d in text.split(",") if d)
+
+
 def estimate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness estimate",
                                      description="Predict memory and communication for every backend at once, "
@@ -23,7 +32,7 @@ def estimate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--params", type=positive(float), help="a hypothetical parameter count (e.g. 7.5e9)")
     parser.add_argument("--world", type=positive(int), help="ranks in all (default: from parallelism)")
     for axis in axes.every():  # a flag per parallel axis (config/axes.py): --tp for tensor parallelism
-        parser.add_argument(f"--{axis.name}", default="",
+        parser.add_argument(f"--{axis.name}", default="", type=degree_list,
                             help=f"{axis.title} degrees to search, comma-separated, or `all` (every one of "
                                  f"{', '.join(map(str, axis.searched))} the node, the model and the backend allow; "
                                  f"default: those the axis searches at this shape, {axis.search_note}; "
