@@ -243,10 +243,36 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         "nan": only(("ddp",), "fault.kind=nan", "fault.rank=1", "fault.step=3", "train.on_nonfinite=continue",
                     "train.steps=6", "train.warmup_steps=1", "train.measure_flops=false",
                     "train.profile_memory=false"),
+        # a mixture of experts (tests/test_moe.py): tiny Qwen3-MoE under every data-parallel family, ZeRO-3 again
+        # with DeepSpeed's leaf-module setting for its MoE block, and tiny Mixtral under three, all held to DDP's
+        # losses, the memory theory and (ZeRO-3) the all-gathers counted
+        "moe": moe_sweep,
+        "moe_leaf": only(("ds_zero3",), *MOE, "model=tiny_qwen3_moe", "backend.leaf_moe_blocks=true",
+                         *ZERO3_PER_MODULE),
+        "moe_mixtral": only(("ddp", "fsdp", "ds_zero2"), *MOE, "model=tiny_mixtral"),
         # the states-dominated memory check's cells again at 2 ranks (tests/test_memory_check.py): at 4 ranks
         # the sharded states are a quarter, at 2 a half, and the buffers a backend gathers weigh differently
         "states": states_cells(2),
     })
+
+
+# the mixture-of-experts sweeps' shape: fp32, the parity profile, grad_accum 2 (gradients reduced on the second
+# micro-batch only), the peak profiled, no time breakdown
+MOE = ("profile=parity", "parallelism.nproc_per_node=2", "parallelism.grad_accum=2", "train.memory_steps=2",
+       "train.breakdown_steps=0", "train.peak_by_kind=false")
+MOE_BACKENDS = ("ddp", "fsdp", "fsdp1", "ds_zero1", "ds_zero2", "ds_zero3")
+# ZeRO-3 gathering module by module, as it does at scale: on a model this small its defaults keep every parameter
+# (persistence threshold, reuse distance, live-parameter limit) and prefetch the whole model in one all-gather
+ZERO3_PER_MODULE = tuple(f"+backend.deepspeed.zero_optimization.{key}=0" for key in (
+    "stage3_max_reuse_distance", "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size")) + (
+    "+backend.deepspeed.zero_optimization.stage3_max_live_parameters=400000",)
+
+
+def moe_sweep(backend: str) -> tuple:
+    return (*MOE, "model=tiny_qwen3_moe", *(ZERO3_PER_MODULE if backend == "ds_zero3" else ()))
+
+
+moe_sweep.backends = list(MOE_BACKENDS)
 
 
 def states_cells(ranks: int):
@@ -273,11 +299,12 @@ def _one_sweep(fixture: str, sweep: str):
 
 
 # each sweep of the two-rank launch by the name its tests take it under
-reshard_runs, model_dtype_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks, user_runs, nan_runs = (
+(reshard_runs, model_dtype_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks, user_runs, nan_runs,
+ moe_runs, moe_leaf_runs, moe_mixtral_runs) = (
     _one_sweep(fixture, sweep) for fixture, sweep in (
         ("reshard_runs", "reshard"), ("model_dtype_runs", "model_dtype"), ("migrate_runs", "migrate"),
         ("lora_runs", "lora"), ("bf16_runs", "bf16"), ("states_two_ranks", "states"), ("user_runs", "user"),
-        ("nan_runs", "nan")))
+        ("nan_runs", "nan"), ("moe_runs", "moe"), ("moe_leaf_runs", "moe_leaf"), ("moe_mixtral_runs", "moe_mixtral")))
 
 
 @pytest.fixture(scope="session")

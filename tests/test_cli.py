@@ -218,9 +218,9 @@ def test_every_shardbench_command_refuses_each_mistake_in_one_line(tmp_path, cap
     from harness import commands
 
     (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "num_local_experts": 4}))
-    mistakes = [*TOOL_MISTAKES, (f"model.hf_config={tmp_path}", "a mixture-of-experts model")]
+        "model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "n_routed_experts": 4}))
+    mistakes = [*TOOL_MISTAKES, (f"model.hf_config={tmp_path}", "a deepseek_v3 mixture of experts")]
     walked = [name for name in commands.commands() if name != "train"]
     assert len(walked) >= 20, walked
     for name in walked:
@@ -244,14 +244,14 @@ def test_an_unsupported_model_type_is_one_line_from_the_estimator_and_the_adviso
     from harness.config.command_line import one_line
 
     (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "num_local_experts": 4,
+        "model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "n_routed_experts": 4,
         "num_experts_per_tok": 2, "max_position_embeddings": 512}))
     for tool, main in (("estimate", estimate.main), ("advise", advise_answer.main)):
         args = [f"model.hf_config={tmp_path}", *(["--dry-run"] if tool == "advise" else [])]
         assert one_line(tool, lambda: main(args)) == 2
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-        assert len(err) == 1 and "mixture-of-experts" in err[0], err
+        assert len(err) == 1 and "multi-head latent attention" in err[0], err
 
 
 def test_one_shardbench_command_runs_every_tool_and_names_the_nearest_one(capsys):

@@ -54,9 +54,8 @@ def write(tmp_path, **config):
 
 
 @pytest.mark.parametrize("config, says", [
-    ({"model_type": "mixtral", "num_local_experts": 8, "hidden_size": 64}, "mixture-of-experts"),
+    ({"model_type": "deepseek_v3", "n_routed_experts": 8, "hidden_size": 64}, "multi-head latent attention"),
     ({"model_type": "gemma", "hidden_size": 64}, "'gemma' is not covered"),
-    ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 32}, "head_dim=32"),
     ({"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4, "sliding_window": 32},
      "sliding_window=32"),
 ])

@@ -1,11 +1,13 @@
 """A model from a Hugging Face config.json (`model.hf_config=<dir or file>`), read before any rank starts.
 
 The theory (memory, FLOPs, communication) covers two shapes: the Llama block (RMSNorm, RoPE, grouped-query
-attention, SwiGLU), which Mistral and Qwen2 share, and GPT-2's. A config of either shape fills the `model`
-fields the theory reads (its sizes) from the file; the ranks build the model from the file itself, so that
-everything the theory does not need (norm epsilon, RoPE scaling, Qwen2's q/k/v biases) is as the file says.
-Whatever the file holds beyond what the theory covers is refused in one line that names it: a mixture of
-experts, a head width other than hidden/heads, a sliding window shorter than the sequence.
+attention, SwiGLU), which Mistral and Qwen2 share, and GPT-2's. Mixtral and Qwen3-MoE are the Llama block with
+its MLP replaced by a mixture of SwiGLU experts behind a top-k softmax router (theory/moe.py). A config of any
+of these fills the `model` fields the theory reads (its sizes) from the file; the ranks build the model from the
+file itself, so that everything the theory does not need (norm epsilon, RoPE scaling, Qwen2's q/k/v biases) is
+as the file says. Whatever the file holds beyond what the theory covers is refused in one line that names it:
+another mixture-of-experts design (shared experts, latent attention, dense layers among the sparse ones), a
+sliding window shorter than the sequence.
 
 A relative path is looked for from the working directory, then under conf/model/ (the presets' configs in
 conf/model/hf/). Nothing is downloaded. Pure json: no torch, no transformers.
@@ -20,22 +22,47 @@ from ..core.paths import CONF
 from . import schema
 
 # config.json's model_type -> the shape the theory knows it as (model.family)
-MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"}
+MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2", "mixtral": "llama",
+               "qwen3_moe": "llama"}
 
 # the config.json key -> our ModelConfig field, by shape
 FIELDS = {
     "llama": {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
               "num_attention_heads": "num_heads", "num_key_value_heads": "num_kv_heads",
               "intermediate_size": "intermediate_size", "max_position_embeddings": "max_positions",
-              "tie_word_embeddings": "tie_embeddings", "rope_theta": "rope_theta"},
+              "tie_word_embeddings": "tie_embeddings", "rope_theta": "rope_theta", "head_dim": "head_dim"},
     "gpt2": {"vocab_size": "vocab_size", "n_embd": "hidden_size", "n_layer": "num_layers", "n_head": "num_heads",
              "n_inner": "intermediate_size", "n_positions": "max_positions", "tie_word_embeddings": "tie_embeddings"},
 }
 # transformers' defaults where a config.json leaves the key out
 DEFAULTS = {"tie_word_embeddings": {"llama": False, "mistral": False, "qwen2": False, "gpt2": True},
             "rope_theta": {"llama": 10000.0, "mistral": 10000.0, "qwen2": 10000.0}}
-# keys that only a mixture-of-experts config sets
+# the model_types whose attention normalises each head of q and k (transformers' q_norm, k_norm)
+QK_NORM_TYPES = ("qwen3_moe",)
+# a mixture of experts' keys, by model_type: Mixtral's intermediate_size is its experts' width (it has no
+# dense MLP); Qwen3-MoE's is the dense MLP's of the layers it keeps dense, which are refused below
+MOE_FIELDS = {
+    "mixtral": {"num_local_experts": "num_experts", "num_experts_per_tok": "experts_per_token",
+                "intermediate_size": "expert_intermediate_size", "output_router_logits": "router_aux_loss_trained",
+                "router_aux_loss_coef": "router_aux_loss_coef"},
+    "qwen3_moe": {"num_experts": "num_experts", "num_experts_per_tok": "experts_per_token",
+                  "moe_intermediate_size": "expert_intermediate_size", "norm_topk_prob": "normalize_top_k",
+                  "output_router_logits": "router_aux_loss_trained", "router_aux_loss_coef": "router_aux_loss_coef"},
+}
+# transformers' defaults for the keys a mixture-of-experts config.json may leave out
+MOE_DEFAULTS = {"mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "output_router_logits": False,
+                            "router_aux_loss_coef": 0.001},
+                "qwen3_moe": {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                              "norm_topk_prob": False, "output_router_logits": False, "router_aux_loss_coef": 0.001}}
+# keys that only a mixture-of-experts config sets: another model_type with one is refused by what it is
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+# the mixture-of-experts designs the theory does not cover, and what in them it does not
+UNCOVERED_MOE = {
+    "deepseek_v3": "multi-head latent attention (compressed KV), shared experts and a sigmoid group-limited router",
+    "deepseek_v2": "multi-head latent attention (compressed KV), shared experts and a group-limited router",
+    "qwen2_moe": "a shared expert beside the routed ones, with its own sigmoid gate",
+    "gpt_oss": "experts with biases and a clamped SwiGLU, attention sinks and alternating sliding windows",
+}
 
 
 def locate(path: str) -> Optional[Path]:
@@ -65,13 +92,19 @@ def values(config: dict) -> dict:
     """Our ModelConfig fields from a supported config.json."""
     model_type = config["model_type"]
     shape = MODEL_TYPES[model_type]
-    out = {"family": shape, "model_type": model_type}
+    out = {"family": shape, "model_type": model_type, "qk_norm": model_type in QK_NORM_TYPES}
     for key, field in FIELDS[shape].items():
         value = rope_theta(config, model_type) if key == "rope_theta" else config.get(key)
         if value is None:
             value = DEFAULTS.get(key, {}).get(model_type)
         if value is None and field in ("num_kv_heads", "intermediate_size"):
             continue  # left unset: the family's own default (num_heads; GPT-2's 4h)
+        if field == "head_dim" and value == config.get("hidden_size", 0) // config.get("num_attention_heads", 1):
+            continue  # hidden/heads, as unset: a shrunk width (model.hidden_size=...) shrinks its heads too
+        if value is not None:
+            out[field] = value
+    for key, field in MOE_FIELDS.get(model_type, {}).items():
+        value = config.get(key, MOE_DEFAULTS[model_type].get(key))
         if value is not None:
             out[field] = value
     return out
@@ -107,13 +140,31 @@ def file_problem(path: str) -> Optional[str]:
     if config is None:
         return f"{where}: not a readable JSON config"
     model_type = config.get("model_type")
+    if model_type in UNCOVERED_MOE:
+        return (f"{where}: a {model_type} mixture of experts; the theory covers mixtral's and qwen3_moe's routed "
+                f"SwiGLU experts, not {UNCOVERED_MOE[model_type]}")
     moe = [k for k in MOE_KEYS if config.get(k)]
-    if moe:
-        return (f"{where}: a mixture-of-experts model ({moe[0]}={config[moe[0]]}); the memory, FLOPs and "
-                f"communication theory covers dense MLPs only")
+    if moe and model_type not in MOE_FIELDS:
+        return (f"{where}: a mixture-of-experts model of type {model_type!r} ({moe[0]}={config[moe[0]]}); the "
+                f"theory covers mixtral's and qwen3_moe's routed SwiGLU experts only")
     if model_type not in MODEL_TYPES:
         return (f"{where}: model_type {model_type!r} is not covered by the theory, which knows the Llama block "
-                f"(llama, mistral, qwen2) and GPT-2's (gpt2)")
+                f"(llama, mistral, qwen2; mixtral and qwen3_moe with experts) and GPT-2's (gpt2)")
+    return moe_problem(config, where)
+
+
+def moe_problem(config: dict, where: str) -> Optional[str]:
+    """What in a supported mixture-of-experts config the theory does not count: dense layers among the sparse
+    ones (Qwen3-MoE's mlp_only_layers, decoder_sparse_step), router noise (Mixtral's jitter, which also breaks
+    the runs' loss parity)."""
+    if config.get("model_type") == "qwen3_moe":
+        if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
+            return (f"{where}: some layers keep a dense MLP (mlp_only_layers={config.get('mlp_only_layers')}, "
+                    f"decoder_sparse_step={config.get('decoder_sparse_step', 1)}); the theory counts every layer "
+                    f"as a mixture of experts")
+    if config.get("router_jitter_noise"):
+        return (f"{where}: router_jitter_noise={config['router_jitter_noise']} makes routing random; set it to 0 "
+                f"so that every backend routes the same tokens to the same experts")
     return None
 
 
@@ -129,10 +180,6 @@ def problems(cfg) -> List[str]:
     config = load(m.hf_config)
     model_type = config.get("model_type")
     out = []
-    head_dim = config.get("head_dim")
-    if head_dim and head_dim * m.num_heads != m.hidden_size:
-        out.append(f"{where}: head_dim={head_dim} is not hidden_size/num_attention_heads "
-                   f"({m.hidden_size}/{m.num_heads}); the activation theory assumes it is")
     window = config.get("sliding_window") if config.get("use_sliding_window", model_type == "mistral") else None
     if window and cfg.parallelism.seq_len > window:
         out.append(f"{where}: its sliding_window={window} is shorter than parallelism.seq_len="
@@ -146,7 +193,7 @@ def transformers_config(m) -> dict:
     config = {k: v for k, v in load(m.hf_config).items()
               if k not in ("architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path")}
     shape = MODEL_TYPES[config["model_type"]]
-    for key, field in FIELDS[shape].items():
+    for key, field in [*FIELDS[shape].items(), *MOE_FIELDS.get(config["model_type"], {}).items()]:
         if m[field] is not None and not (key == "rope_theta" and "rope_parameters" in config):
             config[key] = m[field]
     if key_rope := config.get("rope_parameters"):

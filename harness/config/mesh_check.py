@@ -7,7 +7,7 @@ import itertools
 from typing import Dict, List, Optional, Sequence
 
 from ..core.errors import ConfigError
-from . import axes, families
+from . import axes, families, moe_check
 from .mesh import TensorOutsideNode, mesh_of
 
 
@@ -26,7 +26,8 @@ def mesh_points(cfg, asked: Optional[Dict[str, Sequence[int]]] = None) -> List[D
                                            for n in names]):
         point = dict(zip(names, combination))
         trial = axes.with_degrees(cfg, point)
-        if not mesh_rules(trial) and not any(axes.get(n).degree_rules(trial) for n in names):
+        if not mesh_rules(trial) and not any(axes.get(n).degree_rules(trial) for n in names) \
+                and not moe_check.axis_problems(trial):
             out.append(point)
     return out
 

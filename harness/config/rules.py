@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..core.errors import ConfigError
 from . import (axes, cards, data_check, derive, families, finetune_check, float8_check, hf_models, master_weights_check,
-               recompute, resume_check, schema)
+               moe_check, recompute, resume_check, schema)
 from .mesh_check import axis_rules, mesh_points, mesh_rules  # noqa: F401 - their callers import them from here
 from .schema import CHOICES
 
@@ -41,9 +41,11 @@ NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_
                 "parallelism.intra_node_gbps": "0 = the device's stated default",
                 "parallelism.inter_node_gbps": "0 = the device's stated default",
                 "train.eval_every": "0 = no eval loss", "optim.warmup_steps": "0 = no learning-rate warm-up",
-                "optim.min_lr_ratio": "0 = decay to zero"}
+                "optim.min_lr_ratio": "0 = decay to zero", "model.num_experts": "0 = a dense model",
+                "model.experts_per_token": "0 = a dense model", "model.router_aux_loss_coef": "0 = none"}
 BELOW_ONE = ("optim.beta1", "optim.beta2")  # Adam's decay rates: in [0, 1)
-POSITIVE_WHEN_SET = ("model.num_kv_heads", "model.intermediate_size")  # None = the family's default
+POSITIVE_WHEN_SET = ("model.num_kv_heads", "model.intermediate_size", "model.head_dim",
+                     "model.expert_intermediate_size")  # None = the family's default
 RANGED_ELSEWHERE = {"workload.lora_rank": "finetune_check", "workload.lora_alpha": "finetune_check",
                     "train.warmup_steps": "shape_rules", "dist.master_port": "value_rules",
                     "data.eval_fraction": "data_check", "train.activation_checkpointing_every": "recompute"}
@@ -258,7 +260,7 @@ def problems(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> List[s
     return [*shape_rules(cfg), *cards.rules(cfg), *axis_rules(cfg), *device_rules(cfg, cuda_devices),
             *(batch_rules(cfg) if not family else []), *run_rules(cfg), *family,
             *finetune_check.problems(cfg), *float8_check.problems(cfg), *master_weights_check.problems(cfg),
-            *resume_check.problems(cfg), *data_check.problems(cfg)]
+            *resume_check.problems(cfg), *data_check.problems(cfg), *moe_check.problems(cfg)]
 
 
 def check(cfg, cuda_devices: Callable[[], int] = cuda_device_count) -> None:

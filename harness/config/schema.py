@@ -73,9 +73,10 @@ BackendConfig = _backend_config()
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    family: str = MISSING  # the shape the theory knows: llama (also Mistral, Qwen2) | gpt2
+    family: str = MISSING  # the shape the theory knows: llama (also Mistral, Qwen2, Mixtral, Qwen3-MoE) | gpt2
     # a Hugging Face config.json (or its dir) that sets the fields below and builds the model
-    # (config/hf_models.py): llama, mistral, qwen2 or gpt2; a relative path is also looked for under conf/model/
+    # (config/hf_models.py): llama, mistral, qwen2, mixtral, qwen3_moe or gpt2; a relative path is also looked
+    # for under conf/model/
     hf_config: Optional[str] = None
     model_type: Optional[str] = None  # config.json's model_type (set from hf_config); None = family
     vocab_size: int = 256
@@ -83,10 +84,25 @@ class ModelConfig:
     num_layers: int = 2
     num_heads: int = 4
     num_kv_heads: Optional[int] = None  # llama GQA; None = num_heads
+    head_dim: Optional[int] = None  # a head's width, where it is not hidden/heads (Qwen3's 128 over 2048/32)
+    qk_norm: bool = False  # an RMSNorm over each head of q and k before RoPE (Qwen3's attention)
     intermediate_size: Optional[int] = None  # None = the family's default (4h for gpt2)
     max_positions: int = 1024
     tie_embeddings: bool = False
     rope_theta: float = 10000.0
+    # A mixture of experts (config/hf_models.py reads them from a mixtral or qwen3_moe config.json): every
+    # block's MLP is `num_experts` SwiGLU experts of width `expert_intermediate_size`, each token routed to
+    # `experts_per_token` of them by a softmax router (dropless, as transformers implements it), the chosen
+    # weights renormalised when `normalize_top_k`. 0 experts: a dense model.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: Optional[int] = None
+    normalize_top_k: bool = True
+    # the router's load-balancing loss (Switch Transformer's, transformers' load_balancing_loss_func) is always
+    # logged (moe/aux_loss); it is added to the trained loss, times its coefficient, only when the model's
+    # config.json asks (output_router_logits), as transformers' own training does
+    router_aux_loss_trained: bool = False
+    router_aux_loss_coef: float = 0.001
     # host: build the full model on every rank; meta: build on the meta device and materialise shards only
     # (FSDP) or partition at construction (deepspeed.zero.Init, ZeRO-3); auto: meta when the backend allows
     # it and the model has more than `meta_above_params` parameters.

@@ -23,6 +23,7 @@ from . import schedule
 from .measure.collective_count import counter_for
 from .measure.time_profile import phase
 from .errors import NonFiniteLoss
+from .routing import RouterLog
 from .faults import Injector, no_fault
 from .strategies.base import local_tensor
 from .train_state import Checkpointer
@@ -79,14 +80,17 @@ class TrainStep:
     device: torch.device
     lr_at: Callable[[int], float]
     inject: Injector = no_fault
+    aux_loss_coef: float = 0.0  # a mixture of experts' load-balancing loss, added when its config trains it
 
     def loss_of(self, inputs: torch.Tensor, targets: torch.Tensor, positions=None) -> torch.Tensor:
         # positions: None (the model's own), or a context-parallel rank's of its slice of each sequence
         extra = {} if positions is None else {"position_ids": positions}
         with self.strategy.autocast():
-            logits = self.model(input_ids=inputs, **extra).logits
+            out = self.model(input_ids=inputs, **extra)
         with self.strategy.loss_context():  # loss parallel: the logits sharded on the vocabulary
-            return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            loss = F.cross_entropy(out.logits.float().flatten(0, 1), targets.flatten())
+        aux = getattr(out, "aux_loss", None)  # transformers computes it when output_router_logits is set
+        return loss + self.aux_loss_coef * aux if aux is not None and self.aux_loss_coef else loss
 
     def micro_batch_loss(self, step: int, micro: int, batch: tuple) -> torch.Tensor:
         # a function of its own, so that the logits are freed when it returns, not held through backward
@@ -140,8 +144,11 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
     rest of the time breakdown (and the Chrome trace at `trace_path`), `train.memory_steps` under the memory
     profiler, and (CUDA, `snapshot_path`) one under the allocator's history."""
     t = cfg.train
+    m = cfg.model
     train_step = TrainStep(model, strategy, batches, cfg.parallelism.grad_accum, device,
-                           functools.partial(schedule.learning_rate, cfg.optim, t.steps), inject)
+                           functools.partial(schedule.learning_rate, cfg.optim, t.steps), inject,
+                           m.router_aux_loss_coef if m.router_aux_loss_trained else 0.0)
+    routing = RouterLog.attach(model, m)  # a mixture of experts' routers, logged each step (runtime/routing.py)
     tokens_per_step = derive.tokens_per_step(cfg, strategy.world_size)
     start = checkpointer.start_step if checkpointer else 0
     first_timed = start + min(t.warmup_steps, t.steps - start - 1)  # warmup < steps: a fresh run's warmup
@@ -160,6 +167,7 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
         with breakdown.clocked(t.breakdown_steps and timed):
             loss, grad_norm = train_step(step, count_states, t.on_nonfinite)
         record = result.add(step, loss, grad_norm, timer.end(), tokens_per_step, timed, train_step.lr_at(step))
+        record.update(routing.step_metrics() if routing else {})
         if t.eval_every and ((step + 1) % t.eval_every == 0 or step == t.steps - 1):
             record["eval/loss"] = train_step.eval_loss(cfg.data.eval_batches)
             timer.restart()  # the eval is no step's time

@@ -73,14 +73,19 @@ def causal_lm_class(m, config):
     return AutoModelForCausalLM._model_mapping[type(config)]
 
 
-def build(m, device: torch.device | str | None = None, workload=None) -> nn.Module:
+def build(m, device: torch.device | str | None = None, workload=None,
+          experts_kernel: str | None = None) -> nn.Module:
     """Construct the model, on `device` or under the caller's context (meta, or deepspeed.zero.Init), with
     LoRA adapters when `workload` asks. Its weights are whatever construction left: the caller writes them.
 
     A pretrained checkpoint is not read here (no from_pretrained): that would materialise the whole model on
-    every rank, which neither the meta device nor zero.Init allows. initial_weights.apply loads it instead."""
+    every rank, which neither the meta device nor zero.Init allows. initial_weights.apply loads it instead.
+    `experts_kernel`: a mixture of experts' transformers kernel (integrations/moe.py), else transformers' default."""
     cfg = hf_config(m)
     cfg._attn_implementation = "sdpa"
+    if experts_kernel:  # transformers' own default (grouped_mm) unless a caller needs another (FLOP counting)
+        cfg._experts_implementation = experts_kernel
+        cfg.output_router_logits = False
     with torch.device(device) if device is not None else contextlib.nullcontext():
         model = causal_lm_class(m, cfg)(cfg)
         return adapt(model, workload) if workload is not None and workload.name == "lora" else model
@@ -226,11 +231,13 @@ def parameter_records(model: nn.Module) -> list:
     order = list(model.modules())
     after = order[order.index(block_list[-1]) + 1:]
     head = {id(p) for m in after for p in m.parameters(recurse=False) if id(p) not in inside}
-    out_matmul = {id(p) for p in _matmuls(block_list[0])[-1].parameters()}
+    out_matmul = {id(p) for p in _last_matmul(block_list[0])}
     matmul = {id(m.weight) for m in _matmuls(model)}
     output, embedding = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    experts = {id(p) for m in model.modules() if type(m).__name__.endswith(EXPERTS_CLASS_SUFFIX)
+               for p in m.parameters()}
     tags = {"block0": first, "block": inside, "head": head, "block_out": out_matmul & first, "matmul": matmul,
-            "output": {id(output)}, "input": {id(embedding)}}
+            "output": {id(output)}, "input": {id(embedding)}, "expert": experts}
     records = []
     for name, p in model.named_parameters():  # tied parameters once, as model.parameters() yields them
         records.append([base_name(name), list(p.shape), p.requires_grad,
@@ -238,8 +245,22 @@ def parameter_records(model: nn.Module) -> list:
     return records
 
 
+# transformers' mixture-of-experts modules, by class name: the experts' 3-D weights (MixtralExperts,
+# Qwen3MoeExperts), which its grouped_mm kernel multiplies in their own dtype (autocast has no rule for it), and
+# the router (MixtralTopKRouter, ...), whose weight F.linear multiplies: autocast copies it as a Linear's
+EXPERTS_CLASS_SUFFIX = "Experts"
+ROUTER_CLASS_SUFFIX = "TopKRouter"
+
+
+def _last_matmul(block: nn.Module) -> list:
+    """The weights of a block's last matmul, the first its backward reaches: the MLP's down projection (a
+    mixture of experts': the experts' 3-D down_proj, after which its router comes in module order only)."""
+    experts = [m for m in block.modules() if type(m).__name__.endswith(EXPERTS_CLASS_SUFFIX)]
+    return [experts[-1].down_proj] if experts else list(_matmuls(block)[-1].parameters())
+
+
 def _matmuls(module: nn.Module) -> list[nn.Module]:
-    """The modules that multiply by a weight (Linear, GPT-2's Conv1D), in the order the forward uses them,
-    not peft's adapter pieces."""
-    return [m for name, m in module.named_modules() if type(m).__name__ in ("Linear", "Conv1D")
-            and "lora_" not in name]
+    """The modules that multiply by a weight (Linear, GPT-2's Conv1D, a mixture of experts' router), in the
+    order the forward uses them, not peft's adapter pieces."""
+    return [m for name, m in module.named_modules() if (type(m).__name__ in ("Linear", "Conv1D")
+            or type(m).__name__.endswith(ROUTER_CLASS_SUFFIX)) and "lora_" not in name]

@@ -33,6 +33,7 @@ from ..core.records import RankOutcome, RankReport, Status
 from ..core.rundir import RunDir, write_json, write_text
 from ..core.waiting import announced
 from ..reporting import run_summary
+from ..theory import moe
 from . import data, elastic, faults, loop, models, preflight, train_state
 from .measure import probes
 from .compiled.compiled_activations import counts_for
@@ -52,8 +53,9 @@ def use_meta_init(cfg, n_params: int) -> bool:
 
 def flop_counts(cfg, counts: dict) -> dict:
     m, seq = cfg.model, cfg.parallelism.seq_len
+    # a mixture of experts: the formula's N is what one token's forward uses (theory/moe.active_params)
     return {"counted": probes.count_flops_per_token(m, seq, cfg.workload),
-            "formula": probes.formula_flops_per_token(counts["total"], counts["embedding"], m.num_layers,
+            "formula": probes.formula_flops_per_token(moe.active_params(m, counts), counts["embedding"], m.num_layers,
                                                       m.hidden_size, seq, counts.get("trainable"))}
 
 

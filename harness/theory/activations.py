@@ -66,6 +66,7 @@ from typing import Dict
 
 from ..config import axes
 from ..config.recompute import Recompute
+from . import moe
 
 def regime(backend, precision: str, master: str = "fp32") -> str:
     """`fp32`, `16-bit` or `autocast` (module docstring): the backend's family says how it runs 16 bits
@@ -75,11 +76,33 @@ def regime(backend, precision: str, master: str = "fp32") -> str:
     return families.of(backend).activation_regime(precision, master)
 
 
+def head_dim(model) -> int:
+    return getattr(model, "head_dim", None) or model.hidden_size // model.num_heads
+
+
 def _widths(model):
+    """(h, the key/value width h_kv, the MLP width i, heads a, vocabulary V, the query width h_q): h_q = a·d and
+    h_kv = a_kv·d for a head width d, which is h/a unless the model says otherwise (Qwen3's)."""
     h = model.hidden_size
     i = model.intermediate_size or 4 * h
-    h_kv = h * (model.num_kv_heads or model.num_heads) // model.num_heads
-    return h, h_kv, i, model.num_heads, model.vocab_size
+    d = head_dim(model)
+    return h, (model.num_kv_heads or model.num_heads) * d, i, model.num_heads, model.vocab_size, model.num_heads * d
+
+
+def attention_mlp_bytes_per_token(model, reg: str, inner: float) -> float:
+    """What a Llama block's attention and MLP keep per token beyond the norms (module docstring): rotated q and
+    k, v and the output, the log-sum-exp, and the SwiGLU's four tensors, or a mixture of experts'
+    (theory/moe.py); with Qwen3's q/k norms, each keeps its fp32 input, its reciprocal RMS per head and its
+    normalised output, as the block's norms do."""
+    h, h_kv, i, a, _, h_q = _widths(model)
+    p = 2 if reg in ("16-bit", "autocast") else 4
+    out = (p * (2 * h_q + 2 * h_kv) + 4 * a) / inner
+    if getattr(model, "qk_norm", False):
+        kv = model.num_kv_heads or a
+        out += ((4 + p) * (h_q + h_kv) + 4 * (a + kv)) / inner  # in the projections' dtype, 16-bit under autocast
+    if moe.is_moe(model):
+        return out + moe.mlp_bytes_per_token(model, reg)
+    return out + 4 * p * i / inner
 
 
 def splits(mesh) -> tuple:
@@ -92,13 +115,15 @@ def splits(mesh) -> tuple:
 
 def block_bytes_per_token(model, reg: str, mesh=None) -> float:
     """Bytes one block keeps for backward, per token (the module docstring says what each term is)."""
-    h, h_kv, i, a, _ = _widths(model)
+    h, h_kv, i, a, _, _ = _widths(model)
     inner, seq, _ = splits(mesh)
     if model.family == "llama":
-        if reg == "autocast":
-            return 2 * (8 * h + 4) / seq + 5 * 2 * h + (2 * (2 * h + 2 * h_kv) + 4 * a + 4 * 2 * i) / inner
+        rest = attention_mlp_bytes_per_token(model, reg, inner)
+        if reg == "autocast":  # the five projections reading a norm keep a 16-bit copy of it (a mixture of
+            # experts' gate and up are the experts', in fp32: theory/moe.py counts them and the router's copy)
+            return 2 * (8 * h + 4) / seq + (3 if moe.is_moe(model) else 5) * 2 * h + rest
         p = 4 if reg == "fp32" else 2
-        return 2 * (4 * h + 4 + p * h) / seq + 2 * p * h + (p * (2 * h + 2 * h_kv) + 4 * a + 4 * p * i) / inner
+        return 2 * (4 * h + 4 + p * h) / seq + 2 * p * h + rest
     if reg == "autocast":
         return 2 * (4 * h + 8) + 2 * 2 * h + 2 * 4 * h + 4 * a + 5 * 2 * i
     p = 4 if reg == "fp32" else 2
@@ -108,7 +133,7 @@ def block_bytes_per_token(model, reg: str, mesh=None) -> float:
 def selective_bytes_per_token(model, reg: str) -> float:
     """Bytes a block checkpointed with `selective_op` keeps per token: its input and the saved ops' outputs
     (module docstring; not under tensor parallelism, which config/recompute.py refuses with it)."""
-    h, h_kv, i, a, _ = _widths(model)
+    h, h_kv, i, a, _, _ = _widths(model)
     p = 4 if reg == "fp32" else 2
     kept_input = residual_bytes(reg) * h
     if model.family == "llama":
@@ -118,7 +143,7 @@ def selective_bytes_per_token(model, reg: str) -> float:
 
 def outside_bytes_per_token(model, reg: str, mesh=None) -> float:
     """Bytes kept outside the blocks per token: final norm, output layer input, input ids, log-softmax."""
-    h, _, _, _, vocab = _widths(model)
+    h, _, _, _, vocab, _ = _widths(model)
     _, seq, logits = splits(mesh)
     p = 4 if reg == "fp32" else 2
     if model.family == "llama":
@@ -133,7 +158,7 @@ def per_sequence_bytes(model, par, reg: str) -> float:
     int64 position ids."""
     s = par.seq_len
     if model.family == "llama":
-        return 2 * s * (model.hidden_size // model.num_heads) * (2 if reg == "16-bit" else 4)
+        return 2 * s * head_dim(model) * (2 if reg == "16-bit" else 4)
     return 8 * s
 
 
@@ -143,10 +168,10 @@ def masked_attention_bytes(model, par, reg: str) -> Dict[str, float]:
     activations' dtype, sequences x positions x positions, a block (`per_block`); Llama's GQA repeats k and v to
     every head before it (transformers' repeat_kv), which are kept instead of the unrepeated ones; and the boolean
     mask it is made from, one byte an element, is alive until the first block's backward (`shared`)."""
-    h, h_kv, _, _, _ = _widths(model)
+    _, h_kv, _, _, _, h_q = _widths(model)
     p = 4 if reg == "fp32" else 2
     square = par.micro_batch * par.seq_len * par.seq_len
-    repeated = par.micro_batch * par.seq_len * 2 * (h - h_kv) * p if model.family == "llama" else 0
+    repeated = par.micro_batch * par.seq_len * 2 * (h_q - h_kv) * p if model.family == "llama" else 0
     return {"per_block": square * p + repeated, "shared": float(square)}
 
 
@@ -181,13 +206,14 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
     # one rank's tokens: under context parallelism its 1/cp of each sequence, every per-token term of its slice
     cut = axes.activation_splits(mesh)["tokens"]
     tokens = par.seq_len * par.micro_batch / cut
-    h, _, i, _, vocab = _widths(model)
+    h, _, i, _, vocab, _ = _widths(model)
     inner, seq, logits = splits(mesh)
     a = 4 if reg == "fp32" else 2
     autocast = reg == "autocast"
     out = {
         "layers": model.num_layers, "recompute": recompute, "compiled": compiled, "tokens": tokens,
-        "block": tokens * block_bytes_per_token(model, reg, mesh),
+        "block": tokens * block_bytes_per_token(model, reg, mesh) + (moe.mlp_bytes_per_block(model)
+                                                                      if moe.is_moe(model) else 0),
         "block_input": tokens * residual_bytes(reg) * h / seq,
         "selective_block": tokens * selective_bytes_per_token(model, reg) if recompute.selective else 0.0,
         "outside": tokens * outside_bytes_per_token(model, reg, mesh) + per_sequence_bytes(model, par, reg) / cut,
@@ -196,7 +222,7 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
         # loss parallel's cross-entropy backward (torch's DTensor handlers) holds a third V/tp-sized fp32 tensor
         # beside the two the plain one makes: its gradient of the log-softmax is built from a zeroed buffer
         "logits_grads": tokens * (12 if logits > 1 else 8) * vocab / logits,
-        "mlp_grads": tokens * 2 * a * i / inner,
+        "mlp_grads": tokens * (moe.mlp_grads_per_token(model, reg) if moe.is_moe(model) else 2 * a * i / inner),
         "copies": 2 * matmul_weights if autocast else 0,
         "head_copy": 2 * head_matmul_weights if autocast else 0,
         "block_copies": 2 * (matmul_weights - head_matmul_weights) / model.num_layers if autocast else 0,

@@ -16,7 +16,8 @@ def aggregate(tensors: List[list]) -> Dict[str, object]:
     """The counts the theory reads, from a model's parameter records ([name, shape, trains, tags], tied ones
     once; runtime.models.param_count writes them): tags say where a parameter sits (`block0` the first block,
     `block` any block, `head` after the last block, `matmul` a matmul weight, `block_out` the first block's last
-    matmul, `output` the output layer's weight, `input` the input embedding's)."""
+    matmul, `output` the output layer's weight, `input` the input embedding's, `expert` a
+    mixture of experts' 3-D expert weights)."""
     sizes = [numel(t[1]) for t in tensors]
     tagged = lambda tag, trains=False: sum(n for t, n in zip(tensors, sizes)  # noqa: E731
                                            if tag in t[3] and (t[2] or not trains))
@@ -28,4 +29,5 @@ def aggregate(tensors: List[list]) -> Dict[str, object]:
             "trainable": sum(trainable), "per_block_trainable": tagged("block0", True),
             "largest_trainable": max(trainable, default=0), "head": tagged("head"),
             "head_trainable": tagged("head", True), "block_out_trainable": tagged("block_out", True),
-            "matmul_weights": tagged("matmul"), "head_matmul_weights": tagged("output")}
+            "matmul_weights": tagged("matmul"), "head_matmul_weights": tagged("output"),
+            "experts": tagged("expert")}

@@ -95,6 +95,10 @@ class DeepSpeedFamily(Family):
         if b.offload_optimizer and b.zero_stage == 0:
             out.append("backend.offload_optimizer=true: optimizer offload needs ZeRO stage 1-3")
         out += deepcompile_rules(cfg)
+        if b.leaf_moe_blocks and (b.zero_stage != 3 or not cfg.model.num_experts):
+            out.append(f"backend.leaf_moe_blocks=true: marks a mixture of experts' blocks as ZeRO-3 leaves "
+                       f"(deepspeed.utils.set_z3_leaf_modules); {b.name} with model {cfg.model.name} has "
+                       f"{'no ZeRO-3' if b.zero_stage != 3 else 'no such block'}. Set it false")
         mesh = mesh_of(cfg)
         out += zeropp_rules(cfg, mesh)
         for c in conflicts(cfg, mesh):
@@ -273,6 +277,8 @@ class DeepSpeedFamily(Family):
                       if z.get(key)] + ([f"hpZ over {z['zero_hpz_partition_size']} ranks"]
                                         if (z.get("zero_hpz_partition_size") or 1) > 1 else [])
             out += [f"ZeRO++ {', '.join(zeropp)}"] if zeropp else []
+        if settings.get("z3_leaf_modules"):
+            out.append(f"z3 leaf modules {', '.join(settings['z3_leaf_modules'])}")
         return "; ".join(out)
 
 

@@ -18,4 +18,9 @@ class Fields:
     # DeepSpeed's DeepCompile (0.16.6+, ZeRO-1 and ZeRO-3, CUDA): the JSON's compile.deepcompile and the engine's
     # compile(), whose graph passes schedule ZeRO's gathers and releases (its paper: up to 1.28x over ZeRO-3)
     deepcompile: bool = False
+    # ZeRO-3 on a mixture of experts: mark each MoE block a leaf (deepspeed.utils.set_z3_leaf_modules), so that
+    # its router's and experts' parameters are gathered at once on entering it, not module by module as the
+    # routing happens to run them (DeepSpeed's MoE guidance; accelerate's set_moe_leaf_modules). Off: DeepSpeed's
+    # default
+    leaf_moe_blocks: bool = False
     deepspeed: Dict[str, Any] = field(default_factory=dict)  # extra DeepSpeed JSON keys, merged last

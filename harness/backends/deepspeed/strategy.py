@@ -71,6 +71,8 @@ class DeepSpeedStrategy(Strategy):
         if self.active_axes:  # Ulysses' groups are made through DeepSpeed's comm layer: attach it first
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
             apply_axes(self, model)  # AutoTP applies from the JSON; Ulysses wraps attention, hands its groups
+        if self.cfg.backend.leaf_moe_blocks:  # before initialize, which registers ZeRO-3's module hooks
+            self.settings = {**self.settings, "z3_leaf_modules": mark_moe_leaves(model)}
         extra = {"mpu": self.engine_groups} if self.engine_groups is not None else {}
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.config, dist_init_required=False, **extra
@@ -190,6 +192,17 @@ class DeepSpeedStrategy(Strategy):
     @override
     def unclassified_tensors(self):
         return self._unclassified
+
+
+def mark_moe_leaves(model) -> list:
+    """Mark each mixture-of-experts block a ZeRO-3 leaf (deepspeed.utils.set_z3_leaf_modules, by the block's
+    transformers class: MixtralSparseMoeBlock, Qwen3MoeSparseMoeBlock); returns the classes marked."""
+    from deepspeed.utils import set_z3_leaf_modules
+
+    classes = sorted({type(m) for m in model.modules() if type(m).__name__.endswith("SparseMoeBlock")},
+                     key=lambda c: c.__name__)
+    set_z3_leaf_modules(model, classes)
+    return [c.__name__ for c in classes]
 
 
 def fresh_parallel_groups() -> None:

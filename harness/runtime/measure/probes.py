@@ -217,7 +217,9 @@ def _count_flops_per_token(model_cfg, seq_len: int, workload=None) -> int:
 
     from .. import models
 
-    model = models.build(model_cfg, device="meta", workload=workload)
+    # a mixture of experts through transformers' batched_mm kernel: the same matmuls as the grouped_mm the runs
+    # use (each token's rows times its k experts' weights), and no data-dependent shape that meta cannot run
+    model = models.build(model_cfg, device="meta", workload=workload, experts_kernel="batched_mm")
     ids = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
     # An explicit 4-D causal mask skips transformers' data-dependent mask checks (.item() fails on meta);
     # FlopCounterMode counts attention the same with or without it.

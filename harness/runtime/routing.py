@@ -1,0 +1,68 @@
+"""What a mixture of experts' routers did in a step, logged beside the loss: the load-balancing loss and how
+unevenly the experts were loaded.
+
+Forward hooks on each router (transformers' `*TopKRouter`, whose output is its logits, the chosen weights and
+the chosen experts) add up, per layer, how many of the step's routed copies each expert received and the
+router's mean probability for it; the backward's recompute (activation checkpointing) and eval forwards
+(no grad) are not counted again. Read once a step, on this rank's tokens (no collective is added to the
+step, so the counted collectives stay those of the strategy):
+
+- `moe/aux_loss`: Switch Transformer's load-balancing loss as transformers' load_balancing_loss_func computes
+  it over the layers' routers: E · Σ_e f_e · P_e, f_e the fraction of routed copies sent to expert e and P_e
+  its mean router probability, over the step's tokens of every layer. 1·k when perfectly balanced.
+- `moe/imbalance`: the busiest expert's routed copies over the mean (1 = balanced), the worst layer's: what
+  the compute of the busiest expert, and under expert parallelism its rank's all-to-all, scale with.
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import torch
+
+ROUTER_CLASS_SUFFIX = "TopKRouter"
+
+
+class RouterLog:
+    def __init__(self, routers: List[torch.nn.Module], num_experts: int):
+        self.num_experts = num_experts
+        self.counts = [None] * len(routers)  # routed copies per expert, per layer
+        self.probs = [None] * len(routers)  # summed router probabilities per expert, per layer
+        self.tokens = [0] * len(routers)
+        for index, router in enumerate(routers):
+            router.register_forward_hook(self._hook(index))
+
+    @classmethod
+    def attach(cls, model: torch.nn.Module, model_cfg) -> "RouterLog | None":
+        """Hooks on the model's routers, or None for a dense model."""
+        if not model_cfg.num_experts:
+            return None
+        routers = [m for m in model.modules() if type(m).__name__.endswith(ROUTER_CLASS_SUFFIX)]
+        return cls(routers, model_cfg.num_experts) if routers else None
+
+    def _hook(self, index: int):
+        def record(module, args, output) -> None:
+            if not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
+                return  # an eval forward, or activation checkpointing's recompute inside the backward
+            logits, _, chosen = output
+            with torch.no_grad():
+                counts = torch.bincount(chosen.reshape(-1), minlength=self.num_experts).double()
+                probs = torch.softmax(logits.detach().float(), dim=-1).sum(0).double()
+            self.counts[index] = counts if self.counts[index] is None else self.counts[index] + counts
+            self.probs[index] = probs if self.probs[index] is None else self.probs[index] + probs
+            self.tokens[index] += logits.shape[0]
+        return record
+
+    def step_metrics(self) -> Dict[str, float]:
+        """The step's figures (module docstring), and a fresh count for the next step."""
+        layers = [i for i, c in enumerate(self.counts) if c is not None]
+        if not layers:
+            return {}
+        total_tokens = sum(self.tokens[i] for i in layers)
+        counts = sum(self.counts[i] for i in layers)
+        probs = sum(self.probs[i] for i in layers)
+        aux = self.num_experts * float((counts / total_tokens * probs / total_tokens).sum())
+        imbalance = max(float(self.counts[i].max() / self.counts[i].mean()) for i in layers)
+        self.counts = [None] * len(self.counts)
+        self.probs = [None] * len(self.probs)
+        self.tokens = [0] * len(self.tokens)
+        return {"moe/aux_loss": aux, "moe/imbalance": imbalance}

@@ -1,0 +1,181 @@
+"""Mixtures of experts (Mixtral, Qwen3-MoE): read from their config.json, counted by the theory (what a block
+keeps, against torch's saved-tensor hooks in every precision regime; total and active parameters against the
+published figures), refused in one line where the theory stops, logged (the router's load-balancing loss against
+transformers' own), and trained under every data-parallel family in the two-rank launch: losses equal to DDP's,
+states and bytes the theory's, the peak within 10% of it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from harness.config import hf_models, schema
+from harness.config.compose import compose
+from harness.config.rules import problems
+from harness.runtime import models
+from harness.runtime.routing import RouterLog
+from harness.theory import activations, moe
+
+
+def model_cfg(name: str, **fields):
+    m = OmegaConf.structured(schema.ModelConfig)
+    m.name, m.hf_config = name, f"hf/{name}"
+    hf_models.fill(m, [])
+    for key, value in fields.items():
+        m[key] = value
+    return m
+
+
+def saved_by_block(m, reg: str, tokens: int) -> int:
+    """Bytes block 0 keeps for backward on `tokens` tokens, storage by storage, less its parameters, its cos/sin
+    and its input (which the previous block's count holds), as autograd's saved-tensor hooks see them."""
+    model = models.build(m)
+    if reg == "16-bit":
+        model = model.to(torch.bfloat16)
+    x = torch.randn(1, tokens, m.hidden_size, dtype=next(model.parameters()).dtype, requires_grad=True)
+    positions = torch.arange(tokens)[None]
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    layer = model.model.layers[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=reg == "autocast"):
+        cos_sin = model.model.rotary_emb(x, positions)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            layer(x, position_embeddings=cos_sin, position_ids=positions)
+    for t in [*layer.parameters(), x, *cos_sin]:
+        seen.pop(t.untyped_storage().data_ptr(), None)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("name", ["tiny_mixtral", "tiny_qwen3_moe"])
+@pytest.mark.parametrize("reg", ["fp32", "16-bit", "autocast"])
+def test_a_moe_block_keeps_what_the_theory_counts(name, reg):
+    m = model_cfg(name)
+    counts = models.param_count(m)
+    for tokens in (64, 128):
+        predicted = tokens * activations.block_bytes_per_token(m, reg) + moe.mlp_bytes_per_block(m)
+        if reg != "16-bit":
+            predicted -= tokens * 4 * m.hidden_size  # the fp32 input the first norm keeps is the block's input
+        if reg == "autocast":  # autocast's 16-bit copies of the block's matmul weights, its router's among them
+            predicted += 2 * (counts["matmul_weights"] - counts["head_matmul_weights"]) / m.num_layers
+        assert saved_by_block(m, reg, tokens) == predicted, (name, reg, tokens)
+
+
+def test_published_totals_and_active_parameters():
+    # Mixtral-8x7B: 46.7B, 12.9B active (Mistral AI); Qwen3-30B-A3B: 30.5B, 3.3B active (Qwen's model card)
+    for name, total, active in (("mixtral_8x7b", 46.7e9, 12.9e9), ("qwen3_30b_a3b", 30.5e9, 3.3e9)):
+        m = model_cfg(name)
+        counts = models.param_count(m)
+        assert counts["total"] == pytest.approx(total, rel=0.002), name
+        assert moe.active_params(m, counts) == pytest.approx(active, rel=0.02), name
+    m = model_cfg("qwen3_30b_a3b")
+    assert (m.num_experts, m.experts_per_token, m.expert_intermediate_size, m.head_dim, m.qk_norm) == \
+        (128, 8, 768, 128, True)
+
+
+@pytest.mark.parametrize("model_type, says", [
+    ("deepseek_v3", "multi-head latent attention"), ("qwen2_moe", "shared expert"),
+    ("gpt_oss", "attention sinks"), ("dbrx", "mixture-of-experts model of type 'dbrx'")])
+def test_uncovered_moe_designs_are_refused_in_one_line(tmp_path, model_type, says):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": model_type, "num_experts": 8, "n_routed_experts": 8}))
+    found = hf_models.file_problem(str(path))
+    assert found and says in found and "\n" not in found
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["parallelism.tp=2", "parallelism.nproc_per_node=2"], "parallelism.tp=2: not with a mixture of experts"),
+    (["train.float8=rowwise"], "train.float8: not with a mixture of experts"),
+    (["train.activation_checkpointing=selective_op"], "no grouped matmul"),
+    (["model.experts_per_token=9"], "between 1 and model.num_experts=8"),
+    (["backend=ds_zero2", "backend.leaf_moe_blocks=true"], "has no ZeRO-3"),
+])
+def test_what_a_mixture_of_experts_cannot_run_is_refused(overrides, says):
+    found = problems(compose(["model=tiny_mixtral", *overrides]), cuda_devices=lambda: 0)
+    assert any(says in line for line in found), found
+
+
+def test_dense_layers_among_the_experts_are_refused(tmp_path):
+    config = json.loads((hf_models.locate("hf/tiny_qwen3_moe")).read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "mlp_only_layers": [0]}))
+    found = hf_models.file_problem(str(tmp_path))
+    assert found and "keep a dense MLP" in found
+
+
+def test_the_logged_aux_loss_is_transformers_load_balancing_loss():
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    m = model_cfg("tiny_mixtral")
+    torch.manual_seed(0)
+    model = models.build(m)
+    log = RouterLog.attach(model, m)
+    out = model(input_ids=torch.randint(0, 256, (2, 64)), output_router_logits=True)
+    theirs = load_balancing_loss_func(out.router_logits, m.num_experts, m.experts_per_token)
+    ours = log.step_metrics()
+    assert ours["moe/aux_loss"] == pytest.approx(float(theirs.detach()), rel=1e-5)
+    assert ours["moe/imbalance"] >= 1.0
+    assert log.step_metrics() == {}  # read once a step: a fresh count after
+
+
+def test_moe_flops_are_counted_on_the_active_experts():
+    from harness.runtime.measure.probes import count_flops_per_token, formula_flops_per_token
+
+    m = model_cfg("tiny_mixtral")
+    counts = models.param_count(m)
+    counted = count_flops_per_token(m, 256)
+    formula = formula_flops_per_token(moe.active_params(m, counts), counts["embedding"], m.num_layers,
+                                      m.hidden_size, 256)
+    dense = formula_flops_per_token(counts["total"], counts["embedding"], m.num_layers, m.hidden_size, 256)
+    assert counted == pytest.approx(formula, rel=0.01) and counted < 0.7 * dense
+
+
+def test_every_data_parallel_family_trains_a_moe_as_ddp_does(moe_runs, moe_leaf_runs, moe_mixtral_runs):
+    for runs in (moe_runs, moe_mixtral_runs):
+        reference = runs["ddp"][1]
+        for backend, (summary, records, _) in runs.items():
+            assert summary["status"] == "ok", (backend, summary.get("reason"))
+            assert [r["loss/loss"] for r in records] == pytest.approx([r["loss/loss"] for r in reference],
+                                                                       rel=1e-4), backend
+            # the same tokens reach the same experts under every family
+            assert [r["moe/aux_loss"] for r in records] == pytest.approx([r["moe/aux_loss"] for r in reference],
+                                                                          rel=1e-4), backend
+    leaf = moe_leaf_runs["ds_zero3"][1]
+    assert [r["loss/loss"] for r in leaf] == pytest.approx([r["loss/loss"] for r in moe_runs["ddp"][1]], rel=1e-4)
+
+
+def test_moe_states_bytes_and_peak_are_the_theorys(moe_runs, moe_leaf_runs, moe_mixtral_runs):
+    every = {**{f"qwen3_moe/{b}": r for b, r in moe_runs.items()},
+             **{f"qwen3_moe/{b}+leaf": r for b, r in moe_leaf_runs.items()},
+             **{f"mixtral/{b}": r for b, r in moe_mixtral_runs.items()}}
+    for cell, (summary, _, run_dir) in every.items():
+        f = summary["figures"]
+        assert abs(f["memory/model_states_error_pct"]) <= 1, (cell, f["memory/model_states_error_pct"])
+        assert f["comm/bytes_error_pct"] == pytest.approx(0, abs=0.1), cell
+        predicted = f["memory/tensor_peak_predicted_bytes"]
+        for rank in json.loads((run_dir / "ranks" / "report.json").read_text())["ranks"]:
+            error = 100 * (rank["tensor_peak"]["peak"] - predicted) / predicted
+            print(f"MoE {cell} rank {rank['rank']}: peak {error:+.1f}% against the theory")
+            assert abs(error) <= 10, (cell, rank["rank"], error)
+
+
+def test_zero3_gathers_a_moe_blocks_router_and_experts_together_with_or_without_leaf_modules(moe_runs,
+                                                                                             moe_leaf_runs):
+    """transformers 5 holds a block's experts as two 3-D tensors, not a ModuleList of experts: ZeRO-3 then gathers
+    the router's and the experts' weights in one all-gather a block, and DeepSpeed's leaf-module setting (the
+    remedy for one gather per expert, DeepSpeed #5047) changes no collective."""
+    def gathers(run_dir):
+        rank0 = json.loads((run_dir / "ranks" / "report.json").read_text())["ranks"][0]
+        return sorted((c["size_bytes"], c["phase"], c["count"]) for c in rank0["collectives"]
+                      if c["op"] == "all_gather")
+    plain, leaf = moe_runs["ds_zero3"][2], moe_leaf_runs["ds_zero3"][2]
+    m = model_cfg("tiny_qwen3_moe")
+    block = 4 * (m.num_experts * 3 * m.expert_intermediate_size * m.hidden_size + m.num_experts * m.hidden_size)
+    # fp32, 2 ranks: each rank's half, gathered once a block a micro-batch forward and once backward
+    assert (block, "forward", m.num_layers * 2) in gathers(plain)
+    assert gathers(plain) == gathers(leaf)
+    settings = json.loads((leaf / "settings.json").read_text())
+    assert settings["z3_leaf_modules"] == ["Qwen3MoeSparseMoeBlock"]
