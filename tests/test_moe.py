@@ -157,9 +157,16 @@ def test_moe_states_bytes_and_peak_are_the_theorys(moe_runs, moe_leaf_runs, moe_
         assert f["comm/bytes_error_pct"] == pytest.approx(0, abs=0.1), cell
         predicted = f["memory/tensor_peak_predicted_bytes"]
         for rank in json.loads((run_dir / "ranks" / "report.json").read_text())["ranks"]:
-            error = 100 * (rank["tensor_peak"]["peak"] - predicted) / predicted
-            print(f"MoE {cell} rank {rank['rank']}: peak {error:+.1f}% against the theory")
-            assert abs(error) <= 10, (cell, rank["rank"], error)
+            p = rank["tensor_peak"]
+            error = 100 * (p["peak"] - predicted) / predicted
+            held = 100 * (p["peak"] - p["unaccounted"] - predicted) / predicted
+            print(f"MoE {cell} rank {rank['rank']}: peak {error:+.1f}% against the theory ({held:+.1f}% less what "
+                  f"it had not released at the after-backward marker)")
+            # as in the dense sweeps, gloo sometimes frees a ZeRO buffer (the whole gradient's, here) a phase late
+            # on this 2-core machine: the summary names it (unaccounted_explained_bytes), and without it the peak
+            # is the theory's
+            late = f.get("memory/unaccounted_explained_bytes") and abs(held) <= 10
+            assert -10 <= error and (error <= 10 or late), (cell, rank["rank"], error, held)
 
 
 def test_zero3_gathers_a_moe_blocks_router_and_experts_together_with_or_without_leaf_modules(moe_runs,
@@ -179,3 +186,13 @@ def test_zero3_gathers_a_moe_blocks_router_and_experts_together_with_or_without_
     assert gathers(plain) == gathers(leaf)
     settings = json.loads((leaf / "settings.json").read_text())
     assert settings["z3_leaf_modules"] == ["Qwen3MoeSparseMoeBlock"]
+
+
+def test_a_moe_config_json_is_estimated_on_data_parallel_meshes_only(capsys):
+    from harness.studies.predict import estimate
+
+    assert estimate.main(["model=tiny_mixtral", "parallelism=gpu8"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    assert {line.split("│")[1].strip() for line in rows} >= {"ddp", "fsdp", "ds_zero3"}
+    # dp x cp x tp: the search skips the axes a mixture of experts is refused on
+    assert {tuple(c.strip() for c in line.split("│")[2:5]) for line in rows} == {("8", "1", "1")}

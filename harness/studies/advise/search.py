@@ -39,7 +39,7 @@ import copy
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
-from ...config import axes
+from ...config import axes, moe_check
 from ...config.compose import compose
 from ...config.derive import dp_size, tokens_per_step, world_size
 from ...config.mesh import mesh_of
@@ -186,8 +186,10 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
         for point in mesh_points(composed, asked):
             dp = data_parallel_ranks(composed, point)
             at_point = axes.with_degrees(composed, point)  # one copy a mesh point, its batch and policy set below
-            # what a run would refuse at this mesh (selective_op at tp > 1), which no micro-batch changes
-            refusals = {policy: axis_rules(with_policy(at_point, policy)) for policy in policies}
+            # what a run would refuse at this mesh (selective_op at tp > 1, or with a mixture of experts), which no
+            # micro-batch changes
+            refusals = {policy: axis_rules(with_policy(at_point, policy)) + moe_check.problems(
+                with_policy(at_point, policy)) for policy in policies}
             for mb in micro_batches(batch, dp) if batch % dp == 0 else []:
                 for policy in policies:
                     if refusals[policy]:
