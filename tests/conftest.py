@@ -362,8 +362,8 @@ def cp_cells(llama_checkpoint) -> dict:
 
 @pytest.fixture(scope="session")
 def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus) -> dict:
-    """tp_cells and cp_cells at 4 ranks, in one launch (a start-up of 4 ranks on 2 cores costs about 15 s):
-    {"tp/<cell>" or "cp/<cell>": (summary, per-step records, run dir)}."""
+    """tp_cells, cp_cells and two MoE cells at 4 ranks, in one launch (a start-up of 4 ranks on 2 cores costs about
+    15 s): {"tp/<cell>", "cp/<cell>" or "moe/<backend>": (summary, per-step records, run dir)}."""
     from harness.launcher.cells import run_cells
 
     root = tmp_path_factory.mktemp("four_ranks")
@@ -371,6 +371,7 @@ def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus) -> dict:
     cells = [(f"tp/{name}", [*overrides, *TP_COMMON])
              for name, overrides in tp_cells(llama_checkpoint, user_corpus).items()]
     cells += [(f"cp/{name}", [*overrides, *CP_COMMON]) for name, overrides in cp_cells(llama_checkpoint).items()]
+    cells += [(f"moe/{backend}", moe_four_ranks(backend)) for backend in ("fsdp", "ds_zero3")]
     summaries = run_cells(root / "sweeps", cells, [f"paths.root={root}", *FAST], report=False)
     out = {}
     for cell, summary in summaries.items():
@@ -379,6 +380,19 @@ def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus) -> dict:
         out[cell] = (summary, [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists()
                      else [], run_dir)
     return out
+
+
+def moe_four_ranks(backend: str) -> list:
+    """The MoE sweep's tiny Qwen3-MoE at 4 ranks x 1 micro-batch: the same 8 sequences a step as its 2 ranks x 2,
+    so that its losses are the 2-rank DDP's (tests/test_moe.py)."""
+    return [*(o for o in MOE if not o.startswith(("parallelism.nproc_per_node", "parallelism.grad_accum"))),
+            "model=tiny_qwen3_moe", "parallelism.nproc_per_node=4", "parallelism.grad_accum=1", f"backend={backend}",
+            *(ZERO3_PER_MODULE if backend == "ds_zero3" else ())]
+
+
+@pytest.fixture(scope="session")
+def moe_four_rank_runs(four_rank_runs) -> dict:
+    return {cell.removeprefix("moe/"): run for cell, run in four_rank_runs.items() if cell.startswith("moe/")}
 
 
 @pytest.fixture(scope="session")

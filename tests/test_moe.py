@@ -147,10 +147,19 @@ def test_every_data_parallel_family_trains_a_moe_as_ddp_does(moe_runs, moe_leaf_
     assert [r["loss/loss"] for r in leaf] == pytest.approx([r["loss/loss"] for r in moe_runs["ddp"][1]], rel=1e-4)
 
 
-def test_moe_states_bytes_and_peak_are_the_theorys(moe_runs, moe_leaf_runs, moe_mixtral_runs):
+def test_four_ranks_train_a_moe_as_two_do(moe_runs, moe_four_rank_runs):
+    reference = [r["loss/loss"] for r in moe_runs["ddp"][1]]  # 2 ranks x 2 micro-batches: the same 8 sequences
+    assert set(moe_four_rank_runs) == {"fsdp", "ds_zero3"}
+    for backend, (summary, records, _) in moe_four_rank_runs.items():
+        assert summary["status"] == "ok", (backend, summary.get("reason"))
+        assert [r["loss/loss"] for r in records] == pytest.approx(reference, rel=1e-4), backend
+
+
+def test_moe_states_bytes_and_peak_are_the_theorys(moe_runs, moe_leaf_runs, moe_mixtral_runs, moe_four_rank_runs):
     every = {**{f"qwen3_moe/{b}": r for b, r in moe_runs.items()},
              **{f"qwen3_moe/{b}+leaf": r for b, r in moe_leaf_runs.items()},
-             **{f"mixtral/{b}": r for b, r in moe_mixtral_runs.items()}}
+             **{f"mixtral/{b}": r for b, r in moe_mixtral_runs.items()},
+             **{f"qwen3_moe/{b} at 4 ranks": r for b, r in moe_four_rank_runs.items()}}
     for cell, (summary, _, run_dir) in every.items():
         f = summary["figures"]
         assert abs(f["memory/model_states_error_pct"]) <= 1, (cell, f["memory/model_states_error_pct"])
