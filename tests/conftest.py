@@ -1,6 +1,7 @@
 """Shared helpers: run the real CLI (`python -m harness train`) in a subprocess, as a user would."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -248,7 +249,7 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         # losses, the memory theory and (ZeRO-3) the all-gathers counted
         "moe": moe_sweep,
         "moe_leaf": only(("ds_zero3",), *MOE, "model=tiny_qwen3_moe", "backend.leaf_moe_blocks=true",
-                         *ZERO3_PER_MODULE),
+                         *zero3_per_module()),
         "moe_mixtral": only(("ddp", "fsdp", "ds_zero2"), *MOE, "model=tiny_mixtral"),
         # the states-dominated memory check's cells again at 2 ranks (tests/test_memory_check.py): at 4 ranks
         # the sharded states are a quarter, at 2 a half, and the buffers a backend gathers weigh differently
@@ -261,15 +262,23 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
 MOE = ("profile=parity", "parallelism.nproc_per_node=2", "parallelism.grad_accum=2", "train.memory_steps=2",
        "train.breakdown_steps=0", "train.peak_by_kind=false")
 MOE_BACKENDS = ("ddp", "fsdp", "fsdp1", "ds_zero1", "ds_zero2", "ds_zero3")
-# ZeRO-3 gathering module by module, as it does at scale: on a model this small its defaults keep every parameter
-# (persistence threshold, reuse distance, live-parameter limit) and prefetch the whole model in one all-gather
-ZERO3_PER_MODULE = tuple(f"+backend.deepspeed.zero_optimization.{key}=0" for key in (
-    "stage3_max_reuse_distance", "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size")) + (
-    "+backend.deepspeed.zero_optimization.stage3_max_live_parameters=400000",)
+
+
+@functools.lru_cache(maxsize=None)  # a composition each call otherwise
+def zero3_per_module() -> tuple:
+    """ZeRO-3 gathering module by module, as it does at scale: on a model this small its defaults keep every
+    parameter and prefetch the whole model in one all-gather. The memory check's release overrides (reuse
+    distance, live-parameter limit: DeepSpeedFamily.release_overrides), with no persistent parameters and no
+    prefetch on top."""
+    from harness.studies.memory import check as memory_check
+
+    released = memory_check.states_dominated_cells(["ds_zero3"])[0][1:]
+    return (*released, *(f"+backend.deepspeed.zero_optimization.{key}=0"
+                         for key in ("stage3_param_persistence_threshold", "stage3_prefetch_bucket_size")))
 
 
 def moe_sweep(backend: str) -> tuple:
-    return (*MOE, "model=tiny_qwen3_moe", *(ZERO3_PER_MODULE if backend == "ds_zero3" else ()))
+    return (*MOE, "model=tiny_qwen3_moe", *(zero3_per_module() if backend == "ds_zero3" else ()))
 
 
 moe_sweep.backends = list(MOE_BACKENDS)
@@ -387,7 +396,7 @@ def moe_four_ranks(backend: str) -> list:
     so that its losses are the 2-rank DDP's (tests/test_moe.py)."""
     return [*(o for o in MOE if not o.startswith(("parallelism.nproc_per_node", "parallelism.grad_accum"))),
             "model=tiny_qwen3_moe", "parallelism.nproc_per_node=4", "parallelism.grad_accum=1", f"backend={backend}",
-            *(ZERO3_PER_MODULE if backend == "ds_zero3" else ())]
+            *(zero3_per_module() if backend == "ds_zero3" else ())]
 
 
 @pytest.fixture(scope="session")

@@ -143,6 +143,11 @@ def test_every_data_parallel_family_trains_a_moe_as_ddp_does(moe_runs, moe_leaf_
             # the same tokens reach the same experts under every family
             assert [r["moe/aux_loss"] for r in records] == pytest.approx([r["moe/aux_loss"] for r in reference],
                                                                           rel=1e-4), backend
+    for summary, records, _ in moe_runs.values():  # the run's figures: the timed steps' (warm-up excluded)
+        timed = [r for r in records if not r["warmup"]]
+        assert summary["figures"]["moe/aux_loss_mean"] == pytest.approx(
+            sum(r["moe/aux_loss"] for r in timed) / len(timed))
+        assert summary["figures"]["moe/imbalance_max"] == max(r["moe/imbalance"] for r in timed) >= 1
     leaf = moe_leaf_runs["ds_zero3"][1]
     assert [r["loss/loss"] for r in leaf] == pytest.approx([r["loss/loss"] for r in moe_runs["ddp"][1]], rel=1e-4)
 

@@ -171,8 +171,20 @@ def errors(measured: dict, predicted: dict) -> Dict[str, float]:
             / predicted[expected] for got, expected in ERRORS if got in measured and predicted.get(expected)}
 
 
+def routing(ranks: List[RankReport]) -> Dict[str, float]:
+    """A mixture of experts' routers over the timed window (runtime/routing.py logs them per step, on rank 0's
+    tokens): the mean load-balancing loss and the worst step's imbalance. Keys of their own, beside the per-step
+    history's `moe/aux_loss` and `moe/imbalance`, so that W&B's summary keeps these."""
+    timed = [r for r in ranks[0].records if not r.get("warmup") and "moe/aux_loss" in r]
+    if not timed:
+        return {}
+    return {"moe/aux_loss_mean": statistics.fmean(r["moe/aux_loss"] for r in timed),
+            "moe/imbalance_max": max(r["moe/imbalance"] for r in timed)}
+
+
 def figures(cfg, ranks: List[RankReport], flop_counts: dict) -> dict:
     out = throughput(cfg, ranks)
+    out.update(routing(ranks))
     # the parameters the optimizer steps: all of them, or LoRA's adapters (the frozen base is the rest)
     out["model/trainable_params"] = ranks[0].params.get("trainable", ranks[0].params["total"])
     out.update(flops(ranks, flop_counts, out["throughput/tokens_per_s_per_device"]))

@@ -234,8 +234,7 @@ def parameter_records(model: nn.Module) -> list:
     out_matmul = {id(p) for p in _last_matmul(block_list[0])}
     matmul = {id(m.weight) for m in _matmuls(model)}
     output, embedding = model.get_output_embeddings().weight, model.get_input_embeddings().weight
-    experts = {id(p) for m in model.modules() if type(m).__name__.endswith(EXPERTS_CLASS_SUFFIX)
-               for p in m.parameters()}
+    experts = {id(p) for m in moe_modules(model, EXPERTS_CLASS_SUFFIX) for p in m.parameters()}
     tags = {"block0": first, "block": inside, "head": head, "block_out": out_matmul & first, "matmul": matmul,
             "output": {id(output)}, "input": {id(embedding)}, "expert": experts}
     records = []
@@ -245,17 +244,24 @@ def parameter_records(model: nn.Module) -> list:
     return records
 
 
-# transformers' mixture-of-experts modules, by class name: the experts' 3-D weights (MixtralExperts,
-# Qwen3MoeExperts), which its grouped_mm kernel multiplies in their own dtype (autocast has no rule for it), and
-# the router (MixtralTopKRouter, ...), whose weight F.linear multiplies: autocast copies it as a Linear's
+# transformers' mixture-of-experts modules, by class name: the MoE block (MixtralSparseMoeBlock,
+# Qwen3MoeSparseMoeBlock), its experts' 3-D weights (MixtralExperts, ...), which its grouped_mm kernel multiplies
+# in their own dtype (autocast has no rule for it), and its router (MixtralTopKRouter, ...), whose weight F.linear
+# multiplies: autocast copies it as a Linear's
+MOE_BLOCK_CLASS_SUFFIX = "SparseMoeBlock"
 EXPERTS_CLASS_SUFFIX = "Experts"
 ROUTER_CLASS_SUFFIX = "TopKRouter"
+
+
+def moe_modules(module: nn.Module, suffix: str) -> list[nn.Module]:
+    """The modules under `module` whose transformers class name ends with `suffix` (one of the three above)."""
+    return [m for m in module.modules() if type(m).__name__.endswith(suffix)]
 
 
 def _last_matmul(block: nn.Module) -> list:
     """The weights of a block's last matmul, the first its backward reaches: the MLP's down projection (a
     mixture of experts': the experts' 3-D down_proj, after which its router comes in module order only)."""
-    experts = [m for m in block.modules() if type(m).__name__.endswith(EXPERTS_CLASS_SUFFIX)]
+    experts = moe_modules(block, EXPERTS_CLASS_SUFFIX)
     return [experts[-1].down_proj] if experts else list(_matmuls(block)[-1].parameters())
 
 

@@ -19,7 +19,7 @@ from typing import Dict, List
 
 import torch
 
-ROUTER_CLASS_SUFFIX = "TopKRouter"
+from .models import ROUTER_CLASS_SUFFIX, moe_modules
 
 
 class RouterLog:
@@ -36,7 +36,7 @@ class RouterLog:
         """Hooks on the model's routers, or None for a dense model."""
         if not model_cfg.num_experts:
             return None
-        routers = [m for m in model.modules() if type(m).__name__.endswith(ROUTER_CLASS_SUFFIX)]
+        routers = moe_modules(model, ROUTER_CLASS_SUFFIX)
         return cls(routers, model_cfg.num_experts) if routers else None
 
     def _hook(self, index: int):

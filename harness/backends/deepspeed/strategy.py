@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from .jit_ops import settle_arch_list
 from .json_config import ds_config
+from ...runtime import models
 from ...runtime.parallelize import apply_axes
 from ...runtime.strategies.base import Strategy
 from .states import classify, placed
@@ -199,7 +200,7 @@ def mark_moe_leaves(model) -> list:
     transformers class: MixtralSparseMoeBlock, Qwen3MoeSparseMoeBlock); returns the classes marked."""
     from deepspeed.utils import set_z3_leaf_modules
 
-    classes = sorted({type(m) for m in model.modules() if type(m).__name__.endswith("SparseMoeBlock")},
+    classes = sorted({type(m) for m in models.moe_modules(model, models.MOE_BLOCK_CLASS_SUFFIX)},
                      key=lambda c: c.__name__)
     set_z3_leaf_modules(model, classes)
     return [c.__name__ for c in classes]
