@@ -176,11 +176,11 @@ def test_moe_states_bytes_and_peak_are_the_theorys(moe_runs, moe_leaf_runs, moe_
             held = 100 * (p["peak"] - p["unaccounted"] - predicted) / predicted
             print(f"MoE {cell} rank {rank['rank']}: peak {error:+.1f}% against the theory ({held:+.1f}% less what "
                   f"it had not released at the after-backward marker)")
-            # as in the dense sweeps, gloo sometimes frees a ZeRO buffer (the whole gradient's, here) a phase late
-            # on this 2-core machine: the summary names it (unaccounted_explained_bytes), and without it the peak
-            # is the theory's
-            late = f.get("memory/unaccounted_explained_bytes") and abs(held) <= 10
-            assert -10 <= error and (error <= 10 or late), (cell, rank["rank"], error, held)
+            # gloo frees a timing-dependent number of ZeRO's buffers (the whole gradient's under ZeRO-2, gathered
+            # blocks under ZeRO-3) a phase late on this 2-core machine: as in the Ulysses and AutoTP cells
+            # (tests/test_context_parallel.py), the peak is not under the theory by more than 10%, and with what
+            # the rank had not released at the marker set aside not over it by more than 10%
+            assert -10 <= error and held <= 10, (cell, rank["rank"], error, held)
 
 
 def test_zero3_gathers_a_moe_blocks_router_and_experts_together_with_or_without_leaf_modules(moe_runs,
