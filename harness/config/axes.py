@@ -18,7 +18,7 @@ import importlib
 from typing import ContextManager, Dict, List, Optional, Sequence
 
 # mesh dimension -> the package whose AXIS implements it
-AXES: Dict[str, str] = {"cp": "harness.parallel.cp", "tp": "harness.parallel.tp"}
+AXES: Dict[str, str] = {"cp": "harness.parallel.cp", "tp": "harness.parallel.tp", "ep": "harness.parallel.ep"}
 
 
 class Axis:
@@ -98,9 +98,11 @@ def every() -> List[Axis]:
 
 def active(mesh) -> List[Axis]:
     """The axes whose degree in `mesh` is above 1, innermost first: the order they are applied in (torchtitan
-    applies tensor parallelism before anything else)."""
-    degrees = mesh.degrees()
-    return [get(name) for name in sorted(AXES, key=lambda d: -list(degrees).index(d)) if degrees[name] > 1]
+    applies tensor parallelism before anything else, and expert parallelism, whose ranks are borrowed rather
+    than a dimension of the table, after the table's axes)."""
+    table = list(mesh.degrees())
+    order = sorted(AXES, key=lambda d: -table.index(d) if d in table else len(table))
+    return [get(name) for name in order if mesh.degree(name) > 1]
 
 
 def degree_keys() -> List[str]:
@@ -119,7 +121,7 @@ def activation_splits(mesh) -> Dict[str, int]:
 
 def collectives_hide(mesh, group: str) -> bool:
     """Whether a collective over `group` of `mesh` can run behind compute (an axis's group says; others can)."""
-    return group not in AXES or mesh.degrees().get(group, 1) == 1 or get(group).collectives_hide
+    return group not in AXES or mesh.degree(group) == 1 or get(group).collectives_hide
 
 
 # -- the axes' degrees in a config, a mesh and a command line (the search itself: config/mesh_check.mesh_points)
@@ -136,8 +138,7 @@ def pinned(overrides: Sequence[str]) -> Dict[str, int]:
 
 def degrees_of(mesh) -> Dict[str, int]:
     """Each axis's degree in `mesh`: {name: degree}, 1 where it is off."""
-    found = mesh.degrees()
-    return {name: found[name] for name in AXES}
+    return {name: mesh.degree(name) for name in AXES}
 
 
 def with_degrees(cfg, degrees: Dict[str, int]):

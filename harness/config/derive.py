@@ -94,7 +94,7 @@ def identity(cfg) -> Identity:
 def mesh_tags(mesh) -> list:
     """The mesh's degrees above 1 but the data-parallel ones, as short tags (`tp2`): a run's name and its W&B
     tags."""
-    return [f"{d}{n}" for d, n in mesh.degrees().items() if n > 1 and not d.startswith("dp")]
+    return [f"{d}{n}" for d, n in {**mesh.degrees(), "ep": mesh.ep}.items() if n > 1 and not d.startswith("dp")]
 
 
 def shape_name(cfg) -> str:

@@ -4,7 +4,10 @@ A mesh is an ordered table of degrees, torchtitan's ParallelDims order, outermos
 
     pp x dp_replicate x dp_shard x cp x tp      (world = their product; dp = dp_replicate * dp_shard)
 
-pp (pipeline stages) is held at 1 until its axis lands. cp (context parallelism, parallel/cp/) borrows its ranks
+pp (pipeline stages) is held at 1 until its axis lands. ep (expert parallelism, parallel/ep/) is not a dimension of
+the table: it borrows its ranks from the ones a parameter is sharded over, as torchtitan's does
+(`dp_shard x cp x tp = efsdp x ep`, its expert tensor-parallel degree 1): the `ep` consecutive ranks of that
+block split the experts, and the `efsdp` ranks `ep` apart hold the same experts, which FSDP2 shards over them. cp (context parallelism, parallel/cp/) borrows its ranks
 from the data-parallel ones: the `cp` ranks of one data-parallel rank read the same micro-batches, each a slice
 of every sequence, so FSDP shards over `dp_shard x cp` (the `dp_shard_cp` group) and the loss is a mean over
 `dp x cp` (`dp_cp`). Ranks are numbered node
@@ -40,6 +43,10 @@ class TensorOutsideNode(ConfigError):
     """tp does not divide the ranks of a node: the one refusal the rules word with the node's divisors."""
 
 
+class ExpertsOutsideShard(ConfigError):
+    """ep does not divide the ranks a parameter is sharded over, whose ranks it borrows."""
+
+
 class DPRequest(NamedTuple):
     """What a backend asks of the data-parallel ranks (Family.mesh_request): the ranks a parameter is sharded
     over (None = every data-parallel rank, 0 = the data-parallel ranks of one node, n = n) and the smaller group
@@ -57,6 +64,7 @@ class Mesh:
     dp_shard: int = 0  # data-parallel ranks a parameter is sharded over; 0: what the other degrees leave
     cp: int = 1  # context-parallel degree: ranks that split each sequence of one data-parallel rank
     tp: int = 1  # tensor-parallel degree, inside a node
+    ep: int = 1  # expert-parallel degree, borrowed from dp_shard x cp x tp (not in the table: `efsdp` below)
     post_forward: int = 0  # data-parallel ranks a block stays sharded over after forward: 0 = as `dp_shard`
     sequence_parallel: bool = False  # tp > 1: activations between blocks sharded on the sequence
     loss_parallel: bool = False  # tp > 1: the logits stay sharded on the vocabulary into the loss
@@ -76,6 +84,12 @@ class Mesh:
             object.__setattr__(self, "dp_shard", world // others)
         if others * self.dp_shard != world:
             raise ConfigError(f"mesh: {self.describe_table()} is {others * self.dp_shard} ranks, not {world}")
+        borrowed = self.dp_shard * self.cp * self.tp
+        if self.ep < 1 or borrowed % self.ep:
+            divisors = ", ".join(str(d) for d in range(1, borrowed + 1) if borrowed % d == 0)
+            raise ExpertsOutsideShard(f"ep={self.ep}: must divide the {borrowed} ranks a parameter is sharded over "
+                                      f"(dp_shard x cp x tp), whose ranks expert parallelism borrows; use one of "
+                                      f"{divisors}")
 
     def replace(self, **changes) -> "Mesh":
         """This mesh with some degrees (or nodes, ranks per node, post_forward, the TP layout) changed: the
@@ -105,9 +119,18 @@ class Mesh:
         """The post-forward group's ranks, or 0 where blocks go back to their ordinary shard."""
         return self.post_forward if 0 < self.post_forward < self.dp_shard else 0
 
+    @property
+    def efsdp(self) -> int:
+        """The ranks that hold the same experts (what FSDP2 shards each expert over): dp_shard x cp x tp / ep."""
+        return self.dp_shard * self.cp * self.tp // self.ep
+
     def degrees(self) -> Dict[str, int]:
         """The table, outermost dimension first."""
         return {d: getattr(self, d) for d in DIMENSIONS}
+
+    def degree(self, name: str) -> int:
+        """A dimension's or a borrowed axis's degree (`ep`)."""
+        return getattr(self, name)
 
     def stride(self, dim: str) -> int:
         """Ranks between neighbours on `dim`: the product of the dimensions inside it."""
@@ -132,12 +155,14 @@ class Mesh:
         """`world`, a dimension of the table, `dp` (None: every data-parallel rank), `dp_shard_cp` (what FSDP
         shards over: the data-parallel shard group and the context-parallel ranks of each), `dp_cp` (the ranks whose
         losses differ: a mean is taken over them), `post_forward`, `dp_node` (the data-parallel ranks of one node) or
-        `dp_nodes` (one data-parallel rank a node)."""
+        `dp_nodes` (one data-parallel rank a node); `ep` (the consecutive ranks that split the experts) or `efsdp`
+        (the ranks, `ep` apart, that hold the same experts)."""
         groups = {"world": (self.world, 1), "dp": self.span("dp_replicate", "dp_shard"),
                   "dp_shard_cp": self.span("dp_shard", "cp"), "dp_cp": self.span("dp_replicate", "cp"),
                   "dp_nodes": (self.nodes, self.per_node),
                   "post_forward": (self.post_forward_group or self.dp_shard, self.stride("dp_shard")),
                   "dp_node": (min(self.dp_per_node, self.dp), self.stride("dp_shard")),
+                  "ep": (self.ep, 1), "efsdp": (self.efsdp, self.ep),
                   **{d: self.span(d, d) for d in DIMENSIONS}}
         groups[None] = groups["dp"]
         if name not in groups:
@@ -194,8 +219,8 @@ class Mesh:
         """Which of this mesh's groups `ranks` are (a counted collective's), the tensor-parallel group first;
         None when no group matches."""
         ranks = sorted(ranks)
-        for name in ("tp", "cp", "dp", "dp_shard", "dp_replicate", "dp_shard_cp", "dp_cp", "post_forward", "pp",
-                     "world"):
+        for name in ("tp", "cp", "ep", "dp", "dp_shard", "dp_replicate", "dp_shard_cp", "dp_cp", "efsdp",
+                     "post_forward", "pp", "world"):
             if self.size(name) == len(ranks) and self.ranks(name, ranks[0]) == ranks:
                 return name
         return None
@@ -221,6 +246,8 @@ class Mesh:
         inner = [f"{d} {getattr(self, d)}" for d in ("cp", "tp") if getattr(self, d) > 1]
         if self.cp > 1 and self.cp_method:
             inner[0] += f" ({self.cp_method})"
+        if self.ep > 1:  # borrowed ranks: the experts' own layout of the same ranks, not another factor
+            dp += f" (experts: ep {self.ep} x efsdp {self.efsdp})"
         if self.tp == 1:
             return " x ".join([*outer, dp, *inner])
         extras = [x for x, on in (("SP", self.sequence_parallel), ("loss parallel", self.loss_parallel)) if on]
@@ -249,7 +276,7 @@ def mesh_of(cfg, world: Optional[int] = None) -> Mesh:
     par = cfg.parallelism
     world = world or world_of(par)
     per_node = par.nproc_per_node if world % par.nproc_per_node == 0 else world
-    tp, cp = max(par.tp, 1), max(par.cp, 1)
+    tp, cp, ep = max(par.tp, 1), max(par.cp, 1), max(par.get("ep", 1) or 1, 1)
     family = families.of(cfg.backend)
     request = family.mesh_request(cfg.backend) or DPRequest()
     flat = Mesh(per_node=per_node, nodes=world // per_node, cp=cp, tp=tp)
@@ -261,7 +288,7 @@ def mesh_of(cfg, world: Optional[int] = None) -> Mesh:
     for name, degree in (("tp", tp), ("cp", cp)):
         if degree > 1:
             layout.update(axes.get(name).layout(cfg, axes.implementation(family, name)))
-    return flat.replace(dp_replicate=flat.dp // shard, dp_shard=shard, post_forward=post, **layout)
+    return flat.replace(dp_replicate=flat.dp // shard, dp_shard=shard, post_forward=post, ep=ep, **layout)
 
 
 def per_node_overrides(world: int, per_node: int) -> List[str]:

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..core.errors import ConfigError
 from . import axes, families, moe_check
-from .mesh import TensorOutsideNode, mesh_of
+from .mesh import ExpertsOutsideShard, TensorOutsideNode, mesh_of
 
 
 def axis_rules(cfg) -> List[str]:
@@ -45,6 +45,8 @@ def mesh_rules(cfg) -> List[str]:
         per_node = cfg.parallelism.nproc_per_node
         divisors = ", ".join(str(d) for d in range(1, per_node + 1) if per_node % d == 0)
         return [f"parallelism.{err}; use one of {divisors} (the divisors of parallelism.nproc_per_node)"]
+    except ExpertsOutsideShard as err:
+        return [f"parallelism.{err}"]
     except ConfigError as err:
         return [f"parallelism: {err}"]
     return []

@@ -156,6 +156,11 @@ class ParallelismConfig:
     # cp > 1, torch's ring: causal load balancing (torch's default: head-tail chunks, so every rank has as much
     # of the causal triangle); needs a sequence divisible by 2 x cp
     cp_load_balance: bool = True
+    # expert parallelism (parallel/ep/): a mixture of experts' experts split over `ep` ranks, each token sent to
+    # its experts' ranks and back by two all-to-alls a layer (transformers' expert parallelism under FSDP2).
+    # It borrows its ranks from the data-parallel ones, as torchtitan does: dp_shard = efsdp x ep, the dense
+    # part sharded over every data-parallel rank and each expert over its `efsdp` replicas. 1 = none
+    ep: int = 1
     # each link's bus bandwidth in GB/s each way, for the time model's collectives (theory/time.py); 0 = the
     # stated default for the device: on CUDA an H100 node's NVLink (450) and one 400 Gb/s InfiniBand NIC a GPU
     # (50), on CPU gloo over loopback (1). A measured `make collectives` table replaces them where it has rows

@@ -14,8 +14,8 @@ from .collect import varying_keys
 
 def beyond_data_parallel(record) -> bool:
     """Whether a run's mesh record (config/mesh.Mesh.as_record()) has a degree above 1 outside the data-parallel
-    dimensions (tp, cp, pp)."""
-    return bool(record) and any(record.get(d, 1) > 1 for d in DIMENSIONS if not d.startswith("dp"))
+    dimensions (tp, cp, pp) or experts split over borrowed ranks (ep)."""
+    return bool(record) and any(record.get(d, 1) > 1 for d in (*DIMENSIONS, "ep") if not d.startswith("dp"))
 
 
 # (header, how to get it from a summary, format)

@@ -83,7 +83,7 @@ def prepare(cfg, rank: int, world: int, device: torch.device) -> Prepared:
     model = strategy.setup(model, cfg.optim)
     settings = {**strategy.effective_settings(), "workload": models.describe_workload(cfg, counts),
                 "activation_checkpointing": applied,
-                "mesh": {**strategy.mesh.degrees(), "describe": strategy.mesh.describe()}}
+                "mesh": {**strategy.mesh.degrees(), "ep": strategy.mesh.ep, "describe": strategy.mesh.describe()}}
     strategy.loss_group()  # made now, on every rank at once (collective), not at the first loss
     # the ranks of one tensor- or context-parallel group read their data-parallel rank's micro-batches
     batches = data.Batches(cfg.data, cfg.parallelism, cfg.model.vocab_size, cfg.train.seed,

@@ -40,11 +40,14 @@ def paper_bytes(stage: int, s: Shape) -> float:
     """The ZeRO paper's model-state bytes per rank (table 1), for p-byte weights and K optimizer bytes: weights
     pΨ (sharded by stage 3), gradients pT (by stage 2) and optimizer state KT (by stage 1), T = Ψ but for
     LoRA, whose frozen base has no gradients or optimizer state. N is the ranks the states are sharded over:
-    the world, or HSDP's shard group (MiCS's partition group)."""
+    the world, or HSDP's shard group (MiCS's partition group). Under expert parallelism a rank's E/ep experts
+    are sharded over efsdp = N/ep ranks only, which is as if the whole model's experts were over N: `spread`
+    adds the (ep - 1)/ep of them the rank's Ψ left out to what is sharded."""
     psi, t, n, p, k = s.params, s.t, s.shards, s.p, s.k
-    weights = p * psi / n if stage == 3 else p * psi
-    grads = p * t / n if stage >= 2 else p * t
-    return weights + grads + (k * t / n if stage >= 1 else k * t)
+    spread = s.blocks * s.expert_spread
+    weights = p * (psi + spread) / n if stage == 3 else p * psi
+    grads = p * (t + spread) / n if stage >= 2 else p * t
+    return weights + grads + (k * (t + spread) / n if stage >= 1 else k * t)
 
 
 def layout(backend, s: Shape) -> Dict[str, float]:

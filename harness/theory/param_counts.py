@@ -30,4 +30,11 @@ def aggregate(tensors: List[list]) -> Dict[str, object]:
             "largest_trainable": max(trainable, default=0), "head": tagged("head"),
             "head_trainable": tagged("head", True), "block_out_trainable": tagged("block_out", True),
             "matmul_weights": tagged("matmul"), "head_matmul_weights": tagged("output"),
-            "experts": tagged("expert")}
+            "experts": tagged("expert"),
+            "per_block_experts": sum(n for t, n in zip(tensors, sizes) if "expert" in t[3] and "block0" in t[3])}
+
+
+def expert_mask(counts: dict) -> List[bool]:
+    """Whether each tensor of `counts` (in the order of its `rows`) is a 3-D expert weight: what FSDP2 shards over
+    the `efsdp` ranks under expert parallelism (parallel/ep/), rather than every data-parallel one."""
+    return ["expert" in t[3] for t in counts.get("tensors", ())]

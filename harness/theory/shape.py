@@ -67,6 +67,9 @@ class Shape:
     hidden: int = 0
     cp_rotate: str = "allgather"  # how torch's ring passes them (parallelism.cp_rotate)
     heads: int = 0  # attention heads: Ulysses splits them (parallel/cp/comm.py)
+    num_experts: int = 0  # a mixture of experts' experts a layer, and each token's (expert parallelism's all-to-alls)
+    experts_per_token: int = 0
+    block_experts: int = 0  # one block's expert weights on this rank (E/ep of them under expert parallelism)
     kv_hidden: int = 0  # the key/value heads' width (GQA: below `hidden`): what the ring passes (parallel/cp/comm.py)
     vocab: int = 0
     tokens: int = 0
@@ -104,6 +107,13 @@ class Shape:
     def plan(self, axis: str) -> str:
         """Whose implementation splits the model on `axis` (config/axes.py), "" where the axis is not active."""
         return dict(self.plans).get(axis, "")
+
+    @property
+    def expert_spread(self) -> int:
+        """Elements a block's experts count as beyond this rank's E/ep of them when sharded: under expert
+        parallelism they are sharded over efsdp = shards/ep ranks, which is as if all E were over `shards`, so
+        a term of x/shards of a block sizes (x + expert_spread)/shards; 0 without."""
+        return self.block_experts * (self.mesh.ep - 1)
 
     @property
     def post_forward_ranks(self) -> int:
@@ -158,7 +168,7 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
     whole = counts["total"]
     family = families.of(cfg.backend)
     for axis in axes.active(mesh):  # each axis cuts the model to one rank's part (parallel/<axis>/)
-        counts = axis.local_counts(counts, axes.implementation(family, axis.name), mesh.degrees()[axis.name])
+        counts = axis.local_counts(counts, axes.implementation(family, axis.name), mesh.degree(axis.name))
     params = counts["total"]
     fields = dict(params=params, mesh=mesh, precision=cfg.train.precision, master_weights=cfg.train.master_weights,
                   largest_param=counts["largest_param"], bucket_elements=bucket_elements(cfg, params),
@@ -174,6 +184,8 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   head_matmul_weights=counts.get("head_matmul_weights", 0), device=cfg.parallelism.device,
                   model_params=whole, hidden=cfg.model.hidden_size, vocab=cfg.model.vocab_size,
                   cp_rotate=cfg.parallelism.cp_rotate, heads=cfg.model.num_heads,
+                  num_experts=cfg.model.num_experts, experts_per_token=cfg.model.experts_per_token,
+                  block_experts=counts.get("per_block_experts", 0),
                   kv_hidden=cfg.model.hidden_size * (cfg.model.num_kv_heads or cfg.model.num_heads)
                   // cfg.model.num_heads,
                   # one rank's tokens of a micro-batch: its 1/cp of each sequence under context parallelism

@@ -44,6 +44,8 @@ class DeepSpeedFamily(Family):
     # Ulysses: DeepSpeed's sequence parallelism for transformers models (parallel/cp/ulysses.py), all-to-alls over
     # the heads; the engine is built with its groups and ZeRO partitions over dp x cp
     axes = {"tp": "autotp", "cp": "ulysses"}
+    axis_refusals = {"ep": "DeepSpeed's AutoEP (`expert_parallel` in its JSON) is not wired here yet; use backend=fsdp "
+                           "for expert parallelism, or parallelism.ep=1"}
     untraceable = ("the engine moves the module to its device (engine._configure_distributed_model), which torch "
                    "cannot do with fake parameters; ZeRO-3 built under zero.Init gets through forward and backward and "
                    "stops where the step reads the gradient norm's value (runtime/utils.is_invalid_grad_norm)")

@@ -11,8 +11,10 @@ from typing import Dict, List, Optional
 
 from ...config.families import Difference, Family
 from ...config.mesh import DPRequest, Mesh, mesh_of
+from ...core.errors import ConfigError
 from ...config.profiles import NATIVE
 from ...theory import activations, float8
+from ...theory.param_counts import expert_mask
 from ...theory.communication import Collective
 from ...theory.checkpoint_bytes import DCPCheckpoints
 
@@ -27,6 +29,32 @@ def blocks_reshard_to(cfg, mesh: Mesh):
     """What the blocks pass as `reshard_after_forward`: the backend's bool, or the post-forward group's size
     (partial resharding: config/mesh.py resolves it)."""
     return mesh.post_forward_group or bool(cfg.backend.reshard_after_forward)
+
+
+def expert_units(s) -> list:
+    """Under expert parallelism each block's experts are a unit of their own (parallel/ep/dispatch.py), sharded
+    over the efsdp ranks that hold the same E/ep experts, padded on the experts' dimension to a multiple of them:
+    their all-gathers (forward, and backward again when resharded) and reduce-scatter, over `efsdp`, then the
+    Shape with them taken out of the blocks and the padded shards, for the dense rest's collectives. [] without."""
+    if s.mesh.ep == 1 or not s.block_experts:
+        return []
+    import dataclasses
+
+    local, efsdp = s.num_experts // s.mesh.ep, s.mesh.efsdp
+    padded = -(-local // efsdp) * efsdp / local  # torch.chunk over efsdp on the experts' dimension
+    out = []
+    if efsdp > 1:
+        gathers = s.grad_accum * s.blocks * (2 if s.blocks_reshard else 1)
+        out = [Collective("all_gather", s.block_experts * s.p * padded, gathers, "forward+backward", "efsdp"),
+               Collective("reduce_scatter", s.block_experts * s.w * padded, s.blocks, "forward+backward", "efsdp")]
+    taken = s.blocks * s.block_experts
+    dense = dataclasses.replace(
+        s, params=s.params - taken, trainable_params=None if s.trainable_params is None else s.trainable_params - taken,
+        block_params=s.block_params - s.block_experts,
+        block_trainable=None if s.block_trainable is None else s.block_trainable - s.block_experts,
+        shard_params=s.shard_params and s.shard_params - round(taken * padded / efsdp),
+        shard_trainable=s.shard_trainable and s.shard_trainable - round(taken * padded / efsdp))
+    return [*out, dense]
 
 
 class FSDPFamily(DCPCheckpoints, Family):
@@ -45,6 +73,8 @@ class FSDPFamily(DCPCheckpoints, Family):
                             "holds only what it gathers."}
 
     ranged_fields = ("shard_degree", "reshard_degree")
+    # transformers' expert parallelism (parallel/ep/dispatch.py), its experts then sharded over efsdp
+    axes = {"tp": "torch", "cp": "torch", "ep": "transformers"}
     float8_all_gather = True  # torchtitan's default under FSDP2 with tensorwise scales (theory/float8.py)
 
     def rules(self, cfg) -> List[str]:
@@ -54,7 +84,10 @@ class FSDPFamily(DCPCheckpoints, Family):
                 out.append(f"backend.{key}={b[key]}: must be >= 0 (0 = the data-parallel ranks per node)")
         if out:
             return out
-        mesh = mesh_of(cfg)
+        try:
+            mesh = mesh_of(cfg)
+        except ConfigError:
+            return out  # the mesh's own refusal says why (config/mesh_check.mesh_rules)
         dp = mesh.dp
         if b.hybrid_shard and b.shard_degree and (dp % b.shard_degree or b.shard_degree > dp):
             out.append(f"backend.shard_degree={b.shard_degree}: HSDP shards over groups that divide the {dp} "
@@ -79,14 +112,19 @@ class FSDPFamily(DCPCheckpoints, Family):
         # Under HSDP N is the shard group, not the world; under tensor parallelism the rows are the rank's
         # tensor-parallel shard's (FSDP2 shards the local tensor over the data-parallel ranks); under context
         # parallelism N is dp_shard x cp (runtime/device_mesh.py)
+        # Under expert parallelism a rank's experts (counts already cut to E/ep: parallel/ep/counts.py) are
+        # sharded over efsdp, the ranks that hold the same ones
         shards = mesh.dp_shard * mesh.cp
-
-        def shard(rows) -> int:
-            return sum(-(-first // shards) * per_row for first, per_row, _ in rows)
-
         rows = counts.get("rows", [])
+        experts = expert_mask(counts) if mesh.ep > 1 else []
+        over = [mesh.efsdp if experts and experts[i] else shards for i in range(len(rows))]
+
+        def shard(trained_only: bool) -> int:
+            return sum(-(-first // n) * per_row for (first, per_row, trains), n in zip(rows, over)
+                       if trains or not trained_only)
+
         return {"root_reshards": bool(root_reshard(cfg)), "blocks_reshard": bool(cfg.backend.reshard_after_forward),
-                "shard_params": shard(rows), "shard_trainable": shard([r for r in rows if r[2]])}
+                "shard_params": shard(False), "shard_trainable": shard(True)}
 
     def is_hybrid(self, backend) -> bool:
         return bool(backend.hybrid_shard or backend.partial_reshard)
@@ -132,7 +170,7 @@ class FSDPFamily(DCPCheckpoints, Family):
         # without gradient sync (earlier micro-batches) FSDP2 accumulates every unsharded gradient in fp32
         out["unsharded_grads"] = (s.w * s.t if s.grad_accum > 1 else p * (s.head_trainable + s.block_out_trainable))
         if s.grad_accum == 1:
-            out["sharded_grads_so_far"] = s.w * (s.blocks - 1 - k) * s.block_t / s.shards
+            out["sharded_grads_so_far"] = s.w * (s.blocks - 1 - k) * (s.block_t + s.expert_spread) / s.shards
             # the last reduce-scatter's fp32 input, kept until the next one is issued
             out["reduce_scatter_input"] = s.w * s.block_t if k < s.blocks - 1 else 0.0
         return out
@@ -167,7 +205,8 @@ class FSDPFamily(DCPCheckpoints, Family):
                     "unsharded_grads": s.p * (s.head_trainable + (s.block_t if complete else 0)),
                     "reduce_scatter_input": s.w * s.block_t if (j < s.blocks - 1 or not complete) else 0.0,
                     "gloo_clone": 0.0 if complete else clone,
-                    "sharded_grads_so_far": s.w * (s.blocks - j - (1 if complete else 0)) * s.block_t / s.shards,
+                    "sharded_grads_so_far": s.w * (s.blocks - j - (1 if complete else 0))
+                    * (s.block_t + s.expert_spread) / s.shards,
                     "grads_not_yet_allocated": self.missing_grads(backend, s)}
         worst = max(((j, m) for j in range(s.blocks) for m in ("grads_complete", "reduce_scatter")),
                     key=lambda jm: sum(at(*jm).values()))
@@ -175,7 +214,7 @@ class FSDPFamily(DCPCheckpoints, Family):
 
     def step_transients(self, backend, s):
         # torch's AdamW on the local shards: foreach one temporary per tensor, single-tensor two of the largest
-        local, largest = s.t / s.shards, -(-s.largest_t // s.shards)
+        local, largest = (s.t + s.blocks * s.expert_spread) / s.shards, -(-s.largest_t // s.shards)
         if backend.cpu_offload and s.device != "cpu":
             return {}  # offloaded: AdamW steps the host shards, its temporaries on the host, none on the device
         return {"optimizer_temporaries": s.w * local if s.foreach else 2 * s.w * largest}
@@ -200,6 +239,9 @@ class FSDPFamily(DCPCheckpoints, Family):
         (every rank)."""
         # each parameter is padded to a multiple of the shard group on its first dimension, and FSDP2 gathers
         # and reduce-scatters the padded whole: every unit scaled by the model's padding (shape_fields)
+        experts = expert_units(s)  # expert parallelism's experts, their own units over efsdp
+        if experts:
+            s = experts.pop()
         pad = s.shard_params * s.shards / s.params if s.shard_params else 1.0
         pad_t = s.shard_trainable * s.shards / s.t if s.shard_trainable else 1.0
         p, ga, block = s.p * pad, s.grad_accum, s.block_params
@@ -222,8 +264,8 @@ class FSDPFamily(DCPCheckpoints, Family):
                   if s.shards < s.dp else [])
         scales = ([Collective("all_reduce", float8.amax_all_reduce_bytes(s.float8_weights), 1, None, shard)]
                   if s.float8_all_gather and s.float8_weights else [])
-        return gathers + regather + reduce + across + scales + [Collective("all_reduce", 4, 1, None, shard),
-                                                                Collective("all_reduce", 4, 1, None, None)]
+        return experts + gathers + regather + reduce + across + scales + [
+            Collective("all_reduce", 4, 1, None, shard), Collective("all_reduce", 4, 1, None, None)]
 
     def paper_comm_elements(self, backend, s):
         return 2 * s.params + s.t
@@ -233,7 +275,7 @@ class FSDPFamily(DCPCheckpoints, Family):
         the fp32 shard crosses the host link before each all-gather (forward, and backward again when the blocks
         reshard after forward) and the reduce-scattered fp32 gradient shard comes back: 4 B each a parameter.
         On a CPU run those copies are the host tensors themselves."""
-        local = s.params / s.shards
+        local = (s.params + s.blocks * s.expert_spread) / s.shards
         if not backend.cpu_offload:
             return {"memory": 40 * local}
         gathers = 2 if backend.reshard_after_forward else 1
@@ -257,7 +299,7 @@ def offload_staging(backend, s) -> float:
     measured: no GPU has run it."""
     if not backend.cpu_offload or s.device == "cpu":
         return 0.0
-    return s.w * (s.root_params + 2 * s.block_params) / s.shards
+    return s.w * (s.root_params + 2 * (s.block_params + s.expert_spread)) / s.shards
 
 
 def post_forward_shard(s) -> float:

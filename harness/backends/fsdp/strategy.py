@@ -43,6 +43,13 @@ class FSDPStrategy(NativeStrategy):
                    else OffloadPolicy())
         reshard, root = blocks_reshard_to(self.cfg, self.mesh), root_reshard(self.cfg)
         compiled = models.compile_blocks(model) if self.cfg.train.compile else 0  # before sharding: torchtitan's order
+        # units an axis shards over a mesh of its own, inside the blocks and so before them (expert parallelism's
+        # experts over efsdp, their gradients divided by every data-parallel rank: parallel/ep/dispatch.py)
+        for unit, unit_mesh, divide in self.shard_units:
+            fully_shard(unit, mesh=unit_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
+            unit.set_gradient_divide_factor(divide)
+            if self.device.type == "cpu":
+                unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM: divide around a SUM
         for block in models.blocks(model):
             fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
         # native leaves the root to FSDP2 (None: kept unsharded after forward, its gather not exposed)

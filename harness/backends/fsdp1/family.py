@@ -102,7 +102,9 @@ class FSDP1Family(FSDPFamily):
     axes: dict = {}
     axis_refusals = {"tp": "FSDP1 composes with tensor parallelism only through its 2-D DTensor path, which torch "
                            "has moved to FSDP2; use backend=fsdp",
-                     "cp": "torch's context parallelism composes with FSDP2 (torchtitan's), not FSDP1; use backend=fsdp"}
+                     "cp": "torch's context parallelism composes with FSDP2 (torchtitan's), not FSDP1; use backend=fsdp",
+                     "ep": "expert parallelism shards the experts over their own replicas (efsdp) with FSDP2, which "
+                           "FSDP1's one flat parameter a unit cannot; use backend=fsdp"}
     untraceable = ("FullyShardedDataParallel moves the module to its device_id at construction (_move_module_to_device), "
                    "which torch cannot do with fake parameters (\"Couldn't swap Embedding.weight\"); without a device_id "
                    "it asks for an accelerator this CPU path does not have")

@@ -94,6 +94,9 @@ class Strategy(ABC):
         self.settings: Dict[str, dict] = {}  # the framework settings this strategy passed, by framework
         # parallel-state groups an axis hands a framework's engine (DeepSpeed-Ulysses' `mpu`: parallel/cp/)
         self.engine_groups = None
+        # modules an axis asks the data-parallel wrapper to shard over a mesh of their own, before the blocks:
+        # (module, DeviceMesh, gradient divide factor); expert parallelism's experts over `efsdp` (parallel/ep/)
+        self.shard_units: list = []
 
     # -- the mesh -----------------------------------------------------------------------------------------
     @property

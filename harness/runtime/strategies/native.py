@@ -2,6 +2,8 @@
 parallel axes and DCP checkpoints, on the interface of runtime/strategies/base.py."""
 from __future__ import annotations
 
+from typing import Dict
+
 import torch
 from torch import nn
 from typing_extensions import override
@@ -79,8 +81,23 @@ class NativeStrategy(Strategy):
 
     def clip_gradients(self, max_norm: float) -> torch.Tensor:
         """Clip by the global norm, and return it before clipping: torch's clip_grad_norm_, which reduces a DTensor
-        gradient's norm over its mesh (a framework whose gradients are plain local slices overrides)."""
-        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        gradient's norm over its mesh (a framework whose gradients are plain local slices overrides). Gradients
+        on several meshes (expert parallelism's experts over efsdp x ep beside the dense part's data-parallel
+        mesh) cannot meet in one DTensor op: each mesh's norm is reduced over it, then the squares are added, as
+        torchtitan's clip_grad_norm_ does under EP."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        by_mesh: Dict[object, list] = {}
+        for p in params:
+            by_mesh.setdefault(getattr(p, "device_mesh", None), []).append(p)
+        if len(by_mesh) <= 1:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norms = [torch.nn.utils.get_total_norm([p.grad for p in group]) for group in by_mesh.values()]
+        total = torch.stack([local_tensor(n.full_tensor() if hasattr(n, "full_tensor") else n) for n in norms])
+        total = total.pow(2).sum().sqrt()
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch's clip_grads_with_norm_, on local shards
+        for p in params:
+            local_tensor(p.grad).mul_(coef.to(p.grad.device))
+        return total
 
     def _dcp_state(self) -> dict:
         # torch's distributed state dict: keys without wrapper prefixes, FSDP2's shards as DTensors (DCP

@@ -1,0 +1,56 @@
+"""Expert parallelism as an axis (config/axes.Axis): its degree `parallelism.ep`. Its rules (rules.py), one
+rank's counts (counts.py), its collectives (comm.py) and, inside a rank, transformers' expert parallelism
+(dispatch.py), whose experts modules the family then shards over `efsdp` (Strategy.shard_units).
+
+The ep ranks are borrowed from the data-parallel ones (config/mesh.py): each still reads its own micro-batches,
+so activations keep every token (no `activation_splits`); one rank holds E/ep experts of each layer
+(`local_counts`), which FSDP2 shards over the efsdp ranks that hold the same ones, and the dense rest over every
+data-parallel rank as before (backends/fsdp/family.py)."""
+from __future__ import annotations
+
+from typing import List
+
+from ...config.axes import Axis, with_degrees
+from . import comm, counts, rules
+
+
+class ExpertParallel(Axis):
+    name = "ep"
+    title = "expert parallelism"
+    settings_key = "expert_parallel"
+    searched = rules.EP_DEGREES
+    search_note = "on a mixture of experts"
+
+    def searched_for(self, cfg) -> tuple:
+        """A dense model has no experts to split: degree 1 only."""
+        return self.searched if cfg.model.num_experts else (1,)
+
+    def rules(self, cfg) -> List[str]:
+        return [*rules.degree_rules(cfg), *rules.composition_rules(cfg)]
+
+    def degree_rules(self, cfg) -> List[str]:
+        return rules.degree_rules(cfg)
+
+    def degrees(self, cfg, choices=None) -> List[int]:
+        return [ep for ep in choices or self.searched if not rules.degree_rules(with_degrees(cfg, {"ep": ep}))]
+
+    def local_counts(self, counts_: dict, implementation: str, degree: int) -> dict:
+        return counts.local_counts(counts_, degree)
+
+    # the experts run between the dispatch and the combine, and wait for both (transformers' AllToAllEP)
+    collectives_hide = False
+    uncounted = "the all-to-all's split sizes are read from the routing (.tolist()), which fake tensors do not hold"
+
+    def collectives(self, backend, s) -> list:
+        return comm.expert_parallel_collectives(backend, s)
+
+    def apply(self, strategy, model) -> dict:
+        from . import dispatch
+
+        settings, experts = dispatch.apply(model, strategy.meshes)
+        # each expert's gradient sums every ep rank's tokens: divided by every data-parallel rank, as DDP's mean
+        divide = float(strategy.mesh.dp_shard * strategy.mesh.cp)
+        efsdp = strategy.meshes.dimension("efsdp")
+        strategy.shard_units.extend((module, efsdp, divide) for module in experts)
+        settings["gradient_divide_factor"] = divide
+        return settings

@@ -1,0 +1,39 @@
+"""Expert parallelism's collectives: what the `ep` ranks send each other every MoE layer and micro-batch, over
+the mesh's `ep` group, as transformers' AllToAllEP runs them (transformers/distributed/expert_parallel.py;
+Lepikhin et al., "GShard", arXiv 2006.16668, section 2.2, for dispatch and combine; torchtitan's
+expert_parallel.py for the same pair under FSDP2).
+
+Each MoE layer, each micro-batch, for this rank's T tokens routed to k experts each:
+
+- forward: the per-expert row counts (E int64, one small all-to-all: the split sizes, read back to the host),
+  then `dispatch`, the k·T (token, expert) rows of the router's input to their experts' ranks, and `combine`,
+  the experts' k·T output rows back to their tokens' ranks; both in the residual stream's dtype (the experts
+  run in it: under autocast they stay fp32, theory/moe.py);
+- backward: the two big ones' gradients, the same sizes in reverse;
+- a block recomputed in backward (activation checkpointing) runs its forward's three again.
+
+The buffer sizes are the router's: k·T rows leave in all, a fraction (ep - 1)/ep of them to other ranks when the
+router is balanced, which is what nccl-tests' all-to-all bus bandwidth assumes. What a rank receives is what its
+experts were routed: `moe/imbalance` (runtime/routing.py) is the busiest expert over the mean, which the
+received side multiplies by and this model does not. The expert computation sits between the two all-to-alls
+and waits for them (no overlap: `collectives_hide`), as in transformers' implementation.
+"""
+from __future__ import annotations
+
+from typing import List
+
+from ...theory.collective import Collective
+
+
+def expert_parallel_collectives(backend, s) -> List[Collective]:
+    """Every collective transformers' expert parallelism issues per optimizer step on one rank; none at ep 1."""
+    if s.mesh.ep == 1 or not s.tokens or not s.num_experts:
+        return []
+    from ..tp.comm import dtypes
+
+    stream, _ = dtypes(backend, s)
+    rows = s.experts_per_token * s.tokens * s.hidden  # this rank's k·T routed rows of one micro-batch
+    layers, again = s.blocks * s.grad_accum, s.recomputed_blocks * s.grad_accum
+    forwards = layers + again
+    return [Collective("all_to_all", s.num_experts * 8, forwards, None, "ep"),  # the split sizes
+            Collective("all_to_all", rows * stream, 2 * (forwards + layers), None, "ep")]  # dispatch, combine
