@@ -48,8 +48,10 @@ class FSDPStrategy(NativeStrategy):
         for unit, unit_mesh, divide in self.shard_units:
             fully_shard(unit, mesh=unit_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
             unit.set_gradient_divide_factor(divide)
-            if self.device.type == "cpu":
-                unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM: divide around a SUM
+            # gloo has no PREMUL_SUM: divide around a SUM. Not over one rank (efsdp 1), where no reduce-scatter
+            # runs and torch 2.13 then divides the gradient by the factor twice (a half of DDP's, measured)
+            if self.device.type == "cpu" and unit_mesh.size() > 1:
+                unit.set_force_sum_reduction_for_comms(True)
         for block in models.blocks(model):
             fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
         # native leaves the root to FSDP2 (None: kept unsharded after forward, its gather not exposed)

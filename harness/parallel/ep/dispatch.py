@@ -7,7 +7,9 @@ The data-parallel family then shards the experts over `efsdp`, the ranks that ho
 blocks (torchtitan's order: `shard_units`): each expert's gradient is the sum of what every ep rank's tokens
 sent it, so it is divided by the whole data-parallel degree, not by `efsdp` (set_gradient_divide_factor), to
 equal DDP's mean over every rank's tokens. gloo has no PREMUL_SUM, so on CPU the division is FSDP2's pre/post
-one around a SUM (set_force_sum_reduction_for_comms).
+one around a SUM (set_force_sum_reduction_for_comms), except over one efsdp rank, where torch 2.13 then divides
+twice. Adam hides a constant factor in the gradients (its m / sqrt(v)), so losses alone would not have shown
+it: the test holds the optimizer's states too.
 """
 from __future__ import annotations
 
