@@ -197,7 +197,7 @@ def only(backends: tuple, *overrides: str):
 
 
 @pytest.fixture(scope="session")
-def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, tp_runs, cp_runs):
+def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, tp_runs, cp_runs, ep_runs):
     """The LoRA, bf16, resharding and user-data sweeps, all on 2 ranks, as the cells of one launch: one start-up,
     not four."""
     def reshard(backend: str) -> tuple:
@@ -251,6 +251,13 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         "moe_leaf": only(("ds_zero3",), *MOE, "model=tiny_qwen3_moe", "backend.leaf_moe_blocks=true",
                          *zero3_per_module()),
         "moe_mixtral": only(("ddp", "fsdp", "ds_zero2"), *MOE, "model=tiny_mixtral"),
+        # expert parallelism at 2 ranks (ep 2, efsdp 1: every expert on one rank), both MoEs, and the 4-rank
+        # ep cell's checkpoint (efsdp 2 x ep 2) resumed at ep 2 on 2 ranks and at ep 1 under FSDP2 and DDP:
+        # tests/test_expert_parallel.py
+        "ep": only(("fsdp",), *MOE, "model=tiny_qwen3_moe", "parallelism.ep=2"),
+        "ep_mixtral": only(("fsdp",), *MOE, "model=tiny_mixtral", "parallelism.ep=2"),
+        "ep_resume": ep_resumed(ep_runs, 2, ("fsdp",)),
+        "ep_reshard": ep_resumed(ep_runs, 1, ("fsdp", "ddp")),
         # the states-dominated memory check's cells again at 2 ranks (tests/test_memory_check.py): at 4 ranks
         # the sharded states are a quarter, at 2 a half, and the buffers a backend gathers weigh differently
         "states": states_cells(2),
@@ -309,11 +316,19 @@ def _one_sweep(fixture: str, sweep: str):
 
 # each sweep of the two-rank launch by the name its tests take it under
 (reshard_runs, model_dtype_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks, user_runs, nan_runs,
- moe_runs, moe_leaf_runs, moe_mixtral_runs) = (
+ moe_runs, moe_leaf_runs, moe_mixtral_runs, ep_two_rank_runs, ep_mixtral_two_rank_runs) = (
     _one_sweep(fixture, sweep) for fixture, sweep in (
         ("reshard_runs", "reshard"), ("model_dtype_runs", "model_dtype"), ("migrate_runs", "migrate"),
         ("lora_runs", "lora"), ("bf16_runs", "bf16"), ("states_two_ranks", "states"), ("user_runs", "user"),
-        ("nan_runs", "nan"), ("moe_runs", "moe"), ("moe_leaf_runs", "moe_leaf"), ("moe_mixtral_runs", "moe_mixtral")))
+        ("nan_runs", "nan"), ("moe_runs", "moe"), ("moe_leaf_runs", "moe_leaf"), ("moe_mixtral_runs", "moe_mixtral"),
+        ("ep_two_rank_runs", "ep"), ("ep_mixtral_two_rank_runs", "ep_mixtral")))
+
+
+@pytest.fixture(scope="session")
+def ep_resume_runs(two_rank_sweeps):
+    """{"ep2/fsdp", "ep1/fsdp", "ep1/ddp": (summary, records, run dir)}: the 4-rank ep cell's checkpoint resumed."""
+    return {**{f"ep2/{b}": r for b, r in two_rank_sweeps["ep_resume"].items()},
+            **{f"ep1/{b}": r for b, r in two_rank_sweeps["ep_reshard"].items()}}
 
 
 @pytest.fixture(scope="session")
@@ -381,6 +396,7 @@ def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus) -> dict:
              for name, overrides in tp_cells(llama_checkpoint, user_corpus).items()]
     cells += [(f"cp/{name}", [*overrides, *CP_COMMON]) for name, overrides in cp_cells(llama_checkpoint).items()]
     cells += [(f"moe/{backend}", moe_four_ranks(backend)) for backend in ("fsdp", "ds_zero3")]
+    cells += [(f"ep/{name}", overrides) for name, overrides in ep_cells().items()]
     summaries = run_cells(root / "sweeps", cells, [f"paths.root={root}", *FAST], report=False)
     out = {}
     for cell, summary in summaries.items():
@@ -397,6 +413,34 @@ def moe_four_ranks(backend: str) -> list:
     return [*(o for o in MOE if not o.startswith(("parallelism.nproc_per_node", "parallelism.grad_accum"))),
             "model=tiny_qwen3_moe", "parallelism.nproc_per_node=4", "parallelism.grad_accum=1", f"backend={backend}",
             *(zero3_per_module() if backend == "ds_zero3" else ())]
+
+
+def ep_cells() -> dict:
+    """Expert parallelism at 4 ranks, efsdp 2 x ep 2 (each expert on 2 ranks, sharded over them), both MoEs at 1
+    micro-batch x 2: the same 8 sequences a step as the 2-rank MoE sweep's DDP, and grad_accum 2 as the issue's
+    parity cell asks; the Qwen3-MoE cell saves after step 3 (ep_resume, ep_reshard)."""
+    shape = [*(o for o in MOE if not o.startswith(("parallelism.nproc_per_node", "parallelism.grad_accum"))),
+             "parallelism.nproc_per_node=4", "parallelism.micro_batch=1", "parallelism.grad_accum=2",
+             "parallelism.ep=2", "backend=fsdp"]
+    return {"qwen3_moe": [*shape, "model=tiny_qwen3_moe", f"train.checkpoint_every={SAVED_AT}"],
+            "mixtral": [*shape, "model=tiny_mixtral"]}
+
+
+def ep_resumed(runs, ep: int, backends: tuple):
+    """2-rank cells resuming the 4-rank ep cell's checkpoint (efsdp 2 x ep 2, after step 3 of 5) at
+    parallelism.ep=`ep`, 2 micro-batches of 2: the same 8 sequences a step. DCP reshards the experts' DTensors
+    out of their (efsdp, ep) layout."""
+    def overrides(backend: str) -> tuple:
+        path = f"{runs['qwen3_moe'][2]}/checkpoints/step_{SAVED_AT:07d}"
+        return cheap(*MOE, "model=tiny_qwen3_moe", *([f"parallelism.ep={ep}"] if ep > 1 else []),
+                     f"train.resume='{path}'")
+    overrides.backends = list(backends)
+    return overrides
+
+
+@pytest.fixture(scope="session")
+def ep_runs(four_rank_runs) -> dict:
+    return {cell.removeprefix("ep/"): run for cell, run in four_rank_runs.items() if cell.startswith("ep/")}
 
 
 @pytest.fixture(scope="session")

@@ -202,11 +202,11 @@ def test_zero3_gathers_a_moe_blocks_router_and_experts_together_with_or_without_
     assert settings["z3_leaf_modules"] == ["Qwen3MoeSparseMoeBlock"]
 
 
-def test_a_moe_config_json_is_estimated_on_data_parallel_meshes_only(capsys):
+def test_a_moe_config_json_is_estimated_without_tensor_or_context_parallelism(capsys):
     from harness.studies.predict import estimate
 
     assert estimate.main(["model=tiny_mixtral", "parallelism=gpu8"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
     assert {line.split("│")[1].strip() for line in rows} >= {"ddp", "fsdp", "ds_zero3"}
-    # dp x cp x tp: the search skips the axes a mixture of experts is refused on
+    # dp x cp x tp: the search skips the axes a mixture of experts is refused on (ep: tests/test_expert_parallel.py)
     assert {tuple(c.strip() for c in line.split("│")[2:5]) for line in rows} == {("8", "1", "1")}
