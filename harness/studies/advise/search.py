@@ -182,7 +182,9 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
         # one composition per backend (a config group); the candidates' batch and checkpointing are set on a
         # copy, as their overrides would set them (a composition costs about 0.5 s, and there are 6 a backend)
         composed = compose([*overrides, f"backend={backend}", f"parallelism.global_batch={batch}"])
-        asked = {n: sorted({point[n] for point in meshes}) for n in axes.AXES}
+        # each axis's degrees as the user pinned them or as it searches this shape, filtered for this backend
+        # (the base config's family may refuse an axis another composes with: DDP expert parallelism)
+        asked = {n: [pinned[n]] if n in pinned else list(axes.get(n).searched_for(base)) for n in axes.AXES}
         for point in mesh_points(composed, asked):
             dp = data_parallel_ranks(composed, point)
             at_point = axes.with_degrees(composed, point)  # one copy a mesh point, its batch and policy set below
