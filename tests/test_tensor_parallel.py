@@ -48,7 +48,7 @@ def test_the_mesh_is_a_table_of_degrees_that_answers_what_if():
     assert Mesh.from_record(hsdp.as_record()) == hsdp
     for bad, says in (({"tp": 3}, "tp=3: must divide the 8 ranks of a node"), ({"dp_replicate": 3},
                       "= 3 does not divide the 64 ranks"), ({"dp_shard": 3}, "is 3 ranks, not 64"),
-                      ({"ep": 2}, "no dimension ep")):
+                      ({"ep": 3}, "ep=3: must divide the 64 ranks"), ({"xp": 2}, "no dimension xp")):
         with pytest.raises(ConfigError, match=says):
             m.replace(**bad)
 
@@ -147,7 +147,7 @@ def test_the_settings_record_the_mesh_and_the_plan_that_ran(tp_runs):
     import json
 
     settings = {cell: json.loads((run_dir / "settings.json").read_text()) for cell, (_, _, run_dir) in tp_runs.items()}
-    assert settings["gqa/fsdp"]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2,
+    assert settings["gqa/fsdp"]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2, "ep": 1,
                                             "describe": "dp 2 x tp 2 (SP, loss parallel)"}
     summary = json.loads((tp_runs["gqa/fsdp"][2] / "summary.json").read_text())
     assert Mesh.from_record(summary["mesh_record"]).describe() == summary["mesh"]  # the record holds it as data

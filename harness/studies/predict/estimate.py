@@ -82,12 +82,13 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
                   f"{r['peak_bytes'] / GIB:,.3f}",
                   *((("yes" if fits(r["peak_bytes"], device_gib) else "no"),) if device_gib else ()),
                   *((f"{r['step_s'] * 1e3:,.2f}", f"{r['tokens_per_s']:,.0f}") if timed else ()))
-    Console(width=max(Console().width, 220 if timed else 180)).print(t)
+    Console(width=max(Console().width, 240 if timed else 200)).print(t)
     print("GB per rank (1e9 bytes, as the ZeRO paper counts), and the peak also in GiB (2^30 bytes, as --device-gib "
           "and the advisor count). dp x cp x tp = the mesh (config/mesh.py): data-parallel ranks, context-parallel "
           "ranks (each 1/cp of every sequence: torch's ring under FSDP2 and DDP, Ulysses under DeepSpeed), and "
           "tensor-parallel ranks inside a node; under tensor parallelism each rank holds its shard of the model, and "
-          "its states are that shard's. device+host = model states; buffers = comm/offload staging; activations per "
+          "its states are that shard's. ep = the ranks each layer's experts are split over, borrowed from the "
+          "data-parallel ones (each expert sharded over the other dp/ep: parallel/ep/). device+host = model states; buffers = comm/offload staging; activations per "
           "micro-batch; comm = bytes sent per rank per step, split by the link its group crosses (ring collectives: a "
           "group with ranks on two nodes runs at the inter-node link; tensor parallelism's stay inside the node; "
           "theory/communication.py).")
