@@ -44,7 +44,11 @@ class DeepSpeedFamily(Family):
     # Ulysses: DeepSpeed's sequence parallelism for transformers models (parallel/cp/ulysses.py), all-to-alls over
     # the heads; the engine is built with its groups and ZeRO partitions over dp x cp
     axes = {"tp": "autotp", "cp": "ulysses"}
-    axis_refusals = {"ep": "DeepSpeed's AutoEP (`expert_parallel` in its JSON) is not wired here yet; use backend=fsdp "
+    # AutoEP fails inside deepspeed.initialize with the pinned versions: DeepSpeed 0.19.8 calls
+    # `registry.get(key, default)` on transformers 5.23's _CanRecordRegistry, whose get(model) takes one argument
+    # (module_inject/auto_ep_presets/base.py, _install_instance_transformers_output_recorders)
+    axis_refusals = {"ep": "DeepSpeed 0.19.8's AutoEP (`expert_parallel` in its JSON) fails to initialise with "
+                           "transformers 5.23 (its output-recorder registry's get() signature); use backend=fsdp "
                            "for expert parallelism, or parallelism.ep=1"}
     untraceable = ("the engine moves the module to its device (engine._configure_distributed_model), which torch "
                    "cannot do with fake parameters; ZeRO-3 built under zero.Init gets through forward and backward and "
