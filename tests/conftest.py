@@ -197,7 +197,8 @@ def only(backends: tuple, *overrides: str):
 
 
 @pytest.fixture(scope="session")
-def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, tp_runs, cp_runs, ep_runs):
+def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, tp_runs, cp_runs, ep_runs,
+                    two_experts):
     """The LoRA, bf16, resharding and user-data sweeps, all on 2 ranks, as the cells of one launch: one start-up,
     not four."""
     def reshard(backend: str) -> tuple:
@@ -256,6 +257,7 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         # tests/test_expert_parallel.py
         "ep": only(("fsdp",), *MOE, "model=tiny_qwen3_moe", "parallelism.ep=2"),
         "ep_mixtral": only(("fsdp",), *MOE, "model=tiny_mixtral", "parallelism.ep=2"),
+        "ep_two_experts": only(("ddp",), *MOE, f"model.hf_config={two_experts}"),
         "ep_resume": ep_resumed(ep_runs, 2, ("fsdp",)),
         "ep_reshard": ep_resumed(ep_runs, 1, ("fsdp", "ddp")),
         # the states-dominated memory check's cells again at 2 ranks (tests/test_memory_check.py): at 4 ranks
@@ -316,12 +318,13 @@ def _one_sweep(fixture: str, sweep: str):
 
 # each sweep of the two-rank launch by the name its tests take it under
 (reshard_runs, model_dtype_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks, user_runs, nan_runs,
- moe_runs, moe_leaf_runs, moe_mixtral_runs, ep_two_rank_runs, ep_mixtral_two_rank_runs) = (
+ moe_runs, moe_leaf_runs, moe_mixtral_runs, ep_two_rank_runs, ep_mixtral_two_rank_runs, two_experts_ddp_runs) = (
     _one_sweep(fixture, sweep) for fixture, sweep in (
         ("reshard_runs", "reshard"), ("model_dtype_runs", "model_dtype"), ("migrate_runs", "migrate"),
         ("lora_runs", "lora"), ("bf16_runs", "bf16"), ("states_two_ranks", "states"), ("user_runs", "user"),
         ("nan_runs", "nan"), ("moe_runs", "moe"), ("moe_leaf_runs", "moe_leaf"), ("moe_mixtral_runs", "moe_mixtral"),
-        ("ep_two_rank_runs", "ep"), ("ep_mixtral_two_rank_runs", "ep_mixtral")))
+        ("ep_two_rank_runs", "ep"), ("ep_mixtral_two_rank_runs", "ep_mixtral"),
+        ("two_experts_ddp_runs", "ep_two_experts")))
 
 
 @pytest.fixture(scope="session")
@@ -385,7 +388,7 @@ def cp_cells(llama_checkpoint) -> dict:
 
 
 @pytest.fixture(scope="session")
-def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus) -> dict:
+def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus, two_experts) -> dict:
     """tp_cells, cp_cells and two MoE cells at 4 ranks, in one launch (a start-up of 4 ranks on 2 cores costs about
     15 s): {"tp/<cell>", "cp/<cell>" or "moe/<backend>": (summary, per-step records, run dir)}."""
     from harness.launcher.cells import run_cells
@@ -396,7 +399,7 @@ def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus) -> dict:
              for name, overrides in tp_cells(llama_checkpoint, user_corpus).items()]
     cells += [(f"cp/{name}", [*overrides, *CP_COMMON]) for name, overrides in cp_cells(llama_checkpoint).items()]
     cells += [(f"moe/{backend}", moe_four_ranks(backend)) for backend in ("fsdp", "ds_zero3")]
-    cells += [(f"ep/{name}", overrides) for name, overrides in ep_cells().items()]
+    cells += [(f"ep/{name}", overrides) for name, overrides in ep_cells(two_experts).items()]
     summaries = run_cells(root / "sweeps", cells, [f"paths.root={root}", *FAST], report=False)
     out = {}
     for cell, summary in summaries.items():
@@ -415,7 +418,17 @@ def moe_four_ranks(backend: str) -> list:
             *(zero3_per_module() if backend == "ds_zero3" else ())]
 
 
-def ep_cells() -> dict:
+@pytest.fixture(scope="session")
+def two_experts(tmp_path_factory) -> Path:
+    """tiny_mixtral's config.json with 2 experts, top-1: at 4 ranks the shard group outnumbers them, so FSDP2
+    shards the expert weights on their second dimension (torchtitan's rule: backends/fsdp/family.expert_shard_dim)."""
+    root = tmp_path_factory.mktemp("two_experts")
+    config = json.loads((Path(__file__).parent.parent / "conf/model/hf/tiny_mixtral/config.json").read_text())
+    (root / "config.json").write_text(json.dumps({**config, "num_local_experts": 2, "num_experts_per_tok": 1}))
+    return root
+
+
+def ep_cells(two_experts: Path) -> dict:
     """Expert parallelism at 4 ranks, efsdp 2 x ep 2 (each expert on 2 ranks, sharded over them), both MoEs at 1
     micro-batch x 2: the same 8 sequences a step as the 2-rank MoE sweep's DDP, and grad_accum 2 as the issue's
     parity cell asks; the Qwen3-MoE cell saves after step 3 (ep_resume, ep_reshard)."""
@@ -423,7 +436,10 @@ def ep_cells() -> dict:
              "parallelism.nproc_per_node=4", "parallelism.micro_batch=1", "parallelism.grad_accum=2",
              "parallelism.ep=2", "backend=fsdp"]
     return {"qwen3_moe": [*shape, "model=tiny_qwen3_moe", f"train.checkpoint_every={SAVED_AT}"],
-            "mixtral": [*shape, "model=tiny_mixtral"]}
+            "mixtral": [*shape, "model=tiny_mixtral"],
+            # 2 experts over 4 ranks at ep 1, and 1 a rank over efsdp 2 at ep 2: both on the second dimension
+            "two_experts": [*shape, f"model.hf_config={two_experts}"],
+            "two_experts_ep1": [*(o for o in shape if o != "parallelism.ep=2"), f"model.hf_config={two_experts}"]}
 
 
 def ep_resumed(runs, ep: int, backends: tuple):

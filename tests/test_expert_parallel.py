@@ -27,7 +27,7 @@ MOE4 = ["model=tiny_qwen3_moe", "backend=fsdp", "parallelism.nproc_per_node=4"]
     ([*MOE4[:2], "parallelism.nproc_per_node=3", "parallelism.ep=3"], "must divide model.num_experts=8"),
     ([*MOE4, "backend=ddp", "parallelism.ep=2"], "DDP all-reduces every gradient over every rank"),
     ([*MOE4, "backend=fsdp1", "parallelism.ep=2"], "FSDP1's one flat parameter a unit cannot"),
-    ([*MOE4, "backend=ds_zero3", "parallelism.ep=2"], "DeepSpeed's AutoEP"),
+    ([*MOE4, "backend=ds_zero3", "parallelism.ep=2"], "AutoEP (`expert_parallel` in its JSON) fails to initialise"),
     ([*MOE4, "backend=fsdp_hsdp", "backend.shard_degree=2", "parallelism.ep=2"], "(HSDP, partial resharding)"),
     ([*MOE4, "workload=lora", "parallelism.ep=2"], "workload=lora is not split by expert parallelism"),
     ([*MOE4, "parallelism.ep=0"], "parallelism.ep=0: must be positive"),
@@ -156,3 +156,30 @@ def test_an_expert_parallel_checkpoint_resumes_exactly_at_ep_2_and_at_ep_1(ep_ru
         assert [r["step"] for r in records] == [3, 4], cell
         for key in ("loss/loss", "loss/grad_norm"):
             assert [r[key] for r in records] == pytest.approx([r[key] for r in original], rel=1e-5), (cell, key)
+
+
+def test_experts_the_shard_group_outnumbers_are_sharded_on_their_second_dimension(two_experts_ddp_runs, ep_runs):
+    """2 experts (top-1) on 4 ranks, at ep 1 (dp 4 over 2 experts) and at ep 2 (efsdp 2 over 1 expert a rank):
+    FSDP2 shards the expert weights on dim 1 (on dim 0 a rank would hold a padded expert: at ep 1 the expert
+    shards twice the theory's), trains as DDP does and holds the theory's states."""
+    reference = two_experts_ddp_runs["ddp"][1]
+    for cell in ("two_experts_ep1", "two_experts"):
+        summary, records, run_dir = ep_runs[cell]
+        assert summary["status"] == "ok", (cell, summary.get("reason"))
+        for key in ("loss/loss", "loss/grad_norm"):
+            assert [r[key] for r in records] == pytest.approx([r[key] for r in reference], rel=1e-4), (cell, key)
+        assert abs(summary["figures"]["memory/model_states_error_pct"]) <= 1, cell
+        assert json.loads((run_dir / "settings.json").read_text())["fsdp"]["experts_shard_dim"] == 1, cell
+
+
+def test_mixtral_on_256_ranks_holds_a_256th_of_its_experts_not_an_eighth():
+    """FSDP2 on dim 0 puts one padded row of Mixtral-8x7B's 8 experts on each of 256 ranks (84 GiB of states a
+    rank, traced: docs/moe.md); on dim 1, as torchtitan shards them, 1/256 of every expert, at ep 1 and ep 8."""
+    counts = None
+    for ep in (1, 8):
+        cfg = compose(["model=mixtral_8x7b", "backend=fsdp", "parallelism=multinode", "parallelism.nnodes=32",
+                       f"parallelism.ep={ep}"])
+        counts = counts or models.param_count(cfg.model)
+        s = shape_of(cfg, None, counts)
+        assert s.mesh.world == 256
+        assert s.shard_params == pytest.approx(counts["total"] / 256, rel=1e-3), ep

@@ -70,6 +70,7 @@ class Shape:
     num_experts: int = 0  # a mixture of experts' experts a layer, and each token's (expert parallelism's all-to-alls)
     experts_per_token: int = 0
     block_experts: int = 0  # one block's expert weights on this rank (E/ep of them under expert parallelism)
+    shard_experts: int = 0  # FSDP2: this rank's shards of every expert weight, padded (backends/fsdp/family.py)
     kv_hidden: int = 0  # the key/value heads' width (GQA: below `hidden`): what the ring passes (parallel/cp/comm.py)
     vocab: int = 0
     tokens: int = 0

@@ -31,6 +31,25 @@ def blocks_reshard_to(cfg, mesh: Mesh):
     return mesh.post_forward_group or bool(cfg.backend.reshard_after_forward)
 
 
+def expert_shard_dim(experts: int, ranks: int) -> int:
+    """The dimension FSDP2 shards a 3-D expert weight on over `ranks`: the experts' (0), unless the ranks
+    outnumber the `experts` a rank holds, then the next (1), as torchtitan's shard_placement_fn does. On dim 0 each
+    rank would hold a padded expert (torch.chunk): Mixtral's 8 over 256 ranks, 1/8 of every expert, not 1/256."""
+    return 1 if ranks > experts else 0
+
+
+def sharded_elements(shape, ranks: int, expert: bool) -> int:
+    """One rank's elements of a parameter of `shape` fully_shard splits over `ranks`: ceil(rows / ranks) rows of
+    its sharded dimension (the first; an expert weight's second when the ranks outnumber its experts)."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    if not shape:
+        return numel
+    dim = expert_shard_dim(shape[0], ranks) if expert and len(shape) > 1 else 0
+    return -(-shape[dim] // ranks) * (numel // shape[dim]) if shape[dim] else numel
+
+
 def expert_units(s) -> list:
     """Under expert parallelism each block's experts are a unit of their own (parallel/ep/dispatch.py), sharded
     over the efsdp ranks that hold the same E/ep experts, padded on the experts' dimension to a multiple of them:
@@ -40,20 +59,19 @@ def expert_units(s) -> list:
         return []
     import dataclasses
 
-    local, efsdp = s.num_experts // s.mesh.ep, s.mesh.efsdp
-    padded = -(-local // efsdp) * efsdp / local  # torch.chunk over efsdp on the experts' dimension
+    efsdp, taken = s.mesh.efsdp, s.blocks * s.block_experts
+    padded = s.shard_experts * efsdp / taken if s.shard_experts else 1.0  # torch.chunk's padding over efsdp
     out = []
     if efsdp > 1:
         gathers = s.grad_accum * s.blocks * (2 if s.blocks_reshard else 1)
         out = [Collective("all_gather", s.block_experts * s.p * padded, gathers, "forward+backward", "efsdp"),
                Collective("reduce_scatter", s.block_experts * s.w * padded, s.blocks, "forward+backward", "efsdp")]
-    taken = s.blocks * s.block_experts
     dense = dataclasses.replace(
         s, params=s.params - taken, trainable_params=None if s.trainable_params is None else s.trainable_params - taken,
         block_params=s.block_params - s.block_experts,
         block_trainable=None if s.block_trainable is None else s.block_trainable - s.block_experts,
-        shard_params=s.shard_params and s.shard_params - round(taken * padded / efsdp),
-        shard_trainable=s.shard_trainable and s.shard_trainable - round(taken * padded / efsdp))
+        shard_params=s.shard_params and s.shard_params - s.shard_experts,
+        shard_trainable=s.shard_trainable and s.shard_trainable - s.shard_experts)
     return [*out, dense]
 
 
@@ -113,18 +131,21 @@ class FSDPFamily(DCPCheckpoints, Family):
         # tensor-parallel shard's (FSDP2 shards the local tensor over the data-parallel ranks); under context
         # parallelism N is dp_shard x cp (runtime/device_mesh.py)
         # Under expert parallelism a rank's experts (counts already cut to E/ep: parallel/ep/counts.py) are
-        # sharded over efsdp, the ranks that hold the same ones
+        # sharded over efsdp, the ranks that hold the same ones; an expert weight is sharded on its second
+        # dimension where the ranks outnumber its experts (expert_shard_dim)
         shards = mesh.dp_shard * mesh.cp
-        rows = counts.get("rows", [])
-        experts = expert_mask(counts) if mesh.ep > 1 else []
-        over = [mesh.efsdp if experts and experts[i] else shards for i in range(len(rows))]
+        tensors = counts.get("tensors") or [[None, [first, per_row], trains, ()]
+                                            for first, per_row, trains in counts.get("rows", [])]
+        experts = expert_mask(counts) or [False] * len(tensors)
+        mine = [sharded_elements(t[1], mesh.efsdp if expert and mesh.ep > 1 else shards, expert)
+                for t, expert in zip(tensors, experts)]
 
         def shard(trained_only: bool) -> int:
-            return sum(-(-first // n) * per_row for (first, per_row, trains), n in zip(rows, over)
-                       if trains or not trained_only)
+            return sum(n for n, t in zip(mine, tensors) if t[2] or not trained_only)
 
         return {"root_reshards": bool(root_reshard(cfg)), "blocks_reshard": bool(cfg.backend.reshard_after_forward),
-                "shard_params": shard(False), "shard_trainable": shard(True)}
+                "shard_params": shard(False), "shard_trainable": shard(True),
+                "shard_experts": sum(n for n, expert in zip(mine, experts) if expert)}
 
     def is_hybrid(self, backend) -> bool:
         return bool(backend.hybrid_shard or backend.partial_reshard)

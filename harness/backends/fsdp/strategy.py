@@ -17,7 +17,7 @@ import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from typing_extensions import override
 
-from .family import blocks_reshard_to, root_reshard
+from .family import blocks_reshard_to, expert_shard_dim, root_reshard
 from ...runtime import models
 from ...runtime.strategies.native import NativeStrategy
 
@@ -45,15 +45,26 @@ class FSDPStrategy(NativeStrategy):
         compiled = models.compile_blocks(model) if self.cfg.train.compile else 0  # before sharding: torchtitan's order
         # units an axis shards over a mesh of its own, inside the blocks and so before them (expert parallelism's
         # experts over efsdp, their gradients divided by every data-parallel rank: parallel/ep/dispatch.py)
+        placements = []  # the shard_placement_fn of each unit with expert weights (None: FSDP2's dim 0)
         for unit, unit_mesh, divide in self.shard_units:
-            fully_shard(unit, mesh=unit_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
+            placements.append(experts_placement(unit_mesh.size(), {id(p) for p in unit.parameters()},
+                                                getattr(unit, "num_experts", 0)))
+            fully_shard(unit, mesh=unit_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard,
+                        shard_placement_fn=placements[-1])
             unit.set_gradient_divide_factor(divide)
             # gloo has no PREMUL_SUM: divide around a SUM. Not over one rank (efsdp 1), where no reduce-scatter
             # runs and torch 2.13 then divides the gradient by the factor twice (a half of DDP's, measured)
             if self.device.type == "cpu" and unit_mesh.size() > 1:
                 unit.set_force_sum_reduction_for_comms(True)
+        # a mixture of experts' 3-D weights inside the blocks (no expert parallelism), on their second dimension
+        # where the shard group outnumbers the experts
+        expert_params = {id(p) for m in models.moe_modules(model, models.EXPERTS_CLASS_SUFFIX) for p in m.parameters()
+                         if not any(m is unit for unit, _, _ in self.shard_units)}
+        in_blocks = experts_placement(self.mesh.dp_shard * self.mesh.cp, expert_params, self.cfg.model.num_experts)
+        placements.append(in_blocks)
         for block in models.blocks(model):
-            fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
+            fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard,
+                        shard_placement_fn=in_blocks)
         # native leaves the root to FSDP2 (None: kept unsharded after forward, its gather not exposed)
         fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload,
                     **({} if root is None else {"reshard_after_forward": root}))
@@ -63,6 +74,9 @@ class FSDPStrategy(NativeStrategy):
                                  "shard_group": self.mesh.dp_shard,
                                  "post_forward_group": self.mesh.post_forward_group or self.mesh.dp_shard,
                                  "offload_policy": type(offload).__name__,
+                                 # a mixture of experts' 3-D weights: the dimension fully_shard splits them on
+                                 **({"experts_shard_dim": 1 if any(placements) else 0}
+                                    if self.cfg.model.num_experts else {}),
                                  "pin_memory": getattr(offload, "pin_memory", None)}
         if compiled:
             self.settings["compile"] = {"compiled_blocks": compiled}
@@ -101,3 +115,13 @@ class FSDPStrategy(NativeStrategy):
         # micro-batch only.
         self.model.set_requires_gradient_sync(last)
         yield
+
+
+def experts_placement(ranks: int, expert_params: set, experts: int):
+    """fully_shard's shard_placement_fn for a unit holding 3-D expert weights: Shard(1) for them where the `ranks`
+    outnumber the `experts` (family.expert_shard_dim, torchtitan's rule), else None (FSDP2's Shard(0))."""
+    if not expert_params or not experts or not expert_shard_dim(experts, ranks):
+        return None
+    from torch.distributed.tensor import Shard
+
+    return lambda p: Shard(1) if id(p) in expert_params else None
