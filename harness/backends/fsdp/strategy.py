@@ -17,7 +17,8 @@ import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from typing_extensions import override
 
-from .family import blocks_reshard_to, expert_shard_dim, root_reshard
+from .experts import expert_shard_dim
+from .family import blocks_reshard_to, root_reshard
 from ...runtime import models
 from ...runtime.strategies.native import NativeStrategy
 
