@@ -99,7 +99,7 @@ class DDPFamily(DCPCheckpoints, Family):
     def reduce_terms(self, backend, s, act):
         if s.mesh.tp > 1:
             fsdp2, settings, view = replicated(backend, s)
-            return fsdp2.reduce_terms(settings, view, act)
+            return fsdp2.reduce_terms(settings, view, act, with_root=False)
         return {}, None
 
     def _ddp_phase_terms(self, backend, s, phase, k):

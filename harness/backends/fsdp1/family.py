@@ -174,7 +174,7 @@ class FSDP1Family(FSDPFamily):
         return [c._replace(count=1) if c.op == "all_gather" and c.hidden_by == "forward+backward" else c for c in out]
 
     def reduce_terms(self, backend, s, act):
-        return super().reduce_terms(backend, whole_units(s), act)
+        return super().reduce_terms(backend, whole_units(s), act, with_root=False)
 
     def after_backward_buffers(self, backend, s):
         return super().after_backward_buffers(backend, whole_units(s))

@@ -113,6 +113,35 @@ def real_meshes():
             setattr(DeviceMesh, name, descriptor)
 
 
+@contextlib.contextmanager
+def balanced_routing(cfg):
+    """Expert parallelism reads its all-to-all's split sizes from the routing (transformers' AllToAllEP:
+    `torch.stack([send, recv]).tolist()`), which a fake tensor does not hold. Answered here as the balanced
+    routing the theory assumes: each rank sends k x T / ep rows to every ep rank and receives as many (what a
+    real rank reads varies with the router: docs/moe.md). Only a fake (2, ep) integer tensor is answered; any
+    other `.tolist()` is torch's."""
+    ep = max(cfg.parallelism.get("ep", 1) or 1, 1)
+    if ep == 1:
+        yield
+        return
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    par = cfg.parallelism
+    rows = cfg.model.experts_per_token * par.micro_batch * par.seq_len // max(par.cp, 1)
+    original = FakeTensor.tolist
+
+    def tolist(tensor):
+        if tensor.shape == (2, ep) and not tensor.is_floating_point():
+            return [[rows // ep] * ep, [rows // ep] * ep]
+        return original(tensor)
+
+    FakeTensor.tolist = tolist
+    try:
+        yield
+    finally:
+        FakeTensor.tolist = original
+
+
 def trace(cfg, world: int, steps: int = 2) -> Trace:
     """Rank 0 of `world` ranks, built and stepped `steps` times on fake tensors (the first step creates the
     optimizer state; the peak and the collectives are the last step's with the state in place)."""
@@ -126,7 +155,7 @@ def trace(cfg, world: int, steps: int = 2) -> Trace:
     device = torch.device("cpu")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), real_meshes():
+        with FakeTensorMode(allow_non_fake_inputs=True), real_meshes(), balanced_routing(cfg):
             ready = prepare(cfg, 0, world, device)
             batches = ready.batches
             real_get = batches.get

@@ -81,11 +81,12 @@ def render(rows: List[dict], command: str) -> str:
              f"{THRESHOLDS['states']:g}%, peak {THRESHOLDS['peak']:g}%, bytes per step {THRESHOLDS['bytes']:g}%. "
              "Predicted: `harness/theory` for the same config on the CPU code path the trace runs (AdamW "
              "single-tensor).", "",
-             "| model | backend | world | tp | precision | ckpt | states | predicted | error | peak | predicted "
+             "| model | backend | world | tp (ep) | precision | ckpt | states | predicted | error | peak | predicted "
              "| error | moment | GB/step | predicted | error | s |",
              "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
-        head = (f"| {r['model']} | {r['backend']} | {r['world']} | {r.get('tp', 1)} | {r['precision']} | "
+        ep = f" (ep {r['ep']})" if r.get("ep", 1) > 1 else ""  # expert parallelism: parallelism.ep=<k> overrides
+        head = (f"| {r['model']} | {r['backend']} | {r['world']} | {r.get('tp', 1)}{ep} | {r['precision']} | "
                 f"{'on' if r['checkpointing'] else 'off'} ")
         if not r["ok"]:
             lines.append(head + f"| not traced: {r['error']} ({r['where']}) | | | | | | | | | | {r['seconds']} |")
