@@ -7,7 +7,8 @@ A mesh is an ordered table of degrees, torchtitan's ParallelDims order, outermos
 pp (pipeline stages) is held at 1 until its axis lands. ep (expert parallelism, parallel/ep/) is not a dimension of
 the table: it borrows its ranks from the ones a parameter is sharded over, as torchtitan's does
 (`dp_shard x cp x tp = efsdp x ep`, its expert tensor-parallel degree 1): the `ep` consecutive ranks of that
-block split the experts, and the `efsdp` ranks `ep` apart hold the same experts, which FSDP2 shards over them. cp (context parallelism, parallel/cp/) borrows its ranks
+block split the experts, and the `efsdp` ranks `ep` apart hold the same experts, which FSDP2 shards over them.
+cp (context parallelism, parallel/cp/) borrows its ranks
 from the data-parallel ones: the `cp` ranks of one data-parallel rank read the same micro-batches, each a slice
 of every sequence, so FSDP shards over `dp_shard x cp` (the `dp_shard_cp` group) and the loss is a mean over
 `dp x cp` (`dp_cp`). Ranks are numbered node

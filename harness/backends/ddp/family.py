@@ -63,7 +63,6 @@ class DDPFamily(DCPCheckpoints, Family):
                    "ranks, which fake tensors do not have; past it, its C++ reducer asserts on the fake process group's "
                    "futures, which carry no tensor (c10d/comm.cpp)")
     traces_split = True  # at tp > 1 it is torch's replicate, FSDP2's machinery, which traces
-    axes = {"tp": "torch", "cp": "torch"}
     axis_refusals = {"ep": "DDP all-reduces every gradient over every rank, while split experts are reduced over "
                            "their own replicas only (efsdp), as torchtitan does with FSDP2; use backend=fsdp"}
     term_names = {"ddp_buckets": "DDP's gradient buckets"}

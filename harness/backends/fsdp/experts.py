@@ -3,7 +3,10 @@ dimension fully_shard splits them on, one rank's elements of a parameter, and un
 experts' own units over efsdp with their collectives (parallel/ep/)."""
 from __future__ import annotations
 
+import dataclasses
+
 from ...theory.communication import Collective
+from ...theory.param_counts import numel as elements
 
 
 def expert_shard_dim(experts: int, ranks: int) -> int:
@@ -16,9 +19,7 @@ def expert_shard_dim(experts: int, ranks: int) -> int:
 def sharded_elements(shape, ranks: int, expert: bool) -> int:
     """One rank's elements of a parameter of `shape` fully_shard splits over `ranks`: ceil(rows / ranks) rows of
     its sharded dimension (the first; an expert weight's second when the ranks outnumber its experts)."""
-    numel = 1
-    for n in shape:
-        numel *= n
+    numel = elements(shape)
     if not shape:
         return numel
     dim = expert_shard_dim(shape[0], ranks) if expert and len(shape) > 1 else 0
@@ -32,8 +33,6 @@ def expert_units(s) -> list:
     Shape with them taken out of the blocks and the padded shards, for the dense rest's collectives. [] without."""
     if s.mesh.ep == 1 or not s.block_experts:
         return []
-    import dataclasses
-
     efsdp, taken = s.mesh.efsdp, s.blocks * s.block_experts
     padded = s.shard_experts * efsdp / taken if s.shard_experts else 1.0  # torch.chunk's padding over efsdp
     out = []
