@@ -281,8 +281,16 @@ def test_the_dry_run_says_why_micro_batch_1_peaks_above_micro_batch_4_at_one_glo
     from harness.studies.advise.answer import print_plan
 
     p = advise.plan(["model=llama3_8b", "parallelism=gpu8", "train.precision=bf16"], 80 * 2**30, 32, ["fsdp"], 0.1)
-    one, four = ({(c.micro_batch, c.axes["tp"], c.checkpointing): c for c in p.candidates}[(mb, 1, True)] for mb in (1, 4))
+    found = {(c.micro_batch, c.axes["tp"], c.checkpointing, c.grad_sync): c for c in p.candidates}
+    one, four = (found[mb, 1, True, ""] for mb in (1, 4))
     assert one.grad_accum == 4 and four.grad_accum == 1 and one.predicted_peak_bytes > four.predicted_peak_bytes
+    # searched beside it: reduce-scattered every micro-batch (grad_sync=every), the sharded gradients only, at
+    # 4 reduce-scatters a step for 1; none at grad_accum 1, where the two are the same run
+    every = found[1, 1, True, "every"]
+    assert every.predicted_held_grads_bytes < one.predicted_held_grads_bytes / 10
+    assert every.predicted_peak_bytes < one.predicted_peak_bytes - 0.9 * 4 * 8_030_261_248 * 7 / 8
+    assert every.predicted_intra_node_bytes > one.predicted_intra_node_bytes
+    assert (4, 1, True, "every") not in found
     # the held fp32 gradients of this rank's tp-1 model: 4 bytes a parameter, the difference between the two
     assert abs(one.predicted_held_grads_bytes - 4 * 8_030_261_248) / (4 * 8_030_261_248) < 0.01
     assert four.predicted_held_grads_bytes < one.predicted_held_grads_bytes / 10  # one unit's, until its reduce

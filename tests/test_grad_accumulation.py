@@ -1,8 +1,13 @@
-"""Gradient accumulation without gradient synchronisation on non-final micro-batches, measured by counting
-the reduction collectives the profiler sees (real gloo collectives, no mocks), on two ranks: for the backends that
-shard parameters, which reduce nothing on the one rank of tests/test_strategy_interface.py (every other backend,
-ZeRO-2/3 reducing every micro-batch by design, is held there). The two ranks are forked from this process
-(tests/forked_ranks.py): no start-up to pay."""
+"""Gradient accumulation, measured on real gloo ranks forked from this process (tests/forked_ranks.py: no start-up
+to pay; no mocks):
+
+- deferred (parallelism.grad_sync=last, the default): no reduction collective before the last micro-batch, counted
+  by the profiler, for the backends that shard parameters (which reduce nothing on the one rank of
+  tests/test_strategy_interface.py, where every other backend is held);
+- on every micro-batch (grad_sync=every, FSDP2's own behaviour and torchtitan's): FSDP2 and DDP reach the same
+  parameters, and their reductions move the bytes theory predicts (the memory of both ways:
+  tests/test_memory_check.py);
+- a grad_sync DeepSpeed cannot run, refused in one line."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from conftest import BACKENDS
 from forked_ranks import run_ranks
-from harness.config import families
+from harness.config import families, rules
 from harness.config.compose import compose
 
 pytestmark = pytest.mark.slow
@@ -69,3 +74,87 @@ def test_no_gradient_reduction_before_the_last_micro_batch_and_one_on_it():
         for backend in backends:
             assert counts[backend]["non_final"] == 0, (backend, counts[backend])
             assert counts[backend]["final"] > 0, (backend, counts[backend])
+
+
+SYNC_BACKENDS = ("fsdp", "ddp")  # the two a user of torchtitan or accelerate would set parallelism.grad_sync on
+
+
+def reduced_bytes(rows, predicted: bool) -> float:
+    """Bytes a step's gradient reductions move (each buffer x its count), the 4-byte norm and loss all-reduces left
+    out: from CollectiveCounter's rows, or from theory's Collective list."""
+    ops = ("reduce_scatter", "all_reduce")
+    if predicted:
+        return sum(c.size_bytes * c.count for c in rows if c.op in ops and c.size_bytes > 4)
+    return sum(r["size_bytes"] * r["count"] for r in rows if r["op"] in ops and r["size_bytes"] > 4)
+
+
+def one_step_each_way(backends) -> dict:
+    """On each rank: one optimizer step of 2 micro-batches per backend and parallelism.grad_sync, the same data
+    and seed; the bytes its reductions moved (CollectiveCounter, a real run's counter) and theory's, and the
+    parameters after the step."""
+    import torch.distributed as dist
+
+    from harness.runtime import models
+    from harness.runtime.measure.collective_count import CollectiveCounter
+    from harness.runtime.strategies import make_strategy
+    from harness.theory.communication import collectives
+    from harness.theory.shape import shape_of
+
+    out = {}
+    for backend in backends:
+        for sync in ("last", "every"):
+            cfg = compose([f"backend={backend}", "profile=parity", "parallelism.grad_accum=2",
+                           f"parallelism.grad_sync={sync}"])
+            counts = models.param_count(cfg.model)
+            torch.manual_seed(0)
+            strategy = make_strategy(cfg, torch.device("cpu"), dist.get_world_size(), counts)
+            model = strategy.setup(models.build(cfg.model), cfg.optim)
+            data = torch.Generator().manual_seed(dist.get_rank())
+            counter = CollectiveCounter()
+            with counter:
+                for micro in range(2):
+                    ids = torch.randint(0, 256, (2, 32), generator=data)
+                    with strategy.sync_context(micro == 1):
+                        strategy.backward(model(input_ids=ids).logits.float().mean())
+            strategy.step()
+            full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+            out[backend, sync] = {
+                "measured": reduced_bytes(counter.rows(), False),
+                "predicted": reduced_bytes(collectives(cfg.backend, shape_of(cfg, dist.get_world_size(), counts)), True),
+                "params": torch.cat([p.detach().reshape(-1) for p in full]),
+                "settings": strategy.effective_settings()["grad_sync"]}
+    for backend in backends:  # plain numbers back to the test: the parameters' largest difference
+        last, every = out[backend, "last"], out[backend, "every"]
+        last["params_diff"] = float((last.pop("params") - every.pop("params")).abs().max())
+    return out
+
+
+def test_grad_sync_every_reduces_each_micro_batch_to_the_same_step_and_the_bytes_theory_predicts():
+    """parallelism.grad_sync=every (FSDP2's own behaviour, torchtitan's): a reduction on every micro-batch, the
+    same parameters after the step as reducing on the last one only (accelerate's default) within fp32 rounding,
+    the run recording which ran, and the reduced bytes what theory says: twice the deferred ones at 2 micro-batches."""
+    for rank in run_ranks(one_step_each_way, 2, SYNC_BACKENDS):
+        for backend in SYNC_BACKENDS:
+            last, every = rank[backend, "last"], rank[backend, "every"]
+            assert (last["settings"], every["settings"]) == ("last", "every")
+            for sync in (last, every):
+                assert sync["measured"] == pytest.approx(sync["predicted"], rel=1e-3), (backend, sync["measured"],
+                                                                                       sync["predicted"])
+            assert every["measured"] == pytest.approx(2 * last["measured"], rel=1e-3), backend
+            # 1% of the first AdamW update (lr 1e-3, about lr x sign(g)): the two summation orders round apart
+            # in fp32, most where a gradient is near Adam's eps (DDP: 5.8e-7 seen)
+            assert last["params_diff"] < 1e-5, (backend, last["params_diff"])
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["backend=ds_zero2", "parallelism.grad_sync=last"], "parallelism.grad_sync=last: DeepSpeed ZeRO-2 reduces every "
+     "micro-batch, its gradients partitioned (its no_sync() raises); leave it unset"),
+    (["backend=ds_zero1", "parallelism.grad_sync=every"], "parallelism.grad_sync=every: DeepSpeed ZeRO-1 reduces at "
+     "its accumulation boundary only; leave it unset"),
+    (["backend=fsdp", "parallelism.grad_sync=sometimes"], "parallelism.grad_sync=sometimes: unknown value"),
+])
+def test_a_grad_sync_the_backend_cannot_run_is_refused_in_one_line(overrides, expected):
+    found = rules.problems(compose(overrides))
+    assert found and found[0].startswith(expected), found
+    assert "\n" not in found[0]
+    assert not rules.problems(compose(["backend=ds_zero3", "parallelism.grad_sync=every"]))  # what it does anyway

@@ -144,9 +144,11 @@ class Family:
         (`flat_backends`) and the multi-node checks run it."""
         return False
 
-    def defers_gradient_sync(self, backend) -> bool:
-        """Whether gradients are reduced only on the last micro-batch of a step."""
-        return True
+    def defers_gradient_sync(self, backend, asked: str = "") -> bool:
+        """Whether gradients are reduced only on the last micro-batch of a step, each rank accumulating them
+        unreduced until then, or on every micro-batch: `asked` is parallelism.grad_sync (last | every), "" the
+        harness's default, to defer (as accelerate's accumulate() does)."""
+        return asked != "every"
 
     def compile_scope(self, backend) -> str:
         """What train.compile compiles, which decides what the compiled graphs keep for backward
@@ -168,8 +170,9 @@ class Family:
 
     def missing_grads(self, backend, s, persistent: bool = False) -> float:
         """Gradient state that does not exist before backward makes it (set to None after each step), with one
-        micro-batch a step: minus the layout's gradients."""
-        if persistent or s.grad_accum > 1:
+        micro-batch a step, or until the last micro-batch's reductions where the backend shards gradients and
+        defers them (FSDP's `grad_sync=last`: no shard exists before): minus the layout's gradients."""
+        if persistent or (s.grad_accum > 1 and not (s.accumulates_unreduced and self.paper_stage(backend) == 3)):
             return 0.0
         layout = self.layout(backend, s)
         if "grads" in layout:

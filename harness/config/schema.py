@@ -30,6 +30,7 @@ CHOICES = {
     "model.family": ("llama", "gpt2"),
     "model.init": ("auto", "host", "meta"),
     "parallelism.device": ("cpu", "cuda"),
+    "parallelism.grad_sync": ("", "last", "every"),  # families.Family.defers_gradient_sync
     "train.precision": ("fp32", "bf16", "fp16"),
     "train.on_nonfinite": ("stop", "continue"),
     "train.float8": ("none", "tensorwise", "rowwise"),  # theory/float8.py
@@ -132,6 +133,12 @@ class ParallelismConfig:
     nnodes: int = 1
     micro_batch: int = 2
     grad_accum: int = 1
+    # under grad_accum > 1, when the gradients are reduced: `last`, on the last micro-batch only, each rank
+    # accumulating its unreduced gradients until then (DDP's and FSDP1's no_sync, FSDP2's
+    # set_requires_gradient_sync(False): accelerate's default, sync_each_batch=False); `every`, on each micro-batch
+    # into the sharded gradients (FSDP2's own behaviour and torchtitan's: more collectives, less memory).
+    # "" = the backend's: `last`, except ZeRO-2/3, which reduce every micro-batch by design
+    grad_sync: str = ""
     # sequences per optimizer step over all ranks, held fixed across world sizes: grad_accum is derived from
     # it (apply_global_batch), so it must be a multiple of micro_batch x world size. 0 = not pinned.
     global_batch: int = 0

@@ -23,6 +23,8 @@ class Shape:
     largest_param: int = 0
     bucket_elements: int = 0  # the gradient bucket: DeepSpeed's reduce bucket as it will run, else DDP's
     grad_accum: int = 1
+    # gradients reduced on every micro-batch (parallelism.grad_sync=every; ZeRO-2/3 always), else on the last only
+    reduce_every_micro_batch: bool = False
     fp32_grads: bool = True  # DeepSpeed keeps gradient partitions in fp32 (fp32 runs; parity's bf16 runs)
     persistent_params: int = 0  # ZeRO-3: elements of the parameters small enough to stay whole on every rank
     block_params: int = 0  # one transformer block: what FSDP2 gathers at a time
@@ -147,6 +149,11 @@ class Shape:
         return stored_bytes(self.precision, self.master_weights)
 
     @property
+    def accumulates_unreduced(self) -> bool:
+        """Each rank keeps its gradients unreduced from the first micro-batch to the last (no sync before it)."""
+        return self.grad_accum > 1 and not self.reduce_every_micro_batch
+
+    @property
     def k(self) -> int:
         """Optimizer bytes per parameter in the paper's sense: Adam's m and v, plus an fp32 master copy."""
         return 8 if self.precision == "fp32" else 12
@@ -173,7 +180,9 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
     params = counts["total"]
     fields = dict(params=params, mesh=mesh, precision=cfg.train.precision, master_weights=cfg.train.master_weights,
                   largest_param=counts["largest_param"], bucket_elements=bucket_elements(cfg, params),
-                  grad_accum=cfg.parallelism.grad_accum, fp32_grads=cfg.train.precision == "fp32",
+                  grad_accum=cfg.parallelism.grad_accum,
+                  reduce_every_micro_batch=not family.defers_gradient_sync(cfg.backend, cfg.parallelism.grad_sync),
+                  fp32_grads=cfg.train.precision == "fp32",
                   block_params=counts.get("per_block", 0), foreach=cfg.parallelism.device == "cuda",
                   blocks=cfg.model.num_layers, tensor_sizes=tuple(counts.get("sizes", ())),
                   trainable_sizes=tuple(first * per_row for first, per_row, trains in counts.get("rows", ()) if trains),

@@ -107,7 +107,7 @@ class DDPFamily(DCPCheckpoints, Family):
         allocated at construction, and .grad does not exist until backward makes it (the optimizer sets it to
         None): inside the last block, the head's and the block's last matmul's gradients exist."""
         if not s.grad_copy:  # micro-batches under no_sync after .grad was set to None accumulate anew
-            return {"accumulated_grads": s.w * s.t} if s.grad_accum > 1 else {}
+            return {"accumulated_grads": s.w * s.t} if s.accumulates_unreduced else {}
         out = {"ddp_buckets": s.w * s.t, "grads_not_yet_allocated": self.missing_grads(backend, s)}
         if k is not None and s.grad_accum == 1:
             out["grads_so_far"] = s.w * produced(s, k)
@@ -135,9 +135,10 @@ class DDPFamily(DCPCheckpoints, Family):
             return [c._replace(group=None if c.group == "dp_replicate" else c.group)
                     for c in fsdp2.collectives(settings, view) if view.mesh.size(c.group) > 1]
         # fp32 gradients (autocast keeps weights fp32; the model's dtype under master_weights=model), once per
-        # step, hidden behind backward
+        # step (each micro-batch under grad_sync=every), hidden behind backward
         bucket = NATIVE_BUCKET_BYTES // s.w if s.grad_copy else s.bucket_elements
-        return bucketed("all_reduce", s.t, bucket, s.w, 1, "backward") + [Collective("all_reduce", 4, 1, None)]
+        reduces = s.grad_accum if s.reduce_every_micro_batch else 1
+        return bucketed("all_reduce", s.t, bucket, s.w, reduces, "backward") + [Collective("all_reduce", 4, 1, None)]
 
     def paper_comm_elements(self, backend, s):
         return 2 * s.t

@@ -102,10 +102,11 @@ class DDPStrategy(NativeStrategy):
     @override
     def sync_context(self, last):
         # DDP's no_sync must cover forward as well as backward: it records the decision in forward.
+        sync = self.reduces_now(last)
         if self.mesh.tp > 1:  # replicate's units, as FSDP2's: the decision is read in backward
-            self.model.set_requires_gradient_sync(last)
+            self.model.set_requires_gradient_sync(sync)
             return super().sync_context(last)
-        return super().sync_context(last) if last else self.model.no_sync()
+        return super().sync_context(last) if sync else self.model.no_sync()
 
     @override
     def memory_tracker(self):

@@ -105,6 +105,12 @@ class DeepSpeedFamily(Family):
             out.append(f"backend.leaf_moe_blocks=true: marks a mixture of experts' blocks as ZeRO-3 leaves "
                        f"(deepspeed.utils.set_z3_leaf_modules); {b.name} with model {cfg.model.name} has "
                        f"{'no ZeRO-3' if b.zero_stage != 3 else 'no such block'}. Set it false")
+        asked = cfg.parallelism.grad_sync
+        if asked and (asked == "last") != self.defers_gradient_sync(b):
+            out.append(f"parallelism.grad_sync={asked}: DeepSpeed ZeRO-{b.zero_stage} reduces "
+                       + ("at its accumulation boundary only" if b.zero_stage < 2 else
+                          "every micro-batch, its gradients partitioned (its no_sync() raises)")
+                       + "; leave it unset")
         mesh = mesh_of(cfg)
         out += zeropp_rules(cfg, mesh)
         for c in conflicts(cfg, mesh):
@@ -153,9 +159,10 @@ class DeepSpeedFamily(Family):
 
         return load(op)
 
-    def defers_gradient_sync(self, backend):
+    def defers_gradient_sync(self, backend, asked: str = ""):
         """ZeRO-1 reduces at DeepSpeed's accumulation boundary only; ZeRO-2/3 partition the gradients, so they
-        reduce-scatter every micro-batch by design (DeepSpeed's no_sync() raises for them)."""
+        reduce-scatter every micro-batch by design (DeepSpeed's no_sync() raises for them). Neither is a choice:
+        rules() refuses a parallelism.grad_sync that asks for the other."""
         return backend.zero_stage < 2
 
     def compile_scope(self, backend):

@@ -39,7 +39,8 @@ def expert_units(s) -> list:
     if efsdp > 1:
         gathers = s.grad_accum * s.blocks * (2 if s.blocks_reshard else 1)
         out = [Collective("all_gather", s.block_experts * s.p * padded, gathers, "forward+backward", "efsdp"),
-               Collective("reduce_scatter", s.block_experts * s.w * padded, s.blocks, "forward+backward", "efsdp")]
+               Collective("reduce_scatter", s.block_experts * s.w * padded,
+                          s.blocks * (s.grad_accum if s.reduce_every_micro_batch else 1), "forward+backward", "efsdp")]
     dense = dataclasses.replace(
         s, params=s.params - taken, trainable_params=None if s.trainable_params is None else s.trainable_params - taken,
         block_params=s.block_params - s.block_experts,

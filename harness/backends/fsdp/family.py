@@ -132,7 +132,7 @@ class FSDPFamily(DCPCheckpoints, Family):
         held = {"forward_end": s.blocks - 1, "backward_start": s.blocks}.get(phase, k or 0)
         out["post_forward_shards"] = held * post_forward_shard(s)
         if k is None:
-            if s.grad_accum > 1:
+            if s.accumulates_unreduced:
                 out["unsharded_grads"] = s.w * s.t
             if not s.blocks_reshard:
                 out["gathered_params"] = p * s.params
@@ -146,9 +146,11 @@ class FSDPFamily(DCPCheckpoints, Family):
         else:  # every block not yet through its backward (resharded after it), and the root until the end
             out["gathered_params"] = p * (s.params - (s.blocks - 1 - k) * block)
         # without gradient sync (earlier micro-batches) FSDP2 accumulates every unsharded gradient in fp32
-        out["unsharded_grads"] = (s.w * s.t if s.grad_accum > 1 else p * (s.head_trainable + s.block_out_trainable))
-        if s.grad_accum == 1:
-            out["sharded_grads_so_far"] = s.w * (s.blocks - 1 - k) * (s.block_t + s.expert_spread) / s.shards
+        out["unsharded_grads"] = (s.w * s.t if s.accumulates_unreduced
+                                  else p * (s.head_trainable + s.block_out_trainable))
+        if not s.accumulates_unreduced:
+            if s.grad_accum == 1:  # reduced on every micro-batch, the later ones add into the whole sharded grads
+                out["sharded_grads_so_far"] = s.w * (s.blocks - 1 - k) * (s.block_t + s.expert_spread) / s.shards
             # the last reduce-scatter's fp32 input, kept until the next one is issued
             out["reduce_scatter_input"] = s.w * s.block_t if k < s.blocks - 1 else 0.0
         return out
@@ -173,9 +175,12 @@ class FSDPFamily(DCPCheckpoints, Family):
           False: a family that
           borrows these moments (FSDP1's flat units, DDP's replicate under tp) and has not measured that one.
 
-        Without sync only the last micro-batch reduces, inside the other moments."""
-        if s.grad_accum > 1:
+        Without sync only the last micro-batch reduces, inside the other moments. Synced on every micro-batch
+        (grad_sync=every), the worst is a later one's, whose sharded gradients exist whole from the first (the
+        layout's): none `so far`."""
+        if s.accumulates_unreduced:
             return {}, None
+        so_far = 1.0 if s.grad_accum == 1 else 0.0
         clone = s.w * s.block_t if s.device == "cpu" else 0.0
 
         def at(j: int, moment: str) -> Dict[str, float]:
@@ -191,7 +196,7 @@ class FSDPFamily(DCPCheckpoints, Family):
                     "unsharded_grads": s.p * (s.head_trainable + (s.block_t if complete else 0)),
                     "reduce_scatter_input": s.w * s.block_t if (j < s.blocks - 1 or not complete) else 0.0,
                     "gloo_clone": 0.0 if complete else clone,
-                    "sharded_grads_so_far": s.w * (s.blocks - j - (1 if complete else 0))
+                    "sharded_grads_so_far": so_far * s.w * (s.blocks - j - (1 if complete else 0))
                     * (s.block_t + s.expert_spread) / s.shards,
                     "grads_not_yet_allocated": self.missing_grads(backend, s)}
         root_t = max(s.t - s.blocks * s.block_t, 0)
@@ -200,7 +205,7 @@ class FSDPFamily(DCPCheckpoints, Family):
             # gloo's clone of the input is left out: where this moment is the worst (a large vocabulary at
             # scale) the run is on NCCL, and the traced cells' fake group clones nothing
             return {"unsharded_grads": s.p * root_t, "reduce_scatter_input": s.w * root_t,
-                    "sharded_grads_so_far": s.w * s.blocks * (s.block_t + s.expert_spread) / s.shards,
+                    "sharded_grads_so_far": so_far * s.w * s.blocks * (s.block_t + s.expert_spread) / s.shards,
                     "grads_not_yet_allocated": self.missing_grads(backend, s)}
         moments = {(j, m): at(j, m) for j in range(s.blocks) for m in ("grads_complete", "reduce_scatter")}
         if with_root and root_t:
@@ -230,9 +235,9 @@ class FSDPFamily(DCPCheckpoints, Family):
     def collectives(self, backend, s):
         """Each block and the root gathered in forward over the shard group, again in backward if resharded (a
         block under partial resharding over its smaller post-forward group); fp32 reduce-scatters on the last
-        micro-batch over the shard group, and under HSDP each reduced shard all-reduced across the replicas; the
-        global grad norm's all-reduce (over the shard group: the replicas hold the same norm) and the loss's
-        (every rank)."""
+        micro-batch (on every one under grad_sync=every) over the shard group, and under HSDP each reduced shard
+        all-reduced across the replicas; the global grad norm's all-reduce (over the shard group: the replicas
+        hold the same norm) and the loss's (every rank)."""
         # each parameter is padded to a multiple of the shard group on its first dimension, and FSDP2 gathers
         # and reduce-scatters the padded whole: every unit scaled by the model's padding (shape_fields)
         experts = expert_units(s)  # expert parallelism's experts, their own units over efsdp
@@ -255,8 +260,11 @@ class FSDPFamily(DCPCheckpoints, Family):
             regather.append(Collective("all_gather", root * p, ga, "forward+backward", shard))
         gathers = [Collective("all_gather", size, ga, "forward+backward", shard)
                    for size in [block_bytes] * s.blocks + [root * p] if size]
-        reduce = [Collective("reduce_scatter", u * s.w * pad_t, 1, "forward+backward", shard) for u in trained if u]
-        across = ([Collective("all_reduce", -(-u // s.shards) * s.w, 1, "backward", replicas) for u in trained if u]
+        reduces = ga if s.reduce_every_micro_batch else 1
+        reduce = [Collective("reduce_scatter", u * s.w * pad_t, reduces, "forward+backward", shard)
+                  for u in trained if u]
+        across = ([Collective("all_reduce", -(-u // s.shards) * s.w, reduces, "backward", replicas)
+                   for u in trained if u]
                   if s.shards < s.dp else [])
         scales = ([Collective("all_reduce", float8.amax_all_reduce_bytes(s.float8_weights), 1, None, shard)]
                   if s.float8_all_gather and s.float8_weights else [])

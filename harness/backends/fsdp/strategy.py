@@ -113,8 +113,9 @@ class FSDPStrategy(NativeStrategy):
     @contextlib.contextmanager
     def sync_context(self, last):
         # Without sync, FSDP2 keeps unsharded fp32 gradients locally and reduce-scatters them on the last
-        # micro-batch only.
-        self.model.set_requires_gradient_sync(last)
+        # micro-batch only; with it on every micro-batch (grad_sync=every, FSDP2's own default), each
+        # reduce-scatter's output is added into the sharded gradient.
+        self.model.set_requires_gradient_sync(self.reduces_now(last))
         yield
 
 

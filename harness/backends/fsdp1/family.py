@@ -160,7 +160,7 @@ class FSDP1Family(FSDPFamily):
         backward."""
         s = whole_units(s)
         out = super().phase_terms(backend, s, phase, k)
-        if s.grad_accum > 1:
+        if s.accumulates_unreduced:
             out["unsharded_grads"] = s.p * s.t + (4.0 * s.block_t if k is not None and s.w > s.p else 0.0)
         return out
 
@@ -169,7 +169,7 @@ class FSDP1Family(FSDPFamily):
         backward (`_should_free_in_backward`, FSDP1's heuristic), so the later micro-batches gather nothing: one
         all-gather of each unit a step."""
         out = super().collectives(backend, whole_units(s))
-        if backend.reshard_after_forward or s.grad_accum == 1:
+        if backend.reshard_after_forward or not s.accumulates_unreduced:
             return out
         return [c._replace(count=1) if c.op == "all_gather" and c.hidden_by == "forward+backward" else c for c in out]
 

@@ -88,4 +88,4 @@ class FSDP1Strategy(NativeStrategy):
     @override
     def sync_context(self, last):
         # without sync FSDP1 accumulates each unit's unsharded gradient and reduce-scatters on the last micro-batch
-        return contextlib.nullcontext() if last else self.model.no_sync()
+        return contextlib.nullcontext() if self.reduces_now(last) else self.model.no_sync()

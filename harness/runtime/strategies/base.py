@@ -18,6 +18,7 @@ from typing import ContextManager, Dict, Iterable
 import torch
 from torch import nn
 
+from ...config import families
 from ...config.mesh import mesh_of
 from ...core.components import totals
 from .. import initial_weights
@@ -88,6 +89,8 @@ class Strategy(ABC):
         self.precision = cfg.train.precision
         self.dtype = DTYPES[self.precision]
         self.grad_accum = cfg.parallelism.grad_accum
+        # gradients reduced on the last micro-batch only, or on each (parallelism.grad_sync)
+        self.defers_sync = families.of(cfg.backend).defers_gradient_sync(cfg.backend, cfg.parallelism.grad_sync)
         self.model: nn.Module | None = None
         self.optimizer_name = "torch.optim.AdamW"
         self.construction = "host"  # where the model was really built: host, meta or zero.Init
@@ -153,7 +156,8 @@ class Strategy(ABC):
 
     def effective_settings(self) -> dict:
         """What ran, after setup: the profile, and each framework's settings as the framework holds them."""
-        return {"profile": self.cfg.profile, "construction": self.construction, **self.settings}
+        return {"profile": self.cfg.profile, "construction": self.construction,
+                "grad_sync": "last" if self.defers_sync else "every", **self.settings}
 
     # -- one training step --------------------------------------------------------------------------
     def autocast(self) -> ContextManager:
@@ -188,13 +192,19 @@ class Strategy(ABC):
 
     def axis_implementation(self, name: str) -> str:
         """Whose implementation of parallel axis `name` this family runs (Family.axes: "torch", "autotp")."""
-        from ...config import axes, families
+        from ...config import axes
 
         return axes.implementation(families.of(self.backend), name)
 
     def sync_context(self, last: bool) -> ContextManager:
-        """Entered around forward and backward of each micro-batch; suppresses sync unless `last`."""
+        """Entered around forward and backward of each micro-batch; suppresses sync unless `last` (or
+        reduces_now, where the strategy lets the run choose)."""
         return contextlib.nullcontext()
+
+    def reduces_now(self, last: bool) -> bool:
+        """Whether this micro-batch's backward reduces the gradients: the last one's, or every one's under
+        parallelism.grad_sync=every."""
+        return last or not self.defers_sync
 
     @abstractmethod
     def backward(self, loss: torch.Tensor) -> None:

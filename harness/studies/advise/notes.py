@@ -1,7 +1,7 @@
 """What the advisor's theory table cannot say by itself, one sentence each, printed under it.
 
 - Why a smaller micro-batch can peak higher at the same global batch (FSDP2 holds unsharded gradients through
-  gradient accumulation).
+  gradient accumulation, unless it reduces every micro-batch: parallelism.grad_sync=every).
 - Why DeepSpeed is ruled out on a small budget: its default reduce bucket, allocated whole at
   reduce_bucket_size elements whatever the model, which alone overflows a CPU's or a small card's budget.
 """
@@ -19,7 +19,10 @@ def held_gradients(p: Plan) -> List[str]:
     return [f"Why a smaller micro-batch can peak higher at the same global batch: with grad_accum > 1, {held.backend} "
             f"keeps every gradient unsharded from the first micro-batch to the last and reduces on the last only "
             f"(FSDP2's set_requires_gradient_sync(False), fewer collectives for more memory): "
-            f"{size(held.predicted_held_grads_bytes)} of the {size(held.predicted_peak_bytes)} peak of {held.label}."]
+            f"{size(held.predicted_held_grads_bytes)} of the {size(held.predicted_peak_bytes)} peak of {held.label}."
+            + (" The `-syncevery` candidates (parallelism.grad_sync=every, torchtitan's way) reduce-scatter every "
+               "micro-batch instead, holding only the sharded gradients."
+               if any(c.grad_sync == "every" for c in p.candidates) else "")]
 
 
 def bucket_bound(p: Plan) -> List[str]:

@@ -87,6 +87,7 @@ class Candidate:
     # the mesh's kind, as the answer compares them (advise/kinds.py): offload, hybrid, split (by the axes above 1 in
     # `axes`), dp only
     kind: str = ""
+    grad_sync: str = ""  # parallelism.grad_sync: "" (the backend's own), or `every` (reduced each micro-batch)
 
     @property
     def ac(self) -> str:
@@ -103,13 +104,15 @@ class Candidate:
         mesh = "".join(f"-{n}{d}" for n, d in self.axes.items() if d > 1)
         # ckptoff and ckpton (full) as before the policies were searched: probes recorded under those names stay
         ac = {"none": "off", "full": "on"}.get(self.ac, f"-{self.ac}")
-        return f"{self.backend}{mesh}-mb{self.micro_batch}-ckpt{ac}"
+        sync = f"-sync{self.grad_sync}" if self.grad_sync else ""
+        return f"{self.backend}{mesh}-mb{self.micro_batch}-ckpt{ac}{sync}"
 
     @property
     def label(self) -> str:
         mesh = f" on {self.mesh}" if self.split else ""
-        return (f"{self.backend}{mesh} with micro-batch {self.micro_batch} (grad_accum {self.grad_accum}), activation "
-                f"checkpointing {self.ac_words}")
+        sync = ", reduced every micro-batch" if self.grad_sync == "every" else ""
+        return (f"{self.backend}{mesh} with micro-batch {self.micro_batch} (grad_accum {self.grad_accum}{sync}), "
+                f"activation checkpointing {self.ac_words}")
 
     @property
     def ac_words(self) -> str:
@@ -193,16 +196,17 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
             refusals = {policy: axis_rules(with_policy(at_point, policy)) + moe_check.problems(
                 with_policy(at_point, policy)) for policy in policies}
             for mb in micro_batches(batch, dp) if batch % dp == 0 else []:
+                ga = batch // (mb * dp)
                 for policy in policies:
                     if refusals[policy]:
                         out.refused[refusals[policy][0]] = out.refused.get(refusals[policy][0], 0) + 1
-                        continue
-                    ga = batch // (mb * dp)
+                for policy, sync in ((p, y) for p in policies if not refusals[p] for y in grad_syncs(composed, ga)):
                     extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
                              f"parallelism.global_batch={batch}", *recompute_overrides(policy),
-                             *axes.overrides_of(point, pinned)]
+                             *axes.overrides_of(point, pinned), *([f"parallelism.grad_sync={sync}"] if sync else [])]
                     cfg = with_policy(at_point, policy)
                     cfg.parallelism.micro_batch, cfg.parallelism.grad_accum = mb, ga
+                    cfg.parallelism.grad_sync = sync or composed.parallelism.grad_sync
                     out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin))
                     if out.candidates[-1].fits:  # kept for its counted work, as it is now
                         fitting[out.candidates[-1].name] = copy.deepcopy(cfg)
@@ -210,6 +214,19 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     # those that fit first, by their counted work's step; then the rest, by the roofline bound
     out.candidates.sort(key=lambda c: (not c.fits, c.predicted_step_s))
     return out
+
+
+def grad_syncs(cfg, grad_accum: int) -> tuple:
+    """The parallelism.grad_sync values searched for a candidate: its backend's own (""), and under gradient
+    accumulation, where the backend shards its gradients and lets the run choose (FSDP1 and FSDP2, not ZeRO, whose
+    stage decides), `every` too: fewer gradients held for more reduce-scatters. Not where the user set one."""
+    from ...config import families
+
+    family = families.of(cfg.backend)
+    if grad_accum == 1 or cfg.parallelism.grad_sync or family.paper_stage(cfg.backend) != 3 \
+            or family.defers_gradient_sync(cfg.backend, "every") == family.defers_gradient_sync(cfg.backend, "last"):
+        return ("",)
+    return ("", "every")
 
 
 def with_policy(cfg, policy: str):
@@ -238,6 +255,7 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
     step = predict_parts(cfg.backend, shape, rank_flops, rates)["step"]
     return Candidate(backend, par.micro_batch, par.grad_accum, recompute.any, extra, axes=axes.degrees_of(shape.mesh),
                      mesh=shape.mesh.describe(), policy=recompute.label,
+                     grad_sync="every" if "parallelism.grad_sync=every" in extra else "",
                      predicted_intra_node_bytes=theory["comm/predicted_intra_node_bytes_per_step"],
                      predicted_inter_node_bytes=theory["comm/predicted_inter_node_bytes_per_step"],
                      predicted_peak_bytes=peak, predicted_step_s=step,
