@@ -5,7 +5,8 @@ measure the best ones, and the answer names the winner and why every other backe
     python -m harness advise model=llama_7b parallelism=gpu8 train.precision=bf16 --dry-run --device-gib 80
 
 The candidates are every backend x mesh x micro-batch x activation-checkpointing policy
-(`--ac-policies`: none, full, every_2, selective_op; config/recompute.py), at
+(`--ac-policies`: none, full, every_2, selective_op; config/recompute.py), and for FSDP1 and FSDP2 at grad_accum > 1
+both ways of accumulating (parallelism.grad_sync: last, or every, the `-syncevery` candidates; grad_syncs), at
 the user's precision, with the global batch held fixed (`--global-batch`, else the config's micro_batch x
 grad_accum x data-parallel ranks), so that every candidate does the same optimizer work per step; grad_accum
 follows from the micro-batch and the data-parallel ranks. The meshes are every combination of the parallel
