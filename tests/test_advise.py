@@ -46,8 +46,18 @@ def test_dry_run_prunes_and_a_pruned_candidate_really_runs_out_of_memory(tmp_pat
     from harness.config.compose import compose
     from harness.parallel.tp.rules import tensor_degrees
 
-    meshes = {b: tensor_degrees(compose([f"backend={b}", "model=tiny_llama"])) for b in flat_backends("cpu")}
-    assert len(candidates) == sum((2 + (3 if 2 in tps else 0)) * 2 for tps in meshes.values())
+    # micro-batches (global batch 4): 1 and 2 at tp 1 (grad_accum 2 and 1), 1, 2 and 4 at tp 2 (4, 2 and 1); and
+    # FSDP1's and FSDP2's twice where grad_accum > 1, each way of accumulating (parallelism.grad_sync: the
+    # `-syncevery` ones)
+    from harness.studies.advise.search import grad_syncs
+
+    composed = {b: compose([f"backend={b}", "model=tiny_llama"]) for b in flat_backends("cpu")}
+    meshes = {b: tensor_degrees(cfg) for b, cfg in composed.items()}
+    ways = {b: len(grad_syncs(cfg, 2)) for b, cfg in composed.items()}
+    assert ways["fsdp"] == ways["fsdp1"] == 2 and ways["ddp"] == ways["ds_zero1"] == ways["ds_zero3"] == 1
+    accumulating = {1: (2, 1), 2: (3, 2)}  # tp: (micro-batches, those at grad_accum > 1)
+    assert len(candidates) == sum(2 * (accumulating[tp][0] + (ways[b] - 1) * accumulating[tp][1])
+                                  for b, tps in meshes.items() for tp in tps)
     assert meshes["fsdp1"] == [1] and meshes["fsdp"] == [1, 2]
     assert {c["tp"] for c in candidates} == {1, 2}
     assert [c["fits"] for c in candidates] == sorted((c["fits"] for c in candidates), reverse=True)

@@ -158,3 +158,28 @@ def test_a_grad_sync_the_backend_cannot_run_is_refused_in_one_line(overrides, ex
     assert found and found[0].startswith(expected), found
     assert "\n" not in found[0]
     assert not rules.problems(compose(["backend=ds_zero3", "parallelism.grad_sync=every"]))  # what it does anyway
+
+
+def test_the_advisor_prices_a_syncevery_candidate_from_its_twins_replay_with_the_collectives_a_replay_counts(tmp_path):
+    """make advise replays a deferred candidate and prices its `-syncevery` twin from that work with every gradient
+    reduction counted grad_accum times (step_times.twin_work), instead of a second replay: the collectives are
+    those a replay of the twin itself counts, op by op, size by size, phase by phase."""
+    from collections import Counter
+
+    from forked_ranks import ForkedPopen
+    from harness.launcher.replays import replay_work
+    from harness.studies.advise.step_times import twin_work
+
+    def at(sync: str):
+        return compose(["model=tiny_llama", "backend=fsdp", "parallelism.grad_accum=2", "train.steps=1",
+                        f"parallelism.grad_sync={sync}"])
+
+    replayed = replay_work({s: at(s) for s in ("last", "every")}, tmp_path, jobs=1, popen=ForkedPopen)
+    assert all(r["ok"] for r in replayed.values()), [r.get("traceback") for r in replayed.values()]
+
+    def by_op(work: dict) -> Counter:
+        return Counter({(c["op"], c["size_bytes"], c["group"], c["phase"]): c["count"] for c in work["collectives"]})
+
+    every, last = replayed["every"]["work"], replayed["last"]["work"]
+    assert by_op(twin_work(last, 2)) == by_op(every)
+    assert by_op(last) != by_op(every)  # the deferred twin reduces once
