@@ -315,7 +315,12 @@ def test_the_dry_run_names_deepspeeds_default_bucket_when_it_alone_rules_deepspe
     from harness.studies.advise import notes as advise_notes
 
     budget = 64 * 2**20
-    native = advise.plan(["model=small_llama", "parallelism.tp=1"], budget, 16, ["ds_zero2", "ds_zero3", "fsdp"], 0.1)
+    # a backend that cannot run the way of accumulating the user pinned offers no candidate (ZeRO-1 reduces at its
+    # boundary only), one that can offers its own
+    every = ["model=small_llama", "parallelism.tp=1", "parallelism.grad_sync=every"]
+    assert not advise.plan(every, budget, 16, ["ds_zero1"], 0.1).candidates
+    assert advise.plan(every, budget, 16, ["ds_zero2"], 0.1).candidates
+    native = advise.plan(["model=small_llama", "parallelism.tp=1"], budget, 16, ["ds_zero2", "ds_zero3"], 0.1)
     assert not any(c.fits for c in native.candidates if c.backend.startswith("ds_"))
     assert all(c.predicted_reduce_bucket_bytes == 5e8 * 4 for c in native.candidates if c.backend.startswith("ds_"))
     (note,) = advise_notes.bucket_bound(native)

@@ -220,11 +220,15 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
 def grad_syncs(cfg, grad_accum: int) -> tuple:
     """The parallelism.grad_sync values searched for a candidate: its backend's own (""), and under gradient
     accumulation, where the backend shards its gradients and lets the run choose (FSDP1 and FSDP2, not ZeRO, whose
-    stage decides), `every` too: fewer gradients held for more reduce-scatters. Not where the user set one."""
+    stage decides), `every` too: fewer gradients held for more reduce-scatters. Where the user set one, that one
+    (""), or none for a backend whose runs refuse it (DeepSpeed's stage that reduces the other way)."""
     from ...config import families
 
     family = families.of(cfg.backend)
-    if grad_accum == 1 or cfg.parallelism.grad_sync or family.paper_stage(cfg.backend) != 3 \
+    asked = cfg.parallelism.grad_sync
+    if asked:
+        return ("",) if family.defers_gradient_sync(cfg.backend, asked) == (asked == "last") else ()
+    if grad_accum == 1 or family.paper_stage(cfg.backend) != 3 \
             or family.defers_gradient_sync(cfg.backend, "every") == family.defers_gradient_sync(cfg.backend, "last"):
         return ("",)
     return ("", "every")
