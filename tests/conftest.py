@@ -10,14 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.compose import flat_backends
 from harness.core.paths import extensions_dir
+from launches import BACKENDS, FAST, launched, pytest_terminal_summary, sweeps  # noqa: F401 (the launches' helpers)
 from workers import pytest_collection_modifyitems, pytest_configure  # noqa: F401 (make test's workers: workers.py)
 
 REPO = Path(__file__).resolve().parent.parent
-BACKENDS = flat_backends("cpu")  # every file in conf/backend/ but the hybrid ones (tested across nodes) and
-# those that cannot run on this machine (FSDP1's CPUOffload needs an accelerator)
-FAST = ["logger=none", "train.steps=5", "train.warmup_steps=2"]
 
 
 def cli_command(command: str = "train") -> list[str]:
@@ -30,33 +27,6 @@ def cli(*overrides: str, timeout: int = 600, env_extra: dict | None = None) -> s
     env["TORCH_EXTENSIONS_DIR"] = extensions_dir()
     return subprocess.run([*cli_command(), *overrides], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
-
-
-def sweeps(root: Path, named: dict, report: tuple = ()) -> dict:
-    """Every backend on each of the `named` shapes ({sweep name: overrides, or a function backend -> overrides,
-    whose `backends` attribute, if any, names the backends it runs}, one world size), all as the cells of
-    one launch (harness/launcher/cells.py: each a whole run in its own run dir, <root>/sweeps/<name>/backend=<b>,
-    written by a run's own code; the ranks start once, not once a backend or a sweep), and for the sweeps `report`
-    names, their tables and report (a few seconds of plots, for the tests that read them); return {sweep name:
-    {backend: (summary, per-step records, run dir)}}."""
-    from harness.launcher.cells import run_cells
-    from harness.reporting import sweep_report
-
-    named = {name: o if callable(o) else (lambda b, o=o: o) for name, o in named.items()}
-    launch_dir = root / "sweeps"
-    os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
-    cells = [(f"{name}/backend={b}", [f"sweep.name={name}", *overrides(b), f"backend={b}"])
-             for name, overrides in named.items() for b in (getattr(overrides, "backends", None) or BACKENDS)]
-    summaries = run_cells(launch_dir, cells, [f"paths.root={root}", *FAST], report=False)
-    out = {name: {} for name in named}
-    for cell, summary in summaries.items():
-        run_dir = launch_dir / cell
-        metrics_path = run_dir / "metrics.jsonl"
-        records = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
-        out[cell.split("/")[0]][summary["backend"]] = (summary, records, run_dir)
-    for name in report:
-        sweep_report.build(launch_dir / name)
-    return out
 
 
 @pytest.fixture(scope="session")
@@ -391,8 +361,6 @@ def cp_cells(llama_checkpoint) -> dict:
 def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus, two_experts) -> dict:
     """tp_cells, cp_cells and two MoE cells at 4 ranks, in one launch (a start-up of 4 ranks on 2 cores costs about
     15 s): {"tp/<cell>", "cp/<cell>" or "moe/<backend>": (summary, per-step records, run dir)}."""
-    from harness.launcher.cells import run_cells
-
     root = tmp_path_factory.mktemp("four_ranks")
     os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
     cells = [(f"tp/{name}", [*overrides, *TP_COMMON])
@@ -400,7 +368,7 @@ def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus, two_experts)
     cells += [(f"cp/{name}", [*overrides, *CP_COMMON]) for name, overrides in cp_cells(llama_checkpoint).items()]
     cells += [(f"moe/{backend}", moe_four_ranks(backend)) for backend in ("fsdp", "ds_zero3")]
     cells += [(f"ep/{name}", overrides) for name, overrides in ep_cells(two_experts).items()]
-    summaries = run_cells(root / "sweeps", cells, [f"paths.root={root}", *FAST], report=False)
+    summaries = launched(root / "sweeps", cells, [f"paths.root={root}", *FAST])
     out = {}
     for cell, summary in summaries.items():
         run_dir = root / "sweeps" / cell
