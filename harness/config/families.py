@@ -144,6 +144,11 @@ class Family:
         (`flat_backends`) and the multi-node checks run it."""
         return False
 
+    def grad_syncs(self, backend) -> Tuple[str, ...]:
+        """The parallelism.grad_sync values its runs take (config/rules.py refuses another; the advisor searches
+        them): both, where the run chooses (the torch families)."""
+        return ("last", "every")
+
     def defers_gradient_sync(self, backend, asked: str = "") -> bool:
         """Whether gradients are reduced only on the last micro-batch of a step, each rank accumulating them
         unreduced until then, or on every micro-batch: `asked` is parallelism.grad_sync (last | every), "" the

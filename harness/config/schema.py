@@ -30,7 +30,7 @@ CHOICES = {
     "model.family": ("llama", "gpt2"),
     "model.init": ("auto", "host", "meta"),
     "parallelism.device": ("cpu", "cuda"),
-    "parallelism.grad_sync": ("", "last", "every"),  # families.Family.defers_gradient_sync
+    "parallelism.grad_sync": ("", "last", "every"),  # families.Family.grad_syncs, defers_gradient_sync
     "train.precision": ("fp32", "bf16", "fp16"),
     "train.on_nonfinite": ("stop", "continue"),
     "train.float8": ("none", "tensorwise", "rowwise"),  # theory/float8.py

@@ -106,7 +106,7 @@ class DeepSpeedFamily(Family):
                        f"(deepspeed.utils.set_z3_leaf_modules); {b.name} with model {cfg.model.name} has "
                        f"{'no ZeRO-3' if b.zero_stage != 3 else 'no such block'}. Set it false")
         asked = cfg.parallelism.grad_sync
-        if asked and (asked == "last") != self.defers_gradient_sync(b):
+        if asked and asked not in self.grad_syncs(b):
             out.append(f"parallelism.grad_sync={asked}: DeepSpeed ZeRO-{b.zero_stage} reduces "
                        + ("at its accumulation boundary only" if b.zero_stage < 2 else
                           "every micro-batch, its gradients partitioned (its no_sync() raises)")
@@ -159,11 +159,14 @@ class DeepSpeedFamily(Family):
 
         return load(op)
 
-    def defers_gradient_sync(self, backend, asked: str = ""):
+    def grad_syncs(self, backend):
         """ZeRO-1 reduces at DeepSpeed's accumulation boundary only; ZeRO-2/3 partition the gradients, so they
         reduce-scatter every micro-batch by design (DeepSpeed's no_sync() raises for them). Neither is a choice:
         rules() refuses a parallelism.grad_sync that asks for the other."""
-        return backend.zero_stage < 2
+        return ("last",) if backend.zero_stage < 2 else ("every",)
+
+    def defers_gradient_sync(self, backend, asked: str = ""):
+        return self.grad_syncs(backend) == ("last",)
 
     def compile_scope(self, backend):
         """DeepSpeedEngine.compile() compiles the whole module; ZeRO-3's pre-forward hook on every submodule is

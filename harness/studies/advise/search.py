@@ -208,7 +208,8 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                     cfg = with_policy(at_point, policy)
                     cfg.parallelism.micro_batch, cfg.parallelism.grad_accum = mb, ga
                     cfg.parallelism.grad_sync = sync or composed.parallelism.grad_sync
-                    out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin))
+                    out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin,
+                                                    grad_sync=sync))
                     if out.candidates[-1].fits:  # kept for its counted work, as it is now
                         fitting[out.candidates[-1].name] = copy.deepcopy(cfg)
     advise_time.price(out, fitting, base, counts)
@@ -219,17 +220,16 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
 
 def grad_syncs(cfg, grad_accum: int) -> tuple:
     """The parallelism.grad_sync values searched for a candidate: its backend's own (""), and under gradient
-    accumulation, where the backend shards its gradients and lets the run choose (FSDP1 and FSDP2, not ZeRO, whose
-    stage decides), `every` too: fewer gradients held for more reduce-scatters. Where the user set one, that one
-    (""), or none for a backend whose runs refuse it (DeepSpeed's stage that reduces the other way)."""
+    accumulation, where the backend shards its gradients and its runs take either way (FSDP1 and FSDP2, not ZeRO,
+    whose stage decides: Family.grad_syncs), `every` too: fewer gradients held for more reduce-scatters. Where the
+    user set one, that one (""), or none for a backend whose runs refuse it."""
     from ...config import families
 
-    family = families.of(cfg.backend)
+    taken = families.of(cfg.backend).grad_syncs(cfg.backend)
     asked = cfg.parallelism.grad_sync
     if asked:
-        return ("",) if family.defers_gradient_sync(cfg.backend, asked) == (asked == "last") else ()
-    if grad_accum == 1 or family.paper_stage(cfg.backend) != 3 \
-            or family.defers_gradient_sync(cfg.backend, "every") == family.defers_gradient_sync(cfg.backend, "last"):
+        return ("",) if asked in taken else ()
+    if grad_accum == 1 or len(taken) == 1 or families.of(cfg.backend).paper_stage(cfg.backend) != 3:
         return ("",)
     return ("", "every")
 
@@ -241,9 +241,10 @@ def with_policy(cfg, policy: str):
 
 
 def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token: float, rates, budget: int,
-              margin: float) -> Candidate:
+              margin: float, grad_sync: str = "") -> Candidate:
     """One candidate's theory: its predicted device peak, its mesh's bytes by link, and its roofline step (the
-    FLOPs of its data-parallel rank's tokens, split over its tensor-parallel ranks)."""
+    FLOPs of its data-parallel rank's tokens, split over its tensor-parallel ranks). `grad_sync` is the way of
+    accumulating the search added (grad_syncs: `every`), "" where it is the config's own."""
     from ...runtime.compiled.compiled_activations import with_compiled
     from ...theory.predict import predict
     from ...theory.shape import shape_of
@@ -260,7 +261,7 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
     step = predict_parts(cfg.backend, shape, rank_flops, rates)["step"]
     return Candidate(backend, par.micro_batch, par.grad_accum, recompute.any, extra, axes=axes.degrees_of(shape.mesh),
                      mesh=shape.mesh.describe(), policy=recompute.label,
-                     grad_sync="every" if "parallelism.grad_sync=every" in extra else "",
+                     grad_sync=grad_sync,
                      predicted_intra_node_bytes=theory["comm/predicted_intra_node_bytes_per_step"],
                      predicted_inter_node_bytes=theory["comm/predicted_inter_node_bytes_per_step"],
                      predicted_peak_bytes=peak, predicted_step_s=step,
