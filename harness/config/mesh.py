@@ -92,6 +92,30 @@ class Mesh:
                                       f"(dp_shard x cp x tp), whose ranks expert parallelism borrows; use one of "
                                       f"{divisors}")
 
+    def __hash__(self) -> int:
+        # once a mesh: group() and link() are cached by mesh, and the theory asks them millions of times in one
+        # advise (a frozen dataclass hashes all its fields at every ask). Not pickled: a str's hash is per process
+        held = self.__dict__.get("_hash")
+        if held is None:
+            held = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", held)
+        return held
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_spans")}
+
+    def size_and_span(self, name: Optional[str]) -> Tuple[int, bool]:
+        """(size(name), whether link(name) crosses nodes), held by the mesh itself: the theory asks it four times
+        for each of a step's collectives (a few hundred at 80 blocks), of every candidate of an advise."""
+        spans = self.__dict__.get("_spans")
+        if spans is None:
+            spans = {}
+            object.__setattr__(self, "_spans", spans)
+        held = spans.get(name)
+        if held is None:
+            held = spans[name] = (self.size(name), self.link(name) == INTER)
+        return held
+
     def replace(self, **changes) -> "Mesh":
         """This mesh with some degrees (or nodes, ranks per node, post_forward, the TP layout) changed: the
         degrees not named stay, and `dp_shard` takes up what they leave of the world unless it is named."""

@@ -34,8 +34,7 @@ def collectives(backend, s: Shape) -> List[Collective]:
 
 def group_of(c: Collective, s: Shape) -> Tuple[int, bool]:
     """(ranks in the collective's group, whether that group holds ranks of more than one node)."""
-    mesh = s.mesh
-    return mesh.size(c.group), mesh.link(c.group) == "inter_node"
+    return s.mesh.size_and_span(c.group)
 
 
 def bus_factor(op: str, n: int) -> float:

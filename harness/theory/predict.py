@@ -1,7 +1,7 @@
 """Every prediction for one run, under the summary's metric keys."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 from ..config.recompute import recompute_of
 from ..core.components import totals
@@ -9,15 +9,16 @@ from .communication import comm_per_step
 from . import activations
 from .memory import layout, paper_bytes, paper_stage
 from .peak import phase_terms
-from .shape import shape_of
+from .shape import Shape, shape_of
 
 # the headroom a predicted peak must leave under a budget to count as fitting (shardbench advise, shardbench estimate)
 FIT_MARGIN = 0.10
 
 
-def predict(cfg, world: int, counts: Dict[str, int]) -> Dict[str, float]:
-    """Every prediction for one run, under the metric keys the summary uses."""
-    s = shape_of(cfg, world, counts)
+def predict(cfg, world: int, counts: Dict[str, int], shape: Optional[Shape] = None) -> Dict[str, float]:
+    """Every prediction for one run, under the metric keys the summary uses; `shape`: shape_of(cfg, world, counts),
+    where the caller has it already."""
+    s = shape or shape_of(cfg, world, counts)
     components = layout(cfg.backend, s)
     total = totals(components)
     out = {f"memory/model_states_{k}_predicted_bytes": v for k, v in components.items() if k != "buffers"}

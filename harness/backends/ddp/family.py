@@ -18,6 +18,7 @@ from typing import Any, Dict
 from ...config.derive import bucket_elements, stored_bytes
 from ...core.identity_cache import IdentityCache
 from ...config.families import Difference, Family
+from ...config.frozen import node_of
 from ...config.profiles import NATIVE
 from ...theory.communication import Collective, bucketed
 from ...theory.peak import produced
@@ -46,7 +47,7 @@ def replicated(backend, s):
     mesh = s.mesh.replace(dp_replicate=s.mesh.dp, dp_shard=1, post_forward=0)  # every dp rank a replica
     view = dataclasses.replace(s, precision="fp32", mesh=mesh, blocks_reshard=False, root_reshards=False,
                                shard_params=s.params, shard_trainable=s.t)
-    settings = _SETTINGS.get(backend, None, lambda: OmegaConf.merge(backend, {"reshard_after_forward": False,
+    settings = _SETTINGS.get(backend, None, lambda: OmegaConf.merge(node_of(backend), {"reshard_after_forward": False,
                                                                               "cpu_offload": False}))
     return fsdp2, settings, view
 

@@ -9,16 +9,15 @@ from __future__ import annotations
 import copy
 from typing import Any, Dict
 
-from omegaconf import OmegaConf
-
 from ...config.derive import bucket_elements
+from ...config.frozen import plain
 from ...config.mesh import Mesh, mesh_of
 from ...config.profiles import NATIVE, PARITY
 
 
 def pass_through(cfg) -> Dict[str, Any]:
     """The user's extra DeepSpeed keys as plain dicts (OmegaConf nodes do not pass isinstance(dict))."""
-    return OmegaConf.to_container(cfg.backend.deepspeed, resolve=True) if cfg.backend.deepspeed else {}
+    return plain(cfg.backend.deepspeed) if cfg.backend.deepspeed else {}
 
 
 def deep_merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:

@@ -184,7 +184,7 @@ class FSDPFamily(DCPCheckpoints, Family):
         clone = s.w * s.block_t if s.device == "cpu" else 0.0
 
         def at(j: int, moment: str) -> Dict[str, float]:
-            below = sum(activations.kept_by_block(act, i) for i in range(j))
+            below = activations.kept_below(act, j)
             complete = moment == "grads_complete"
             if s.blocks_reshard:  # block j (until its post-backward reshards it) and j-1's all-gather in flight
                 gathered = s.block_params * ((1 if complete else 0) + (1 if j >= 1 else 0))

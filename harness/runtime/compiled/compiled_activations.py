@@ -45,6 +45,7 @@ from typing import Dict, Optional
 from omegaconf import OmegaConf
 
 from ...config import axes
+from ...config.frozen import node_of
 from ...config.mesh import mesh_of
 from .trace_cache import on_disk
 
@@ -92,7 +93,7 @@ def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     if r.any:
         kinds["checkpointed"] = "full" if r.policy == "every_k" else r.policy
     scope = families.of(cfg.backend).compile_scope(cfg.backend)
-    model_yaml, split, positions = OmegaConf.to_yaml(cfg.model), scope == "module_split", cfg.parallelism.seq_len
+    model_yaml, split, positions = OmegaConf.to_yaml(node_of(cfg.model)), scope == "module_split", cfg.parallelism.seq_len
     # positional: the traces are cached by their arguments (trace_cache.on_disk)
     out = {kind: _kept(model_yaml, regime, policy) if scope == "blocks"
            else _kept_module(model_yaml, regime, policy, split, positions) for kind, policy in kinds.items()}

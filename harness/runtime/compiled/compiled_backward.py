@@ -45,6 +45,7 @@ from typing import Dict, List, Optional
 
 from omegaconf import OmegaConf
 
+from ...config.frozen import node_of
 from .trace_cache import on_disk
 from .compiled_wrapper import wrapper_peak
 
@@ -52,7 +53,7 @@ def backward_peak(cfg, regime: str, policy: str) -> Optional[float]:
     """Bytes a compiled block's backward holds at its peak, inputs included but parameters not, at the run's
     micro-batch and sequence length; None where the generated code could not be read (module docstring)."""
     par = cfg.parallelism
-    return _backward_peak(OmegaConf.to_yaml(cfg.model), regime, policy, par.micro_batch, par.seq_len)
+    return _backward_peak(OmegaConf.to_yaml(node_of(cfg.model)), regime, policy, par.micro_batch, par.seq_len)
 
 
 # a deep module's backward is generated at two depths, each further block adding what the last of them added: exact
@@ -72,7 +73,7 @@ def module_backward_peak(cfg, regime: str) -> Optional[Dict[str, float]]:
     par, r, layers = cfg.parallelism, recompute_of(cfg), cfg.model.num_layers
 
     def at(depth: int):
-        model_yaml = OmegaConf.to_yaml(OmegaConf.merge(cfg.model, {"num_layers": depth}))
+        model_yaml = OmegaConf.to_yaml(OmegaConf.merge(node_of(cfg.model), {"num_layers": depth}))
         return _module_backward_peak(model_yaml, regime, r.policy, r.every, par.micro_batch, par.seq_len)
 
     if r.policy == "every_k" or layers <= DEPTHS[-1]:  # every_k's blocks differ: generated at the run's depth

@@ -13,20 +13,20 @@ from pathlib import Path
 from ...core.paths import traces_dir
 
 
-def on_disk(code_file: str):
+def on_disk(*code_files: str):
     """Decorate a trace of JSON-able arguments: its result is read from the clone's cache (core/paths.traces_dir)
-    when the same code (`code_file`'s bytes: a change to the tracing traces again), torch and transformers traced
-    the same arguments before. The file is written whole, then renamed, so a reader never sees half of it. A trace
-    that found nothing (None) is not written: the next process tries again."""
+    when the same code (the `code_files`' bytes: a change to the tracing traces again), torch and transformers
+    traced the same arguments before. The file is written whole, then renamed, so a reader never sees half of it.
+    A trace that found nothing (None) is not written: the next process tries again. The versions are read from
+    the installed packages' metadata: a hit imports neither (transformers alone takes seconds)."""
     def decorate(trace):
         @lru_cache(maxsize=64)
         @functools.wraps(trace)
         def cached(*args):
-            import torch
-            import transformers
+            from importlib.metadata import version
 
-            code = hashlib.sha256(Path(code_file).read_bytes()).hexdigest()
-            key = json.dumps([code, torch.__version__, transformers.__version__, trace.__name__, *args])
+            code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in code_files)).hexdigest()
+            key = json.dumps([code, version("torch"), version("transformers"), trace.__name__, *args])
             path = traces_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
             if path.is_file():
                 return json.loads(path.read_text())

@@ -37,12 +37,14 @@ that close, the answer says the ranking is a tie.
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
 from ...config import axes, moe_check
 from ...config.compose import compose
 from ...config.derive import dp_size, tokens_per_step, world_size
+from ...config.frozen import Frozen
 from ...config.mesh import mesh_of
 from ...config.mesh_check import axis_rules, mesh_points
 from ...config.recompute import overrides as recompute_overrides, parse as parse_policy, recompute_of
@@ -161,8 +163,7 @@ def micro_batches(global_batch: int, dp: int) -> List[int]:
 def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Optional[int], backends: List[str],
          margin: float, policies=("none", "full")) -> Plan:
     """Stage 1: every candidate with its predicted peak and step time, those that fit first, fastest first."""
-    from ...runtime import models
-    from ...runtime.measure.probes import count_flops_per_token
+    from ...runtime import model_counts  # from the disk where counted before: no transformers to import
 
     base = compose(overrides)
     world, par = world_size(base), base.parallelism
@@ -172,10 +173,10 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     if all(batch % data_parallel_ranks(base, point) for point in meshes):
         raise ValueError(f"--global-batch {batch}: not divisible by the {world} ranks (nor by the data-parallel "
                          f"ranks of any mesh); use a multiple of {world}")
-    counts = models.param_count(base.model, base.workload)
+    counts = model_counts.param_count(base.model, base.workload)
     budget = budget_bytes or default_budget(base)
     rates = rates_for(base, world)
-    flops_per_token = count_flops_per_token(base.model, par.seq_len, base.workload)
+    flops_per_token = model_counts.flops_per_token(base.model, par.seq_len, base.workload)
     out = Plan(overrides, budget, margin, batch, world, base.model.name, base.train.precision, par.device, base.profile,
                rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps, "rates_source": rates.source,
                       "rates_committed": rates.committed,
@@ -193,9 +194,10 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
             dp = data_parallel_ranks(composed, point)
             at_point = axes.with_degrees(composed, point)  # one copy a mesh point, its batch and policy set below
             # what a run would refuse at this mesh (selective_op at tp > 1, or with a mixture of experts), which no
-            # micro-batch changes
+            # micro-batch changes; and each policy's config as the candidates' theory reads it (config/frozen.py)
             refusals = {policy: axis_rules(with_policy(at_point, policy)) + moe_check.problems(
                 with_policy(at_point, policy)) for policy in policies}
+            views = {policy: Frozen.of(with_policy(at_point, policy)) for policy in policies if not refusals[policy]}
             for mb in micro_batches(batch, dp) if batch % dp == 0 else []:
                 ga = batch // (mb * dp)
                 for policy in policies:
@@ -205,13 +207,14 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                     extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
                              f"parallelism.global_batch={batch}", *recompute_overrides(policy),
                              *axes.overrides_of(point, pinned), *([f"parallelism.grad_sync={sync}"] if sync else [])]
-                    cfg = with_policy(at_point, policy)
-                    cfg.parallelism.micro_batch, cfg.parallelism.grad_accum = mb, ga
-                    cfg.parallelism.grad_sync = sync or composed.parallelism.grad_sync
+                    cfg = views[policy].updated("parallelism", micro_batch=mb, grad_accum=ga,
+                                                grad_sync=sync or composed.parallelism.grad_sync)
                     out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin,
                                                     grad_sync=sync))
-                    if out.candidates[-1].fits:  # kept for its counted work, as it is now
-                        fitting[out.candidates[-1].name] = copy.deepcopy(cfg)
+                    if out.candidates[-1].fits:  # kept for its counted work: its config made only if it is
+                        # replayed (a copy costs 25 ms at 70B, and a plan for GPUs on a CPU host replays none)
+                        fitting[out.candidates[-1].name] = functools.partial(
+                            materialized, at_point, policy, mb, ga, cfg.parallelism.grad_sync)
     advise_time.price(out, fitting, base, counts)
     # those that fit first, by their counted work's step; then the rest, by the roofline bound
     out.candidates.sort(key=lambda c: (not c.fits, c.predicted_step_s))
@@ -234,6 +237,15 @@ def grad_syncs(cfg, grad_accum: int) -> tuple:
     return ("", "every")
 
 
+def materialized(at_point, policy: str, micro_batch: int, grad_accum: int, grad_sync: str):
+    """A candidate's own config: a copy of its mesh point's (which later candidates change) with its policy,
+    batch and way of accumulating set."""
+    cfg = with_policy(copy.deepcopy(at_point), policy)
+    par = cfg.parallelism
+    par.micro_batch, par.grad_accum, par.grad_sync = micro_batch, grad_accum, grad_sync
+    return cfg
+
+
 def with_policy(cfg, policy: str):
     """`cfg` with its activation-checkpointing policy set to `policy` (none, full, every_<k>, selective_op)."""
     cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every = parse_policy(policy)
@@ -250,10 +262,11 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
     from ...theory.shape import shape_of
     from ...theory.time import predict_parts
 
+    cfg = Frozen.of(cfg)  # its theory reads ~500 fields: a plain copy's, not OmegaConf's (config/frozen.py)
     par, world = cfg.parallelism, world_size(cfg)
     counts = with_compiled(cfg, counts)  # a compiled candidate keeps what its graphs keep (traced, then cached)
-    theory = predict(cfg, world, counts)
     shape = shape_of(cfg, world, counts)
+    theory = predict(cfg, world, counts, shape)
     peak = theory["memory/device_peak_predicted_bytes"]
     recompute = recompute_of(cfg)
     # a data-parallel replica's FLOPs, split over its ranks (the axes': tp x cp x pp)

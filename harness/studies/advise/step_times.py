@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Dict
+from typing import Callable, Dict
 
 from ...config.derive import tokens_per_step
 from ...launcher.replays import replay_work
@@ -24,9 +24,9 @@ REPLAY_STEPS = 3  # enough for what frameworks settle in their first steps (DDP'
 SYNC_EVERY = "-syncevery"
 
 
-def price(plan, configs: Dict[str, object], base, counts: dict) -> None:
-    """Set the predicted step of every candidate in `configs` (by name) from its counted work, and
-    plan.rates["time_model"] to how the plan's step times were predicted."""
+def price(plan, configs: Dict[str, Callable[[], object]], base, counts: dict) -> None:
+    """Set the predicted step of every candidate in `configs` (by name: a function that makes its config) from
+    its counted work, and plan.rates["time_model"] to how the plan's step times were predicted."""
     costs, why = load_device_costs(base)
     if base.parallelism.device != "cpu":
         why = f"a replay runs on this host's CPU, and the plan is for {base.parallelism.device}"
@@ -38,6 +38,7 @@ def price(plan, configs: Dict[str, object], base, counts: dict) -> None:
               if rates.get("rates_source") else "")
         rates["time_model"] = f"roofline lower bound{at} ({why})"
         return
+    configs = {name: make() for name, make in configs.items()}
     replays, twins = {}, {}
     for name, cfg in configs.items():
         twin = name.removesuffix(SYNC_EVERY)

@@ -1,0 +1,48 @@
+"""A model's parameter counts and training FLOPs per token for the planners (shardbench advise, the published
+rows), kept on disk between processes (compiled/trace_cache.on_disk, keyed by the code that counts them and the
+installed torch and transformers): at 70B a meta-device build and its FLOP count take about 6 s, and importing
+transformers to build it 4 s more, each time a plan is made. A run counts its own, in its process
+(runtime/models.param_count, measure/probes.count_flops_per_token), and never reads these."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from .compiled.trace_cache import on_disk
+
+HERE = Path(__file__).resolve().parent
+# what a count depends on besides the model's config: the build (LoRA included), the counting, the aggregation
+CODE = [str(HERE / "models.py"), str(HERE / "measure" / "probes.py"),
+        str(HERE.parent / "theory" / "param_counts.py"), str(HERE.parent / "config" / "hf_models.py")]
+
+
+def param_count(m, workload=None) -> dict:
+    """runtime/models.param_count, from the disk when this code counted this model before."""
+    return _param_count(_text(m), _text(workload))
+
+
+def flops_per_token(m, seq_len: int, workload=None) -> int:
+    """measure/probes.count_flops_per_token, from the disk when this code counted this model and length before."""
+    return _flops_per_token(_text(m), int(seq_len), _text(workload))
+
+
+def _text(node) -> str:
+    return OmegaConf.to_yaml(node, resolve=True) if node is not None else ""
+
+
+@on_disk(*CODE)
+def _param_count(model_yaml: str, workload_yaml: str) -> dict:
+    from . import models
+
+    counts = models.param_count(OmegaConf.create(model_yaml), OmegaConf.create(workload_yaml) if workload_yaml else None)
+    return json.loads(json.dumps(counts))  # as the disk gives it back (tuples as lists), counted now or read
+
+
+@on_disk(*CODE)
+def _flops_per_token(model_yaml: str, seq_len: int, workload_yaml: str) -> int:
+    from .measure import probes
+
+    return probes.count_flops_per_token(OmegaConf.create(model_yaml), seq_len,
+                                        OmegaConf.create(workload_yaml) if workload_yaml else None)
