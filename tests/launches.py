@@ -51,12 +51,15 @@ def resumable(launch_dir: Path, cell: tuple) -> bool:
     return not missing
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter):
+    # the outermost wrapper: after pytest's short summary (which may be 80 lines of errors), before its last line
+    result = yield
     if FAILED_CELLS:
         terminalreporter.section("cells of the session's launches that failed (the tests that read them fail)")
         for line in FAILED_CELLS:
             terminalreporter.line(line)
+    return result
 
 
 def sweeps(root: Path, named: dict, report: tuple = ()) -> dict:
