@@ -15,9 +15,12 @@ class Frozen(Mapping):
 
     def __init__(self, values: dict, node: Any = None, path: str = ""):
         # _node: the DictConfig copied from and this copy's dotted path in it (None, "" for a plain dict's)
-        object.__setattr__(self, "_values", {k: _frozen(v, node, f"{path}.{k}" if path else k)
-                                             for k, v in values.items()})
-        object.__setattr__(self, "_node", (node, path))
+        self._set({k: _frozen(v, node, f"{path}.{k}" if path else k) for k, v in values.items()}, (node, path))
+
+    def _set(self, values: dict, node: tuple) -> "Frozen":
+        object.__setattr__(self, "_values", values)
+        object.__setattr__(self, "_node", node)
+        return self
 
     @classmethod
     def of(cls, cfg) -> "Frozen":
@@ -59,13 +62,9 @@ class Frozen(Mapping):
         unknown = set(values) - set(self._values[section])
         if unknown:
             raise AttributeError(f"{section} has no field {', '.join(sorted(unknown))}")
-        out = Frozen.__new__(Frozen)
-        part = Frozen.__new__(Frozen)
-        object.__setattr__(part, "_values", {**self._values[section]._values, **values})
-        object.__setattr__(part, "_node", self._values[section]._node)
-        object.__setattr__(out, "_values", {**self._values, section: part})
-        object.__setattr__(out, "_node", self._node)
-        return out
+        old = self._values[section]
+        part = Frozen.__new__(Frozen)._set({**old._values, **values}, old._node)
+        return Frozen.__new__(Frozen)._set({**self._values, section: part}, self._node)
 
 
 def _frozen(value: Any, node: Any, path: str) -> Any:

@@ -1,8 +1,8 @@
-"""A model's parameter counts and training FLOPs per token for the planners (shardbench advise, the published
-rows), kept on disk between processes (compiled/trace_cache.on_disk, keyed by the code that counts them and the
-installed torch and transformers): at 70B a meta-device build and its FLOP count take about 6 s, and importing
-transformers to build it 4 s more, each time a plan is made. A run counts its own, in its process
-(runtime/models.param_count, measure/probes.count_flops_per_token), and never reads these."""
+"""A model's parameter counts and training FLOPs per token for shardbench advise's plan, kept on disk
+between processes (compiled/trace_cache.on_disk, keyed by the code that counts them and the installed torch and
+transformers): at 70B a meta-device build and its FLOP count take about 6 s, and importing transformers to build
+it 4 s more, each time a plan is made. A run counts its own, in its process (runtime/models.param_count,
+measure/probes.count_flops_per_token), and never reads these; neither does `make published` yet."""
 from __future__ import annotations
 
 import json
@@ -32,11 +32,15 @@ def _text(node) -> str:
     return OmegaConf.to_yaml(node, resolve=True) if node is not None else ""
 
 
+def _node(text: str):
+    return OmegaConf.create(text) if text else None
+
+
 @on_disk(*CODE)
 def _param_count(model_yaml: str, workload_yaml: str) -> dict:
     from . import models
 
-    counts = models.param_count(OmegaConf.create(model_yaml), OmegaConf.create(workload_yaml) if workload_yaml else None)
+    counts = models.param_count(_node(model_yaml), _node(workload_yaml))
     return json.loads(json.dumps(counts))  # as the disk gives it back (tuples as lists), counted now or read
 
 
@@ -44,5 +48,4 @@ def _param_count(model_yaml: str, workload_yaml: str) -> dict:
 def _flops_per_token(model_yaml: str, seq_len: int, workload_yaml: str) -> int:
     from .measure import probes
 
-    return probes.count_flops_per_token(OmegaConf.create(model_yaml), seq_len,
-                                        OmegaConf.create(workload_yaml) if workload_yaml else None)
+    return probes.count_flops_per_token(_node(model_yaml), seq_len, _node(workload_yaml))

@@ -93,7 +93,8 @@ def kept(cfg, regime: str) -> Optional[Dict[str, Dict[str, float]]]:
     if r.any:
         kinds["checkpointed"] = "full" if r.policy == "every_k" else r.policy
     scope = families.of(cfg.backend).compile_scope(cfg.backend)
-    model_yaml, split, positions = OmegaConf.to_yaml(node_of(cfg.model)), scope == "module_split", cfg.parallelism.seq_len
+    model_yaml = OmegaConf.to_yaml(node_of(cfg.model))
+    split, positions = scope == "module_split", cfg.parallelism.seq_len
     # positional: the traces are cached by their arguments (trace_cache.on_disk)
     out = {kind: _kept(model_yaml, regime, policy) if scope == "blocks"
            else _kept_module(model_yaml, regime, policy, split, positions) for kind, policy in kinds.items()}

@@ -195,9 +195,12 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
             at_point = axes.with_degrees(composed, point)  # one copy a mesh point, its batch and policy set below
             # what a run would refuse at this mesh (selective_op at tp > 1, or with a mixture of experts), which no
             # micro-batch changes; and each policy's config as the candidates' theory reads it (config/frozen.py)
-            refusals = {policy: axis_rules(with_policy(at_point, policy)) + moe_check.problems(
-                with_policy(at_point, policy)) for policy in policies}
-            views = {policy: Frozen.of(with_policy(at_point, policy)) for policy in policies if not refusals[policy]}
+            refusals, views = {}, {}
+            for policy in policies:
+                cfg = with_policy(at_point, policy)
+                refusals[policy] = axis_rules(cfg) + moe_check.problems(cfg)
+                if not refusals[policy]:
+                    views[policy] = Frozen.of(cfg)
             for mb in micro_batches(batch, dp) if batch % dp == 0 else []:
                 ga = batch // (mb * dp)
                 for policy in policies:
@@ -228,11 +231,11 @@ def grad_syncs(cfg, grad_accum: int) -> tuple:
     user set one, that one (""), or none for a backend whose runs refuse it."""
     from ...config import families
 
-    taken = families.of(cfg.backend).grad_syncs(cfg.backend)
-    asked = cfg.parallelism.grad_sync
+    family = families.of(cfg.backend)
+    taken, asked = family.grad_syncs(cfg.backend), cfg.parallelism.grad_sync
     if asked:
         return ("",) if asked in taken else ()
-    if grad_accum == 1 or len(taken) == 1 or families.of(cfg.backend).paper_stage(cfg.backend) != 3:
+    if grad_accum == 1 or len(taken) == 1 or family.paper_stage(cfg.backend) != 3:
         return ("",)
     return ("", "every")
 
