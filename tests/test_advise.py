@@ -203,7 +203,7 @@ def test_a_named_card_prices_the_plan_at_its_datasheet_scaled_by_the_measured_ca
     one = measured["worlds"]["1"]
     assert plan["rates"]["matmul_tflops"] == pytest.approx(2250 * one["matmul_tflops"]["bf16"] / kind["tflops"])
     assert plan["rates"]["copy_gbps"] == pytest.approx(8000 * one["copy_gbps"] / kind["mem_gbps"])
-    assert plan["budget_bytes"] == 180e9
+    assert plan["budget_bytes"] == 180 * 2**30  # the datasheet's GB as HBM is built: binary
     rates = next(line for line in out.out.splitlines() if line.startswith("rates: "))
     assert "B200 (HGX, 1000 W)" in rates and "900 GB/s a GPU each way inside a node" in rates, rates
     # one sentence a kind of mesh: the pick's kind holds it, the other kind says why its fastest loses
