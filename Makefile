@@ -5,10 +5,9 @@ PY := $(VENV)/bin/python
 LOCK ?= requirements/cpu.lock
 STAMP := $(VENV)/.installed-$(notdir $(LOCK))
 ARGS ?=
-# make test's pytest-xdist workers: 0, one process, by default; JOBS=2 (tests/workers.py keeps the session's launches
-# on one worker, one at a time) ran in 280 s against 296 s back to back on this 2-core machine on 2026-11-27: the
-# launches are the critical path, slowed by the other worker, and the memory checks run beside it (docs/commands.md)
-JOBS ?= 0
+# make test's pytest-xdist workers: 2 (tests/workers.py keeps the fp32 launch on one worker while the other runs the
+# in-process tests); JOBS=0 runs it in one process. make test-launches runs in one process: its launches are one group
+JOBS ?= 2
 # where the studies write: results/local/ (ignored by git) unless SNAPSHOT=1, which writes the committed results/,
 # a change to commit on purpose (harness/core/paths.results_dir; `shardbench <command> --snapshot` alone)
 SNAPSHOT ?=
@@ -18,7 +17,7 @@ RESULTS := results$(if $(filter-out 0,$(SNAPSHOT)),,/local)
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install warm demo demo-snapshot compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-review gpu-check gpu-capacity gpu-axes axes published capacity collectives finetune faults browser docs test test-drills test-all clean lock
+.PHONY: help install warm demo demo-snapshot compare sweep report run estimate bench advise memory-check time-check time-extrapolate device-costs scale-check hybrid checkpoint gpu-review gpu-check gpu-capacity gpu-axes axes published advise-field capacity collectives finetune faults browser docs test test-launches test-drills test-all clean lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -98,6 +97,9 @@ time-extrapolate: install warm ## the time model predicts runs it was not calibr
 published: install ## published runs at 4 to 256 GPUs (torchtitan, llm-foundry, Hugging Face) against the theory: peak, counted-work and roofline tokens/s, counted MFU -> experiments/published/
 	$(PY) -m harness published $(ARGS)
 
+advise-field: install ## the advisor's dry run on every published row: does its frontier hold what the source ran? (~5 min, theory only) -> experiments/published/
+	$(PY) -m harness advise-field $(ARGS)
+
 capacity: install warm ## largest model per backend under a budget: make capacity ARGS="--budget-mib 256 logger=none" -> results/capacity/
 	$(PY) -m harness capacity $(ARGS)
 
@@ -141,13 +143,16 @@ browser: ## install headless Chromium (Debian's `chromium`), which the report te
 docs: install ## the docs/ pages as a site in site/ (mkdocs build --strict: a broken link between pages fails it)
 	$(PY) -m mkdocs build --strict --quiet
 
-test: install warm browser ## the test suite (~5 min; JOBS=2 on 2 pytest-xdist workers, see tests/workers.py): unit tests and real runs of every backend (gloo, CPU)
-	$(PY) -m pytest -m "not drill" -n $(JOBS) $(ARGS)
+test: install warm browser ## the test suite (~4.5 min on 2 pytest-xdist workers): unit tests, in-process strategies, and every backend's real 3-rank fp32 run against DDP's losses (gloo, CPU); the other launches are make test-launches
+	$(PY) -m pytest -m "not drill and not launch" -n $(JOBS) $(ARGS)
 
-test-drills: install warm ## the launcher drills (~16 min): faults, Ctrl-C, racing launches, killed launcher and op builds; the longest study runs
+test-launches: install warm browser ## the tests that read the session's other launches (~9 min): every backend resumed, bf16, LoRA, resharding, user data, tp, cp, ep and MoE cells at 2 and 4 ranks, and the memory check's matrix
+	$(PY) -m pytest -m "launch and not drill" $(ARGS)
+
+test-drills: install warm ## the launcher drills (~40 min): faults, Ctrl-C, racing launches, killed launcher and op builds; the longest study runs
 	$(PY) -m pytest -m drill $(ARGS)
 
-test-all: test test-drills ## both, as CI runs them
+test-all: test test-launches test-drills ## all three, as CI runs them
 
 lock: ## re-pin requirements/cpu.lock from the current .venv
 	{ echo "# Exact versions CI and the CPU install use (pip constraints). Regenerate with: make lock"; \

@@ -39,6 +39,8 @@ COMMANDS: Dict[str, Command] = {
                       "hardware? theory prunes, short real runs decide", check="harness.studies.flags:advise_parser"),
     "advise-agreement": Command("harness.studies.advise.agreement:main",
                                 "how often the advisor's dry run picks what its real runs picked"),
+    "advise-field": Command("harness.studies.advise.field:main", "the advisor's dry run on every published run: "
+                            "does its frontier hold what the source ran? (`make advise-field`)"),
     # what theory predicts, no training (studies/predict/)
     "estimate": Command("harness.studies.predict.estimate:main", "theory for every backend, no training: states, "
                         "peak, bytes a link, fit", check="harness.studies.flags:estimate_parser"),

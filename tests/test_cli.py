@@ -204,7 +204,7 @@ def test_the_first_commands_refuse_a_mistake_in_one_line_before_heavy_imports(to
 
 
 # commands whose only arguments are their flags and positionals: a stray override is refused, not read
-TAKES_NO_OVERRIDES = {"advise-agreement", "axes", "dashboard", "device-costs", "export", "loss-agreement", "published", "report",
+TAKES_NO_OVERRIDES = {"advise-agreement", "advise-field", "axes", "dashboard", "device-costs", "export", "loss-agreement", "published", "report",
                       "warm-ops", "gpu-review"}
 
 

@@ -29,27 +29,13 @@ from ...config.command_line import parse
 from ...config.derive import world_size
 from ...core.paths import REPO, results_dir, snapshot
 from ...core.rundir import write_json, write_text
-from ..flags import defaults
 from .counted_shapes import TIME_TARGET_PCT
 from .cards import CARDS, card_rates, rates
+from .published_rows import GPUS_PER_NODE, README, ROWS, backend_of, base_of
 
 GIB = 2**30
-ROWS = REPO / "experiments" / "published" / "rows.yaml"
-README = REPO / "experiments" / "published" / "README.md"
 MARKERS = ("<!-- table: written by `make published` -->", "<!-- /table -->")
-GPUS_PER_NODE = 8  # the sources' hosts, where a row does not say (its gpus_per_node)
 MEMORY_TARGET_PCT = 10  # the issue's targets: memory within 10%, time within 30% (counted_shapes.TIME_TARGET_PCT)
-
-def base_of(row: dict) -> List[str]:
-    """The overrides every config of `row` starts from: its hosts, bf16, one micro-batch a step, its backend."""
-    return [f"parallelism=gpu{GPUS_PER_NODE}", f"parallelism.nproc_per_node={row.get('gpus_per_node', GPUS_PER_NODE)}",
-            "train.precision=bf16", f"parallelism.nnodes={row['nodes']}", "parallelism.grad_accum=1",
-            f"backend={backend_of(row)}"]
-
-
-def backend_of(row: dict) -> str:
-    """The backend a row ran: the one it names, else the one conf/studies.yaml says the published rows ran."""
-    return row.get("backend") or defaults("counted")["published_default"]
 
 
 def predict_row(row: dict) -> dict:

@@ -1,0 +1,24 @@
+"""The published rows (experiments/published/rows.yaml) as configs: where they are, the hosts a row ran on, and the
+backend it ran. Read by `make published` (published.py) and by the advisor against the field (advise/field.py)."""
+from __future__ import annotations
+
+from typing import List
+
+from ...core.paths import REPO
+from ..flags import defaults
+
+ROWS = REPO / "experiments" / "published" / "rows.yaml"
+README = REPO / "experiments" / "published" / "README.md"
+GPUS_PER_NODE = 8  # the sources' hosts, where a row does not say (its gpus_per_node)
+
+
+def base_of(row: dict) -> List[str]:
+    """The overrides every config of `row` starts from: its hosts, bf16, one micro-batch a step, its backend."""
+    return [f"parallelism=gpu{GPUS_PER_NODE}", f"parallelism.nproc_per_node={row.get('gpus_per_node', GPUS_PER_NODE)}",
+            "train.precision=bf16", f"parallelism.nnodes={row['nodes']}", "parallelism.grad_accum=1",
+            f"backend={backend_of(row)}"]
+
+
+def backend_of(row: dict) -> str:
+    """The backend a row ran: the one it names, else the one conf/studies.yaml says the published rows ran."""
+    return row.get("backend") or defaults("counted")["published_default"]
