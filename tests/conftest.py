@@ -47,42 +47,36 @@ FINETUNE = ("model=tiny_llama", "profile=parity", "parallelism.nproc_per_node=3"
 
 
 @pytest.fixture(scope="session")
-def fp32_launch(tmp_path_factory, llama_checkpoint) -> dict:
-    """The fp32 sweep, then every backend resumed from its checkpoint, as the cells of one 3-rank launch (a
-    resumed cell checks the checkpoint an earlier cell saved when it starts: launcher/cells.py): {"fp32": ...,
-    "resumed": ...}, each {backend: (summary, per-step records, run dir)}.
+def fp32_runs(tmp_path_factory, llama_checkpoint) -> dict:
+    """The fp32 sweep as the cells of one 3-rank launch: {backend: (summary, per-step records, run dir)}.
 
-    fp32: every backend, fine-tuning tiny_llama from a pretrained checkpoint in fp32, on purpose with the hard
-    cases (FINETUNE), and model.init=meta: FSDP2 builds on the meta device and ZeRO-3 under zero.Init (DDP and
-    ZeRO-1/2 on the host), each reading the checkpoint tensor by tensor into its shards, so that loss parity
-    covers every construction path. resumed: each at the same 3 ranks from its own fp32 checkpoint, training
-    steps 3 and 4 again."""
+    Every backend, fine-tuning tiny_llama from a pretrained checkpoint in fp32, on purpose with the hard cases
+    (FINETUNE), and model.init=meta: FSDP2 builds on the meta device and ZeRO-3 under zero.Init (DDP and ZeRO-1/2
+    on the host), each reading the checkpoint tensor by tensor into its shards, so that loss parity covers every
+    construction path. make test's one launch (tests/workers.py: the others are make test-launches')."""
     root = tmp_path_factory.mktemp("fp32")
+    pretrained = ("model.init=meta", f"model.pretrained_path={llama_checkpoint}")
+    return sweeps(root, {
+        "fp32": (*FINETUNE, *pretrained,
+                 "train.peak_by_kind=false",  # the bf16 sweep splits the peak by kind; this one replays allocations
+                 # a checkpoint after step 3, resumed at 3 ranks (resumed_runs) and at 2 (reshard_runs); DCP's
+                 # asynchronous save is resumed in tests/test_checkpoint_drill.py
+                 f"train.checkpoint_every={SAVED_AT}"),
+    }, report=("fp32",))["fp32"]  # tests/test_report.py reads the fp32 sweep's tables and report
+
+
+@pytest.fixture(scope="session")
+def resumed_runs(tmp_path_factory, llama_checkpoint, fp32_runs) -> dict:
+    """Every backend resumed from its fp32 checkpoint at the same 3 ranks, training steps 3 and 4 again, as the
+    cells of a launch of their own (a resumed cell checks the checkpoint it reads when it starts:
+    launcher/cells.py): {backend: (summary, per-step records, run dir)}. A make test-launches launch."""
     pretrained = ("model.init=meta", f"model.pretrained_path={llama_checkpoint}")
 
     def resumed(backend: str) -> tuple:
         # three of them log to W&B offline, as a user's sweep does: tests/test_report.py reads them back
         wandb = ("logger=wandb", "logger.mode=offline") if backend in WANDB_BACKENDS else ()
-        return (*FINETUNE, *pretrained, *cheap(resume_from(root / "sweeps" / "fp32" / f"backend={backend}")),
-                *wandb)
-    return sweeps(root, {
-        "fp32": (*FINETUNE, *pretrained,
-                 "train.peak_by_kind=false",  # the bf16 sweep splits the peak by kind; this one replays allocations
-                 # a checkpoint after step 3, resumed at 3 ranks (resumed) and at 2 (reshard_runs); DCP's
-                 # asynchronous save is resumed in tests/test_checkpoint_drill.py
-                 f"train.checkpoint_every={SAVED_AT}"),
-        "resumed": resumed,
-    }, report=("fp32",))  # tests/test_report.py reads the fp32 sweep's tables and report
-
-
-@pytest.fixture(scope="session")
-def fp32_runs(fp32_launch) -> dict:
-    return fp32_launch["fp32"]
-
-
-@pytest.fixture(scope="session")
-def resumed_runs(fp32_launch) -> dict:
-    return fp32_launch["resumed"]
+        return (*FINETUNE, *pretrained, *cheap(saved(fp32_runs, backend)), *wandb)
+    return sweeps(tmp_path_factory.mktemp("resumed"), {"resumed": resumed})["resumed"]
 
 
 WANDB_BACKENDS = ("ddp", "fsdp", "ds_zero3")  # the issue's trial: the three whose W&B rates disagreed with the report

@@ -1,10 +1,16 @@
-"""make test JOBS=2: the suite on 2 pytest-xdist workers (by default, one process), hooks imported by conftest.py.
+"""make test's two pytest-xdist workers (JOBS=2, the default; JOBS=0 runs one process) and the `launch` mark, hooks
+imported by conftest.py.
 
-Every test that reads one of the session's launches (LAUNCHES: each a start-up of the ranks and its cells, ~3
-minutes in all), and the memory check's module with its own launch, runs on one worker, which builds each launch
-once and runs them one at a time, the memory check's last; every other module runs whole on one worker, so that a
-module's own fixtures are built once too. The launches go first, then the longest modules (LONGEST_MODULES), then the rest in collection
-order, handed to whichever worker is free: neither worker is left with a long tail.
+The tiers: every test that reads one of the launches in LATER (every backend resumed, the 2- and 4-rank launches)
+or runs the memory check's own launch (LAUNCH_MODULES) is marked `launch`; make test leaves those to make
+test-launches (CI runs both) and keeps the fp32 launch, the every-backend parity at 3 ranks. Under 5 minutes on
+this 2-core machine is make test's budget.
+
+Every test that reads one of the session's launches (LAUNCHES: each a start-up of the ranks and its cells), and
+the memory check's module, runs on one worker, which builds each launch once and runs them one at a time, the memory
+check's last; every other module runs whole on one worker, so that a module's own fixtures are built once too. The
+launches go first, then the longest modules (LONGEST_MODULES), then the rest in collection order, handed to
+whichever worker is free: neither worker is left with a long tail.
 
 The scheduler is xdist's by scope, with the scopes taken from the workers' collection (which knows each test's
 fixtures) through a file: xdist's own `xdist_group` mark travels in the node id, which pytest 9.2 no longer lets a
@@ -20,13 +26,24 @@ from pathlib import Path
 
 import pytest
 
-LAUNCHES = {"llama_checkpoint", "fp32_launch", "two_rank_sweeps", "four_rank_runs"}
+LAUNCHES = {"llama_checkpoint", "fp32_runs", "resumed_runs", "two_rank_sweeps", "four_rank_runs"}
 # modules whose own launch runs with the session's, not beside them: two launches at once put 4 to 6 ranks on 2
 # cores, and gloo's threads then free more buffers a phase late than the memory checks allow (two misses in
 # one of three runs: ZeRO-3 +16.7% at 4 ranks, fsdp_offload +26.4% in the fp32 sweep)
 LAUNCH_MODULES = ("test_memory_check.py",)
 LONGEST_MODULES = ("test_gpu_capacity.py", "test_grad_accumulation.py")
 GROUPS = "SHARDBENCH_TEST_GROUPS"  # the file the workers write {node id: group} to, set by the controller
+
+
+# the launches make test leaves to make test-launches (CI runs both): every backend resumed at 3 ranks, the 2- and
+# 4-rank ones (bf16, LoRA, resharding, the axes' cells, the mixtures of experts; ~5 minutes) and the memory check's
+# own (~1.5). make test keeps the 3-rank fp32 launch: every backend's losses against DDP's on every construction path
+LATER = {"resumed_runs", "two_rank_sweeps", "four_rank_runs"}
+
+
+def later(item) -> bool:
+    """Whether a test reads one of the launches make test leaves to make test-launches: a `launch` test."""
+    return bool(LATER & set(item.fixturenames)) or item.path.name in LAUNCH_MODULES
 
 
 def group_of(item) -> str:
@@ -54,6 +71,10 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    # before `-m` deselects (the mark plugin's hook runs after this tryfirst one)
+    for item in items:
+        if later(item):
+            item.add_marker(pytest.mark.launch)
     items.sort(key=rank_of)  # stable: within a rank, the order of collection
     if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(GROUPS):
         path = Path(os.environ[GROUPS])
