@@ -59,6 +59,9 @@ BAD_INPUT = [
     (["train.warmup_steps=20"], "train.warmup_steps=20"),
     (["model.num_heads=5"], "model.num_heads=5"),
     (["model.num_kv_heads=3"], "model.num_kv_heads=3"),
+    # a GELU the theory does not count, and a GELU on a SwiGLU family (the default model is llama's)
+    (["model=tiny_gpt2", "model.activation=relu"], "model.activation=relu: not a GELU the theory counts"),
+    (["model.activation=gelu"], "model.activation=gelu: the llama family's MLP is SwiGLU"),
     (["dist.timeout_s=0"], "dist.timeout_s=0"),
     (["backend.bucket_elements=-1"], "backend.bucket_elements=-1"),
     (["train.memory_budget_bytes=-5"], "train.memory_budget_bytes=-5"),

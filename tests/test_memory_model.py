@@ -291,3 +291,35 @@ def test_deepspeed_is_told_its_accelerator_so_that_the_tools_print_no_warning_of
         assert os.environ["DS_ACCELERATOR"] == "mine"  # a user's own choice is kept
     finally:
         os.environ.pop("DS_ACCELERATOR") if before is None else os.environ.update(DS_ACCELERATOR=before)
+
+
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_a_gpt2_block_keeps_what_the_theory_counts_for_its_gelu(activation):
+    """What one GPT-2 block's autograd graph saves for backward, per token, storage by storage, is the theory's
+    count: the unfused tanh GELU (GPT-2's) and the exact one (model.activation=gelu, as MPT's), whose difference
+    is three MLP-wide tensors a token (36 GiB on llm-foundry's MPT-7B row at micro-batch 6)."""
+    import torch
+
+    from harness.config.compose import compose
+    from harness.runtime import models
+    from harness.theory import activations
+
+    cfg = compose(["model=tiny_gpt2", "model.intermediate_size=512",
+                   *([f"model.activation={activation}"] if activation else [])])
+    block = models.blocks(models.build(cfg.model))[0]
+    tokens, kept = 64, {}
+
+    def pack(t):
+        # parameters are states, not activations; a storage saved twice is kept once
+        if not isinstance(t, torch.nn.Parameter):
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.randn(1, tokens, cfg.model.hidden_size, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = block(x)
+    out = out[0] if isinstance(out, tuple) else out
+    predicted = activations.block_bytes_per_token(cfg.model, "fp32")
+    # the block's own input is counted as kept (the residual stream), the attention mask and positions are not
+    assert sum(kept.values()) / tokens == pytest.approx(predicted, rel=0.01), (sum(kept.values()) / tokens, predicted)
+    assert out.shape == x.shape

@@ -32,7 +32,8 @@ FIELDS = {
               "intermediate_size": "intermediate_size", "max_position_embeddings": "max_positions",
               "tie_word_embeddings": "tie_embeddings", "rope_theta": "rope_theta", "head_dim": "head_dim"},
     "gpt2": {"vocab_size": "vocab_size", "n_embd": "hidden_size", "n_layer": "num_layers", "n_head": "num_heads",
-             "n_inner": "intermediate_size", "n_positions": "max_positions", "tie_word_embeddings": "tie_embeddings"},
+             "n_inner": "intermediate_size", "n_positions": "max_positions", "tie_word_embeddings": "tie_embeddings",
+             "activation_function": "activation"},
 }
 # transformers' defaults where a config.json leaves the key out
 DEFAULTS = {"tie_word_embeddings": {"llama": False, "mistral": False, "qwen2": False, "gpt2": True},

@@ -120,6 +120,10 @@ def value_rules(cfg) -> List[str]:
     return out
 
 
+# what a gpt2 MLP's activation may be (model.activation): the two whose kept tensors theory/activations.py counts
+GPT2_ACTIVATIONS = ("gelu_new", "gelu")
+
+
 def shape_rules(cfg) -> List[str]:
     """The model and the steps: what a model of this shape can be asked."""
     t, par, m, out = cfg.train, cfg.parallelism, cfg.model, []
@@ -134,6 +138,10 @@ def shape_rules(cfg) -> List[str]:
                    "pick a divisor")
     if m.num_kv_heads and m.num_heads % m.num_kv_heads:
         out.append(f"model.num_kv_heads={m.num_kv_heads}: must divide model.num_heads={m.num_heads}")
+    if m.activation is not None and (m.family != "gpt2" or m.activation not in GPT2_ACTIVATIONS):
+        out.append(f"model.activation={m.activation}: "
+                   + (f"the {m.family} family's MLP is SwiGLU; set it only on gpt2" if m.family != "gpt2" else
+                      f"not a GELU the theory counts; use one of {', '.join(GPT2_ACTIVATIONS)}"))
     return out
 
 

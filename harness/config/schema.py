@@ -88,6 +88,10 @@ class ModelConfig:
     head_dim: Optional[int] = None  # a head's width, where it is not hidden/heads (Qwen3's 128 over 2048/32)
     qk_norm: bool = False  # an RMSNorm over each head of q and k before RoPE (Qwen3's attention)
     intermediate_size: Optional[int] = None  # None = the family's default (4h for gpt2)
+    # gpt2's MLP activation, transformers' activation_function: gelu_new (None: GPT-2's own tanh GELU, which
+    # transformers runs unfused and which keeps four tensors for backward) or gelu (the exact GELU, one op that
+    # keeps its input: MPT's and most GELU models'); llama's is SwiGLU, which this does not change
+    activation: Optional[str] = None
     max_positions: int = 1024
     tie_embeddings: bool = False
     rope_theta: float = 10000.0

@@ -48,6 +48,7 @@ def hf_config(m):
             n_layer=m.num_layers,
             n_head=m.num_heads,
             n_inner=m.intermediate_size,
+            activation_function=m.activation or "gelu_new",
             n_positions=m.max_positions,
             tie_word_embeddings=m.tie_embeddings,
             # dropout off: loss parity across strategies needs a deterministic forward

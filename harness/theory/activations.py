@@ -27,7 +27,8 @@ Per token, with h the width, h_kv the key/value width (GQA), i the MLP width, a 
 - GPT-2 block: each LayerNorm keeps its input, mean and reciprocal deviation (p·h + 2p, twice) and its output
   is kept by the next matmul (p·h, twice); attention keeps the fused q|k|v output, its output (4p·h) and the
   log-sum-exp (4a); the MLP keeps the tanh GELU's four tensors (x, tanh, x/2, 1 + tanh: transformers'
-  "gelu_new" is unfused) and its output (5p·i). Under autocast the norms are fp32.
+  "gelu_new" is unfused) and its output (5p·i), or with the exact GELU (model.activation=gelu, one op) its
+  input and output (2p·i). Under autocast the norms are fp32.
 - Outside the blocks: the final norm, the output layer's input (p·h), the int64 input ids (8; GPT-2 also its
   position ids), and the fp32 log-softmax of the logits (4V) that the loss keeps; Llama's rotary cos and sin
   once per sequence position. The logits themselves are not kept: the loss upcasts them and keeps only its
@@ -126,10 +127,18 @@ def block_bytes_per_token(model, reg: str, mesh=None) -> float:
             return 2 * (8 * h + 4) / seq + (3 if moe.is_moe(model) else 5) * 2 * h + rest
         p = 4 if reg == "fp32" else 2
         return 2 * (4 * h + 4 + p * h) / seq + 2 * p * h + rest
+    mlp = gelu_kept(model)
     if reg == "autocast":
-        return 2 * (4 * h + 8) + 2 * 2 * h + 2 * 4 * h + 4 * a + 5 * 2 * i
+        return 2 * (4 * h + 8) + 2 * 2 * h + 2 * 4 * h + 4 * a + mlp * 2 * i
     p = 4 if reg == "fp32" else 2
-    return 2 * (p * h + 2 * p) + 2 * p * h + 4 * p * h + 4 * a + 5 * p * i
+    return 2 * (p * h + 2 * p) + 2 * p * h + 4 * p * h + 4 * a + mlp * p * i
+
+
+def gelu_kept(model) -> int:
+    """The MLP-wide tensors a gpt2 block's GELU and the projection after it keep: transformers' unfused tanh
+    GELU (gelu_new, GPT-2's) keeps x, tanh, x/2 and 1 + tanh, and the projection its output (5); the exact GELU
+    (model.activation=gelu) keeps only its input, and the projection its output (2)."""
+    return 2 if getattr(model, "activation", None) == "gelu" else 5
 
 
 def selective_bytes_per_token(model, reg: str) -> float:
