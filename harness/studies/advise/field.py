@@ -82,7 +82,8 @@ def source_candidate(p: Plan, row: dict) -> Optional[Candidate]:
 def verdict(p: Plan, row: dict) -> dict:
     """How the advisor's frontier stands to what the source ran (the module doc's outcomes), with one sentence."""
     band = advise_frontier.band(p)
-    pick = max(p.fitting, key=lambda c: c.predicted_tokens_per_s) if p.fitting else None
+    # the fastest, and among equally fast the lowest peak (as the dry run's frontier orders them)
+    pick = min(p.fitting, key=lambda c: (-c.predicted_tokens_per_s, c.predicted_peak_bytes)) if p.fitting else None
     eager = [o for o in row["overrides"] if o.startswith(EAGER_ONLY)]
     out = {"id": row["id"], "source_ran": f"{backend_of(row)} {describe_row(row)}" + (" *" if eager else ""),
            "searched_without": eager, "candidates": len(p.candidates),

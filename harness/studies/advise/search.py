@@ -219,8 +219,10 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                         fitting[out.candidates[-1].name] = functools.partial(
                             materialized, at_point, policy, mb, ga, cfg.parallelism.grad_sync)
     advise_time.price(out, fitting, base, counts)
-    # those that fit first, by their counted work's step; then the rest, by the roofline bound
-    out.candidates.sort(key=lambda c: (not c.fits, c.predicted_step_s))
+    # those that fit first, by their counted work's step; then the rest, by the roofline bound; among equal steps
+    # (the roofline gives every micro-batch of a mesh the same one) the lower peak first, so that the pick and
+    # each kind's best are the candidate with the most headroom, not the first one searched
+    out.candidates.sort(key=lambda c: (not c.fits, c.predicted_step_s, c.predicted_peak_bytes))
     return out
 
 
