@@ -97,7 +97,7 @@ time-extrapolate: install warm ## the time model predicts runs it was not calibr
 published: install ## published runs at 4 to 256 GPUs (torchtitan, llm-foundry, Hugging Face) against the theory: peak, counted-work and roofline tokens/s, counted MFU -> experiments/published/
 	$(PY) -m harness published $(ARGS)
 
-advise-field: install ## the advisor's dry run on every published row: does its frontier hold what the source ran? (~5 min, theory only) -> experiments/published/
+advise-field: install ## the advisor's dry run on every published row: does its frontier hold what the source ran? (~2.5 min, theory only) -> experiments/published/
 	$(PY) -m harness advise-field $(ARGS)
 
 capacity: install warm ## largest model per backend under a budget: make capacity ARGS="--budget-mib 256 logger=none" -> results/capacity/

@@ -70,3 +70,13 @@ def test_a_source_predicted_not_to_fit_is_told_from_the_margin(monkeypatch):
     assert missing["outcome"] == "not searched"
     lines = field.table([under, over, missing])
     assert lines[-1].startswith("Agreement: 0 of 3 rows (0%)")
+
+
+def test_a_row_id_it_does_not_have_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys):
+    from harness import commands
+
+    code = commands.main(["advise-field", "--only", "tt-8b-8-fsdp,tt-nope", f"--out={tmp_path}"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and lines == ["advise-field: invalid input: --only tt-8b-8-fsdp,tt-nope: no row tt-nope in "
+                                   f"{field.ROWS}"], lines
+    assert not list(tmp_path.iterdir())  # no empty table written over a good one

@@ -21,6 +21,7 @@ experiments/published/README.md (between its markers)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -34,8 +35,9 @@ from ...config.derive import dp_size
 from ...config.recompute import recompute_of
 from ...core.paths import REPO, results_dir, snapshot
 from ...core.rundir import write_json, write_text
-from ..flags import ADVISE_POLICIES
-from ..predict.published_rows import README, ROWS, backend_of, base_of
+from ...core.errors import ConfigError
+from ..flags import ADVISE_POLICIES, FIT_MARGIN
+from ..predict.published_rows import EAGER_ONLY, README, ROWS, backend_of, base_of
 from . import frontier as advise_frontier
 from .search import GIB, Candidate, Plan, plan, size
 
@@ -44,16 +46,17 @@ AGREE = ("on the frontier", "in the band")
 # what the advisor chooses, so not taken from the row: its search sets them per candidate
 SEARCHED = ("parallelism.micro_batch=", "parallelism.grad_accum=", "train.activation_checkpointing=",
             "backend=", *(f"parallelism.{name}=" for name in axes.AXES))
-# searched eager, as the counted work counts these rows (published.EAGER_ONLY): a compiled candidate's theory traces
-# its compiled graphs, and at 8B and sequence 8192 the advisor's candidates took about a minute each the first time
-# (a DeepSpeed one traces its whole module; one row ran 12 minutes before it was stopped)
-EAGER_ONLY = ("train.compile=", "train.float8=")
-FIT_MARGIN = 0.10  # the advisor's default (flags.FIT_MARGIN), named here because a miss may be the margin's
 
 
 def source_config(row: dict):
-    """The config the source ran: the row's own overrides on its hosts (published_rows.base_of)."""
-    return compose([*base_of(row), *row["overrides"]])
+    """The config the source ran: the row's own overrides on its hosts (published_rows.base_of), composed once
+    for the plan, the source's candidate and its description (read only)."""
+    return _composed((*base_of(row), *row["overrides"]))
+
+
+@functools.lru_cache(maxsize=None)
+def _composed(overrides: tuple):
+    return compose(list(overrides))
 
 
 def plan_for(row: dict, margin: float = FIT_MARGIN) -> Plan:
@@ -177,8 +180,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(results_dir("published")),
                         help="where advisor.{md,json} go (and, without --snapshot, the README with its table)")
     args, _ = parse("advise-field", parser, argv, takes_overrides=False)
+    if not Path(args.rows).is_file():
+        raise ConfigError(f"--rows {args.rows}: no such file; give a rows.yaml like experiments/published/rows.yaml")
     rows = yaml.safe_load(Path(args.rows).read_text())["rows"]
-    if args.only:
+    if args.only:  # refused before anything is planned or written, as a mistyped id would leave an empty table
+        unknown = sorted(set(args.only.split(",")) - {r["id"] for r in rows})
+        if unknown:
+            raise ConfigError(f"--only {args.only}: no row {', '.join(unknown)} in {args.rows}")
         rows = [r for r in rows if r["id"] in args.only.split(",")]
     started, results = time.perf_counter(), []
     for row in rows:

@@ -31,7 +31,7 @@ from ...core.paths import REPO, results_dir, snapshot
 from ...core.rundir import write_json, write_text
 from .counted_shapes import TIME_TARGET_PCT
 from .cards import CARDS, card_rates, rates
-from .published_rows import GPUS_PER_NODE, README, ROWS, backend_of, base_of
+from .published_rows import EAGER_ONLY, GPUS_PER_NODE, README, ROWS, backend_of, base_of
 
 GIB = 2**30
 MARKERS = ("<!-- table: written by `make published` -->", "<!-- /table -->")
@@ -99,9 +99,6 @@ def table(results: List[dict]) -> List[str]:
     lines += ["", "What each row assumes where its source is silent:", ""]
     lines += [f"- {r['id']}: {r['assumed']}" for r in results if r["assumed"]]
     return lines
-
-
-EAGER_ONLY = ("train.compile", "train.float8")  # what the count leaves out of a row's overrides
 
 
 def price_rows(rows: List[dict]) -> Dict[str, dict]:

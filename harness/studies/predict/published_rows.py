@@ -10,6 +10,10 @@ from ..flags import defaults
 ROWS = REPO / "experiments" / "published" / "rows.yaml"
 README = REPO / "experiments" / "published" / "README.md"
 GPUS_PER_NODE = 8  # the sources' hosts, where a row does not say (its gpus_per_node)
+# what a row's counted work and the advisor's search of it leave out: a compiled or float8 row is taken as its eager
+# step (neither counts compiled graphs or float8 matmuls yet; a compiled candidate's theory traces its graphs, about
+# a minute a candidate at 8B the first time)
+EAGER_ONLY = ("train.compile=", "train.float8=")
 
 
 def base_of(row: dict) -> List[str]:
