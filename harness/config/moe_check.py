@@ -5,20 +5,27 @@ What runs on a mixture of experts is what has been held to DDP's losses and to t
 data-parallel family (DDP, FSDP2, FSDP1, ZeRO 1-3, with DeepSpeed's leaf-module setting for the MoE block or
 without it). The other axes are refused until they are: tensor and context parallelism (transformers' and
 DeepSpeed's plans shard the experts in ways the theory does not count yet), torch.compile (the experts' grouped
-matmul is an opaque op whose compiled activations are not traced here), selective_op (its saved-op list has no
-grouped matmul) and float8 (torchao converts nn.Linear only, not the 3-D experts). DeepSpeed's leaf-module
+matmul is an opaque op whose compiled activations are not traced here), the selective policies (their saved-op
+list has no grouped matmul) and float8 (torchao converts nn.Linear only, not the 3-D experts). DeepSpeed's leaf-module
 setting is its family's rule (backends/deepspeed/family.py).
 """
 from __future__ import annotations
 
 from typing import List
 
+from .recompute import is_selective
+
 
 WHY = {"parallelism.tp": "the experts' tensor-parallel split is not in the theory yet",
        "parallelism.cp": "context parallelism is held to the theory for dense blocks only",
        "train.compile": "the experts' grouped matmul is opaque to the compiled-activation trace; set it false",
        "train.float8": "torchao converts nn.Linear only, not the 3-D expert weights; use train.float8=none",
-       "train.activation_checkpointing=selective_op": "its saved-op list has no grouped matmul; use full"}
+       "train.activation_checkpointing": "its saved-op list has no grouped matmul; use full"}
+
+
+def _value(cfg, key: str) -> str:
+    """`=<policy>` after the checkpointing key, whose refusal is for some of its values only."""
+    return f"={cfg.train.activation_checkpointing}" if key == "train.activation_checkpointing" else ""
 
 
 def axis_problems(cfg) -> List[str]:
@@ -49,7 +56,8 @@ def problems(cfg) -> List[str]:
                    f"model.num_experts={m.num_experts} experts")
     train = cfg.train
     refused = {"train.compile": train.compile, "train.float8": train.float8 != "none",
-               "train.activation_checkpointing=selective_op": train.activation_checkpointing == "selective_op"}
+               "train.activation_checkpointing": is_selective(cfg)}
     out += axis_problems(cfg)
-    out += [f"{key}: not with a mixture of experts ({where}): {WHY[key]}" for key, on in refused.items() if on]
+    out += [f"{key}{_value(cfg, key)}: not with a mixture of experts ({where}): {WHY[key]}"
+            for key, on in refused.items() if on]
     return out

@@ -11,7 +11,11 @@
 - `selective_op`: every block is checkpointed, but the outputs of its matmuls and of its attention kernel are
   saved, and only the rest (norms, activations, rotary, elementwise) is recomputed: torch's selective
   checkpoint contexts (`create_selective_checkpoint_contexts`) with the op-level policy of torchtitan's
-  `selective` mode, which saves every matmul (torchtitan saves every other one, to trade half of them back).
+  `selective` mode's list, saving every matmul.
+- `selective_op_half`: the same, but every other matmul of a block (the 2nd, 4th, ...) is recomputed, as
+  torchtitan's op-level selective mode does (its `_custom_policy` counts `mm` and saves the odd ones): for a
+  Llama block q, v, gate and down are kept and k, o and up recomputed. This is the policy torchtitan's published
+  "selective op AC" rows ran; `selective_op` keeps more and recomputes no matmul.
 
 Every backend applies it the same way (runtime/models.enable_activation_checkpointing): torch's non-reentrant
 `torch.utils.checkpoint` on each block's forward, through transformers' GradientCheckpointingLayer, so the
@@ -28,7 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-POLICIES = ("none", "full", "every_k", "selective_op")
+POLICIES = ("none", "full", "every_k", "selective_op", "selective_op_half")
+SELECTIVE = ("selective_op", "selective_op_half")  # the op-level policies: every block checkpointed, some ops saved
 # a config written when the setting was a boolean, and the studies' old off/on
 LEGACY = {"true": "full", "false": "none", "on": "full", "off": "none"}
 
@@ -41,7 +46,7 @@ class Recompute:
 
     def checkpointed(self, layer: int) -> bool:
         """Whether block `layer` (0 first) reruns its forward in its backward."""
-        if self.policy in ("full", "selective_op"):
+        if self.policy == "full" or self.selective:
             return True
         return self.policy == "every_k" and layer % self.every == 0
 
@@ -55,7 +60,12 @@ class Recompute:
 
     @property
     def selective(self) -> bool:
-        return self.policy == "selective_op"
+        return self.policy in SELECTIVE
+
+    @property
+    def matmul_stride(self) -> int:
+        """Of a selectively checkpointed block's matmuls, which are saved: every one (1) or every other (2)."""
+        return 2 if self.policy == "selective_op_half" else 1
 
     @property
     def fully_recomputed(self) -> int:
@@ -91,6 +101,11 @@ def overrides(label) -> List[str]:
     policy, every = parse(label)
     return [f"train.activation_checkpointing={policy}",
             *([f"train.activation_checkpointing_every={every}"] if policy == "every_k" else [])]
+
+
+def is_selective(cfg) -> bool:
+    """Whether the config's policy is an op-level selective one (the axes that refuse them ask this)."""
+    return parse(cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every)[0] in SELECTIVE
 
 
 def unknown(label) -> bool:

@@ -159,11 +159,34 @@ SELECTIVE_SAVED_OPS = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attentio
                        "_scaled_dot_product_flash_attention_for_cpu")
 
 
+# what selective_op_half counts to choose every other one: a block's projections (Linear is mm, or addmm with a
+# bias on a 2-D input; GPT-2's Conv1D is addmm). torchtitan counts mm alone: the same on its bias-free Llama
+MATMULS = ("mm", "addmm")
+
+
 def _selective_policy(ctx, op, *args, **kwargs):
     from torch.utils.checkpoint import CheckpointPolicy
 
     saved = op.overloadpacket.__name__ in SELECTIVE_SAVED_OPS
     return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _every_other_matmul_contexts():
+    """selective_op_half's contexts for one checkpointed call: the saved-op list, but the block's 2nd, 4th, ...
+    matmul recomputed. A fresh count each call (each block's forward, and its recompute counted apart), so that
+    the forward and the recompute agree on which matmuls were saved."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    counts = {False: 0, True: 0}  # by ctx.is_recompute
+
+    def policy(ctx, op, *args, **kwargs):
+        if op.overloadpacket.__name__ in MATMULS:
+            counts[ctx.is_recompute] += 1
+            if counts[ctx.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return _selective_policy(ctx, op, *args, **kwargs)
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def enable_activation_checkpointing(model: nn.Module, recompute) -> dict:
@@ -177,7 +200,8 @@ def enable_activation_checkpointing(model: nn.Module, recompute) -> dict:
 
     kwargs = {"use_reentrant": False}  # non-reentrant works under DDP, FSDP2 and ZeRO-3 alike (it re-runs hooks)
     if recompute.selective:
-        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy)
+        kwargs["context_fn"] = (_every_other_matmul_contexts if recompute.matmul_stride == 2 else
+                                partial(create_selective_checkpoint_contexts, _selective_policy))
     found = blocks(model)
     if len(found) != recompute.layers:
         raise ValueError(f"{len(found)} blocks found, the config says {recompute.layers} layers")
@@ -189,6 +213,7 @@ def enable_activation_checkpointing(model: nn.Module, recompute) -> dict:
     model.config.use_cache = False  # a cache is rebuilt by each recompute, and nothing decodes here
     return {"policy": recompute.policy, "checkpointed_blocks": list(recompute.checkpointed_layers),
             "saved_ops": list(SELECTIVE_SAVED_OPS) if recompute.selective else [],
+            "saved_matmuls": ("every other" if recompute.matmul_stride == 2 else "all") if recompute.selective else "",
             "applied_by": "torch.utils.checkpoint(use_reentrant=False) on each block's forward, through "
                           "transformers' GradientCheckpointingLayer"}
 

@@ -40,7 +40,9 @@ for its chosen blocks, and the others keep everything. `selective_op` keeps the 
 saves (runtime/models.SELECTIVE_SAVED_OPS): every matmul's output and the attention kernel's output and
 log-sum-exp. For Llama, per token, p·(3h + 2h_kv + 2i) for q, k, v, o, gate, up and down, p·h + 4a for
 attention (16 bits under autocast, where the matmuls run); for GPT-2 p·(6h + i) (the fused q|k|v, attention's
-and the MLP's outputs, the MLP's up projection) + 4a. Inside its backward a selectively checkpointed block is
+and the MLP's outputs, the MLP's up projection) + 4a. `selective_op_half` saves every other matmul from the
+first (torchtitan's op policy): Llama's q, v, gate and down, p·(2h + h_kv + i); GPT-2's q|k|v and up
+projection, p·(3h + i); the attention terms are the same. Inside its backward a selectively checkpointed block is
 whole again: the recompute reuses the saved outputs (one storage) and makes the rest.
 
 Under tensor parallelism (PyTorch's plan, parallel/tp/shard.py; DeepSpeed's AutoTP) one rank keeps 1/tp
@@ -141,15 +143,35 @@ def gelu_kept(model) -> int:
     return 2 if getattr(model, "activation", None) == "gelu" else 5
 
 
-def selective_bytes_per_token(model, reg: str) -> float:
-    """Bytes a block checkpointed with `selective_op` keeps per token: its input and the saved ops' outputs
-    (module docstring; not under tensor parallelism, which config/recompute.py refuses with it)."""
-    h, h_kv, i, a, _, _ = _widths(model)
-    p = 4 if reg == "fp32" else 2
-    kept_input = residual_bytes(reg) * h
+def block_matmuls(model) -> list:
+    """A block's projections in the order its forward runs them, as (output width, weight elements): Llama's q, k,
+    v, o, gate, up and down; GPT-2's fused q|k|v, attention's projection and the MLP's two. The selective
+    policies save all of their outputs, or every other one from the first (runtime/models.py)."""
+    h, h_kv, i, _, _, h_q = _widths(model)
     if model.family == "llama":
-        return kept_input + p * (3 * h + 2 * h_kv + 2 * i) + p * h + 4 * a
-    return kept_input + p * (6 * h + i) + 4 * a
+        return [(h_q, h * h_q), (h_kv, h * h_kv), (h_kv, h * h_kv), (h, h_q * h), (i, h * i), (i, h * i), (h, i * h)]
+    return [(3 * h, 3 * h * h), (h, h * h), (i, h * i), (h, i * h)]
+
+
+def selective_bytes_per_token(model, reg: str, stride: int = 1) -> float:
+    """Bytes a block checkpointed with a selective policy keeps per token: its input, the saved matmuls' outputs
+    (every one, or every other one at `stride` 2: selective_op_half) and the attention kernel's output and fp32
+    log-sum-exp (module docstring; not under tensor parallelism, which config/recompute.py refuses with it)."""
+    _, _, _, a, _, h_q = _widths(model)
+    p = 4 if reg == "fp32" else 2
+    kept_input = residual_bytes(reg) * model.hidden_size
+    return kept_input + p * sum(width for width, _ in block_matmuls(model)[::stride]) + p * h_q + 4 * a
+
+
+def recomputed_matmul_share(model, seq_len: int, stride: int) -> float:
+    """Of a selectively checkpointed block's forward FLOPs, the share its recompute runs again: the matmuls it
+    did not save (none at `stride` 1), over the block's matmuls and its attention's two s x s products (4·s·h_q
+    FLOPs a token, the full square, as the counted work counts it). The time model's backward adds it."""
+    if stride == 1:
+        return 0.0
+    weights = block_matmuls(model)
+    again = sum(w for j, (_, w) in enumerate(weights) if j % stride)
+    return again / (sum(w for _, w in weights) + 2 * seq_len * _widths(model)[5])
 
 
 def outside_bytes_per_token(model, reg: str, mesh=None) -> float:
@@ -226,7 +248,8 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
         "block": tokens * block_bytes_per_token(model, reg, mesh) + (moe.mlp_bytes_per_block(model)
                                                                       if moe.is_moe(model) else 0),
         "block_input": tokens * residual_bytes(reg) * h / seq,
-        "selective_block": tokens * selective_bytes_per_token(model, reg) if recompute.selective else 0.0,
+        "selective_block": (tokens * selective_bytes_per_token(model, reg, recompute.matmul_stride)
+                            if recompute.selective else 0.0),
         "outside": tokens * outside_bytes_per_token(model, reg, mesh) + per_sequence_bytes(model, par, reg) / cut,
         "per_sequence": per_sequence_bytes(model, par, reg) / cut,
         "log_softmax": tokens * 4 * vocab / logits,

@@ -8,6 +8,7 @@ from ..config import families
 from ..config.derive import bucket_elements, stored_bytes
 from ..config.mesh import Mesh, mesh_of
 from ..config.recompute import recompute_of
+from .activations import recomputed_matmul_share
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ class Shape:
     vocab: int = 0
     tokens: int = 0
     recomputed_blocks: int = 0
+    # blocks' worth of forward FLOPs that a selective policy's recompute runs (selective_op_half's unsaved
+    # matmuls: theory/activations.recomputed_matmul_share); no collective is reissued by it
+    recomputed_matmuls: float = 0.0
     plans: tuple = ()  # ((axis, implementation), ...): a tuple, so that a Shape stays hashable
     tied_output: bool = False  # the output layer is the input embedding
     quantized_weights: bool = False  # ZeRO++ qwZ: forward all-gathers in int8
@@ -201,8 +205,17 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   # one rank's tokens of a micro-batch: its 1/cp of each sequence under context parallelism
                   tokens=cfg.parallelism.micro_batch * cfg.parallelism.seq_len // mesh.cp,
                   recomputed_blocks=recompute_of(cfg).fully_recomputed,
+                  recomputed_matmuls=_recomputed_matmuls(cfg),
                   plans=tuple((a.name, axes.implementation(family, a.name)) for a in axes.active(mesh)),
                   tied_output=bool(cfg.model.tie_embeddings),
                   float8_weights=f8["weights"], float8_block_elements=f8["block_elements"],
                   float8_all_gather=float8.all_gathers_in_float8(recipe, cfg.backend))
     return Shape(**{**fields, **families.of(cfg.backend).shape_fields(cfg, mesh, counts)})
+
+
+def _recomputed_matmuls(cfg) -> float:
+    """Blocks' worth of forward FLOPs a selective policy recomputes (Shape.recomputed_matmuls)."""
+    r = recompute_of(cfg)
+    if not r.selective:
+        return 0.0
+    return r.layers * recomputed_matmul_share(cfg.model, cfg.parallelism.seq_len, r.matmul_stride)

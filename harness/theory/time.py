@@ -9,7 +9,8 @@ a machine with no device costs.
   a third of training FLOPs, the backward two thirds; activation checkpointing adds the recomputed blocks'
   share of the forward to backward: all of it under `full`, the checkpointed blocks' under `every_k`, and no
   matmul FLOPs under `selective_op`, whose recompute is elementwise work a FLOP roofline does not price (a
-  counted step does: theory/op_costs.py prices the recompute's ops as it counts them).
+  counted step does: theory/op_costs.py prices the recompute's ops as it counts them); `selective_op_half`
+  recomputes its unsaved matmuls, their share of each block's forward (theory/activations.py).
 - optimizer: bytes the step moves through memory ÷ the measured copy bandwidth. AdamW reads parameter,
   gradient and both moments and writes three of them back (28 B per fp32 element); clipping reads and scales
   the gradients (12 B); a 16-bit copy of the master adds 6 B. Under offload the host does it, and the
@@ -145,7 +146,7 @@ def optimizer_bytes(backend, s: Shape) -> Dict[str, float]:
 def predict_parts(backend, s: Shape, flops_per_step: float, rates: Rates) -> Dict[str, float]:
     """Seconds per part of a step, and the communication total, for one rank."""
     forward = flops_per_step / 3 / (rates.tflops * 1e12)
-    backward = 2 * forward + forward * s.recomputed_blocks / max(s.blocks, 1)
+    backward = 2 * forward + forward * (s.recomputed_blocks + s.recomputed_matmuls) / max(s.blocks, 1)
     moved = optimizer_bytes(backend, s)
     optimizer = moved.get("memory", 0.0) / (rates.mem_gbps * 1e9)
     if "host_memory" in moved:  # an offloaded step runs in the host's memory

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import List
 
 from ...config.axes import family_refusal
-from ...config.recompute import parse
+from ...config.recompute import SELECTIVE, parse
 from ...config.rules import mesh_rules
 
 
@@ -31,8 +31,9 @@ def composition_rules(cfg) -> List[str]:
     if cfg.parallelism.tp == 1:
         return []
     out = []
-    if parse(cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every)[0] == "selective_op":
-        out.append("train.activation_checkpointing=selective_op: not with parallelism.tp>1 yet; the tensor-"
+    policy = parse(cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every)[0]
+    if policy in SELECTIVE:
+        out.append(f"train.activation_checkpointing={policy}: not with parallelism.tp>1 yet; the tensor-"
                    "parallel collectives a selective recompute reissues are not modelled. Use full or every_k")
     if cfg.train.float8 != "none":
         out.append(f"train.float8={cfg.train.float8}: not with parallelism.tp>1 yet (torchao's float8 tensor-parallel "

@@ -179,7 +179,7 @@ def main(argv=None) -> int:
         bad = [a for a in policies if recompute.unknown(a)]
         if bad or not policies:
             raise ValueError(f"--ac-policies {args.ac_policies}: {bad[0] if bad else 'none given'} is not a policy; use "
-                             "some of none, full, every_<k>, selective_op")
+                             "some of none, full, every_<k>, selective_op, selective_op_half")
         p = plan(overrides, budget, args.global_batch, chosen, args.margin, policies)
     except (HydraException, OmegaConfBaseException, ConfigError, ValueError) as err:
         print(f"advise: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)

@@ -2,7 +2,8 @@
 on that row's model, card, nodes, sequence and global batch, and whether its frontier holds what the source ran.
 
 The search is the advisor's own (search.plan: every backend, mesh, micro-batch and checkpointing policy, at the
-row's global batch held fixed, for the row's card and its memory). What the source chose and the advisor does not
+row's global batch held fixed, for the row's card and its memory), with the policy the source ran added where the
+default search lacks it (torchtitan's selective_op_half). What the source chose and the advisor does not
 search stays as the row sets it: the model, the sequence and the precision. A compiled or float8 row is searched
 as its eager step (EAGER_ONLY), as `make published` counts it, and the table marks it. The source's candidate
 is the searched one with the row's backend, parallel degrees, micro-batch and policy. Each row ends one way:
@@ -66,13 +67,16 @@ def plan_for(row: dict, margin: float = FIT_MARGIN) -> Plan:
     overrides = [o for o in [*base_of(row), *row["overrides"]] if not o.startswith((*SEARCHED, *EAGER_ONLY))]
     overrides.append(f"parallelism.card={row['card']}")
     chosen = all_backends() if row["nodes"] > 1 else flat_backends("cuda")
-    return plan(overrides, None, batch, chosen, margin, ADVISE_POLICIES)
+    # the default policies, and the one the source ran where they lack it (torchtitan's selective_op_half)
+    ran_policy = recompute_of(ran).label
+    policies = ADVISE_POLICIES + (() if ran_policy in ADVISE_POLICIES else (ran_policy,))
+    return plan(overrides, None, batch, chosen, margin, policies)
 
 
 def source_candidate(p: Plan, row: dict) -> Optional[Candidate]:
     """The searched candidate that is what the source ran, or None where the search does not hold it."""
     ran = source_config(row)
-    policy = recompute_of(ran).label  # none, full, every_<k> or selective_op, as a candidate's `ac`
+    policy = recompute_of(ran).label  # none, full, every_<k> or a selective policy, as a candidate's `ac`
     degrees = {n: d for n, d in axes.pinned(row["overrides"]).items() if d > 1}
     for c in p.candidates:
         if (c.backend == backend_of(row) and c.micro_batch == ran.parallelism.micro_batch and not c.grad_sync

@@ -4,14 +4,14 @@ measure the best ones, and the answer names the winner and why every other backe
     python -m harness advise model=small_llama --device-gib 0.0625 [--global-batch 16] [--max-probes 12]
     python -m harness advise model=llama_7b parallelism=gpu8 train.precision=bf16 --dry-run --device-gib 80
 
-The candidates are every backend x mesh x micro-batch x activation-checkpointing policy
-(`--ac-policies`: none, full, every_2, selective_op; config/recompute.py), and for FSDP1 and FSDP2 at grad_accum > 1
-both ways of accumulating (parallelism.grad_sync: last, or every, the `-syncevery` candidates; grad_syncs), at
-the user's precision, with the global batch held fixed (`--global-batch`, else the config's micro_batch x
-grad_accum x data-parallel ranks), so that every candidate does the same optimizer work per step; grad_accum
-follows from the micro-batch and the data-parallel ranks. The meshes are every combination of the parallel
-axes' searched degrees (config/axes.points: each axis's, e.g. tensor parallelism's 1, 2, 4, 8) that the node,
-the model and the backend allow, or the degree the command line pins; each candidate's mesh says where its
+The candidates are every backend x mesh x micro-batch x activation-checkpointing policy (`--ac-policies`: none,
+full, every_2, selective_op by default, selective_op_half on request; config/recompute.py), and for FSDP1 and
+FSDP2 at grad_accum > 1 both ways of accumulating (parallelism.grad_sync: last, or every, the `-syncevery`
+candidates; grad_syncs), at the user's precision, with the global batch held fixed (`--global-batch`, else the
+config's micro_batch x grad_accum x data-parallel ranks), so that every candidate does the same optimizer work per
+step; grad_accum follows from the micro-batch and the data-parallel ranks. The meshes are every combination of the
+parallel axes' searched degrees (config/axes.points: each axis's, e.g. tensor parallelism's 1, 2, 4, 8) that the
+node, the model and the backend allow, or the degree the command line pins; each candidate's mesh says where its
 bytes go (inside a node or across nodes).
 
 Stage 1, theory (nothing runs): each candidate's device peak (theory/predict.py: states, buffers, and the
