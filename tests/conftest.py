@@ -320,6 +320,9 @@ def tp_cells(llama_checkpoint, user_corpus) -> dict:
            "train.peak_by_kind=false")
     tied = cheap(*USER, f"data.files=[{user_corpus}/docstrings.jsonl,{user_corpus}/notes.txt]")
     return {"gqa/fsdp": (*gqa, "backend=fsdp", f"train.checkpoint_every={SAVED_AT}"),
+            # torchtitan's selective checkpointing under its plan: the rank's heads' and columns' outputs saved,
+            # the rowwise partial sums whole, the collectives reissued by the recompute (theory/activations.py)
+            "gqa/fsdp_selective": (*gqa, "backend=fsdp", "train.activation_checkpointing=selective_op_half"),
             "gqa/ddp": (*gqa, "backend=ddp"),
             "gqa/ds_zero2": (*gqa, "backend=ds_zero2", f"train.checkpoint_every={SAVED_AT}"),
             "tied/fsdp": (*tied, "backend=fsdp", "parallelism.sequence_parallel=false",

@@ -241,20 +241,48 @@ def test_each_kind_of_mesh_loses_for_the_reason_that_decides_it():
 
 
 def test_the_advisor_offers_no_candidate_a_run_would_refuse(capsys):
-    # issue 73: selective_op at tp 8 was priced (137.6 GiB against 62.8 with no checkpointing, for 70B) and pruned,
-    # though tensor parallelism's rules refuse the pair: such a candidate is left out, and the plan says so
+    # a candidate a run would refuse (selective checkpointing under DeepSpeed's AutoTP) is left out, and the plan
+    # says so; under PyTorch's plan (fsdp) the same policy at tp > 1 runs, and is searched
     from harness.studies.advise import search as advise
     from harness.studies.advise.answer import print_plan
 
-    p = advise.plan(["model=tiny_llama", "parallelism=gpu8"], 80 * 2**30, 16, ["fsdp"], 0.1,
+    p = advise.plan(["model=tiny_llama", "parallelism=gpu8"], 80 * 2**30, 16, ["ds_zero2"], 0.1,
                     policies=("none", "selective_op"))
     assert {(c.axes["tp"] > 1, c.policy) for c in p.candidates} == {(False, "none"), (False, "selective_op"),
                                                                       (True, "none")}
     (why, count), = p.refused.items()
-    assert why.startswith("train.activation_checkpointing=selective_op: not with parallelism.tp>1") and count > 0
+    assert why.startswith("train.activation_checkpointing=selective_op: not with parallelism.tp>1 under ds_zero2") \
+        and count > 0
     print_plan(p)
     assert f"left out, as a run would be refused: {count} candidates: train.activation_checkpointing=selective_op" \
         in capsys.readouterr().out
+    torch_plan = advise.plan(["model=tiny_llama", "parallelism=gpu8"], 80 * 2**30, 16, ["fsdp"], 0.1,
+                             policies=("none", "selective_op"))
+    assert (True, "selective_op") in {(c.axes["tp"] > 1, c.policy) for c in torch_plan.candidates}
+    assert not torch_plan.refused
+
+
+def test_selective_checkpointing_under_tensor_parallelism_keeps_less_than_none_and_more_than_full():
+    # issue 73: at tp 8 the selective term was the whole block's matmul outputs, undivided (137.6 GiB against 62.8
+    # with no checkpointing, for 70B at sequence 8192); a rank keeps its heads' and columns' share, and the two
+    # rowwise partial sums whole
+    from harness.config.compose import compose
+    from harness.config.mesh import mesh_of
+    from harness.config.recompute import recompute_of
+    from harness.theory import activations
+
+    kept, cfg = {}, None
+    for policy in ("none", "full", "selective_op", "selective_op_half"):
+        cfg = compose(["model=llama_70b", "parallelism=gpu8", "parallelism.tp=8", "parallelism.seq_len=8192",
+                       "train.precision=bf16", "backend=fsdp", f"train.activation_checkpointing={policy}"])
+        a = activations.parts(cfg.model, cfg.parallelism, "16-bit", recompute_of(cfg), mesh=mesh_of(cfg))
+        kept[policy] = activations.kept_by_blocks(a)
+    assert kept["none"] > kept["selective_op"] > kept["selective_op_half"] > kept["full"], kept
+    # per token a block: q, k, v, gate, up and attention at 1/8 of their width, o and down whole (h each)
+    h, h_kv, i = 8192, 1024, 28672
+    per_token = 2 * ((h + 2 * h_kv + 2 * i + h) / 8 + 2 * h) + 4 * 64 / 8 + 2 * h / 8
+    tokens = cfg.parallelism.micro_batch * 8192
+    assert kept["selective_op"] == pytest.approx(80 * tokens * per_token, rel=1e-9)
 
 
 def test_an_unknown_checkpointing_policy_for_the_advisor_is_one_line(capsys):

@@ -67,8 +67,12 @@ def test_bad_policies_and_combinations_are_refused_in_one_line_and_old_booleans_
         "train.activation_checkpointing=sometimes: unknown policy; use one of none, full, every_k, selective_op")
     assert "must be positive" in problems("train.activation_checkpointing=every_k",
                                           "train.activation_checkpointing_every=0")[0]
-    found = problems("train.activation_checkpointing=selective_op", "parallelism.tp=2", "model.num_kv_heads=2")
-    assert found and found[0].startswith("train.activation_checkpointing=selective_op: not with parallelism.tp>1")
+    found = problems("train.activation_checkpointing=selective_op", "parallelism.tp=2", "backend=ds_zero2",
+                     "parallelism.nproc_per_node=2")
+    assert found and found[0].startswith("train.activation_checkpointing=selective_op: not with parallelism.tp>1 "
+                                         "under ds_zero2")
+    assert not problems("train.activation_checkpointing=selective_op_half", "parallelism.tp=2", "backend=fsdp",
+                        "parallelism.nproc_per_node=2")
     for value, policy in (("true", "full"), ("false", "none"), ("every_3", "every_k")):
         cfg = compose(["model=tiny_llama", f"train.activation_checkpointing={value}"])
         assert not rules.problems(cfg) and recompute_of(cfg).policy == policy

@@ -42,7 +42,9 @@ log-sum-exp. For Llama, per token, p·(3h + 2h_kv + 2i) for q, k, v, o, gate, up
 attention (16 bits under autocast, where the matmuls run); for GPT-2 p·(6h + i) (the fused q|k|v, attention's
 and the MLP's outputs, the MLP's up projection) + 4a. `selective_op_half` saves every other matmul from the
 first (torchtitan's op policy): Llama's q, v, gate and down, p·(2h + h_kv + i); GPT-2's q|k|v and up
-projection, p·(3h + i); the attention terms are the same. Inside its backward a selectively checkpointed block is
+projection, p·(3h + i); the attention terms are the same. Under tensor parallelism a rank keeps its heads' and
+columns' share of what they save, its sequence shard of the input, and a rowwise projection's (o, down) partial
+sum whole: the policies save a matmul's output, not the reduce-scatter or all-reduce after it. Inside its backward a selectively checkpointed block is
 whole again: the recompute reuses the saved outputs (one storage) and makes the rest.
 
 Under tensor parallelism (PyTorch's plan, parallel/tp/shard.py; DeepSpeed's AutoTP) one rank keeps 1/tp
@@ -144,23 +146,30 @@ def gelu_kept(model) -> int:
 
 
 def block_matmuls(model) -> list:
-    """A block's projections in the order its forward runs them, as (output width, weight elements): Llama's q, k,
-    v, o, gate, up and down; GPT-2's fused q|k|v, attention's projection and the MLP's two. The selective
-    policies save all of their outputs, or every other one from the first (runtime/models.py)."""
+    """A block's projections in the order its forward runs them, as (output width, weight elements, rowwise):
+    Llama's q, k, v, o, gate, up and down; GPT-2's fused q|k|v, attention's projection and the MLP's two. The
+    selective policies save all of their outputs, or every other one from the first (runtime/models.py). Under
+    tensor parallelism a columnwise projection's output is its heads' or columns' share, and a rowwise one's
+    (o, down) is its partial sum, whole, before the collective that reduces it (parallel/tp/shard.py)."""
     h, h_kv, i, _, _, h_q = _widths(model)
     if model.family == "llama":
-        return [(h_q, h * h_q), (h_kv, h * h_kv), (h_kv, h * h_kv), (h, h_q * h), (i, h * i), (i, h * i), (h, i * h)]
-    return [(3 * h, 3 * h * h), (h, h * h), (i, h * i), (h, i * h)]
+        return [(h_q, h * h_q, False), (h_kv, h * h_kv, False), (h_kv, h * h_kv, False), (h, h_q * h, True),
+                (i, h * i, False), (i, h * i, False), (h, i * h, True)]
+    return [(3 * h, 3 * h * h, False), (h, h * h, True), (i, h * i, False), (h, i * h, True)]
 
 
-def selective_bytes_per_token(model, reg: str, stride: int = 1) -> float:
+def selective_bytes_per_token(model, reg: str, stride: int = 1, mesh=None) -> float:
     """Bytes a block checkpointed with a selective policy keeps per token: its input, the saved matmuls' outputs
     (every one, or every other one at `stride` 2: selective_op_half) and the attention kernel's output and fp32
-    log-sum-exp (module docstring; not under tensor parallelism, which config/recompute.py refuses with it)."""
+    log-sum-exp (module docstring). Under tensor parallelism (`mesh`) the input is its sequence shard, the
+    columnwise outputs and attention the rank's heads, and a rowwise output its whole partial sum: the policy
+    saves the matmul's output, not the reduce-scatter or all-reduce after it, which the recompute reissues."""
     _, _, _, a, _, h_q = _widths(model)
+    inner, seq, _ = splits(mesh)
     p = 4 if reg == "fp32" else 2
-    kept_input = residual_bytes(reg) * model.hidden_size
-    return kept_input + p * sum(width for width, _ in block_matmuls(model)[::stride]) + p * h_q + 4 * a
+    kept_input = residual_bytes(reg) * model.hidden_size / seq
+    saved = sum(width if rowwise else width / inner for width, _, rowwise in block_matmuls(model)[::stride])
+    return kept_input + p * saved + (p * h_q + 4 * a) / inner
 
 
 def recomputed_matmul_share(model, seq_len: int, stride: int) -> float:
@@ -169,9 +178,9 @@ def recomputed_matmul_share(model, seq_len: int, stride: int) -> float:
     FLOPs a token, the full square, as the counted work counts it). The time model's backward adds it."""
     if stride == 1:
         return 0.0
-    weights = block_matmuls(model)
-    again = sum(w for j, (_, w) in enumerate(weights) if j % stride)
-    return again / (sum(w for _, w in weights) + 2 * seq_len * _widths(model)[5])
+    weights = [w for _, w, _ in block_matmuls(model)]
+    again = sum(w for j, w in enumerate(weights) if j % stride)
+    return again / (sum(weights) + 2 * seq_len * _widths(model)[5])
 
 
 def outside_bytes_per_token(model, reg: str, mesh=None) -> float:
@@ -248,7 +257,7 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
         "block": tokens * block_bytes_per_token(model, reg, mesh) + (moe.mlp_bytes_per_block(model)
                                                                       if moe.is_moe(model) else 0),
         "block_input": tokens * residual_bytes(reg) * h / seq,
-        "selective_block": (tokens * selective_bytes_per_token(model, reg, recompute.matmul_stride)
+        "selective_block": (tokens * selective_bytes_per_token(model, reg, recompute.matmul_stride, mesh)
                             if recompute.selective else 0.0),
         "outside": tokens * outside_bytes_per_token(model, reg, mesh) + per_sequence_bytes(model, par, reg) / cut,
         "per_sequence": per_sequence_bytes(model, par, reg) / cut,

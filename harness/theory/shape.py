@@ -78,6 +78,9 @@ class Shape:
     vocab: int = 0
     tokens: int = 0
     recomputed_blocks: int = 0
+    # checkpointed blocks, whose forward's collectives (tensor, context and expert parallelism's) the recompute
+    # reissues: every one, a selective policy's too (it saves matmuls and attention, not collectives' outputs)
+    reissued_blocks: int = 0
     # blocks' worth of forward FLOPs that a selective policy's recompute runs (selective_op_half's unsaved
     # matmuls: theory/activations.recomputed_matmul_share); no collective is reissued by it
     recomputed_matmuls: float = 0.0
@@ -205,6 +208,7 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   # one rank's tokens of a micro-batch: its 1/cp of each sequence under context parallelism
                   tokens=cfg.parallelism.micro_batch * cfg.parallelism.seq_len // mesh.cp,
                   recomputed_blocks=recompute_of(cfg).fully_recomputed,
+                  reissued_blocks=len(recompute_of(cfg).checkpointed_layers),
                   recomputed_matmuls=_recomputed_matmuls(cfg),
                   plans=tuple((a.name, axes.implementation(family, a.name)) for a in axes.active(mesh)),
                   tied_output=bool(cfg.model.tie_embeddings),

@@ -46,7 +46,7 @@ def ulysses_collectives(backend, s) -> List[Collective]:
     kv_heads = s.kv_hidden * s.heads // s.hidden if s.heads else 0
     kv = s.tokens * s.kv_hidden * max(cp // kv_heads, 1) if kv_heads else s.tokens * s.kv_hidden
     q = s.tokens * s.hidden  # this rank's S/cp tokens, every head: q, and attention's output
-    layers, again = s.blocks * s.grad_accum, s.recomputed_blocks * s.grad_accum
+    layers, again = s.blocks * s.grad_accum, s.reissued_blocks * s.grad_accum
     forwards = layers + again
     return [Collective("all_to_all", q * matmul, 2 * (forwards + layers), "forward+backward", "cp"),
             Collective("all_to_all", kv * matmul, 2 * (forwards + layers), "forward+backward", "cp"),
@@ -62,7 +62,7 @@ def ring_collectives(backend, s, rotate: str) -> List[Collective]:
 
     _, matmul = dtypes(backend, s)  # q, k and v are projections' outputs
     kv = 2 * s.tokens * s.kv_hidden  # this rank's keys and values of one micro-batch (s.tokens: b x S/cp)
-    layers, again = s.blocks * s.grad_accum, s.recomputed_blocks * s.grad_accum
+    layers, again = s.blocks * s.grad_accum, s.reissued_blocks * s.grad_accum
 
     def rotate_kv(count: float) -> List[Collective]:
         if rotate == "allgather":  # one all-gather of every rank's buffer

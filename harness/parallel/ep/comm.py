@@ -33,7 +33,7 @@ def expert_parallel_collectives(backend, s) -> List[Collective]:
 
     stream, _ = dtypes(backend, s)
     rows = s.experts_per_token * s.tokens * s.hidden  # this rank's k·T routed rows of one micro-batch
-    layers, again = s.blocks * s.grad_accum, s.recomputed_blocks * s.grad_accum
+    layers, again = s.blocks * s.grad_accum, s.reissued_blocks * s.grad_accum
     forwards = layers + again
     return [Collective("all_to_all", s.num_experts * 8, forwards, None, "ep"),  # the split sizes
             Collective("all_to_all", rows * stream, 2 * (forwards + layers), None, "ep")]  # dispatch, combine

@@ -52,8 +52,9 @@ def torch_plan(backend, s) -> List[Collective]:
     stream, matmul = dtypes(backend, s)
     x = s.tokens * s.hidden  # one micro-batch's activations, b·s·h elements
     forward, backward = s.blocks * ga, s.blocks * ga
-    # a recomputed block gathers both inputs again and reduces attention's output, not the MLP's (stops early)
-    again = s.recomputed_blocks * ga
+    # a checkpointed block (full or selective: neither saves a collective's output) gathers both inputs again and
+    # reduces attention's output, not the MLP's (the recompute stops early)
+    again = s.reissued_blocks * ga
     out: List[Collective] = []
 
     def add(op: str, size: float, count: float) -> None:
@@ -87,7 +88,7 @@ def autotp_plan(backend, s) -> List[Collective]:
     ga = s.grad_accum
     stream, matmul = dtypes(backend, s)
     x = s.tokens * s.hidden
-    forward = (2 * s.blocks + s.recomputed_blocks) * ga  # o_proj's again when recomputed, not down_proj's
+    forward = (2 * s.blocks + s.reissued_blocks) * ga  # o_proj's again when recomputed, not down_proj's
     out = [Collective("all_reduce", x * matmul, forward, None, "tp"),  # o_proj's and down_proj's outputs
            Collective("all_reduce", x * stream, 5 * s.blocks * ga, None, "tp")]  # q, k, v, gate, up inputs' grads
     if s.head_matmul_weights and not s.tied_output:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import List
 
-from ...config.axes import family_refusal
+from ...config import families
+from ...config.axes import family_refusal, implementation
 from ...config.recompute import SELECTIVE, parse
 from ...config.rules import mesh_rules
 
@@ -32,9 +33,10 @@ def composition_rules(cfg) -> List[str]:
         return []
     out = []
     policy = parse(cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every)[0]
-    if policy in SELECTIVE:
-        out.append(f"train.activation_checkpointing={policy}: not with parallelism.tp>1 yet; the tensor-"
-                   "parallel collectives a selective recompute reissues are not modelled. Use full or every_k")
+    if policy in SELECTIVE and implementation(families.of(cfg.backend), "tp") != "torch":
+        out.append(f"train.activation_checkpointing={policy}: not with parallelism.tp>1 under {cfg.backend.name} yet; "
+                   "DeepSpeed's AutoTP all-reduces in place inside the block, which a selective recompute would "
+                   "reissue unmeasured. Use full or every_k, or a torch-plan backend (fsdp, ddp)")
     if cfg.train.float8 != "none":
         out.append(f"train.float8={cfg.train.float8}: not with parallelism.tp>1 yet (torchao's float8 tensor-parallel "
                    "styles are not in the harness's plan); set parallelism.tp=1")
