@@ -19,7 +19,7 @@ from harness.studies.predict import scale_check
 # processes (~30 s alone, ~75 s beside make test's launches), which kept make test over its 5 minutes
 pytestmark = [pytest.mark.slow, pytest.mark.drill]
 CELL = ["--models", "llama_1b", "--wide", "", "--worlds", "64", "--backends", "fsdp,fsdp_hsdp", "--probe-backends", "ddp",
-        "--precisions", "bf16", "--checkpointing", "off", "--tp-grid", "llama_1b:64:2", "--jobs", "2"]
+        "--precisions", "bf16", "--checkpointing", "off", "--tp-grid", "llama_1b:64:2:selective_op_half", "--jobs", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,8 @@ def grid(tmp_path_factory):
     proc = subprocess.run([sys.executable, "-m", "harness", "scale-check", *CELL, "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     rows = json.loads((out / "scale_check.json").read_text())
-    return proc, out, {r["backend"] + (f"-tp{r['tp']}" if r.get("tp", 1) > 1 else ""): r for r in rows}
+    return proc, out, {r["backend"] + (f"-tp{r['tp']}" if r.get("tp", 1) > 1 else "")
+                       + (f"-{r['policy']}" if r.get("policy", "none") != "none" else ""): r for r in rows}
 
 
 def test_fsdp2_at_64_ranks_allocates_and_sends_what_theory_says(grid):
@@ -98,3 +99,17 @@ def test_fsdp2_and_ddp_with_tensor_parallelism_at_64_ranks_hold_send_and_peak_as
         tp_groups = {c["group"] for c in r["collectives_traced"] if c["size_bytes"] == 4 * 2048 * 2048 * 2}
         assert tp_groups == {2}, r["collectives_traced"]  # b·s·h in bf16: the tensor-parallel group's
     assert "| llama_1b | fsdp | 64 | 2 | bf16 | off |" in (out / "scale_check.md").read_text()
+
+
+def test_selective_checkpointing_under_tensor_parallelism_at_64_ranks_peaks_and_sends_as_theory_says(grid):
+    # issue 73: torchtitan's policy at dp 32 x tp 2: a rank keeps its heads' and columns' share of the saved
+    # matmuls and the rowwise partial sums whole, and its recompute reissues the block's tensor-parallel
+    # collectives (the bytes)
+    _, out, rows = grid
+    for backend in ("fsdp-tp2", "ddp-tp2"):
+        r, plain = rows[f"{backend}-selective_op_half"], rows[backend]
+        assert r["ok"] and r["tp"] == 2, r.get("error")
+        for what in ("states", "peak", "bytes"):
+            assert abs(r[f"{what}_error_pct"]) <= scale_check.THRESHOLDS[what], (backend, what, r[f"{what}_error_pct"])
+        assert r["peak_bytes"] < plain["peak_bytes"] and r["intra_node_bytes"] > plain["intra_node_bytes"]
+    assert "| llama_1b | fsdp | 64 | 2 | bf16 | selective_op_half |" in (out / "scale_check.md").read_text()

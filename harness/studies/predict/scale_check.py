@@ -4,7 +4,7 @@
     python -m harness scale-check [--models llama_1b,llama_7b,llama_13b,llama_70b] [--worlds 8,64,512]
         [--backends fsdp] [--wide llama_1b,llama_7b,llama_13b,llama_70b]
         [--probe-backends ddp,ds_zero1,ds_zero2,ds_zero3] [--precisions bf16] [--checkpointing off,on]
-        [--tp-grid default|none|llama_1b:64:2,...] [--jobs 2] [--fresh] [--out results/scale_check] [overrides...]
+        [--tp-grid default|none|llama_1b:64:2,llama_70b:64:8:selective_op+selective_op_half,...] [--jobs 2] [--fresh] [--out results/scale_check] [overrides...]
 
 Every model x world x backend x precision x activation checkpointing is a cell (the --wide models under every
 traceable backend and in bf16 and fp32, the others under --backends in --precisions): rank 0 of that world built as a
@@ -17,8 +17,8 @@ the train loop's step, its storages tracked by kind and its collectives counted.
   optimizer state and fills DTensor's caches, whose first pass makes global-shape fake tensors no real run holds);
 - bytes sent per step (the last step's collectives, each weighted by nccl-tests' bus factor), within 5%.
 
-The 2-D cells (TP_GRID: llama_70b at 256 and 512 ranks with tp 8, llama_7b and llama_13b at 64 with tp 2, 4, 8)
-add tensor parallelism inside each node of 8 under every backend that traces with it (FSDP2, and DDP, which is
+The 2-D cells (TP_GRID: llama_70b at 256 and 512 ranks with tp 8, llama_7b and llama_13b at 64 with tp 2, 4, 8,
+and llama_70b at 64 with tp 8 under both selective checkpointing policies) add tensor parallelism inside each node of 8 under every backend that traces with it (FSDP2, and DDP, which is
 torch's replicate at tp > 1), their TP collectives on the mesh's `tp` group.
 
 A backend that cannot run on fake tensors is a row with the exception and the frame it came from. Overrides
@@ -50,13 +50,27 @@ WIDE = GRID["models"]  # the models traced under every traceable backend and in 
 # checkpointing), bf16, under every backend that traces at tp > 1; those that do not tried once, with the cause.
 # Loss parallel is off in them: its cross-entropy handlers make global-shape fake tensors in every traced step (4
 # bytes a token and vocabulary entry that no real run holds; the memory check measures it on real runs)
+# 70B at 64 ranks (8 nodes x 8, the advisor's 70B plan) holds the selective policies' tensor-parallel term (issue 73)
 TP_GRID = (("llama_70b", 256, (8,), ("off", "on")), ("llama_70b", 512, (8,), ("off", "on")),
-           ("llama_7b", 64, (2, 4, 8), ("off",)), ("llama_13b", 64, (2, 4, 8), ("off",)))
+           ("llama_7b", 64, (2, 4, 8), ("off",)), ("llama_13b", 64, (2, 4, 8), ("off",)),
+           ("llama_70b", 64, (8,), ("off", "selective_op", "selective_op_half")))
 TP_COMMON = ["parallelism.loss_parallel=false"]
 TP_BACKENDS = ",".join(defaults("scale_check")["axis_backends"])  # FSDP2 + TP and DDP + TP (torch's replicate): the two mechanisms; the FSDP2 variants trace too
 
 
-def cell_overrides(model: str, backend: str, world: int, precision: str, checkpointing: bool,
+def policy_of(flag: str):
+    """A grid's checkpointing entry: `on` (full) and `off` as the booleans a config still takes, or a policy
+    (config/recompute.py: every_<k>, selective_op, selective_op_half) as it is."""
+    return {"on": True, "off": False}.get(flag, flag)
+
+
+def policy_flag(row: dict) -> str:
+    """A row's checkpointing as the grid names it: off, on (full), or the policy."""
+    policy = row.get("policy") or ("full" if row["checkpointing"] else "none")
+    return {"none": "off", "full": "on"}.get(policy, policy)
+
+
+def cell_overrides(model: str, backend: str, world: int, precision: str, checkpointing,
                    common: List[str], tp: int = 1) -> List[str]:
     return ["parallelism=gpu8", *common, f"model={model}", f"backend={backend}", f"train.precision={precision}",
             f"train.activation_checkpointing={str(checkpointing).lower()}", *world_overrides(world),
@@ -67,7 +81,7 @@ def tp_cells(grid, common: List[str], backends: List[str]) -> List[List[str]]:
     """The 2-D cells (TP_GRID's shape) under those of `backends` that trace at tp > 1. The others are not tried
     again: they fail as their 1-D cells do (DeepSpeed's engine moves the module to its device)."""
     ok, _ = traceable(split=True)
-    return [cell_overrides(m, b, world, "bf16", c == "on", common, tp)
+    return [cell_overrides(m, b, world, "bf16", policy_of(c), common, tp)
             for m, world, tps, ckpt in grid for tp in tps for b in ok if b in backends for c in ckpt]
 
 
@@ -87,7 +101,7 @@ def render(rows: List[dict], command: str) -> str:
     for r in rows:
         ep = f" (ep {r['ep']})" if r.get("ep", 1) > 1 else ""  # expert parallelism: parallelism.ep=<k> overrides
         head = (f"| {r['model']} | {r['backend']} | {r['world']} | {r.get('tp', 1)}{ep} | {r['precision']} | "
-                f"{'on' if r['checkpointing'] else 'off'} ")
+                f"{policy_flag(r)} ")
         if not r["ok"]:
             lines.append(head + f"| not traced: {r['error']} ({r['where']}) | | | | | | | | | | {r['seconds']} |")
             continue
@@ -100,13 +114,14 @@ def render(rows: List[dict], command: str) -> str:
 
 
 def tp_grid(spec: str):
-    """--tp-grid as TP_GRID's tuples: `default`, `none`, or model:world:tp[:tp...][:on] cells."""
+    """--tp-grid as TP_GRID's tuples: `default`, `none`, or model:world:tp[:tp...][:policy[+policy...]] cells
+    (`on` or policies: traced without checkpointing and with each)."""
     if spec == "default":
         return TP_GRID
     out = []
     for cell in (c for c in spec.split(",") if c and spec != "none"):
         model, world, *rest = cell.split(":")
-        ckpt = ("off", "on") if rest and rest[-1] == "on" else ("off",)
+        ckpt = ("off", *rest[-1].split("+")) if rest and not rest[-1].isdigit() else ("off",)
         out.append((model, int(world), tuple(int(t) for t in rest if t.isdigit()), ckpt))
     return tuple(out)
 
@@ -120,7 +135,8 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--probe-backends", help="tried once, to show why they fail (default: the others)")
     parser.add_argument("--tp-grid", default="default",
                         help="the 2-D cells (data x tensor parallelism): `default` (TP_GRID), `none`, or cells "
-                             "model:world:tp[:tp...][:ckpt], comma-separated (e.g. llama_1b:64:2)")
+                             "model:world:tp[:tp...][:policy], comma-separated (e.g. llama_1b:64:2, "
+                             "llama_7b:64:8:selective_op_half)")
     parser.add_argument("--tp-backends", default=TP_BACKENDS, help="the backends of the 2-D cells")
     parser.add_argument("--jobs", type=int, default=2, help="cells traced at once (one process each)")
     parser.add_argument("--fresh", action="store_true", help="trace every cell again")
@@ -131,7 +147,7 @@ def main(argv: List[str] | None = None) -> int:
     ok, others = traceable()
     args.probe_backends = args.probe_backends if args.probe_backends is not None else ",".join(others)
     wide = split(args.wide)
-    cells = [cell_overrides(m, b, int(w), p, c == "on", overrides)
+    cells = [cell_overrides(m, b, int(w), p, policy_of(c), overrides)
              for m in split(args.models) for w in split(args.worlds)
              for b in (ok if m in wide else split(args.backends) or ok[:1])
              for p in (["bf16", "fp32"] if m in wide else split(args.precisions)) for c in split(args.checkpointing)]
@@ -139,6 +155,7 @@ def main(argv: List[str] | None = None) -> int:
     cells += [cell_overrides(split(args.models)[0], b, int(worlds[min(1, len(worlds) - 1)]), precisions[0], False,
                              overrides) for b in split(args.probe_backends)]
     cells += tp_cells(tp_grid(args.tp_grid), overrides, split(args.tp_backends))
+    cells = [list(c) for c in dict.fromkeys(tuple(c) for c in cells)]  # a cell two grid entries name, once
     out = (REPO / args.out).resolve()
     rows = run_grid(cells, out, args.jobs, args.fresh, trace=not args.report_only)
     command = "python -m harness scale-check " + " ".join(argv if argv is not None else sys.argv[1:])

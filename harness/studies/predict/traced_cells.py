@@ -75,7 +75,7 @@ def row_head(cfg, overrides: List[str]) -> dict:
 
     return {"name": cell_name(overrides), "overrides": overrides, "model": cfg.model.name, "backend": cfg.backend.name,
             "world": world_size(cfg), **axes.degrees_of(mesh_of(cfg)), "precision": cfg.train.precision,
-            "checkpointing": recompute_of(cfg).any}
+            "checkpointing": recompute_of(cfg).any, "policy": recompute_of(cfg).label}
 
 
 def trace_cell(overrides: List[str]) -> dict:
