@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -283,6 +284,32 @@ def test_selective_checkpointing_under_tensor_parallelism_keeps_less_than_none_a
     per_token = 2 * ((h + 2 * h_kv + 2 * i + h) / 8 + 2 * h) + 4 * 64 / 8 + 2 * h / 8
     tokens = cfg.parallelism.micro_batch * 8192
     assert kept["selective_op"] == pytest.approx(80 * tokens * per_token, rel=1e-9)
+
+
+@pytest.mark.launch  # a fake replay in its own process (about 10 s): with the launches, not in make test
+def test_a_gpu_dry_run_prices_its_pick_by_counted_work_with_the_published_rows_band(tmp_path, capsys):
+    # issue 73: the dry run for GPUs ranks by the roofline, and prices its pick as `make published` prices published
+    # runs, with the range the nearest published rows' misses give it
+    from harness.studies.advise import counted
+    from harness.studies.advise.answer import main
+
+    code = main(["model=tiny_llama", "parallelism=gpu8", "train.precision=bf16", "--dry-run", "--device-gib", "80",
+                 "--card", "h100-sxm", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    # the pick (DDP, not yet countable on fake tensors, says so) and the fastest candidate that can be counted
+    pick, line = (x for x in out.splitlines() if x.startswith(("  the pick, ", "  the fastest countable")))
+    assert "not counted, ddp: not yet held against a real replay" in pick or "ms a step" in pick
+    found = re.search(r": ([\d.,]+) ms a step, ([\d,]+) tokens/s", line).groups()
+    ms, tokens = (float(x.replace(",", "")) for x in found)
+    assert ms > 0 and tokens > 0 and "x the roofline's" in line
+    lo, hi, where = counted.band("tiny_llama", 8)
+    assert where.startswith("the published rows at 2 to 32 GPUs") and lo <= hi  # no published row of tiny_llama
+    found = re.search(r"would measure ([\d,]+) to ([\d,]+) tokens/s", line).groups()
+    low, high = (float(x.replace(",", "")) for x in found)
+    assert (low, high) == pytest.approx((tokens * lo, tokens * hi), rel=1e-4)
+    plan = json.loads(next(tmp_path.rglob("plan.json")).read_text())
+    assert plan["counted"][1:] == [pick, line]
 
 
 def test_an_unknown_checkpointing_policy_for_the_advisor_is_one_line(capsys):

@@ -10,6 +10,7 @@ from ...config.compose import backends as all_backends, flat_backends
 from ...config.compose import compose
 from ...core.paths import REPO
 from ...core.rundir import write_json
+from . import counted as advise_counted
 from . import frontier as advise_frontier
 from . import kinds as advise_kinds
 from . import notes as advise_notes
@@ -196,9 +197,11 @@ def main(argv=None) -> int:
     if args.dry_run:  # the table, its recommendation, and the plan for scripts (no probe has run)
         choice, frontier = predicted_choice(p), advise_frontier.lines(p)
         why_not = advise_kinds.sentences(p, advise_frontier.band(p))
-        print("\n".join([f"\n{choice}", "", *why_not, "", *frontier]))
+        print("\n".join([f"\n{choice}", "", *why_not, "", *frontier]), flush=True)
+        counted = advise_counted.lines(p)  # a GPU plan's pick at its counted work, with the published rows' band
+        print("\n".join(["", *counted]) if counted else "")
         write_json(out / "plan.json", {**to_dict(p), "predicted_choice": choice, "why_not": why_not,
-                                       "frontier": frontier})
+                                       "frontier": frontier, "counted": counted})
         advise_frontier.plot(p, out / "frontier.png")
         print(f"written to {out}/plan.json and frontier.png")
         return 0
