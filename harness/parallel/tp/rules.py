@@ -36,7 +36,7 @@ def composition_rules(cfg) -> List[str]:
     if policy in SELECTIVE and implementation(families.of(cfg.backend), "tp") != "torch":
         out.append(f"train.activation_checkpointing={policy}: not with parallelism.tp>1 under {cfg.backend.name} yet; "
                    "DeepSpeed's AutoTP all-reduces in place inside the block, which a selective recompute would "
-                   "reissue unmeasured. Use full or every_k, or a torch-plan backend (fsdp, ddp)")
+                   "reissue unmeasured. Use full or every_k, or a backend on PyTorch's tensor-parallel plan")
     if cfg.train.float8 != "none":
         out.append(f"train.float8={cfg.train.float8}: not with parallelism.tp>1 yet (torchao's float8 tensor-parallel "
                    "styles are not in the harness's plan); set parallelism.tp=1")
