@@ -36,7 +36,7 @@ class TensorParallel(Axis):
                 "loss_parallel": torch_plan and bool(par.loss_parallel)}
 
     collectives_hide = False  # between a block's matmuls, which wait for them
-    uncounted = "loss parallel asks `nonzero`, whose size needs values"
+    uncounted = ""  # PyTorch's plan is counted on fake tensors (tests/test_fake_replay.py); AutoTP is DeepSpeed's
 
     def activation_splits(self, mesh) -> Dict[str, int]:
         """One rank keeps 1/tp of the heads' and the MLP's columns; sequence parallel divides the norms and the

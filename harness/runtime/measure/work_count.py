@@ -12,7 +12,7 @@ replayed one at any world size (runtime/simulate/replay.py).
     the engine's bookkeeping besides the op;
   - `marker`: a profiler range's entry or exit (the loop's phase markers, runtime/measure/time_profile.phase);
   - `view`: a view or a reshape, which moves no data (torch's `_VIEW_OPS`, or any op whose schema says it
-    returns a view);
+    returns a view), and a functional collective's wait and autograd wrapper (HANDLES);
   - `alloc`: an allocation without initialisation (`empty*`), which touches no memory;
   - `dtensor`: an op on DTensors (FSDP2's optimizer), which pays DTensor's sharding propagation besides the
     op on its local shard (whose FLOPs and bytes are the ones counted).
@@ -77,11 +77,16 @@ def _nbytes(leaves) -> int:
     return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
 
 
+# a functional collective's handle ops: waiting on it (the collective's own time is the collective's) and
+# wrapping its result for autograd move no data, as a view does; a fake replay waits where a real one wraps
+HANDLES = ("wait_tensor", "_wrap_tensor_autograd")
+
+
 def kind_of(func, leaves) -> str:
     packet = func._overloadpacket
     if func.namespace == "profiler":
         return "marker"
-    if packet in _VIEW_OPS or func.is_view:
+    if packet in _VIEW_OPS or func.is_view or (func.namespace == "_c10d_functional" and packet.__name__ in HANDLES):
         return "view"
     if packet.__name__ in ALLOC_OPS:
         return "alloc"

@@ -9,12 +9,13 @@ from a real replay, each handled here:
 
 - a value read back (`.item()`: the loss, a data index) has no value. `StandIns` answers a stand-in (0, 1.0,
   True); the numbers are not the point, the work is. A framework that decides from values it reads back cannot
-  be counted this way (DeepSpeed compares list lengths across ranks, torch's loss parallel asks `nonzero`): the
-  caller reports it as not counted;
+  be counted this way (DeepSpeed compares list lengths across ranks): the caller reports it as not counted;
+- a functional collective (DTensor's: tensor parallelism's, loss parallel's, FSDP2's gradient norm) is answered by
+  the fake mode without any process group: the fake mode logs it as the mirror group logs the call it would make
+  (`logging_fake_mode`), and a DeviceMesh's own tensor ops run on real tensors (traced.real_meshes);
 - FakeTensorMode's own Python (its dispatch, for every op) is no rank's work, and reaching a Python mode costs
   every op Python lines of its own: so no line is counted on fake tensors. The step's lines are counted on real
-  tensors at a narrow width instead (`narrow`), where the same Python runs; so is a collective DTensor issues
-  inside its own dispatch, which fake tensors answer without the process group.
+  tensors at a narrow width instead (`narrow`), where the same Python runs.
 
 The model's blocks are alike, so its work grows by one block's worth per block. `extend` replays two depths
 (`DEPTHS`) and adds the deeper one's increment once per further block, exact wherever every block's work is its
@@ -50,19 +51,32 @@ def replay_fake(cfg, settled_step) -> dict:
     tensors, its Python lines on real ones at a narrow width (`narrow`). `settled_step(cfg, first_steps)` builds
     a rank and trains its first steps (runtime/simulate/replay.py's, which calls this module: passed in, not
     imported)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from .mirror_group import CallLog
+    from .traced import real_meshes
 
     narrow_work = count(settled_step(narrow(cfg), first_steps=1), CallLog())
-    with FakeTensorMode(allow_non_fake_inputs=True), StandIns(), _masks_as_real(), _no_initial_values():
+    # a 2-D mesh (tensor parallelism under FSDP2) is concatenated with tensor ops a fake mode would fake
+    with logging_fake_mode()(allow_non_fake_inputs=True), StandIns(), _masks_as_real(), _no_initial_values(), \
+            real_meshes():
         # FSDP2 settles in its first step (its lazy init); a fake step costs this host 0.3-0.5 s
         counted = count_ops(settled_step(cfg, first_steps=1), CallLog())
-    # a collective DTensor issues inside its own dispatch (FSDP2's gradient norm) is a functional one, which fake
-    # tensors answer without the process group: the narrow replay's, sized by the parameters' count, not width
-    seen = {(c["op"], c["group"], c["phase"]) for c in counted["collectives"]}
-    unseen = [c for c in narrow_work.collectives if (c["op"], c["group"], c["phase"]) not in seen]
-    return {"ops": counted["ops"], "collectives": counted["collectives"] + unseen, "lines": narrow_work.lines}
+    return {"ops": counted["ops"], "collectives": counted["collectives"], "lines": narrow_work.lines}
+
+
+def logging_fake_mode():
+    """FakeTensorMode that logs each functional collective it answers (DTensor's: tensor parallelism's, loss
+    parallel's, FSDP2's gradient norm) as the mirror group logs the call it would make on real tensors. Fake tensors
+    answer them without any process group; the fake mode itself sees every one, those DTensor issues inside its
+    own dispatch included, which a mode stacked above it does not."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .mirror_group import log_functional
+
+    class Logging(FakeTensorMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            log_functional(func, args)
+            return super().__torch_dispatch__(func, types, args, kwargs)
+    return Logging
 
 
 def narrow(cfg):

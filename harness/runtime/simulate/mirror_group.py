@@ -120,6 +120,16 @@ class MirrorGroup(dist.ProcessGroup):
         return _done(tensors)
 
     @_uncounted
+    def scatter(self, outputs, inputs, opts=None):
+        """DTensor's distribute_tensor scatters each shard from one rank (tensor parallelism's setup). The source
+        copies its own; another rank keeps its output as it is, the source's values being no part of the work."""
+        self._log("scatter", _nbytes(outputs))
+        with _disable_current_modes():
+            for o, chunks in zip(outputs, inputs or []):
+                o.copy_(chunks[self._rank])
+        return _done(outputs)
+
+    @_uncounted
     def barrier(self, opts=None):
         return _done([])
 
@@ -181,6 +191,28 @@ class MirrorGroup(dist.ProcessGroup):
                 o.copy_(chunks[self._rank])
                 self._reduce(o, opts)
         return _done(outputs)
+
+
+# the functional collectives DTensor issues (tensor parallelism's, FSDP2's gradient norm), as the mirror group logs
+# the call each would make: an all-gather by its output, a reduce-scatter and an all-reduce by their input
+FUNCTIONAL = {"all_gather_into_tensor": ("all_gather", "group_size"), "reduce_scatter_tensor": ("reduce_scatter", 1),
+              "all_reduce": ("all_reduce", 1)}
+
+
+def log_functional(func, args) -> bool:
+    """Log a functional collective that fake tensors answer without any process group (fake_replay.StandIns), as
+    the mirror group would have logged it on real tensors. Whether `func` was one."""
+    name = func.overloadpacket.__name__.rstrip("_")
+    if func.namespace != "_c10d_functional" or name not in FUNCTIONAL or CallLog.active is None:
+        return False
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    op, scale = FUNCTIONAL[name]
+    tensor, group_name = args[0], args[-1]
+    nbytes = tensor.numel() * tensor.element_size() * (args[1] if scale == "group_size" else 1)
+    ranks = tuple(dist.get_process_group_ranks(_resolve_process_group(group_name)))
+    CallLog.active.calls[(op, nbytes, ranks, current_phase())] += 1
+    return True
 
 
 def _create(store, rank, size, timeout):
