@@ -297,8 +297,11 @@ def test_a_gpu_dry_run_prices_its_pick_by_counted_work_with_the_published_rows_b
                  "--card", "h100-sxm", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0
-    # the pick (DDP, not yet countable on fake tensors, says so) and the fastest candidate that can be counted
-    pick, line = (x for x in out.splitlines() if x.startswith(("  the pick, ", "  the fastest countable")))
+    # the pick (DDP, not yet countable on fake tensors, says so) and the roofline's next two that can be counted,
+    # which the roofline ties (one compute a mesh) and counted work orders
+    rows = [x for x in out.splitlines() if x.startswith(("  the pick, ", "  the roofline's next countable"))]
+    pick, line = rows[:2]
+    assert len(rows) == 3
     assert "not counted, ddp: not yet held against a real replay" in pick or "ms a step" in pick
     found = re.search(r": ([\d.,]+) ms a step, ([\d,]+) tokens/s", line).groups()
     ms, tokens = (float(x.replace(",", "")) for x in found)
@@ -309,7 +312,9 @@ def test_a_gpu_dry_run_prices_its_pick_by_counted_work_with_the_published_rows_b
     low, high = (float(x.replace(",", "")) for x in found)
     assert (low, high) == pytest.approx((tokens * lo, tokens * hi), rel=1e-4)
     plan = json.loads(next(tmp_path.rglob("plan.json")).read_text())
-    assert plan["counted"][1:] == [pick, line]
+    order = next(x for x in out.splitlines() if x.startswith("  counted work orders them: "))
+    assert "the roofline's pick, ddp" in order and order.endswith("could not be counted")
+    assert plan["counted"][1:] == [*rows, order]
 
 
 def test_an_unknown_checkpointing_policy_for_the_advisor_is_one_line(capsys):

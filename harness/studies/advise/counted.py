@@ -4,8 +4,9 @@ the band the published rows nearest the plan's scale give it.
 
 The search itself ranks a CUDA plan by the roofline (advise/step_times.py: no replay runs for a device this host
 lacks), which gives every micro-batch of a mesh the same compute. Counting every candidate would take minutes;
-the pick is counted (and, where the pick's family cannot be counted on fake tensors, the fastest candidate that
-fits and can be), once per config and code: later dry runs read .cache/counted_work/.
+the pick and the roofline's next candidate that can be counted are (the two in parallel; where the pick's family
+cannot be counted on fake tensors, the next two that can), and the order counted work gives them is said, once
+per config and code: later dry runs read .cache/counted_work/.
 
 The band is measured ÷ counted over the published rows nearest the plan's scale: those of the same model, else those
 within 4x of its GPUs, else every counted row; its ends turn the counted tokens/s into the range a measured run
@@ -51,17 +52,16 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.0f}" if seconds >= 0.01 else f"{seconds * 1e3:.3g}"
 
 
-def chosen(p: Plan) -> List[Candidate]:
-    """The pick, and the fastest countable candidate that fits where the pick cannot be counted."""
+def chosen(p: Plan, counted: int = 2) -> List[Candidate]:
+    """The pick, and after it the roofline's next candidates that fit and can be counted, until `counted` of them
+    can be: the roofline gives every micro-batch of a mesh one step, which counted work tells apart."""
     from ..predict.counted_shapes import not_counted
 
     fitting = sorted(p.fitting, key=lambda c: (c.predicted_step_s, c.predicted_peak_bytes))
     if not fitting:
         return []
-    out = [fitting[0]]
-    if not_counted(out[0].backend, out[0].axes):
-        out += [c for c in fitting if not not_counted(c.backend, c.axes)][:1]
-    return out
+    countable = [c for c in fitting[1:] if not not_counted(c.backend, c.axes)]
+    return [fitting[0], *countable[:counted - (0 if not_counted(fitting[0].backend, fitting[0].axes) else 1)]]
 
 
 def lines(p: Plan) -> List[str]:
@@ -84,8 +84,9 @@ def lines(p: Plan) -> List[str]:
     spread = band(p.model, p.world)
     out = [f"Counted work ({CARDS[card]['label']}'s costs; the step counted op by op on fake tensors, as `make "
            "published` prices published runs; the ranking above stays the roofline's):"]
+    steps = {}
     for c in picks:
-        role = "the pick" if c is picks[0] else "the fastest countable candidate"
+        role = "the pick" if c is picks[0] else "the roofline's next countable candidate"
         result = counted.get(c.name, {})
         if notes[c.name] or not result.get("ok"):
             out.append(f"  {role}, {c.name}: not counted, {notes[c.name] or result.get('error', 'its replay failed')}")
@@ -94,6 +95,7 @@ def lines(p: Plan) -> List[str]:
         world = world_size(cfg)
         costs = card_costs(CARDS[card], world, cfg.parallelism.intra_node_gbps, cfg.parallelism.inter_node_gbps)
         step = counted_step(cfg, result["work"], costs, world)
+        steps[c.name] = step["step"]
         text = (f"  {role}, {c.name}: {ms(step['step'])} ms a step, {step['tokens_per_s_per_gpu']:,.0f} "
                 f"tokens/s a GPU ({step['step'] / c.predicted_step_s:.2f}x the roofline's "
                 f"{ms(c.predicted_step_s)} ms)")
@@ -103,4 +105,12 @@ def lines(p: Plan) -> List[str]:
                      f"{step['tokens_per_s_per_gpu'] * lo:,.0f} to {step['tokens_per_s_per_gpu'] * hi:,.0f} "
                      "tokens/s a GPU if it missed as they did")
         out.append(text)
+    if len(steps) > 1:  # the order counted work gives the ones it counted, against the roofline's
+        first, *rest = sorted(steps, key=steps.get)
+        order = ", ".join(f"{n} ({steps[n] / steps[first] - 1:+.1%})" for n in rest)
+        pick = picks[0].name
+        out.append(f"  counted work orders them: {first} fastest, then {order}"
+                   + ("; the roofline's pick stays first" if first == pick else
+                      f"; the roofline's pick, {pick}, is not the fastest of these" if pick in steps else
+                      f"; the roofline's pick, {pick}, could not be counted"))
     return out
