@@ -140,8 +140,9 @@ def test_expert_parallel_states_bytes_and_peak_are_the_theorys(ep_two_rank_runs,
             print(f"EP {cell} rank {rank['rank']}: peak {error:+.1f}% against the theory ({held:+.1f}% less what "
                   "it had not released at the after-backward marker)")
             # a rank's experts keep the rows they were routed, which the theory takes as balanced (k x T): one
-            # rank's peak moves with the routing, which differs from launch to launch (gloo's summation order moves
-            # near-tied router scores): -12% to +7% measured on tiny Mixtral until 2026-11-29, then -15.5% and
+            # rank's peak moves with the routing, which differs from launch to launch (why is not verified; gloo's
+            # summation order moving near-tied router scores is one candidate): -12% to +7% measured on tiny
+            # Mixtral until 2026-11-29, then -15.5% and
             # +9.3% in two launches of the same commit on 2026-11-30, one rank receiving 1.48x the balanced rows.
             # Each within 20%, a bound on what the theory does not model yet (issue 72's routing imbalance) ...
             assert -20 <= error and held <= 20, (cell, rank["rank"], error, held)
