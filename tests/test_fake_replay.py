@@ -27,9 +27,11 @@ def _collectives(work: dict) -> Counter:
     return Counter({(c["op"], c["size_bytes"], c["group"], c["phase"]): c["count"] for c in work["collectives"]})
 
 
-@pytest.mark.parametrize("mesh", [[], ["parallelism.nproc_per_node=4", "parallelism.tp=2"]], ids=["dp", "dp_x_tp"])
+@pytest.mark.parametrize("mesh", [["backend=fsdp"], ["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.tp=2"],
+                                  ["backend=fsdp1"]], ids=["dp", "dp_x_tp", "fsdp1"])
 def test_a_rank_replayed_on_fake_tensors_counts_what_a_real_replay_counts(tmp_path, mesh):
-    """tiny_llama under FSDP2, rank 0 of 2 (and of dp 2 x tp 2, PyTorch's plan with sequence and loss parallel),
+    """tiny_llama under FSDP2, rank 0 of 2 (and of dp 2 x tp 2, PyTorch's plan with sequence and loss parallel; and
+    under FSDP1, whose flat parameters are each block's own, so that two depths extend exactly too),
     counted on fake tensors at 1 and 2 blocks and extended to 4, against a real replay of 4 blocks: every op of
     every phase with its FLOPs and bytes, and every collective, are the real replay's (transformers' causal mask
     is skipped as on real tensors; the functional collectives DTensor issues, tensor parallelism's, loss
@@ -39,7 +41,7 @@ def test_a_rank_replayed_on_fake_tensors_counts_what_a_real_replay_counts(tmp_pa
     from harness.launcher.replays import replay_work
 
     def at(depth: int):
-        return compose(["model=tiny_llama", "backend=fsdp", "parallelism.micro_batch=2", "parallelism.seq_len=64",
+        return compose(["model=tiny_llama", "parallelism.micro_batch=2", "parallelism.seq_len=64",
                         "train.steps=1", f"model.num_layers={depth}", *mesh])
 
     real = replay_work({"d4": at(4)}, tmp_path / "real", jobs=1, popen=ForkedPopen)["d4"]

@@ -12,8 +12,8 @@
   as measured; on another, its datasheet over the measured card's: the matmul and attention rates by the dense
   bf16 peaks, the copy and elementwise rates by the memory bandwidths. The host costs and the kernel floor are
   the measured host's, not scaled. The links: the bandwidths given (theory/time.CommTable's α-β).
-- *Counted*: FSDP2 (fsdp, fsdp_grad_op), with PyTorch's tensor-parallel plan too, held against a real replay
-  (tests/test_fake_replay.py). DeepSpeed compares values read back across ranks, which fake tensors do not hold:
+- *Counted*: FSDP2 (fsdp, fsdp_grad_op), with PyTorch's tensor-parallel plan too, and FSDP1 (fsdp1), held against a
+  real replay (tests/test_fake_replay.py; conf/studies.yaml's `counted`). DeepSpeed compares values read back across ranks, which fake tensors do not hold:
   it is not counted, and says why. The ops are this host's CPU dispatch of
   the step (CPU autocast and attention kernels, AdamW's per-tensor loop), eager.
 """
