@@ -6,8 +6,9 @@ prepared command of at most 8 minutes (issue 48).
 The cells, each a run of its own (`python -m harness train`; on CUDA a cell of a shared launch would inherit
 the previous cell's device memory), most important first so that the budget cuts the least:
 
-  fsdp (the baseline), fsdp compiled, compiled with float8 tensorwise and rowwise, fsdp with selective_op and
-  with every_2 checkpointing, ds_zero3 without and with DeepCompile, ddp compiled.
+  fsdp (the baseline), fsdp compiled, compiled with float8 tensorwise and rowwise, fsdp with selective_op, with
+  selective_op_half (torchtitan's policy) and with every_2 checkpointing, ds_zero3 without and with DeepCompile,
+  ddp compiled.
 
 It writes results/gpu/<device>/axes.md and axes.json (harness/studies/axes/table.py's table): tokens/s, MFU (float8's
 against bf16's dense peak, flops/peak_tflops_per_device, so a float8 MFU above bf16's says how much of the
