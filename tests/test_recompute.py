@@ -12,7 +12,7 @@ from harness.config import recompute, rules
 from harness.config.compose import compose
 from harness.config.recompute import Recompute, recompute_of
 from harness.runtime import models
-from harness.theory import activations
+from harness.theory import activations, selective
 
 POLICIES = ("none", "full", "every_2", "selective_op", "selective_op_half")
 
@@ -146,7 +146,7 @@ def test_a_selectively_checkpointed_block_keeps_what_the_theory_counts(model_nam
         out = block(x, **extra)
     for tensor in _tensors_in(caches):
         pack(tensor)
-    predicted = activations.selective_bytes_per_token(cfg.model, "fp32", r.matmul_stride)
+    predicted = selective.selective_bytes_per_token(cfg.model, "fp32", r.matmul_stride)
     assert len(caches) == 1 and sum(kept.values()) / tokens == pytest.approx(predicted, rel=0.01), \
         (sum(kept.values()) / tokens, predicted)
     (out[0] if isinstance(out, tuple) else out).sum().backward()

@@ -42,7 +42,7 @@ log-sum-exp. For Llama, per token, p·(3h + 2h_kv + 2i) for q, k, v, o, gate, up
 attention (16 bits under autocast, where the matmuls run); for GPT-2 p·(6h + i) (the fused q|k|v, attention's
 and the MLP's outputs, the MLP's up projection) + 4a. `selective_op_half` saves every other matmul from the
 first (torchtitan's op policy): Llama's q, v, gate and down, p·(2h + h_kv + i); GPT-2's q|k|v and up
-projection, p·(3h + i); the attention terms are the same. Under tensor parallelism a rank keeps its heads' and
+projection, p·(3h + i); the attention terms are the same (theory/selective.py). Under tensor parallelism a rank keeps its heads' and
 columns' share of what they save, its sequence shard of the input, and a rowwise projection's (o, down) partial
 sum whole: the policies save a matmul's output, not the reduce-scatter or all-reduce after it. Inside its backward a selectively checkpointed block is
 whole again: the recompute reuses the saved outputs (one storage) and makes the rest.
@@ -74,6 +74,8 @@ from ..config import axes
 from ..config.recompute import Recompute
 from ..core.identity_cache import IdentityCache
 from . import moe
+from .selective import selective_bytes_per_token
+from .widths import head_dim, residual_bytes, splits, widths_of  # noqa: F401 (head_dim: the module's API)
 
 def regime(backend, precision: str, master: str = "fp32") -> str:
     """`fp32`, `16-bit` or `autocast` (module docstring): the backend's family says how it runs 16 bits
@@ -83,25 +85,12 @@ def regime(backend, precision: str, master: str = "fp32") -> str:
     return families.of(backend).activation_regime(precision, master)
 
 
-def head_dim(model) -> int:
-    return getattr(model, "head_dim", None) or model.hidden_size // model.num_heads
-
-
-def _widths(model):
-    """(h, the key/value width h_kv, the MLP width i, heads a, vocabulary V, the query width h_q): h_q = a·d and
-    h_kv = a_kv·d for a head width d, which is h/a unless the model says otherwise (Qwen3's)."""
-    h = model.hidden_size
-    i = model.intermediate_size or 4 * h
-    d = head_dim(model)
-    return h, (model.num_kv_heads or model.num_heads) * d, i, model.num_heads, model.vocab_size, model.num_heads * d
-
-
 def attention_mlp_bytes_per_token(model, reg: str, inner: float) -> float:
     """What a Llama block's attention and MLP keep per token beyond the norms (module docstring): rotated q and
     k, v and the output, the log-sum-exp, and the SwiGLU's four tensors, or a mixture of experts'
     (theory/moe.py); with Qwen3's q/k norms, each keeps its fp32 input, its reciprocal RMS per head and its
     normalised output, as the block's norms do."""
-    h, h_kv, i, a, _, h_q = _widths(model)
+    h, h_kv, i, a, _, h_q = widths_of(model)
     p = 2 if reg in ("16-bit", "autocast") else 4
     out = (p * (2 * h_q + 2 * h_kv) + 4 * a) / inner
     if getattr(model, "qk_norm", False):
@@ -112,17 +101,9 @@ def attention_mlp_bytes_per_token(model, reg: str, inner: float) -> float:
     return out + 4 * p * i / inner
 
 
-def splits(mesh) -> tuple:
-    """(what the heads' and columns' tensors divide by, what the norms and the residual stream divide by, what
-    the logits divide by) on `mesh` (config/mesh.py; None: one rank holds them whole): each active parallel
-    axis says its own (config/axes.activation_splits)."""
-    by = axes.activation_splits(mesh)
-    return by["inner"], by["between"], by["logits"]
-
-
 def block_bytes_per_token(model, reg: str, mesh=None) -> float:
     """Bytes one block keeps for backward, per token (the module docstring says what each term is)."""
-    h, h_kv, i, a, _, _ = _widths(model)
+    h, h_kv, i, a, _, _ = widths_of(model)
     inner, seq, _ = splits(mesh)
     if model.family == "llama":
         rest = attention_mlp_bytes_per_token(model, reg, inner)
@@ -145,47 +126,9 @@ def gelu_kept(model) -> int:
     return 2 if getattr(model, "activation", None) == "gelu" else 5
 
 
-def block_matmuls(model) -> list:
-    """A block's projections in the order its forward runs them, as (output width, weight elements, rowwise):
-    Llama's q, k, v, o, gate, up and down; GPT-2's fused q|k|v, attention's projection and the MLP's two. The
-    selective policies save all of their outputs, or every other one from the first (runtime/models.py). Under
-    tensor parallelism a columnwise projection's output is its heads' or columns' share, and a rowwise one's
-    (o, down) is its partial sum, whole, before the collective that reduces it (parallel/tp/shard.py)."""
-    h, h_kv, i, _, _, h_q = _widths(model)
-    if model.family == "llama":
-        return [(h_q, h * h_q, False), (h_kv, h * h_kv, False), (h_kv, h * h_kv, False), (h, h_q * h, True),
-                (i, h * i, False), (i, h * i, False), (h, i * h, True)]
-    return [(3 * h, 3 * h * h, False), (h, h * h, True), (i, h * i, False), (h, i * h, True)]
-
-
-def selective_bytes_per_token(model, reg: str, stride: int = 1, mesh=None) -> float:
-    """Bytes a block checkpointed with a selective policy keeps per token: its input, the saved matmuls' outputs
-    (every one, or every other one at `stride` 2: selective_op_half) and the attention kernel's output and fp32
-    log-sum-exp (module docstring). Under tensor parallelism (`mesh`) the input is its sequence shard, the
-    columnwise outputs and attention the rank's heads, and a rowwise output its whole partial sum: the policy
-    saves the matmul's output, not the reduce-scatter or all-reduce after it, which the recompute reissues."""
-    _, _, _, a, _, h_q = _widths(model)
-    inner, seq, _ = splits(mesh)
-    p = 4 if reg == "fp32" else 2
-    kept_input = residual_bytes(reg) * model.hidden_size / seq
-    saved = sum(width if rowwise else width / inner for width, _, rowwise in block_matmuls(model)[::stride])
-    return kept_input + p * saved + (p * h_q + 4 * a) / inner
-
-
-def recomputed_matmul_share(model, seq_len: int, stride: int) -> float:
-    """Of a selectively checkpointed block's forward FLOPs, the share its recompute runs again: the matmuls it
-    did not save (none at `stride` 1), over the block's matmuls and its attention's two s x s products (4·s·h_q
-    FLOPs a token, the full square, as the counted work counts it). The time model's backward adds it."""
-    if stride == 1:
-        return 0.0
-    weights = [w for _, w, _ in block_matmuls(model)]
-    again = sum(w for j, w in enumerate(weights) if j % stride)
-    return again / (sum(weights) + 2 * seq_len * _widths(model)[5])
-
-
 def outside_bytes_per_token(model, reg: str, mesh=None) -> float:
     """Bytes kept outside the blocks per token: final norm, output layer input, input ids, log-softmax."""
-    h, _, _, _, vocab, _ = _widths(model)
+    h, _, _, _, vocab, _ = widths_of(model)
     _, seq, logits = splits(mesh)
     p = 4 if reg == "fp32" else 2
     if model.family == "llama":
@@ -210,16 +153,11 @@ def masked_attention_bytes(model, par, reg: str) -> Dict[str, float]:
     activations' dtype, sequences x positions x positions, a block (`per_block`); Llama's GQA repeats k and v to
     every head before it (transformers' repeat_kv), which are kept instead of the unrepeated ones; and the boolean
     mask it is made from, one byte an element, is alive until the first block's backward (`shared`)."""
-    _, h_kv, _, _, _, h_q = _widths(model)
+    _, h_kv, _, _, _, h_q = widths_of(model)
     p = 4 if reg == "fp32" else 2
     square = par.micro_batch * par.seq_len * par.seq_len
     repeated = par.micro_batch * par.seq_len * 2 * (h_q - h_kv) * p if model.family == "llama" else 0
     return {"per_block": square * p + repeated, "shared": float(square)}
-
-
-def residual_bytes(reg: str) -> int:
-    """Bytes per element of the residual stream (a checkpointed block's input, the gradient between blocks)."""
-    return 2 if reg == "16-bit" else 4
 
 
 def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
@@ -248,7 +186,7 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
     # one rank's tokens: under context parallelism its 1/cp of each sequence, every per-token term of its slice
     cut = axes.activation_splits(mesh)["tokens"]
     tokens = par.seq_len * par.micro_batch / cut
-    h, _, i, _, vocab, _ = _widths(model)
+    h, _, i, _, vocab, _ = widths_of(model)
     inner, seq, logits = splits(mesh)
     a = 4 if reg == "fp32" else 2
     autocast = reg == "autocast"

@@ -8,7 +8,7 @@ from ..config import families
 from ..config.derive import bucket_elements, stored_bytes
 from ..config.mesh import Mesh, mesh_of
 from ..config.recompute import recompute_of
-from .activations import recomputed_matmul_share
+from .selective import recomputed_matmul_share
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class Shape:
     # reissues: every one, a selective policy's too (it saves matmuls and attention, not collectives' outputs)
     reissued_blocks: int = 0
     # blocks' worth of forward FLOPs that a selective policy's recompute runs (selective_op_half's unsaved
-    # matmuls: theory/activations.recomputed_matmul_share); no collective is reissued by it
+    # matmuls: theory/selective.recomputed_matmul_share); no collective is reissued by it
     recomputed_matmuls: float = 0.0
     plans: tuple = ()  # ((axis, implementation), ...): a tuple, so that a Shape stays hashable
     tied_output: bool = False  # the output layer is the input embedding

@@ -1,0 +1,45 @@
+"""The selective checkpointing policies' terms (config/recompute.py's selective_op and selective_op_half): what a
+block keeps when its matmuls' and attention's outputs are saved, every matmul or every other one, and the share
+of its forward the recompute runs again. theory/activations.py's `parts` reads them (its module docstring has the
+counts)."""
+from __future__ import annotations
+
+from .widths import residual_bytes, splits, widths_of
+
+
+def block_matmuls(model) -> list:
+    """A block's projections in the order its forward runs them, as (output width, weight elements, rowwise):
+    Llama's q, k, v, o, gate, up and down; GPT-2's fused q|k|v, attention's projection and the MLP's two. The
+    selective policies save all of their outputs, or every other one from the first (runtime/models.py). Under
+    tensor parallelism a columnwise projection's output is its heads' or columns' share, and a rowwise one's
+    (o, down) is its partial sum, whole, before the collective that reduces it (parallel/tp/shard.py)."""
+    h, h_kv, i, _, _, h_q = widths_of(model)
+    if model.family == "llama":
+        return [(h_q, h * h_q, False), (h_kv, h * h_kv, False), (h_kv, h * h_kv, False), (h, h_q * h, True),
+                (i, h * i, False), (i, h * i, False), (h, i * h, True)]
+    return [(3 * h, 3 * h * h, False), (h, h * h, True), (i, h * i, False), (h, i * h, True)]
+
+
+def selective_bytes_per_token(model, reg: str, stride: int = 1, mesh=None) -> float:
+    """Bytes a block checkpointed with a selective policy keeps per token: its input, the saved matmuls' outputs
+    (every one, or every other one at `stride` 2: selective_op_half) and the attention kernel's output and fp32
+    log-sum-exp (module docstring). Under tensor parallelism (`mesh`) the input is its sequence shard, the
+    columnwise outputs and attention the rank's heads, and a rowwise output its whole partial sum: the policy
+    saves the matmul's output, not the reduce-scatter or all-reduce after it, which the recompute reissues."""
+    _, _, _, a, _, h_q = widths_of(model)
+    inner, seq, _ = splits(mesh)
+    p = 4 if reg == "fp32" else 2
+    kept_input = residual_bytes(reg) * model.hidden_size / seq
+    saved = sum(width if rowwise else width / inner for width, _, rowwise in block_matmuls(model)[::stride])
+    return kept_input + p * saved + (p * h_q + 4 * a) / inner
+
+
+def recomputed_matmul_share(model, seq_len: int, stride: int) -> float:
+    """Of a selectively checkpointed block's forward FLOPs, the share its recompute runs again: the matmuls it
+    did not save (none at `stride` 1), over the block's matmuls and its attention's two s x s products (4·s·h_q
+    FLOPs a token, the full square, as the counted work counts it). The time model's backward adds it."""
+    if stride == 1:
+        return 0.0
+    weights = [w for _, w, _ in block_matmuls(model)]
+    again = sum(w for j, w in enumerate(weights) if j % stride)
+    return again / (sum(weights) + 2 * seq_len * widths_of(model)[5])
