@@ -78,6 +78,13 @@ def test_bad_policies_and_combinations_are_refused_in_one_line_and_old_booleans_
         assert not rules.problems(cfg) and recompute_of(cfg).policy == policy
     assert recompute_of(compose(["model=tiny_llama", "model.num_layers=7",
                                  "train.activation_checkpointing=every_3"])).checkpointed_layers == (0, 3, 6)
+    # scale-check's grid takes the same policies (and on/off), and refuses another before it traces a cell
+    from harness.core.errors import ConfigError
+    from harness.studies.predict.scale_check import policy_of
+
+    assert (policy_of("on"), policy_of("off"), policy_of("selective_op_half")) == (True, False, "selective_op_half")
+    with pytest.raises(ConfigError, match="checkpointing sometimes: not a policy"):
+        policy_of("sometimes")
 
 
 def test_the_kept_activations_order_as_the_policies_trade_memory_for_recompute():

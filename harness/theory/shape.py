@@ -185,6 +185,7 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
     for axis in axes.active(mesh):  # each axis cuts the model to one rank's part (parallel/<axis>/)
         counts = axis.local_counts(counts, axes.implementation(family, axis.name), mesh.degree(axis.name))
     params = counts["total"]
+    recompute = recompute_of(cfg)
     fields = dict(params=params, mesh=mesh, precision=cfg.train.precision, master_weights=cfg.train.master_weights,
                   largest_param=counts["largest_param"], bucket_elements=bucket_elements(cfg, params),
                   grad_accum=cfg.parallelism.grad_accum,
@@ -207,19 +208,13 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   // cfg.model.num_heads,
                   # one rank's tokens of a micro-batch: its 1/cp of each sequence under context parallelism
                   tokens=cfg.parallelism.micro_batch * cfg.parallelism.seq_len // mesh.cp,
-                  recomputed_blocks=recompute_of(cfg).fully_recomputed,
-                  reissued_blocks=len(recompute_of(cfg).checkpointed_layers),
-                  recomputed_matmuls=_recomputed_matmuls(cfg),
+                  recomputed_blocks=recompute.fully_recomputed,
+                  reissued_blocks=len(recompute.checkpointed_layers),
+                  # a selective policy's unsaved matmuls, in blocks' worth of forward (0 for the others)
+                  recomputed_matmuls=recompute.layers * recomputed_matmul_share(
+                      cfg.model, cfg.parallelism.seq_len, recompute.matmul_stride) if recompute.selective else 0.0,
                   plans=tuple((a.name, axes.implementation(family, a.name)) for a in axes.active(mesh)),
                   tied_output=bool(cfg.model.tie_embeddings),
                   float8_weights=f8["weights"], float8_block_elements=f8["block_elements"],
                   float8_all_gather=float8.all_gathers_in_float8(recipe, cfg.backend))
     return Shape(**{**fields, **families.of(cfg.backend).shape_fields(cfg, mesh, counts)})
-
-
-def _recomputed_matmuls(cfg) -> float:
-    """Blocks' worth of forward FLOPs a selective policy recomputes (Shape.recomputed_matmuls)."""
-    r = recompute_of(cfg)
-    if not r.selective:
-        return 0.0
-    return r.layers * recomputed_matmul_share(cfg.model, cfg.parallelism.seq_len, r.matmul_stride)

@@ -10,7 +10,7 @@ a machine with no device costs.
   share of the forward to backward: all of it under `full`, the checkpointed blocks' under `every_k`, and no
   matmul FLOPs under `selective_op`, whose recompute is elementwise work a FLOP roofline does not price (a
   counted step does: theory/op_costs.py prices the recompute's ops as it counts them); `selective_op_half`
-  recomputes its unsaved matmuls, their share of each block's forward (theory/activations.py).
+  recomputes its unsaved matmuls, their share of each block's forward (theory/selective.py).
 - optimizer: bytes the step moves through memory ÷ the measured copy bandwidth. AdamW reads parameter,
   gradient and both moments and writes three of them back (28 B per fp32 element); clipping reads and scales
   the gradients (12 B); a 16-bit copy of the master adds 6 B. Under offload the host does it, and the

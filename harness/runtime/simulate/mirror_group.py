@@ -199,12 +199,12 @@ FUNCTIONAL = {"all_gather_into_tensor": ("all_gather", "group_size"), "reduce_sc
               "all_reduce": ("all_reduce", 1)}
 
 
-def log_functional(func, args) -> bool:
-    """Log a functional collective that fake tensors answer without any process group (fake_replay.StandIns), as
-    the mirror group would have logged it on real tensors. Whether `func` was one."""
+def log_functional(func, args) -> None:
+    """Log `func` where it is a functional collective, which fake tensors answer without any process group
+    (fake_replay.logging_fake_mode), as the mirror group would have logged it on real tensors."""
     name = func.overloadpacket.__name__.rstrip("_")
     if func.namespace != "_c10d_functional" or name not in FUNCTIONAL or CallLog.active is None:
-        return False
+        return
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     op, scale = FUNCTIONAL[name]
@@ -212,7 +212,6 @@ def log_functional(func, args) -> bool:
     nbytes = tensor.numel() * tensor.element_size() * (args[1] if scale == "group_size" else 1)
     ranks = tuple(dist.get_process_group_ranks(_resolve_process_group(group_name)))
     CallLog.active.calls[(op, nbytes, ranks, current_phase())] += 1
-    return True
 
 
 def _create(store, rank, size, timeout):

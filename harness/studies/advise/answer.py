@@ -199,7 +199,8 @@ def main(argv=None) -> int:
         why_not = advise_kinds.sentences(p, advise_frontier.band(p))
         print("\n".join([f"\n{choice}", "", *why_not, "", *frontier]), flush=True)
         counted = advise_counted.lines(p)  # a GPU plan's pick at its counted work, with the published rows' band
-        print("\n".join(["", *counted]) if counted else "")
+        if counted:
+            print("\n".join(["", *counted]))
         write_json(out / "plan.json", {**to_dict(p), "predicted_choice": choice, "why_not": why_not,
                                        "frontier": frontier, "counted": counted})
         advise_frontier.plot(p, out / "frontier.png")

@@ -60,8 +60,9 @@ def chosen(p: Plan, counted: int = 2) -> List[Candidate]:
     fitting = sorted(p.fitting, key=lambda c: (c.predicted_step_s, c.predicted_peak_bytes))
     if not fitting:
         return []
-    countable = [c for c in fitting[1:] if not not_counted(c.backend, c.axes)]
-    return [fitting[0], *countable[:counted - (0 if not_counted(fitting[0].backend, fitting[0].axes) else 1)]]
+    pick, rest = fitting[0], fitting[1:]
+    room = counted if not_counted(pick.backend, pick.axes) else counted - 1
+    return [pick, *[c for c in rest if not not_counted(c.backend, c.axes)][:room]]
 
 
 def lines(p: Plan) -> List[str]:

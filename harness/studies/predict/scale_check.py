@@ -4,7 +4,8 @@
     python -m harness scale-check [--models llama_1b,llama_7b,llama_13b,llama_70b] [--worlds 8,64,512]
         [--backends fsdp] [--wide llama_1b,llama_7b,llama_13b,llama_70b]
         [--probe-backends ddp,ds_zero1,ds_zero2,ds_zero3] [--precisions bf16] [--checkpointing off,on]
-        [--tp-grid default|none|llama_1b:64:2,llama_70b:64:8:selective_op+selective_op_half,...] [--jobs 2] [--fresh] [--out results/scale_check] [overrides...]
+        [--tp-grid default|none|llama_1b:64:2,llama_70b:64:8:selective_op+selective_op_half,...] [--jobs 2]
+        [--fresh] [--out results/scale_check] [overrides...]
 
 Every model x world x backend x precision x activation checkpointing is a cell (the --wide models under every
 traceable backend and in bf16 and fp32, the others under --backends in --precisions): rank 0 of that world built as a
@@ -18,8 +19,9 @@ the train loop's step, its storages tracked by kind and its collectives counted.
 - bytes sent per step (the last step's collectives, each weighted by nccl-tests' bus factor), within 5%.
 
 The 2-D cells (TP_GRID: llama_70b at 256 and 512 ranks with tp 8, llama_7b and llama_13b at 64 with tp 2, 4, 8,
-and llama_70b at 64 with tp 8 under both selective checkpointing policies) add tensor parallelism inside each node of 8 under every backend that traces with it (FSDP2, and DDP, which is
-torch's replicate at tp > 1), their TP collectives on the mesh's `tp` group.
+and llama_70b at 64 with tp 8 under both selective checkpointing policies) add tensor parallelism inside each
+node of 8 under every backend that traces with it (FSDP2, and DDP, which is torch's replicate at tp > 1), their TP
+collectives on the mesh's `tp` group.
 
 A backend that cannot run on fake tensors is a row with the exception and the frame it came from. Overrides
 apply to every cell (default: parallelism=gpu8, its micro-batch and sequence, on world/8 nodes). Each finished
@@ -32,7 +34,9 @@ import argparse
 import sys
 from typing import List
 
+from ...config import recompute
 from ...config.command_line import parse
+from ...core.errors import ConfigError
 from ...core.paths import REPO, results_dir
 from ...core.rundir import write_json, write_text
 from ..flags import defaults
@@ -60,8 +64,14 @@ TP_BACKENDS = ",".join(defaults("scale_check")["axis_backends"])  # FSDP2 + TP a
 
 def policy_of(flag: str):
     """A grid's checkpointing entry: `on` (full) and `off` as the booleans a config still takes, or a policy
-    (config/recompute.py: every_<k>, selective_op, selective_op_half) as it is."""
-    return {"on": True, "off": False}.get(flag, flag)
+    (config/recompute.py: every_<k>, selective_op, selective_op_half) as it is; anything else refused in one line,
+    before any cell is traced."""
+    if flag in ("on", "off"):
+        return flag == "on"
+    if recompute.unknown(flag):
+        raise ConfigError(f"checkpointing {flag}: not a policy; use off, on, every_<k>, selective_op or "
+                          "selective_op_half (--checkpointing, or a --tp-grid cell's last field)")
+    return flag
 
 
 def policy_flag(row: dict) -> str:

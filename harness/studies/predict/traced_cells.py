@@ -73,9 +73,10 @@ def row_head(cfg, overrides: List[str]) -> dict:
     from ...config.mesh import mesh_of
     from ...config.recompute import recompute_of
 
+    policy = recompute_of(cfg)
     return {"name": cell_name(overrides), "overrides": overrides, "model": cfg.model.name, "backend": cfg.backend.name,
             "world": world_size(cfg), **axes.degrees_of(mesh_of(cfg)), "precision": cfg.train.precision,
-            "checkpointing": recompute_of(cfg).any, "policy": recompute_of(cfg).label}
+            "checkpointing": policy.any, "policy": policy.label}
 
 
 def trace_cell(overrides: List[str]) -> dict:
