@@ -3,8 +3,9 @@ micro-batch, over the mesh's `cp` group, as torch's ring runs them (torch/distri
 _context_parallel/_attention.py; Liu et al., "Ring Attention with Blockwise Transformers", arXiv 2310.01889, for
 the ring; torchtitan's context-parallel write-up for the all-gather form).
 
-Each attention layer, each micro-batch, with K and V of this rank's S/cp tokens (2 b (S/cp) h_kv elements in the
-attention's dtype; h_kv = the key/value heads' width, so GQA sends less):
+Each attention layer, each micro-batch, with K and V of this rank's S/cp tokens (2 b (S/cp) h_kv / tp elements in
+the attention's dtype; h_kv = the key/value heads' width, so GQA sends less, and a tensor-parallel rank's own heads
+only):
 
 - forward: `allgather` (torch's default) all-gathers them once; `alltoall` passes them to the next rank cp - 1
   times (`permute`: each rank sends its whole buffer to one peer);
@@ -61,7 +62,9 @@ def ring_collectives(backend, s, rotate: str) -> List[Collective]:
     from ..tp.comm import dtypes
 
     _, matmul = dtypes(backend, s)  # q, k and v are projections' outputs
-    kv = 2 * s.tokens * s.kv_hidden  # this rank's keys and values of one micro-batch (s.tokens: b x S/cp)
+    # this rank's keys and values of one micro-batch (s.tokens: b x S/cp), of its own heads: under the
+    # tensor-parallel plan a rank attends with kv_heads/tp of them, and the ring passes only those
+    kv = 2 * s.tokens * s.kv_hidden // s.mesh.tp
     layers, again = s.blocks * s.grad_accum, s.reissued_blocks * s.grad_accum
 
     def rotate_kv(count: float) -> List[Collective]:
