@@ -94,6 +94,44 @@ def test_ulysses_bytes_are_four_all_to_alls_each_way_and_the_positions(cp, kv_wi
                        ("all_gather", 3 * 64 * 8): layers}
 
 
+def _traced(overrides: list) -> dict:
+    """One scale-check cell (studies/predict/traced_cells.py) traced in a forked child, set beside the theory: the
+    child inherits this session's imports, and the fake process group, the ring's CPU registration and DTensor's
+    caches it sets up die with it."""
+    import multiprocessing
+
+    from harness.studies.predict.traced_cells import compare, trace_cell
+
+    context = multiprocessing.get_context("fork")
+    reader, writer = context.Pipe(duplex=False)
+    child = context.Process(target=lambda: writer.send(compare(trace_cell(overrides))), daemon=True)
+    child.start()
+    assert reader.poll(240), "the traced cell did not finish in 240 s"
+    row = reader.recv()
+    child.join(30)
+    return row
+
+
+@pytest.mark.parametrize("tp, rotate", [(1, "alltoall"), (2, "allgather")])
+def test_the_real_ring_at_8_ranks_on_fake_tensors_holds_and_sends_what_the_theory_says(tp, rotate):
+    """torch's ring under FSDP2 at a world of 8 (dp x cp 2, and dp 2 x cp 2 x tp 2 under PyTorch's plan), traced
+    on fake tensors as `make scale-check`'s long-sequence cells are: the states within 1%, the peak within 10% and
+    the bytes within 5% of the theory, and the ring's own collectives on the cp group, of this rank's S/cp tokens'
+    keys and values at its own heads' width (tp 2 halves tiny_llama's 2 key/value heads)."""
+    from harness.studies.predict.scale_check import THRESHOLDS, cp_cells
+
+    (cell,) = cp_cells((("tiny_llama", 8, 512, (2,), tp, rotate),), [], ["fsdp"])
+    r = _traced(cell)
+    assert r["ok"] and (r["cp"], r["tp"], r["seq_len"]) == (2, tp, 512), r.get("error")
+    for what in ("states", "peak", "bytes"):
+        assert abs(r[f"{what}_error_pct"]) <= THRESHOLDS[what], (what, r[f"{what}_error_pct"])
+    kv = 2 * (512 // 2) * 32 // tp * 2  # K and V of 256 tokens at the key/value width 32 (over tp), bf16
+    ring = {(c["op"], c["size_bytes"]) for c in r["collectives_traced"] if c["group"] == 2 and c["op"] != "all_reduce"
+            and c["ranks"][1] - c["ranks"][0] == tp}  # the cp group: ranks tp apart
+    assert ring == ({("all_gather", 2 * kv), ("permute", 2 * kv)} if rotate == "allgather" else
+                    {("permute", kv), ("permute", 2 * kv)}), r["collectives_traced"]  # dK, dV: fp32
+
+
 def test_the_estimate_cuts_a_long_sequence_over_cp():
     shape = ["model=llama3_8b", "parallelism=gpu8", "parallelism.seq_len=131072", "parallelism.micro_batch=1",
              "train.precision=bf16", "train.activation_checkpointing=full"]

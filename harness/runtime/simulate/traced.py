@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from ...config import families
 from .. import schedule
-from ..measure.collective_count import CollectiveCounter
+from ..measure.collective_count import counter_for
 
 # the tracker's kinds, mapped onto the theory's (theory/memory.layout's components, and the transients)
 KINDS = {"Sharded Param": "params", "Parameter": "params", "Sharded Grad": "grads", "Gradient": "grads",
@@ -171,7 +171,7 @@ def trace(cfg, world: int, steps: int = 2) -> Trace:
                              functools.partial(schedule.learning_rate, cfg.optim, cfg.train.steps))
             for i in range(steps - 1):  # untracked: creates the optimizer state and warms DTensor's caches
                 step(i, mean_loss=False)
-            tracker, counter, states = ready.strategy.memory_tracker(), CollectiveCounter(), {}
+            tracker, counter, states = ready.strategy.memory_tracker(), counter_for(ready.strategy.mesh), {}
             with tracker, counter:
                 step(steps - 1, lambda: states.update(by_kind(tracker.get_tracker_snapshot("current"))),
                      mean_loss=False)

@@ -4,7 +4,8 @@
     python -m harness scale-check [--models llama_1b,llama_7b,llama_13b,llama_70b] [--worlds 8,64,512]
         [--backends fsdp] [--wide llama_1b,llama_7b,llama_13b,llama_70b]
         [--probe-backends ddp,ds_zero1,ds_zero2,ds_zero3] [--precisions bf16] [--checkpointing off,on]
-        [--tp-grid default|none|llama_1b:64:2,llama_70b:64:8:selective_op+selective_op_half,...] [--jobs 2]
+        [--tp-grid default|none|llama_1b:64:2,llama_70b:64:8:selective_op+selective_op_half,...]
+        [--cp-grid default|none|llama3_1_8b:8:65536:2+4+8,llama_70b:64:131072:2:tp8,...] [--jobs 2]
         [--fresh] [--out results/scale_check] [overrides...]
 
 Every model x world x backend x precision x activation checkpointing is a cell (the --wide models under every
@@ -22,6 +23,11 @@ The 2-D cells (TP_GRID: llama_70b at 256 and 512 ranks with tp 8, llama_7b and l
 and llama_70b at 64 with tp 8 under both selective checkpointing policies) add tensor parallelism inside each
 node of 8 under every backend that traces with it (FSDP2, and DDP, which is torch's replicate at tp > 1), their TP
 collectives on the mesh's `tp` group.
+
+The long-sequence cells (CP_GRID: Llama 3.1 8B at 32k to 128k tokens with cp 2, 4 and 8 at 8 and 64 ranks, one
+under the ring's all-to-all rotation; Llama 3 70B at 128k on 64 ranks with tp 8 x cp 2) add context parallelism
+under FSDP2 with full checkpointing, one sequence a data-parallel rank: torch's ring runs on the CPU attention op
+(parallel/cp/ring_cpu.py) over fake tensors, its collectives counted on the mesh's `cp` group.
 
 A backend that cannot run on fake tensors is a row with the exception and the frame it came from. Overrides
 apply to every cell (default: parallelism=gpu8, its micro-batch and sequence, on world/8 nodes). Each finished
@@ -59,6 +65,12 @@ TP_GRID = (("llama_70b", 256, (8,), ("off", "on")), ("llama_70b", 512, (8,), ("o
            ("llama_7b", 64, (2, 4, 8), ("off",)), ("llama_13b", 64, (2, 4, 8), ("off",)),
            ("llama_70b", 64, (8,), ("off", "selective_op", "selective_op_half")))
 TP_COMMON = ["parallelism.loss_parallel=false"]
+# long-sequence cells: (model, world, sequence, cp degrees, tp, the ring's rotation), under CP_BACKENDS (the ring's
+# backend that traces, conf/studies.yaml), full checkpointing, bf16
+CP_GRID = (("llama3_1_8b", 8, 32768, (2, 4, 8), 1, "allgather"), ("llama3_1_8b", 8, 65536, (2, 4, 8), 1, "allgather"),
+           ("llama3_1_8b", 8, 131072, (4, 8), 1, "allgather"), ("llama3_1_8b", 8, 65536, (4,), 1, "alltoall"),
+           ("llama3_1_8b", 64, 131072, (2, 8), 1, "allgather"), ("llama_70b", 64, 131072, (2,), 8, "allgather"))
+CP_BACKENDS = ",".join(defaults("scale_check")["cp_backends"])
 TP_BACKENDS = ",".join(defaults("scale_check")["axis_backends"])  # FSDP2 + TP and DDP + TP (torch's replicate): the two mechanisms; the FSDP2 variants trace too
 
 
@@ -95,6 +107,39 @@ def tp_cells(grid, common: List[str], backends: List[str]) -> List[List[str]]:
             for m, world, tps, ckpt in grid for tp in tps for b in ok if b in backends for c in ckpt]
 
 
+def cp_cells(grid, common: List[str], backends: List[str]) -> List[List[str]]:
+    """The long-sequence cells (CP_GRID's shape): one sequence a data-parallel rank, full checkpointing, bf16, the
+    model's positions raised to the sequence where it is longer (a traced cell's shapes only)."""
+    from ...config.compose import compose
+
+    positions = {m: compose([f"model={m}"]).model.max_positions for m, *_ in grid}
+    return [[*cell_overrides(m, b, world, "bf16", True, common, tp), f"parallelism.cp={cp}",
+             f"parallelism.seq_len={seq}", "parallelism.micro_batch=1", f"parallelism.cp_rotate={rotate}",
+             *([f"model.max_positions={seq}"] if seq > positions[m] else [])]
+            for m, world, seq, cps, tp, rotate in grid for cp in cps for b in backends]
+
+
+def cp_grid(spec: str):
+    """--cp-grid as CP_GRID's tuples: `default`, `none`, or model:world:sequence:cp[+cp...][:tp<k>][:alltoall]."""
+    if spec == "default":
+        return CP_GRID
+    out = []
+    for cell in (c for c in spec.split(",") if c and spec != "none"):
+        model, world, seq, cps, *rest = cell.split(":")
+        tp = next((int(r[2:]) for r in rest if r.startswith("tp")), 1)
+        rotate = next((r for r in rest if r in ("allgather", "alltoall")), "allgather")
+        out.append((model, int(world), int(seq), tuple(int(c) for c in cps.split("+")), tp, rotate))
+    return tuple(out)
+
+
+def axes_text(r: dict) -> str:
+    """A row's tensor-parallel degree, with its context- and expert-parallel ones beside it where they are > 1."""
+    rotation = f", {r['cp_rotate']}" if r.get("cp_rotate", "allgather") != "allgather" else ""  # torch's default
+    extra = [f"cp {r['cp']} at {r['seq_len'] // 1024}k{rotation}"] if r.get("cp", 1) > 1 else []
+    extra += [f"ep {r['ep']}"] if r.get("ep", 1) > 1 else []  # expert parallelism: parallelism.ep=<k> overrides
+    return f"{r.get('tp', 1)}" + (f" ({', '.join(extra)})" if extra else "")
+
+
 def render(rows: List[dict], command: str) -> str:
     traced = [r for r in rows if r["ok"]]
     missed = [r for r in traced if misses(r)]
@@ -105,12 +150,11 @@ def render(rows: List[dict], command: str) -> str:
              f"{THRESHOLDS['states']:g}%, peak {THRESHOLDS['peak']:g}%, bytes per step {THRESHOLDS['bytes']:g}%. "
              "Predicted: `harness/theory` for the same config on the CPU code path the trace runs (AdamW "
              "single-tensor).", "",
-             "| model | backend | world | tp (ep) | precision | ckpt | states | predicted | error | peak | predicted "
+             "| model | backend | world | tp (cp, ep) | precision | ckpt | states | predicted | error | peak | predicted "
              "| error | moment | GB/step | predicted | error | s |",
              "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
-        ep = f" (ep {r['ep']})" if r.get("ep", 1) > 1 else ""  # expert parallelism: parallelism.ep=<k> overrides
-        head = (f"| {r['model']} | {r['backend']} | {r['world']} | {r.get('tp', 1)}{ep} | {r['precision']} | "
+        head = (f"| {r['model']} | {r['backend']} | {r['world']} | {axes_text(r)} | {r['precision']} | "
                 f"{policy_flag(r)} ")
         if not r["ok"]:
             lines.append(head + f"| not traced: {r['error']} ({r['where']}) | | | | | | | | | | {r['seconds']} |")
@@ -148,6 +192,11 @@ def main(argv: List[str] | None = None) -> int:
                              "model:world:tp[:tp...][:policy], comma-separated (e.g. llama_1b:64:2, "
                              "llama_7b:64:8:selective_op_half)")
     parser.add_argument("--tp-backends", default=TP_BACKENDS, help="the backends of the 2-D cells")
+    parser.add_argument("--cp-grid", default="default",
+                        help="the long-sequence cells (context parallelism): `default` (CP_GRID), `none`, or cells "
+                             "model:world:sequence:cp[+cp...][:tp<k>][:alltoall], comma-separated (e.g. "
+                             "llama3_1_8b:8:65536:2+4, llama_70b:64:131072:2:tp8)")
+    parser.add_argument("--cp-backends", default=CP_BACKENDS, help="the backends of the long-sequence cells")
     parser.add_argument("--jobs", type=int, default=2, help="cells traced at once (one process each)")
     parser.add_argument("--fresh", action="store_true", help="trace every cell again")
     parser.add_argument("--report-only", action="store_true", help="write the table from the cells already traced")
@@ -165,6 +214,7 @@ def main(argv: List[str] | None = None) -> int:
     cells += [cell_overrides(split(args.models)[0], b, int(worlds[min(1, len(worlds) - 1)]), precisions[0], False,
                              overrides) for b in split(args.probe_backends)]
     cells += tp_cells(tp_grid(args.tp_grid), overrides, split(args.tp_backends))
+    cells += cp_cells(cp_grid(args.cp_grid), overrides, split(args.cp_backends))
     cells = [list(c) for c in dict.fromkeys(tuple(c) for c in cells)]  # a cell two grid entries name, once
     out = (REPO / args.out).resolve()
     rows = run_grid(cells, out, args.jobs, args.fresh, trace=not args.report_only)

@@ -75,7 +75,9 @@ def row_head(cfg, overrides: List[str]) -> dict:
 
     policy = recompute_of(cfg)
     return {"name": cell_name(overrides), "overrides": overrides, "model": cfg.model.name, "backend": cfg.backend.name,
-            "world": world_size(cfg), **axes.degrees_of(mesh_of(cfg)), "precision": cfg.train.precision,
+            "world": world_size(cfg), **axes.degrees_of(mesh_of(cfg)), "seq_len": cfg.parallelism.seq_len,
+            **({"cp_rotate": cfg.parallelism.cp_rotate} if cfg.parallelism.cp > 1 else {}),
+            "precision": cfg.train.precision,
             "checkpointing": policy.any, "policy": policy.label}
 
 
@@ -226,5 +228,7 @@ def render_traced(overrides: List[str], world: int | None = None) -> List[dict]:
 def cell_name(overrides: List[str]) -> str:
     """The cell's key in cells.jsonl: the overrides that set what the grid varies."""
     keys = ("model=", "backend=", "parallelism.nnodes=", "parallelism.nproc_per_node=", "train.precision=",
-            "train.activation_checkpointing=", *(f"{key}=" for key in axes.degree_keys()))
-    return " ".join(o for o in overrides if o.startswith(keys))
+            "train.activation_checkpointing=", *(f"{key}=" for key in axes.degree_keys()), "parallelism.seq_len=",
+            "parallelism.cp_rotate=")
+    last = {o.split("=", 1)[0]: o for o in overrides if o.startswith(keys)}  # a later override of a key wins
+    return " ".join(last.values())
