@@ -28,10 +28,12 @@ def _collectives(work: dict) -> Counter:
 
 
 @pytest.mark.parametrize("mesh", [["backend=fsdp"], ["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.tp=2"],
-                                  ["backend=fsdp1"]], ids=["dp", "dp_x_tp", "fsdp1"])
+                                  ["backend=fsdp1"], ["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.cp=2"]],
+                         ids=["dp", "dp_x_tp", "fsdp1", "dp_x_cp"])
 def test_a_rank_replayed_on_fake_tensors_counts_what_a_real_replay_counts(tmp_path, mesh):
-    """tiny_llama under FSDP2, rank 0 of 2 (and of dp 2 x tp 2, PyTorch's plan with sequence and loss parallel; and
-    under FSDP1, whose flat parameters are each block's own, so that two depths extend exactly too),
+    """tiny_llama under FSDP2, rank 0 of 2 (and of dp 2 x tp 2, PyTorch's plan with sequence and loss parallel; of
+    dp 2 x cp 2, torch's ring, each of its chunks of attention and its rotations; and under FSDP1, whose flat
+    parameters are each block's own, so that two depths extend exactly too),
     counted on fake tensors at 1 and 2 blocks and extended to 4, against a real replay of 4 blocks: every op of
     every phase with its FLOPs and bytes, and every collective, are the real replay's (transformers' causal mask
     is skipped as on real tensors; the functional collectives DTensor issues, tensor parallelism's, loss
@@ -58,6 +60,7 @@ def test_what_fake_tensors_cannot_count_is_named_and_every_k_is_replayed_at_k_an
     assert counted_shapes.not_counted("fsdp") is None and counted_shapes.not_counted("fsdp_grad_op") is None
     assert "DeepSpeed" in counted_shapes.not_counted("ds_zero3")
     assert counted_shapes.not_counted("fsdp", {"tp": 8}) is None  # PyTorch's plan: counted (above)
+    assert counted_shapes.not_counted("fsdp", {"cp": 8}) is None  # torch's ring: counted (above)
     assert "DeepSpeed" in counted_shapes.not_counted("ds_zero2", {"tp": 8})  # AutoTP's engine: not
     assert "not yet held" in counted_shapes.not_counted("fsdp_offload")
     # every 2nd block checkpointed: 2 and 4 blocks differ by one checkpointed block and one kept, as the pattern

@@ -47,7 +47,9 @@ class ContextParallel(Axis):
 
     # the ring's exchanges sit between chunks of attention, which hide them (torch's ring: async collectives)
     collectives_hide = True
-    uncounted = "the ring's attention runs through DTensor dispatch on sequence shards, not counted on fake tensors"
+    # the ring is counted on fake tensors: the work counter calls its handler with the counter on
+    # (runtime/measure/work_count.OpCounter); Ulysses runs under DeepSpeed, which is not (its own reason)
+    uncounted = ""
 
     def collectives(self, backend, s) -> list:
         return comm.context_parallel_collectives(backend, s)

@@ -52,9 +52,14 @@ def _handler(op_call, args, kwargs):
     the local shards, wrap the results."""
     from torch.distributed.tensor import DTensor
 
+    from torch.utils._python_dispatch import _disable_current_modes
+
     dispatcher = DTensor._op_dispatcher
     info = dispatcher.unwrap_to_op_info(op_call, args, kwargs)
-    dispatcher.sharding_propagator.propagate(info)
+    # with the dispatch modes off, as DTensor propagates: a counter that calls this handler itself, to see the
+    # ring's own ops (runtime/measure/work_count.py), does not count the propagation's shape inference
+    with _disable_current_modes():
+        dispatcher.sharding_propagator.propagate(info)
     sharding = info.output_sharding
     if sharding is None or sharding.needs_redistribute:
         raise RuntimeError(f"context parallelism: {op_call} got inputs not sharded on the sequence")

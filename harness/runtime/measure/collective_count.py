@@ -41,14 +41,17 @@ def _is_permute(op: str, args) -> bool:
     return isinstance(splits, (list, tuple)) and sum(1 for n in splits if n) == 1
 
 
-def _ring_attention(func, args) -> bool:
-    """An attention op on DTensors: under context parallelism torch's ring runs inside DTensor's dispatch of it,
-    where this mode is off, so the counter re-enters for it to see the ring's collectives."""
+def ring_handler(func, args):
+    """The handler DTensor would call for an attention op on DTensors, or None: under context parallelism torch's
+    ring runs inside DTensor's dispatch of it, where a dispatch mode is off, so a mode that must see the ring's
+    own ops and collectives calls it itself, with the mode back on."""
     if func.namespace != "aten" or not func._opname.startswith("_scaled_dot_product"):
-        return False
+        return None
     from torch.distributed.tensor import DTensor
 
-    return any(isinstance(a, DTensor) for a in args)
+    if not any(isinstance(a, DTensor) for a in args):
+        return None
+    return DTensor._op_dispatcher._custom_op_handlers.get(func)
 
 
 def _nbytes(obj) -> int:
@@ -123,13 +126,10 @@ class RingAwareCounter(CollectiveCounter):
     counter's lines (the work count counts them: runtime/measure/work_count.py)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if _ring_attention(func, args):
-            from torch.distributed.tensor import DTensor
-
-            ring = DTensor._op_dispatcher._custom_op_handlers.get(func)
-            if ring is not None:  # the handler DTensor would call, called here: its collectives come back to us
-                with self:
-                    return ring(func, args, kwargs or {})
+        ring = ring_handler(func, args)
+        if ring is not None:  # the handler DTensor would call, called here: its collectives come back to us
+            with self:
+                return ring(func, args, kwargs or {})
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 

@@ -15,7 +15,9 @@ replayed one at any world size (runtime/simulate/replay.py).
     returns a view), and a functional collective's wait and autograd wrapper (HANDLES);
   - `alloc`: an allocation without initialisation (`empty*`), which touches no memory;
   - `dtensor`: an op on DTensors (FSDP2's optimizer), which pays DTensor's sharding propagation besides the
-    op on its local shard (whose FLOPs and bytes are the ones counted).
+    op on its local shard (whose FLOPs and bytes are the ones counted). Attention on DTensors under context
+    parallelism is the exception: torch's ring runs it chunk by chunk inside DTensor's dispatch, and those
+    chunks and the ring's own ops are what is counted.
   The FSDP2 hooks and DeepSpeed's parameter fetches and releases are ops like any other here: they are
   counted in the phase that runs them.
 - `LineCounter`: the Python lines the training thread executes in each phase (sys.settrace): the host work
@@ -39,7 +41,7 @@ from torch.utils._runtime_estimation import _VIEW_OPS
 from torch.utils.flop_counter import flop_registry
 
 from ...theory.op_costs import REUSE_DISTANCES
-from .collective_count import is_collective
+from .collective_count import is_collective, ring_handler
 from .time_profile import current_phase
 
 ALLOC_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
@@ -135,6 +137,10 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        ring = ring_handler(func, args)
+        if ring is not None:  # torch's ring (context parallelism): its chunks of attention, each counted, not the
+            with self:  # op on DTensors that holds them (DTensor runs the ring with this mode off)
+                return ring(func, args, kwargs)
         out = func(*args, **kwargs)
         if is_collective(func) or func.namespace == "prim":  # communication is priced as such (theory/time.py);
             return out  # `prim::device` and its kind reach a mode only from a fake tensor's properties
