@@ -298,6 +298,28 @@ def test_grouped_query_attention_counts_the_flops_of_as_many_key_value_heads_as_
     assert work_count.attention_flops(backward, (q, q, kv, kv)) == sdpa_backward_flop_count(*[q.shape] * 4) > 0
 
 
+def test_attention_that_is_not_causal_is_priced_at_the_whole_square_it_computes():
+    """The measured attention rate is causal calls' (FLOPs counted as the whole square, as torch's formulas count
+    them; the kernel computes half): a call with is_causal=False, as torch's ring runs all but its first chunk of
+    each step, is named so by the counter and takes twice the time of a causal call of the same FLOPs."""
+    from harness.theory.op_costs import NON_CAUSAL, OpRow, op_seconds
+
+    q = torch.empty(1, 4, 128, 16)
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    assert work_count.attention_name(op, (q, q, q), {"is_causal": True}) == str(op.name())
+    assert work_count.attention_name(op, (q, q, q, 0.0, False), {}) == str(op.name()) + NON_CAUSAL
+    assert work_count.attention_name(op, (q, q, q), {}) == str(op.name()) + NON_CAUSAL  # its schema's default
+    assert work_count.attention_name(torch.ops.aten.mm.default, (q, q), {}) == "aten::mm"
+    costs = DeviceCosts(matmul_tflops={"fp32": 1.0}, copy_gbps=1e9, elementwise={"fp32": 1e12}, host=None,
+                        comm=CommTable([], "cpu", 1), attention={"fp32": {"forward": [1e-3, 1e12]}})
+
+    def seconds(name: str) -> float:
+        row = OpRow("forward", "compute", name, "float32", 10**12, 1, 1, (0, 0, 0), 1)
+        return op_seconds(row, costs)["arithmetic"]
+    assert seconds(str(op.name())) == pytest.approx(1.001)
+    assert seconds(str(op.name()) + NON_CAUSAL) == pytest.approx(2.001)
+
+
 def test_a_collective_that_costs_nothing_at_some_size_is_priced_without_dividing_by_zero():
     """One rank on NCCL: a busy all-reduce blocks 0 µs at some sizes (the first H200 run's llama_1b/ddp failed on
     the logarithm of 0)."""

@@ -34,6 +34,8 @@ from .shape import Shape
 from .time import CommTable
 from .hiding import PARTS_COUNTED, PHASES, gaps_before, hiding_rule
 
+NON_CAUSAL = " non-causal"  # the suffix of an attention op's name in a row where the call attends to every key
+
 TERMS = ("host", "lines", "cold", "arithmetic", "memory")  # what a counted part's time is made of
 KINDS = ("compute", "graph", "engine", "view", "alloc", "dtensor", "marker")
 # what the calibration solves for: views and allocations share one cost (neither touches data, and a step has
@@ -167,9 +169,12 @@ def op_seconds(r: OpRow, costs: DeviceCosts) -> Dict[str, float]:
     if r.kind in ("view", "alloc", "marker"):
         return {"host": host, "arithmetic": 0.0, "memory": 0.0}
     precision = DTYPE_OF_RATE.get(r.dtype, "fp32")
-    attention = costs.attention.get(precision, {}).get("backward" if r.op.endswith("backward") else "forward")
-    if r.flops and attention and r.op.startswith("aten::_scaled_dot_product"):
-        compute = attention[0] + r.flops / attention[1]
+    name = r.op.removesuffix(NON_CAUSAL)
+    attention = costs.attention.get(precision, {}).get("backward" if name.endswith("backward") else "forward")
+    if r.flops and attention and name.startswith("aten::_scaled_dot_product"):
+        # the rate was measured on causal calls, their FLOPs counted as the whole square (device_costs_worker.
+        # attention_costs): a call that is not causal computes all of it, twice a causal call's work
+        compute = attention[0] + r.flops / (attention[1] / (2 if r.op.endswith(NON_CAUSAL) else 1))
     elif r.flops:  # a matmul, a convolution: torch's flop_registry counts them
         rate = costs.matmul_rate(precision, r.flops)
         compute = r.flops / (rate * 1e12) if rate else 0.0

@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._runtime_estimation import _VIEW_OPS
 from torch.utils.flop_counter import flop_registry
 
-from ...theory.op_costs import REUSE_DISTANCES
+from ...theory.op_costs import NON_CAUSAL, REUSE_DISTANCES
 from .collective_count import is_collective, ring_handler
 from .time_profile import current_phase
 
@@ -68,6 +68,21 @@ def attention_flops(func, args) -> int:
         return sdpa_backward_flop_count(*shapes[:4]) if backward else sdpa_flop_count(*shapes[:3])
     except AssertionError:  # a layout the formulas do not read: no FLOPs counted, its host cost still is
         return 0
+
+
+def attention_name(func, args, kwargs) -> str:
+    """An attention op's name, with NON_CAUSAL where the call is not causal: such a call computes the whole
+    square its FLOPs count, where a causal kernel skips the half above the diagonal (torch's sdpa formulas count
+    the square either way), so the time model prices it apart (theory/op_costs.py). torch's ring (context
+    parallelism) runs all but its first chunk of each step so."""
+    name = str(func.name())
+    if func.namespace != "aten" or not func._opname.startswith("_scaled_dot_product"):
+        return name
+    for i, argument in enumerate(func._schema.arguments):
+        if argument.name == "is_causal":
+            causal = kwargs.get("is_causal", args[i] if i < len(args) else argument.default_value)
+            return name if causal else name + NON_CAUSAL
+    return name
 
 
 def _local(x):
@@ -162,7 +177,7 @@ class OpCounter(TorchDispatchMode):
             elements = sum(t.numel() for t in outs)
             cold = self.cold_bytes(ins + outs)
             dtype = str(outs[0].dtype).replace("torch.", "") if outs else ""
-        self.calls[(current_phase(), kind, str(func.name()), dtype, flops, nbytes, elements, cold)] += 1
+        self.calls[(current_phase(), kind, attention_name(func, args, kwargs), dtype, flops, nbytes, elements, cold)] += 1
         return out
 
 
