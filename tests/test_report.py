@@ -3,6 +3,7 @@ built from a real 8-backend sweep, and built all the same when runs died at any 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import shutil
@@ -206,7 +207,8 @@ def test_where_the_memory_goes_names_what_fills_the_peak():
 def test_every_plot_has_a_caption_that_says_what_it_shows():
     from harness.reporting.plots import CAPTIONS, caption
 
-    made = {"tradeoff", "bars", "memory_predicted_vs_measured", "peak_by_kind", "time_breakdown", "loss_curves"}
+    made = {"tradeoff", "bars", "memory_predicted_vs_measured", "peak_by_kind", "time_breakdown", "loss_curves",
+            "sequence_scaling"}
     assert set(CAPTIONS) == made
     assert all(len(caption(stem).split()) >= 6 for stem in made)  # a sentence, not a file name
 
@@ -261,6 +263,45 @@ def test_the_demo_plots_share_one_axis_one_colour_per_kind_and_no_label_collides
         assert len({bars[i].get_facecolor()[:3] for i in range(0, len(bars), 2)}) == len(plots.KINDS) + 1
     for fig in figures.values():
         plots.pyplot().close(fig)
+
+
+def test_a_sweep_over_the_sequence_plots_a_line_per_method_against_it(tmp_path, monkeypatch):
+    """experiments/long_context: tokens/s and peak per rank against the sequence, the ring's and Ulysses' runs
+    each one line over their sequences; a sweep at one sequence draws no such plot."""
+    from harness.reporting import plots
+
+    figures, _ = rendered(monkeypatch)
+
+    def run(backend: str, mesh: str, seq: int) -> tuple:
+        figures_ = {"throughput/tokens_per_s": 1000.0 / seq, "memory/peak_mem_bytes": seq * 2**20}
+        return {"backend": backend, "mesh": mesh, "config": {"parallelism.seq_len": seq}, "figures": figures_}, backend
+
+    ok = [run(b, m, seq) for b, m in (("fsdp", "dp 2 x cp 2 (ring)"), ("ds_zero2", "dp 2 x cp 2 (Ulysses)"))
+          for seq in (1024, 256, 512)]
+    assert plots.sequence_scaling(ok[:1], tmp_path) is None
+    assert plots.sequence_scaling(ok, tmp_path).name == "sequence_scaling.png"
+    throughput, memory = figures["sequence_scaling"].axes
+    assert sorted(line.get_label() for line in memory.get_lines()) == ["ds_zero2, dp 2 x cp 2 (Ulysses)",
+                                                                      "fsdp, dp 2 x cp 2 (ring)"]
+    for line in throughput.get_lines():  # each line runs along the sequence, in order
+        assert list(line.get_xdata()) == [256, 512, 1024]
+    plots.pyplot().close(figures["sequence_scaling"])
+
+
+def test_the_table_names_what_the_sweep_varies_and_orders_its_numbers_as_numbers(tmp_path):
+    """Two runs of one backend at two sequences are two rows told apart by a seq_len column, 256 before 1024."""
+    from harness.reporting.collect import collect
+    from harness.reporting.tables import write_tables
+
+    for seq in (1024, 256):
+        run = tmp_path / f"backend=fsdp,parallelism.seq_len={seq}"
+        run.mkdir()
+        (run / "config.yaml").write_text(f"backend:\n  name: fsdp\nparallelism:\n  seq_len: {seq}\n")
+        (run / "summary.json").write_text(json.dumps({"status": "ok", "backend": "fsdp", "model": "tiny_llama",
+                                                      "figures": {"throughput/tokens_per_s": seq}}))
+    md = write_tables(tmp_path, collect(tmp_path)).splitlines()
+    assert md[0].startswith("| backend | seq_len | model |")
+    assert [line.split(" | ")[1] for line in md[2:4]] == ["256", "1024"]
 
 
 def test_the_loss_plot_shows_each_run_as_its_difference_from_the_baseline(tmp_path, monkeypatch):

@@ -67,7 +67,14 @@ def collect(sweep_dir: Path) -> List[dict]:
         rows.append(summary)
     order = {"ok": 0}
     return sorted(rows, key=lambda r: (order.get(r.get("status"), 1), str(r.get("model")), str(r.get("precision")),
-                                      r.get("backend") or "", r["run_dir"]))
+                                      r.get("backend") or "", _natural(r["run_dir"])))
+
+
+def _natural(name: str) -> list:
+    """A run dir's name with its numbers compared as numbers: seq_len=256 before seq_len=1024."""
+    import re
+
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
 
 
 def varying_keys(rows: List[dict]) -> List[str]:

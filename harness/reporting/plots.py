@@ -194,6 +194,40 @@ def loss_curves(rows: Labelled, sweep_dir: Path, out_dir: Path) -> Optional[Path
     return _save(fig, out_dir / "loss_curves.png")
 
 
+def sequence_scaling(ok: Labelled, out_dir: Path) -> Optional[Path]:
+    """Tokens/s and peak per rank against the sequence, a line per backend and mesh: drawn when the sweep varies
+    the sequence (experiments/long_context: the ring against Ulysses)."""
+    def seq(r: dict):
+        return r["config"].get("parallelism.seq_len")
+
+    ok = [(r, lab) for r, lab in ok if seq(r) is not None]  # a run that died before its config names none
+    if len({seq(r) for r, _ in ok}) < 2:
+        return None
+    lines: Dict[str, list] = {}
+    for r, _ in ok:
+        method = r.get("mesh") or f"cp {r['config'].get('parallelism.cp', 1)}"  # "dp 2 x cp 2 (ring)"
+        lines.setdefault(f"{r.get('backend')}, {method}", []).append(r)
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.5))
+    for name, rows in sorted(lines.items()):
+        rows = sorted(rows, key=seq)
+        xs = [seq(r) for r in rows]
+        axes[0].plot(xs, [r["figures"]["throughput/tokens_per_s"] for r in rows], marker="o", label=name)
+        axes[1].plot(xs, [r["figures"].get("memory/peak_mem_bytes", 0) / MiB for r in rows], marker="o", label=name)
+    from matplotlib.ticker import NullLocator
+
+    sequences = sorted({seq(r) for r, _ in ok})
+    axes[0].set(ylabel="tokens/s (global)", title="Throughput")
+    axes[1].set(ylabel="MiB per rank", title="Peak tensor memory per rank")
+    for ax in axes:  # the sequences themselves as ticks, in plain numbers: log-scale labels collide at 2x steps
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sequences, [f"{x:,}" for x in sequences])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel("sequence (tokens, log)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return _save(fig, out_dir / "sequence_scaling.png")
+
+
 # what each plot shows, as the report captions it (a caption was the file's name: "tradeoff", "bars")
 CAPTIONS = {
     "tradeoff": "Throughput against peak tensor memory per rank: up and to the left is better.",
@@ -205,6 +239,8 @@ CAPTIONS = {
     "time_breakdown": "Where the step time goes: forward, backward compute, the optimizer, exposed communication "
                       "and the rest, measured beside the time model's prediction.",
     "loss_curves": "The reference run's loss per step, and every other run's difference from it (zero is parity).",
+    "sequence_scaling": "Tokens/s and peak tensor memory per rank against the sequence length, a line per backend "
+                        "and mesh (the ring under FSDP2 and DDP, Ulysses under DeepSpeed).",
 }
 
 
@@ -217,7 +253,7 @@ def all_plots(rows: List[dict], labels: List[str], sweep_dir: Path, out_dir: Pat
     labelled = list(zip(rows, labels))
     ok = [(r, lab) for r, lab in labelled if r.get("status") == "ok" and r["figures"]]
     made = [tradeoff(ok, out_dir), bars(ok, out_dir), memory_predicted_vs_measured(ok, out_dir),
-            peak_by_kind(ok, out_dir), time_breakdown(ok, out_dir)] if ok else []
+            peak_by_kind(ok, out_dir), time_breakdown(ok, out_dir), sequence_scaling(ok, out_dir)] if ok else []
     # the loss reference: the registry's first family's representative (DDP, the baseline every strategy is
     # held equal to), else the first run
     baseline = families.representatives()[0]

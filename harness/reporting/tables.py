@@ -83,8 +83,13 @@ def write_tables(sweep_dir: Path, rows: List[dict]) -> str:
     write_text(sweep_dir / "summary.csv", buf.getvalue())
     values = [cells(r) for r in rows]
     shown = [i for i, (h, _, _) in enumerate(COLUMNS) if h not in OPTIONAL_COLUMNS or any(v[i] for v in values)]
-    lines = ["| " + " | ".join(COLUMNS[i][0] for i in shown) + " |", "|" + "---|" * len(shown)]
-    lines += ["| " + " | ".join(v[i] for i in shown) + " |" for v in values]
+    # what the sweep varies beyond the columns (a sequence, a checkpointing policy), after the backend: without
+    # it, two runs of one backend are two rows alike
+    swept = [k for k in varying if k != "train.precision"]
+    head = [COLUMNS[shown[0]][0], *(k.rsplit(".", 1)[-1] for k in swept), *(COLUMNS[i][0] for i in shown[1:])]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join([v[shown[0]], *(str(r["config"].get(k, "")) for k in swept),
+                                 *(v[i] for i in shown[1:])]) + " |" for r, v in zip(rows, values)]
     failed = [f"- {r.get('backend')}: {r.get('status')}: {r.get('reason')}" for r in rows if r.get("status") != "ok"]
     warned = [f"- {r.get('backend')} ({r['run_dir']}): {w}" for r in rows for w in r.get("warnings", [])]
     md = "\n".join(lines) + ("\n\nNot ok:\n" + "\n".join(failed) if failed else "")
