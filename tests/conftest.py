@@ -350,6 +350,11 @@ def cp_cells(llama_checkpoint) -> dict:
            "train.peak_by_kind=false")
     return {"gqa/fsdp": (*gqa, "backend=fsdp", f"train.checkpoint_every={SAVED_AT}"),
             "gqa/ddp": (*gqa, "backend=ddp", "parallelism.cp_rotate=alltoall"),
+            # the ring over PyTorch's tensor-parallel plan (dp 1 x cp 2 x tp 2), the same 12 sequences a step;
+            # without loss parallel, whose cross-entropy all-reduces run inside DTensor's handler, where the
+            # collective counter is off (the tp cells hold their bytes to 5% for it), so that every byte is held
+            "gqa/fsdp_tp": (*gqa, "backend=fsdp", "parallelism.tp=2", "parallelism.micro_batch=6",
+                            "parallelism.loss_parallel=false"),
             # DeepSpeed's implementation of the axis: Ulysses' all-to-alls over the heads, under ZeRO-2 and ZeRO-3
             "gqa/ds_zero2": (*gqa, "backend=ds_zero2"), "gqa/ds_zero3": (*gqa, "backend=ds_zero3")}
 

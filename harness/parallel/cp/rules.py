@@ -58,9 +58,12 @@ def composition_rules(cfg) -> List[str]:
     out = []
     if par.cp_rotate not in ROTATE_METHODS:
         out.append(f"parallelism.cp_rotate={par.cp_rotate}: expected one of {', '.join(ROTATE_METHODS)}")
-    if par.tp > 1:
-        out.append(f"parallelism.cp={cp}: not with parallelism.tp={par.tp} yet (the ring under the tensor-parallel "
-                   "plan's local heads is not held to DDP's losses here); set one of them to 1")
+    # torch's ring over PyTorch's plan (each rank's own heads) is held to DDP's losses (tests/test_context_parallel.py),
+    # as torchtitan composes them; DeepSpeed's Ulysses with its AutoTP is not
+    if par.tp > 1 and families.of(cfg.backend).axes.get("cp") != "torch":
+        out.append(f"parallelism.cp={cp}: not with parallelism.tp={par.tp} under backend={cfg.backend.name} (DeepSpeed's "
+                   "Ulysses over AutoTP's heads is not held to DDP's losses here; torch's ring with PyTorch's plan "
+                   "is, under FSDP2 and DDP); set one of them to 1")
     if t.compile:
         out.append(f"parallelism.cp={cp}: not with train.compile=true yet (dynamo would trace through the ring's "
                    "replaced SDPA); set train.compile=false")
