@@ -41,6 +41,8 @@ def test_the_cp_ranks_join_the_data_parallel_groups_of_the_mesh():
     (["parallelism.cp=2", "parallelism.cp_rotate=ring"], "parallelism.cp_rotate=ring: expected one of allgather"),
     (["parallelism.cp=2", "parallelism.nproc_per_node=4", "parallelism.tp=2", "backend=ds_zero2"],
      "not with parallelism.tp=2 under backend=ds_zero2 (DeepSpeed's Ulysses over AutoTP's heads"),
+    (["parallelism.cp=2", "parallelism.nproc_per_node=4", "parallelism.tp=2", "backend=ddp"],
+     "parallelism.cp=2 with parallelism.tp=2: not under backend=ddp yet"),
     (["parallelism.cp=2", "train.compile=true"], "not with train.compile=true yet"),
     (["parallelism.cp=2", "backend=fsdp_hsdp", "parallelism.nnodes=2"], "shards over a node's data-parallel"),
     (["parallelism.cp=3"], "pp x dp_replicate x cp x tp = 3 does not divide the 2 ranks"),
@@ -191,12 +193,11 @@ def test_the_ring_and_ulysses_send_and_hold_what_the_theory_says(cp_runs):
                       100 * (p["peak"] - p["unaccounted"] - predicted) / predicted]
             print(f"CP {cell} rank {rank['rank']}: peak {errors[0]:+.1f}% against the theory ({errors[1]:+.1f}% less "
                   "what it had not released at the after-backward marker)")
-            # under Ulysses, as under tensor parallelism (tests/test_tensor_parallel.py, whose rule the ring over
-            # PyTorch's plan takes too), gloo releases a timing-dependent number of the all-to-alls' (the
-            # all-reduces') buffers a phase late on this oversubscribed CPU (4 ranks, 2 cores): with what the rank
-            # had not released at the marker set aside, the peak is the theory's
-            late = ulysses or cell.endswith("_tp")
-            assert -10 <= errors[0] and errors[1 if late else 0] <= 10, (cell, rank["rank"], errors)
+            # as under tensor parallelism (tests/test_tensor_parallel.py), gloo releases a timing-dependent number of
+            # the exchanges' buffers a phase late on this oversubscribed CPU (4 ranks, 2 cores): Ulysses' all-to-alls,
+            # and the ring's too (+10.3% raw on one rank of one launch, -1.4% with them set aside; +3.4% in the
+            # launch before). With what the rank had not released at the marker set aside, the peak is the theory's
+            assert -10 <= errors[0] and errors[1] <= 10, (cell, rank["rank"], errors)
         settings = json.loads((run_dir / "settings.json").read_text())
         assert settings["mesh"]["describe"] == (
             "dp 1 x cp 2 (ring) x tp 2 (SP)" if cell.endswith("_tp") else

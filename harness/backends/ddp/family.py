@@ -13,7 +13,7 @@ FSDP2's, for that mesh and those settings (`replicated`), measured as such on CP
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from ...config.derive import bucket_elements, stored_bytes
 from ...core.identity_cache import IdentityCache
@@ -67,6 +67,17 @@ class DDPFamily(DCPCheckpoints, Family):
     axis_refusals = {"ep": "DDP all-reduces every gradient over every rank, while split experts are reduced over "
                            "their own replicas only (efsdp), as torchtitan does with FSDP2; use backend=fsdp"}
     term_names = {"ddp_buckets": "DDP's gradient buckets"}
+
+    def rules(self, cfg) -> List[str]:
+        """torch's replicate under tensor parallelism with the ring: it runs and its losses are DDP's own, but it
+        all-reduces the gradients over dp x cp, where the theory's replica view reduces over dp only (16% of a
+        step's bytes missing at dp 1 x cp 2 x tp 2); refused until the theory holds it."""
+        par = cfg.parallelism
+        if par.tp > 1 and par.cp > 1:
+            return [f"parallelism.cp={par.cp} with parallelism.tp={par.tp}: not under backend={cfg.backend.name} yet "
+                    "(torch's replicate all-reduces over dp x cp, which the theory's bytes do not hold yet); use "
+                    "backend=fsdp, or set one of them to 1"]
+        return []
     differences = (
         Difference("ddp", "bucket_cap_mb", "25 (the default)", "backend.bucket_elements × 4 B: one bucket for a "
                    "model under 25M parameters", "torch DistributedDataParallel docs, `bucket_cap_mb`"),

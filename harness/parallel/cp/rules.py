@@ -59,11 +59,12 @@ def composition_rules(cfg) -> List[str]:
     if par.cp_rotate not in ROTATE_METHODS:
         out.append(f"parallelism.cp_rotate={par.cp_rotate}: expected one of {', '.join(ROTATE_METHODS)}")
     # torch's ring over PyTorch's plan (each rank's own heads) is held to DDP's losses (tests/test_context_parallel.py),
-    # as torchtitan composes them; DeepSpeed's Ulysses with its AutoTP is not
+    # as torchtitan composes them (DDP's replicate refuses it in its family's rules); DeepSpeed's Ulysses with its
+    # AutoTP is not
     if par.tp > 1 and families.of(cfg.backend).axes.get("cp") != "torch":
         out.append(f"parallelism.cp={cp}: not with parallelism.tp={par.tp} under backend={cfg.backend.name} (DeepSpeed's "
                    "Ulysses over AutoTP's heads is not held to DDP's losses here; torch's ring with PyTorch's plan "
-                   "is, under FSDP2 and DDP); set one of them to 1")
+                   "is, under FSDP2); set one of them to 1")
     if t.compile:
         out.append(f"parallelism.cp={cp}: not with train.compile=true yet (dynamo would trace through the ring's "
                    "replaced SDPA); set train.compile=false")
