@@ -1,6 +1,7 @@
 """The rows of a sweep: every run dir's summary and resolved config, read from disk alone."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Dict, List
 
@@ -72,8 +73,6 @@ def collect(sweep_dir: Path) -> List[dict]:
 
 def _natural(name: str) -> list:
     """A run dir's name with its numbers compared as numbers: seq_len=256 before seq_len=1024."""
-    import re
-
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
 
 
