@@ -320,6 +320,11 @@ OUT_OF_RANGE = [
     # an axis's degrees to search: a traceback (int()) or a ZeroDivisionError before they were checked
     (["estimate", "--cp", "0"], "argument --cp: 0: must be above 0"),
     (["estimate", "--tp", "x"], "argument --tp: 'x' is not an integer"),
+    (["scale-check", "--report-only", "--cp-grid", "llama3_1_8b:8:abc:2"],
+     "--cp-grid llama3_1_8b:8:abc:2: 'abc' is not a positive integer"),
+    (["scale-check", "--report-only", "--cp-grid", "llama3_1_8b:8:4096:2:ring"],
+     "--cp-grid llama3_1_8b:8:4096:2:ring: expected"),
+    (["scale-check", "--report-only", "--tp-grid", "llama_1b:64:0"], "--tp-grid llama_1b:64:0: '0' is not a positive integer"),
 ]
 
 

@@ -27,10 +27,15 @@ def _collectives(work: dict) -> Counter:
     return Counter({(c["op"], c["size_bytes"], c["group"], c["phase"]): c["count"] for c in work["collectives"]})
 
 
-@pytest.mark.parametrize("mesh", [["backend=fsdp"], ["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.tp=2"],
-                                  ["backend=fsdp1"], ["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.cp=2"]],
-                         ids=["dp", "dp_x_tp", "fsdp1", "dp_x_cp"])
-def test_a_rank_replayed_on_fake_tensors_counts_what_a_real_replay_counts(tmp_path, mesh):
+# the Python lines' tolerance: 5%, and 8% for the ring, whose optimizer lines extended from 1 and 2 blocks read
+# +4.3% to +5.9% against a real replay of 4 (the per-block increment falls from 9,038 lines between 1 and 2 blocks to
+# 8,190 between 2 and 4 as DTensor's sharding cache fills, and by how much depends on what the forking process
+# has already imported and cached: 2 of 6 runs beside other test files read over 5%)
+@pytest.mark.parametrize("mesh, lines_pct", [
+    (["backend=fsdp"], 5), (["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.tp=2"], 5),
+    (["backend=fsdp1"], 5), (["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.cp=2"], 8)],
+    ids=["dp", "dp_x_tp", "fsdp1", "dp_x_cp"])
+def test_a_rank_replayed_on_fake_tensors_counts_what_a_real_replay_counts(tmp_path, mesh, lines_pct):
     """tiny_llama under FSDP2, rank 0 of 2 (and of dp 2 x tp 2, PyTorch's plan with sequence and loss parallel; of
     dp 2 x cp 2, torch's ring, each of its chunks of attention and its rotations; and under FSDP1, whose flat
     parameters are each block's own, so that two depths extend exactly too),
@@ -38,7 +43,7 @@ def test_a_rank_replayed_on_fake_tensors_counts_what_a_real_replay_counts(tmp_pa
     every phase with its FLOPs and bytes, and every collective, are the real replay's (transformers' causal mask
     is skipped as on real tensors; the functional collectives DTensor issues, tensor parallelism's, loss
     parallel's and FSDP2's gradient norm, are logged by the fake mode that answers them); the Python lines,
-    counted at a narrow width, within 5% (DTensor's sharding cache differs from run to run)."""
+    counted at a narrow width, within 5% (8% on the ring: above) (DTensor's sharding cache differs from run to run)."""
     from forked_ranks import ForkedPopen
     from harness.launcher.replays import replay_work
 
@@ -53,7 +58,7 @@ def test_a_rank_replayed_on_fake_tensors_counts_what_a_real_replay_counts(tmp_pa
     assert _ops(mine) == _ops(theirs)
     assert _collectives(mine) == _collectives(theirs)
     for phase, lines in theirs["lines"].items():
-        assert abs(mine["lines"][phase] - lines) <= 0.05 * lines, (phase, mine["lines"][phase], lines)
+        assert abs(mine["lines"][phase] - lines) <= lines_pct / 100 * lines, (phase, mine["lines"][phase], lines)
 
 
 def test_what_fake_tensors_cannot_count_is_named_and_every_k_is_replayed_at_k_and_2k_blocks():

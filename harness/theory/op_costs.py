@@ -174,7 +174,7 @@ def op_seconds(r: OpRow, costs: DeviceCosts) -> Dict[str, float]:
     if r.flops and attention and name.startswith("aten::_scaled_dot_product"):
         # the rate was measured on causal calls, their FLOPs counted as the whole square (device_costs_worker.
         # attention_costs): a call that is not causal computes all of it, twice a causal call's work
-        compute = attention[0] + r.flops / (attention[1] / (2 if r.op.endswith(NON_CAUSAL) else 1))
+        compute = attention[0] + r.flops / (attention[1] / (1 if name == r.op else 2))
     elif r.flops:  # a matmul, a convolution: torch's flop_registry counts them
         rate = costs.matmul_rate(precision, r.flops)
         compute = r.flops / (rate * 1e12) if rate else 0.0

@@ -35,10 +35,15 @@ C10D_OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
             "dim_zero_all_to_all": "all_to_all"}
 
 
-def _is_permute(op: str, args) -> bool:
-    """A functional all-to-all whose input goes whole to one rank (ft_c.permute_tensor: the ring's step)."""
-    splits = args[2] if op == "all_to_all" and len(args) > 2 else None
+def one_peer(splits) -> bool:
+    """Whether an all-to-all's input split sizes send the whole buffer to one rank (ft_c.permute_tensor: the
+    ring's step, named a `permute`)."""
     return isinstance(splits, (list, tuple)) and sum(1 for n in splits if n) == 1
+
+
+def _is_permute(op: str, args) -> bool:
+    """A functional all-to-all whose input goes whole to one rank."""
+    return op == "all_to_all" and len(args) > 2 and one_peer(args[2])
 
 
 def ring_handler(func, args):

@@ -31,6 +31,7 @@ from torch.distributed.distributed_c10d import ReduceOp
 from torch.futures import Future
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ..measure.collective_count import one_peer
 from ..measure.time_profile import current_phase
 from ..measure.work_count import uncounted
 
@@ -187,8 +188,7 @@ class MirrorGroup(dist.ProcessGroup):
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """torch's ring (context parallelism) passes its keys and values on as all-to-alls in which each rank
         sends its whole buffer to one peer (a permute): that peer's buffer, a mirror image, is this rank's."""
-        permute = sum(1 for n in input_split_sizes or () if n) == 1
-        self._log("permute" if permute else "all_to_all", _nbytes(input))
+        self._log("permute" if one_peer(list(input_split_sizes or ())) else "all_to_all", _nbytes(input))
         with _disable_current_modes():
             if output.numel() == input.numel():
                 output.copy_(input.reshape(output.shape))
@@ -208,8 +208,9 @@ class MirrorGroup(dist.ProcessGroup):
         return _done(outputs)
 
 
-# the functional collectives DTensor issues (tensor parallelism's, FSDP2's gradient norm, the ring's), as the mirror group logs
-# the call each would make: an all-gather by its output, a reduce-scatter and an all-reduce by their input
+# the functional collectives DTensor issues (tensor parallelism's, FSDP2's gradient norm, the ring's), as the mirror
+# group logs the call each would make: an all-gather by its output, a reduce-scatter, an all-reduce and an
+# all-to-all by their input
 FUNCTIONAL = {"all_gather_into_tensor": ("all_gather", "group_size"), "reduce_scatter_tensor": ("reduce_scatter", 1),
               "all_reduce": ("all_reduce", 1), "all_to_all_single": ("all_to_all", 1)}
 
@@ -223,7 +224,7 @@ def log_functional(func, args) -> None:
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     op, scale = FUNCTIONAL[name]
-    if op == "all_to_all" and sum(1 for n in args[2] if n) == 1:  # the ring's step: its whole buffer to one peer
+    if op == "all_to_all" and one_peer(list(args[2])):  # the ring's step: its whole buffer to one peer
         op = "permute"
     tensor, group_name = args[0], args[-1]
     nbytes = tensor.numel() * tensor.element_size() * (args[1] if scale == "group_size" else 1)

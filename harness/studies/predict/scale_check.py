@@ -43,6 +43,7 @@ from typing import List
 from ...config import recompute
 from ...config.command_line import parse
 from ...core.errors import ConfigError
+from ...parallel.cp.rules import ROTATE_METHODS
 from ...core.paths import REPO, results_dir
 from ...core.rundir import write_json, write_text
 from ..flags import defaults
@@ -120,16 +121,35 @@ def cp_cells(grid, common: List[str], backends: List[str]) -> List[List[str]]:
 
 
 def cp_grid(spec: str):
-    """--cp-grid as CP_GRID's tuples: `default`, `none`, or model:world:sequence:cp[+cp...][:tp<k>][:alltoall]."""
+    """--cp-grid as CP_GRID's tuples: `default`, `none`, or model:world:sequence:cp[+cp...][:tp<k>][:alltoall]; a
+    cell that is not one refused in one line, before any cell is traced."""
     if spec == "default":
         return CP_GRID
     out = []
     for cell in (c for c in spec.split(",") if c and spec != "none"):
-        model, world, seq, cps, *rest = cell.split(":")
-        tp = next((int(r[2:]) for r in rest if r.startswith("tp")), 1)
-        rotate = next((r for r in rest if r in ("allgather", "alltoall")), "allgather")
-        out.append((model, int(world), int(seq), tuple(int(c) for c in cps.split("+")), tp, rotate))
+        usage = "model:world:sequence:cp[+cp...][:tp<k>][:allgather|alltoall]"
+        model, world, seq, cps, *rest = _fields(cell, "--cp-grid", usage, 4)
+        if any(not (r.startswith("tp") or r in ROTATE_METHODS) for r in rest):
+            raise ConfigError(f"--cp-grid {cell}: expected {usage}")
+        tp = next((_positive(r[2:], cell, "--cp-grid") for r in rest if r.startswith("tp")), 1)
+        rotate = next((r for r in rest if r in ROTATE_METHODS), "allgather")
+        out.append((model, _positive(world, cell, "--cp-grid"), _positive(seq, cell, "--cp-grid"),
+                    tuple(_positive(c, cell, "--cp-grid") for c in cps.split("+")), tp, rotate))
     return tuple(out)
+
+
+def _fields(cell: str, flag: str, usage: str, least: int) -> List[str]:
+    fields = cell.split(":")
+    if len(fields) < least or not fields[0]:
+        raise ConfigError(f"{flag} {cell}: expected {usage}")
+    return fields
+
+
+def _positive(text: str, cell: str, flag: str) -> int:
+    """A grid cell's number: a positive integer, else refused in one line."""
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{flag} {cell}: {text!r} is not a positive integer")
+    return int(text)
 
 
 def axes_text(r: dict) -> str:
@@ -174,9 +194,13 @@ def tp_grid(spec: str):
         return TP_GRID
     out = []
     for cell in (c for c in spec.split(",") if c and spec != "none"):
-        model, world, *rest = cell.split(":")
-        ckpt = ("off", *rest[-1].split("+")) if rest and not rest[-1].isdigit() else ("off",)
-        out.append((model, int(world), tuple(int(t) for t in rest if t.isdigit()), ckpt))
+        model, world, *rest = _fields(cell, "--tp-grid", "model:world:tp[:tp...][:policy[+policy...]]", 3)
+        ckpt = ("off", *rest[-1].split("+")) if not rest[-1].isdigit() else ("off",)
+        degrees = rest[:-1] if ckpt != ("off",) else rest
+        if not degrees:
+            raise ConfigError(f"--tp-grid {cell}: expected model:world:tp[:tp...][:policy[+policy...]]")
+        out.append((model, _positive(world, cell, "--tp-grid"),
+                    tuple(_positive(t, cell, "--tp-grid") for t in degrees), ckpt))
     return tuple(out)
 
 
