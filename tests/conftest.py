@@ -402,11 +402,16 @@ def ep_cells(two_experts: Path) -> dict:
     """Expert parallelism at 4 ranks, efsdp 2 x ep 2 (each expert on 2 ranks, sharded over them), both MoEs at 1
     micro-batch x 2: the same 8 sequences a step as the 2-rank MoE sweep's DDP, and grad_accum 2 as the issue's
     parity cell asks; the Qwen3-MoE cell saves after step 3 (ep_resume, ep_reshard)."""
-    shape = [*(o for o in MOE if not o.startswith(("parallelism.nproc_per_node", "parallelism.grad_accum"))),
-             "parallelism.nproc_per_node=4", "parallelism.micro_batch=1", "parallelism.grad_accum=2",
-             "parallelism.ep=2", "backend=fsdp"]
+    base = [*(o for o in MOE if not o.startswith(("parallelism.nproc_per_node", "parallelism.grad_accum"))),
+            "parallelism.nproc_per_node=4", "parallelism.micro_batch=1", "parallelism.grad_accum=2",
+            "parallelism.ep=2"]
+    shape = [*base, "backend=fsdp"]
     return {"qwen3_moe": [*shape, "model=tiny_qwen3_moe", f"train.checkpoint_every={SAVED_AT}"],
             "mixtral": [*shape, "model=tiny_mixtral"],
+            # DeepSpeed's AutoEP (backends/deepspeed/autoep.py): ZeRO-2 on one MoE, ZeRO-3 releasing what it
+            # gathers (as at scale) on the other
+            "qwen3_moe_autoep_zero2": [*base, "backend=ds_zero2", "model=tiny_qwen3_moe"],
+            "mixtral_autoep_zero3": [*base, "backend=ds_zero3", "model=tiny_mixtral", *zero3_per_module()],
             # 2 experts over 4 ranks at ep 1, and 1 a rank over efsdp 2 at ep 2: both on the second dimension
             "two_experts": [*shape, f"model.hf_config={two_experts}"],
             "two_experts_ep1": [*(o for o in shape if o != "parallelism.ep=2"), f"model.hf_config={two_experts}"]}

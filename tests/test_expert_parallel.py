@@ -27,7 +27,7 @@ MOE4 = ["model=tiny_qwen3_moe", "backend=fsdp", "parallelism.nproc_per_node=4"]
     ([*MOE4[:2], "parallelism.nproc_per_node=3", "parallelism.ep=3"], "must divide model.num_experts=8"),
     ([*MOE4, "backend=ddp", "parallelism.ep=2"], "DDP all-reduces every gradient over every rank"),
     ([*MOE4, "backend=fsdp1", "parallelism.ep=2"], "FSDP1's one flat parameter a unit cannot"),
-    ([*MOE4, "backend=ds_zero3", "parallelism.ep=2"], "AutoEP (`expert_parallel` in its JSON) fails to initialise"),
+    ([*MOE4, "backend=ds_zeropp", "parallelism.ep=2"], "AutoEP under ZeRO-3 does not support hpZ's secondary"),
     ([*MOE4, "backend=fsdp_hsdp", "backend.shard_degree=2", "parallelism.ep=2"], "(HSDP, partial resharding)"),
     ([*MOE4, "workload=lora", "parallelism.ep=2"], "workload=lora is not split by expert parallelism"),
     ([*MOE4, "parallelism.ep=0"], "parallelism.ep=0: must be positive"),
@@ -81,12 +81,16 @@ def test_the_estimator_searches_ep_beside_the_data_parallel_families(capsys):
     rows = [line.split("│") for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
     meshes = {(r[1].strip(), *(c.strip() for c in r[2:6])) for r in rows}
     assert ("fsdp", "8", "1", "1", "8") in meshes and ("fsdp", "8", "1", "1", "2") in meshes
-    assert {m[4] for m in meshes if not m[0].startswith("fsdp") or m[0].startswith("fsdp1")} == {"1"}
+    # DeepSpeed's AutoEP beside it, but not under ZeRO++ (hpZ), DDP or FSDP1, which refuse ep
+    assert {("ds_zero2", "8", "1", "1", ep) for ep in ("1", "2", "4", "8")} <= meshes
+    assert {m[4] for m in meshes if m[0] in ("ddp", "ds_zeropp") or m[0].startswith("fsdp1")} == {"1"}
 
 
 def _launch_cells(ep_two_rank_runs, ep_mixtral_two_rank_runs, ep_runs) -> dict:
     return {"qwen3_moe at 2 ranks": ep_two_rank_runs["fsdp"], "mixtral at 2 ranks": ep_mixtral_two_rank_runs["fsdp"],
-            "qwen3_moe at 4 ranks": ep_runs["qwen3_moe"], "mixtral at 4 ranks": ep_runs["mixtral"]}
+            "qwen3_moe at 4 ranks": ep_runs["qwen3_moe"], "mixtral at 4 ranks": ep_runs["mixtral"],
+            "qwen3_moe at 4 ranks, AutoEP ZeRO-2": ep_runs["qwen3_moe_autoep_zero2"],
+            "mixtral at 4 ranks, AutoEP ZeRO-3": ep_runs["mixtral_autoep_zero3"]}
 
 
 def test_expert_parallelism_trains_as_ddp_does(moe_runs, moe_mixtral_runs, ep_two_rank_runs,
@@ -102,6 +106,13 @@ def test_expert_parallelism_trains_as_ddp_does(moe_runs, moe_mixtral_runs, ep_tw
             assert [r[key] for r in records] == pytest.approx([r[key] for r in reference], rel=1e-4), (cell, key)
         settings = json.loads((run_dir / "settings.json").read_text())["expert_parallel"]
         ranks = 4 if "4 ranks" in cell else 2
+        if "AutoEP" in cell:  # DeepSpeed's groups as it built them: the mesh's ep and efsdp groups of rank 0
+            mesh = mesh_of(OmegaConf.load(run_dir / "config.yaml"))
+            assert (settings["implementation"], settings["config"]["autoep_size"]) == ("DeepSpeed AutoEP", 2)
+            assert settings["replaced_layers"] == 2, cell  # both MoE blocks replaced by AutoEPMoELayer
+            assert settings["ep_group"] == mesh.groups("ep")[0] == [0, 1], cell
+            assert settings["expert_data_parallel_group"] == mesh.groups("efsdp")[0] == [0, 2], cell
+            continue
         assert (settings["ep"], settings["efsdp"], settings["local_experts"]) == (2, ranks // 2, 4), cell
         assert settings["gradient_divide_factor"] == ranks
 
@@ -121,22 +132,30 @@ def test_expert_parallel_states_bytes_and_peak_are_the_theorys(ep_two_rank_runs,
                       if c["op"] == "all_to_all" and c["size_bytes"] > 64) for r in ranks]
         theory = sum(c.size_bytes * c.count for c in predicted if c.op == "all_to_all" and c.size_bytes > 64)
         assert sum(tokens) / len(tokens) == pytest.approx(theory, rel=1e-3), (cell, tokens, theory)
-        # every other collective, by op, size and group, is the theory's (the 4-byte norms and losses aside)
+        # every other collective, by op, size and group, is the theory's (the 4-byte norms and losses aside); under
+        # DeepSpeed by op and group, its bytes a step: ZeRO coalesces and buckets what the theory lists by tensor
+        deepspeed = "AutoEP" in cell
         measured = Counter()
         for c in ranks[0]["collectives"]:
             if c["op"] != "all_to_all" and c["size_bytes"] > 64:
-                measured[(c["op"], c["size_bytes"], c["group"])] += c["count"]
+                key = (c["op"], tuple(c["ranks"])) if deepspeed else (c["op"], c["size_bytes"], c["group"])
+                measured[key] += c["count"] * (c["size_bytes"] if deepspeed else 1)
         expected = Counter()
         for c in predicted:
             if c.op != "all_to_all" and c.size_bytes > 64 and mesh.size(c.group) > 1:
-                expected[(c.op, round(c.size_bytes), mesh.size(c.group))] += c.count
-        assert measured == expected, cell
+                key = ((c.op, tuple(mesh.groups(c.group)[0])) if deepspeed
+                       else (c.op, round(c.size_bytes), mesh.size(c.group)))
+                expected[key] += c.count * (c.size_bytes if deepspeed else 1)
+        assert measured == pytest.approx(expected), cell
         peak = f["memory/tensor_peak_predicted_bytes"]
         errors = []
         for rank in ranks:
             p = rank["tensor_peak"]
             error, held = (100 * (p["peak"] - peak) / peak, 100 * (p["peak"] - p["unaccounted"] - peak) / peak)
-            errors.append(error)
+            # under AutoEP the mean reads the held figure: DeepSpeed's ZeRO-1/2 ranks keep 0.1 to 0.6 MB they had
+            # not released at the after-backward marker (unidentified, and at ep 1 as well: 629 KB on plain
+            # ZeRO-2 at 4 ranks), which put one rank +27% raw and +2.5% held
+            errors.append(held if deepspeed else error)
             print(f"EP {cell} rank {rank['rank']}: peak {error:+.1f}% against the theory ({held:+.1f}% less what "
                   "it had not released at the after-backward marker)")
             # a rank's experts keep the rows they were routed, which the theory takes as balanced (k x T): one
@@ -146,7 +165,7 @@ def test_expert_parallel_states_bytes_and_peak_are_the_theorys(ep_two_rank_runs,
             # +9.3% in two launches of the same commit on 2026-11-30, one rank receiving 1.48x the balanced rows.
             # Each within 20%, a bound on what the theory does not model yet (issue 72's routing imbalance) ...
             assert -20 <= error and held <= 20, (cell, rank["rank"], error, held)
-        # ... and their mean, over which the routed rows are the balanced ones, within 10%
+        # ... and their mean, over which the routed rows are the balanced ones, within 10% (held, under AutoEP)
         assert abs(sum(errors) / len(errors)) <= 10, (cell, errors)
 
 
@@ -204,3 +223,30 @@ def test_an_expert_parallel_cell_traces_at_the_balanced_routing():
     assert abs(row["states_error_pct"]) <= 1 and abs(row["bytes_error_pct"]) <= 0.1, row
     sizes = {(c["op"], c["group"]) for c in row["collectives_traced"]}
     assert ("all_to_all", 4) in sizes  # the dispatch and combine, over the 4 ep ranks
+
+
+def test_transformers_registry_answers_deepspeeds_str_keys_and_its_own_model_keys():
+    """DeepSpeed 0.19.8's AutoEP reads and restores transformers 5.23's output-recorder registry by class name;
+    transformers keys it on a model. After the fix both work, and transformers' own entries are unchanged."""
+    from transformers.utils import output_capturing
+
+    from harness.backends.deepspeed import autoep
+
+    autoep.keyed_output_registry()
+    autoep.keyed_output_registry()  # idempotent
+    registry, missing = output_capturing._CAN_RECORD_REGISTRY, object()
+    key = "<class 'shardbench.Probe'>"
+    assert registry.get(key, missing) is missing  # DeepSpeed's (key, default)
+    registry[key] = {"router_logits": "probe"}  # DeepSpeed's restore, by name
+    assert registry.get(key) == {"router_logits": "probe"} and dict.get(registry, key) == {"router_logits": "probe"}
+    del registry[key]
+    model = models.build(compose(["model=tiny_qwen3_moe"]).model)
+    assert registry.get(model) == (dict.get(registry, str(model.__class__)) or {})  # transformers' own (model)
+
+
+def test_an_autoep_checkpoint_names_its_degree_so_ep_1_refuses_it():
+    from harness.config import families
+
+    configs = {ep: compose([*MOE4, "backend=ds_zero2", f"parallelism.ep={ep}"]) for ep in (1, 2)}
+    layouts = {ep: families.of(cfg.backend).checkpoint_layout(cfg) for ep, cfg in configs.items()}
+    assert layouts == {1: "ZeRO stage 2, fp32", 2: "ZeRO stage 2, fp32, AutoEP 2 on 4 ranks"}

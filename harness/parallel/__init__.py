@@ -4,7 +4,8 @@ a rank (runtime/parallelize.py calls it) and its context around the loss.
 
     tp/   tensor parallelism: PyTorch's plan (DTensor styles, torchtitan's order) or DeepSpeed's AutoTP
     cp/   context parallelism: torch's ring attention or DeepSpeed-Ulysses
-    ep/   expert parallelism: transformers' plan under FSDP2, the experts over ranks borrowed from the dp ones
+    ep/   expert parallelism: transformers' plan under FSDP2 or DeepSpeed's AutoEP, the experts over ranks
+          borrowed from the dp ones
 
 This layer sits beside backends/: it imports the runtime, the theory and the config below it, and they reach it
 only through the registry (config/axes.py), as they reach the families. docs/layout.md lists the files a new axis

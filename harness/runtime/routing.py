@@ -2,7 +2,7 @@
 unevenly the experts were loaded.
 
 Forward hooks on each router (transformers' `*TopKRouter`, whose output is its logits, the chosen weights and
-the chosen experts) add up, per layer, how many of the step's routed copies each expert received and the
+the chosen experts, or DeepSpeed AutoEP's `TokenChoiceTopKRouter`, which replaces it: `routed`) add up, per layer, how many of the step's routed copies each expert received and the
 router's mean probability for it; the backward's recompute (activation checkpointing) and eval forwards
 (no grad) are not counted again. Read once a step, on this rank's tokens (no collective is added to the
 step, so the counted collectives stay those of the strategy):
@@ -29,7 +29,7 @@ class RouterLog:
         self.probs = [None] * len(routers)  # summed router probabilities per expert, per layer
         self.tokens = [0] * len(routers)
         for index, router in enumerate(routers):
-            router.register_forward_hook(self._hook(index))
+            router.register_forward_hook(self._hook(index, logits_keeper(router)))
 
     @classmethod
     def attach(cls, model: torch.nn.Module, model_cfg) -> "RouterLog | None":
@@ -39,12 +39,12 @@ class RouterLog:
         routers = moe_modules(model, ROUTER_CLASS_SUFFIX)
         return cls(routers, model_cfg.num_experts) if routers else None
 
-    def _hook(self, index: int):
+    def _hook(self, index: int, read):
         def record(module, args, output) -> None:
             if not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
                 return  # an eval forward, or activation checkpointing's recompute inside the backward
-            logits, _, chosen = output
             with torch.no_grad():
+                logits, chosen = read(output)
                 counts = torch.bincount(chosen.reshape(-1), minlength=self.num_experts).double()
                 probs = torch.softmax(logits.detach().float(), dim=-1).sum(0).double()
             self.counts[index] = counts if self.counts[index] is None else self.counts[index] + counts
@@ -66,3 +66,16 @@ class RouterLog:
         self.probs = [None] * len(self.probs)
         self.tokens = [0] * len(self.tokens)
         return {"moe/aux_loss": aux, "moe/imbalance": imbalance}
+
+
+def logits_keeper(router: torch.nn.Module):
+    """How to read a router call's logits (T x E) and chosen experts (T x k) from its forward hook.
+    transformers' routers return (logits, weights, chosen). DeepSpeed AutoEP's router (deepspeed/moe/ep_router.py)
+    returns (weights, chosen, tokens per expert): its logits are its gate Linear's output, kept here by a hook
+    on the gate, so that nothing is computed or gathered again (a second call would gather ZeRO-3's gate anew)."""
+    gate = getattr(router, "gate", None)
+    if not isinstance(gate, torch.nn.Module):
+        return lambda output: (output[0], output[2])
+    kept = {}
+    gate.register_forward_hook(lambda module, args, output: kept.__setitem__("logits", output.detach()))
+    return lambda output: (kept.pop("logits"), output[1])

@@ -10,6 +10,7 @@ from typing import List
 from ...config.families import Difference, Family
 from ...config.mesh import DPRequest, mesh_of
 from . import check, theory
+from . import autoep
 from .check import deepcompile_rules
 from .jit_ops import BUILDERS
 from .json_config import conflicts, effective_zero, hpz_size
@@ -29,10 +30,11 @@ class DeepSpeedFamily(Family):
     pass_through = ("deepspeed",)  # +backend.deepspeed.<key>=...: DeepSpeed's JSON keys, checked by check.py
     framework = "DeepSpeed"
     checkpoint_format = "DeepSpeed"  # engine.save_checkpoint: the module's states and each rank's ZeRO partitions
-    layout_fix = ("DeepSpeed loads a checkpoint at the ZeRO stage and precision that wrote it, and an AutoTP one only on "
-                  "the mesh that wrote it (its universal conversion asserts at another tensor-parallel degree, and at "
-                  "another data-parallel degree loaded wrong weights here: a first resumed loss of 5.52 where the run "
-                  "had 5.23)")
+    layout_fix = ("DeepSpeed loads a checkpoint at the ZeRO stage and precision that wrote it, and an AutoTP or "
+                  "AutoEP one only on the mesh that wrote it (its universal conversion asserts at another "
+                  "tensor-parallel degree, and at another data-parallel degree loaded wrong weights here: a first "
+                  "resumed loss of 5.52 where the run had 5.23; an AutoEP checkpoint at ep 1 fails in "
+                  "load_state_dict)")
     async_save_refusal = "DeepSpeed's asynchronous checkpoint engines (Nebula, FastPersist) need CUDA or Azure"
     float8_refusal = ("torchao's converted Linears hold the weights DeepSpeed's engine flattens and partitions, and "
                       "DeepSpeed has no float8 training path of its own")
@@ -43,13 +45,8 @@ class DeepSpeedFamily(Family):
     # each rowwise one: no sequence parallelism, the logits gathered whole before the loss (parallel/tp/)
     # Ulysses: DeepSpeed's sequence parallelism for transformers models (parallel/cp/ulysses.py), all-to-alls over
     # the heads; the engine is built with its groups and ZeRO partitions over dp x cp
-    axes = {"tp": "autotp", "cp": "ulysses"}
-    # AutoEP fails inside deepspeed.initialize with the pinned versions: DeepSpeed 0.19.8 calls
-    # `registry.get(key, default)` on transformers 5.23's _CanRecordRegistry, whose get(model) takes one argument
-    # (module_inject/auto_ep_presets/base.py, _install_instance_transformers_output_recorders)
-    axis_refusals = {"ep": "DeepSpeed 0.19.8's AutoEP (`expert_parallel` in its JSON) fails to initialise with "
-                           "transformers 5.23 (its output-recorder registry's get() signature); use backend=fsdp "
-                           "for expert parallelism, or parallelism.ep=1"}
+    # AutoEP: DeepSpeed replaces each MoE block with its own expert-parallel layer from its JSON (autoep.py)
+    axes = {"tp": "autotp", "cp": "ulysses", "ep": "autoep"}
     untraceable = ("the engine moves the module to its device (engine._configure_distributed_model), which torch "
                    "cannot do with fake parameters; ZeRO-3 built under zero.Init gets through forward and backward and "
                    "stops where the step reads the gradient norm's value (runtime/utils.is_invalid_grad_norm)")
@@ -113,6 +110,10 @@ class DeepSpeedFamily(Family):
                        + "; leave it unset")
         mesh = mesh_of(cfg)
         out += zeropp_rules(cfg, mesh)
+        if mesh.ep > 1 and hpz_size(cfg, mesh) > 1:
+            out.append(f"parallelism.ep={mesh.ep}: DeepSpeed 0.19.8's AutoEP under ZeRO-3 does not support hpZ's "
+                       f"secondary groups (it asserts on zero_hpz_partition_size={hpz_size(cfg, mesh)}); use "
+                       "backend=ds_zero3, or parallelism.ep=1")
         for c in conflicts(cfg, mesh):
             out.append(f"backend.deepspeed.{c}: contradicts the harness config; remove the key and set the "
                        "harness's own option instead (parallelism.*, optim.grad_clip, train.precision)")
@@ -139,9 +140,12 @@ class DeepSpeedFamily(Family):
         # under AutoTP each file holds a tensor-parallel slice, which ds_to_universal cannot join across degrees
         # (it asserts "full param numel != tensor slice numel * tp_world_size" on a tp 2 checkpoint at tp 1), nor
         # move to another data-parallel degree (dp 2 x tp 2 resumed at dp 1 x tp 2 started from wrong weights)
+        # Under AutoEP the experts are saved per expert (layer_<l>_expert_<e>_*.pt) and the rest without them: a
+        # model without the replacement (ep 1) finds no expert weights in it (load_state_dict fails)
         mesh = mesh_of(cfg)
         autotp = f", AutoTP {mesh.tp} on {mesh.world} ranks" if mesh.tp > 1 else ""
-        return f"ZeRO stage {cfg.backend.zero_stage}, {cfg.train.precision}{autotp}"
+        autoep_ = f", AutoEP {mesh.ep} on {mesh.world} ranks" if mesh.ep > 1 else ""
+        return f"ZeRO stage {cfg.backend.zero_stage}, {cfg.train.precision}{autotp}{autoep_}"
 
     def is_hybrid(self, backend) -> bool:
         return backend.zero_stage == 3 and backend.hpz_partition_size != 1
@@ -188,7 +192,8 @@ class DeepSpeedFamily(Family):
                # (stage_1_and_2.average_tensor: use_multi_rank_bucket_allreduce, on by default), or without
                # reduce_scatter all-reduce the whole gradient
                "grad_all_reduce": bool(zero["use_multi_rank_bucket_allreduce"] or not zero["reduce_scatter"]),
-               "one_graph_backward": bool(cfg.train.compile) and self.compile_scope(cfg.backend) == "module"}
+               "one_graph_backward": bool(cfg.train.compile) and self.compile_scope(cfg.backend) == "module",
+               **autoep.shape_fields(mesh, counts)}
         if cfg.backend.zero_stage == 3:
             out["quantized_weights"], out["quantized_gradients"] = (cfg.backend.quantized_weights,
                                                                     cfg.backend.quantized_gradients)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Dict
 
+from . import autoep
 from ...config.derive import bucket_elements
 from ...config.frozen import plain
 from ...config.mesh import Mesh, mesh_of
@@ -82,6 +83,7 @@ def harness_keys(cfg, mesh: Mesh | int) -> Dict[str, Any]:
         "fp16": {"enabled": t.precision == "fp16"},
         "zero_optimization": {"stage": b.zero_stage, **zeropp_keys(cfg, mesh)},
         **tensor_parallel_keys(cfg, mesh),
+        **autoep.json_keys(mesh.ep),  # AutoEP (backends/deepspeed/autoep.py)
         # Ulysses (parallel/cp/ulysses.py): DeepSpeed's key for the sequence-parallel degree, which its config
         # parse reads before the engine has the groups (zero.Init divides the world by it to check the batch)
         **({"sequence_parallel_size": mesh.cp} if mesh.cp > 1 else {}),

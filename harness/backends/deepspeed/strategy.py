@@ -13,6 +13,7 @@ from typing import Dict, Iterable
 import torch
 from typing_extensions import override
 
+from . import autoep
 from .jit_ops import settle_arch_list
 from .json_config import ds_config
 from ...runtime import models
@@ -65,13 +66,17 @@ class DeepSpeedStrategy(Strategy):
 
             _remember_cpu_info()
 
-            optimizer = DeepSpeedCPUAdam(self.trainable(model), adamw_mode=True, **kw)
+            make = functools.partial(DeepSpeedCPUAdam, adamw_mode=True, **kw)
             self.optimizer_name = "DeepSpeedCPUAdam(adamw_mode=True)"
         else:
-            optimizer = torch.optim.AdamW(self.trainable(model), **kw)
+            make = functools.partial(torch.optim.AdamW, **kw)
+        optimizer = make(self.trainable(model))
         if self.active_axes:  # Ulysses' groups are made through DeepSpeed's comm layer: attach it first
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
             apply_axes(self, model)  # AutoTP applies from the JSON; Ulysses wraps attention, hands its groups
+        if autoep.enabled(self.config):  # the engine replaces the experts, then builds this optimizer over them
+            autoep.keyed_output_registry()
+            optimizer = autoep.optimizer_factory(make)
         if self.cfg.backend.leaf_moe_blocks:  # before initialize, which registers ZeRO-3's module hooks
             self.settings = {**self.settings, "z3_leaf_modules": mark_moe_leaves(model)}
         extra = {"mpu": self.engine_groups} if self.engine_groups is not None else {}
@@ -100,7 +105,7 @@ class DeepSpeedStrategy(Strategy):
             "json": self.config,  # as DeepSpeed received it
             "zero_optimization": {k: zero_value(v) for k, v in zero.model_dump().items()},
             "optimizer_wrapper": type(self.engine.optimizer).__name__,  # which ZeRO optimizer DeepSpeed chose
-        }}
+        }, **({"expert_parallel": autoep.effective_settings(self.engine)} if autoep.enabled(self.config) else {})}
 
     @override
     def sync_context(self, last):
@@ -130,8 +135,10 @@ class DeepSpeedStrategy(Strategy):
         # Its `latest` file is not written: the harness's marker says which checkpoint is complete
         # universal_checkpoint_info: what DeepSpeed's ds_to_universal requires of the client to convert the
         # checkpoint to another world size; empty for data parallelism alone (no tensor-parallel patterns)
+        # (under AutoEP DeepSpeed writes that key itself, with the experts' layout, and refuses a client's)
+        client = {} if autoep.enabled(self.config) else {"universal_checkpoint_info": {}}
         self.engine.save_checkpoint(str(directory.parent), tag=directory.name, save_latest=False,
-                                    client_state={"universal_checkpoint_info": {}})
+                                    client_state=client)
         return None  # synchronous: DeepSpeed's asynchronous engines (Nebula, FastPersist) need CUDA
 
     @override
@@ -207,7 +214,7 @@ def mark_moe_leaves(model) -> list:
 
 
 def fresh_parallel_groups() -> None:
-    """DeepSpeed keeps AutoTP's groups in module globals (deepspeed.utils.groups: `mpu` and the tensor-, model- and
+    """DeepSpeed keeps AutoTP's and AutoEP's groups in module globals (deepspeed.utils.groups: `mpu` and the tensor-, model- and
     data-parallel groups) for the life of the process, and every later engine reads them: a run after an AutoTP
     run in the same process (launcher/cells.py) failed in its engine's set-up ('NoneType' object has no attribute
     'get_model_parallel_rank'), and one at another degree would have kept the old groups. Each engine starts from
@@ -215,6 +222,10 @@ def fresh_parallel_groups() -> None:
     from deepspeed.utils import groups
 
     groups.mpu = None
+    for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_PARALLEL_GROUP_RANKS", "_EXPERT_DATA_PARALLEL_GROUP",
+                 "_EXPERT_DATA_PARALLEL_GROUP_RANKS"):  # AutoEP's, made only where a name is not there yet
+        if hasattr(groups, name):
+            setattr(groups, name, {})
     for name in ("_TENSOR_MODEL_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP",
                  "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK"):
         if hasattr(groups, name):

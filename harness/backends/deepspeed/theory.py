@@ -43,31 +43,35 @@ def bf16_optimizer(backend, s) -> bool:
 
 def layout(backend, s) -> Dict[str, float]:
     psi, t, n, p = s.params, s.t, s.dp, s.p
+    # under AutoEP this rank's E/ep experts are partitioned over the n/ep expert-data-parallel ranks: as if all
+    # E were over n (Shape.expert_spread), so a partition of t/n holds (t + spread)/n
+    spread = s.blocks * s.expert_spread
+    psi_n, t_n = (psi + spread) / n, (t + spread) / n
     g = 4 if s.fp32_grads else p
     stage, off_opt, off_par = backend.zero_stage, backend.offload_optimizer, backend.offload_params
     # ZeRO-3 shards every parameter. Those under its persistence threshold are also kept whole on every rank
     # once gathered, beside their shard: measured 3Ψ bytes a rank for tiny_gpt2 in bf16 on 2 ranks, where every
     # tensor is under the native threshold (2Ψ/2 of shards + 2Ψ whole).
-    out: Dict[str, float] = {"params": p * (psi / n + s.persistent_params) if stage == 3 else p * psi}
+    out: Dict[str, float] = {"params": p * (psi_n + s.persistent_params) if stage == 3 else p * psi}
     if stage == 1 and s.precision == "bf16" and s.fp32_grads and not off_opt:
         out["grads"] = (p + 4) * t  # BF16_Optimizer: 16-bit .grad on every parameter + full fp32 copy
     elif off_opt and stage == 3:
-        out["grads"] = (4 + g) * t / n  # fp32 partition .grad + the flat staging buffer (gradient dtype)
+        out["grads"] = (4 + g) * t_n  # fp32 partition .grad + the flat staging buffer (gradient dtype)
     elif off_opt:
         # the fp32 partition's .grad (CPU Adam steps in fp32), and in a 16-bit run with fp32 accumulation
         # (parity) a second fp32 staging buffer
-        out["grads"] = (8 if p < 4 and s.fp32_grads else 4) * t / n
+        out["grads"] = (8 if p < 4 and s.fp32_grads else 4) * t_n
     elif stage in (1, 2):
         out["grads"] = g * gradient_span(s)
     else:
-        out["grads"] = g * t / n
+        out["grads"] = g * t_n
     if off_opt and stage in (1, 2) and s.grad_accum > 1:
         # Between micro-batches ZeRO-1/2 offload keeps a host buffer per parameter of this rank's partition
         # (accumulated_grads_in_cpu, in the parameter dtype). Found when the fp32 test sweep moved to
         # grad_accum 2: measured host grads were 2.07x the single partition.
-        out["grads"] += p * t / n
-    out["master"] = 4 * t / n
-    out["optimizer"] = 8 * t / n
+        out["grads"] += p * t_n
+    out["master"] = 4 * t_n
+    out["optimizer"] = 8 * t_n
     if off_opt:
         for key in ("grads", "master", "optimizer"):
             out["host_" + key] = out.pop(key)
@@ -77,7 +81,7 @@ def layout(backend, s) -> Dict[str, float]:
     if stage == 3:
         buffers += p * s.bucket_elements  # the reduce bucket, allocated at full size
     elif off_opt:
-        buffers += p * t / n + 2 * p * s.largest_t  # 16-bit partition staging + two grad temps
+        buffers += p * t_n + 2 * p * s.largest_t  # 16-bit partition staging + two grad temps
     out["buffers"] = buffers
     return out
 
@@ -88,19 +92,32 @@ def gradient_span(s) -> float:
     get_partition_info's params_in_partition, which take a parameter that straddles the partition's start), in
     the order DeepSpeed flattens them, the flat group padded to 2·N elements. T/N where the tensors are unknown.
     Measured: 66,688 elements on rank 0 of tiny_llama at 2 ranks (T/N = 62,624: its block 1's q_proj straddles
-    the boundary), 39,424 under AutoTP at tp 2 (T/N = 35,488)."""
-    sizes, n = s.trainable_sizes, s.dp
-    if not sizes:
-        return s.t / n
+    the boundary), 39,424 under AutoTP at tp 2 (T/N = 35,488). Under AutoEP a rank holds one span of each group:
+    the dense one over the N ranks, the experts' over the N/ep of its expert-data-parallel group (DeepSpeed lays
+    the ep groups consecutive: rank r is r // ep of its), measured exact on each of tiny_qwen3_moe's 4 ranks at
+    ep 2 (40,960 to 58,016 elements)."""
+    n = s.dp
+    if not s.trainable_sizes:
+        return (s.t + s.blocks * s.expert_spread) / n
+    dense = rank_spans(s.trainable_sizes, n)
+    if not s.expert_trainable_sizes:
+        return float(max(dense))
+    ep = s.mesh.ep
+    experts = rank_spans(s.expert_trainable_sizes, n // ep)
+    return float(max(span + experts[r // ep] for r, span in enumerate(dense)))
+
+
+def rank_spans(sizes, n: int) -> list:
+    """Each of n ranks' elements of `sizes` (one flat group) whose tensors touch its partition, whole."""
     starts = list(itertools.accumulate(sizes, initial=0))  # each tensor's first element in the flat group
     partition = -(-starts[-1] // (2 * n)) * 2  # ceil(T / 2N) * 2N / N
-    best = 0
+    spans = []
     for r in range(n):
         lo, hi = r * partition, (r + 1) * partition
         first = max(bisect.bisect_right(starts, lo) - 1, 0)  # the tensor holding the partition's first element
         last = bisect.bisect_left(starts, hi)  # tensors starting before its end
-        best = max(best, starts[min(last, len(sizes))] - starts[first])
-    return float(best)
+        spans.append(starts[min(last, len(sizes))] - starts[first])
+    return spans
 
 
 def zero3_gathered(s) -> float:
@@ -189,21 +206,51 @@ def collectives(backend, s) -> list:
         hidden = "backward" if s.overlap_comm else None
         reduces = ga if backend.zero_stage == 2 else 1
         reduce = "all_reduce" if s.grad_all_reduce else "reduce_scatter"
-        return (bucketed(reduce, t, bucket, g, reduces, hidden)
-                + bucketed("all_gather", t, bucket, p, 1, None) + tail)
-    # a hypothetical model (no tensors known) is gathered whole
-    gathered = [n for n in s.tensor_sizes if n > s.persistence_threshold] if s.tensor_sizes else [s.params]
+        dense, experts = t - expert_elements(s), expert_elements(s)
+        out = (bucketed(reduce, dense, bucket, g, reduces, hidden) + bucketed("all_gather", dense, bucket, p, 1, None)
+               + over_experts(bucketed(reduce, experts, bucket, g, reduces, hidden)
+                              + bucketed("all_gather", experts, bucket, p, 1, None)))
+        if experts:
+            # the MoE group's gradient norm: all-reduced over every rank as the dense one's is (get_grad_norm_direct
+            # per group), then averaged over its expert-data-parallel ranks (_average_expert_grad_norms)
+            tail = tail + [Collective("all_reduce", 4, 1, None), Collective("all_reduce", 4, 1, None, "efsdp")]
+        return out + tail
+    # a hypothetical model (no tensors known) is gathered whole; under AutoEP the dense tensors over every rank
+    # and this rank's experts over their expert-data-parallel ones
+    dense_sizes = s.trainable_sizes if s.expert_trainable_sizes else s.tensor_sizes
+    gathered = [n for n in dense_sizes if n > s.persistence_threshold] if dense_sizes else [s.params]
+    experts = [n for n in s.expert_trainable_sizes if n > s.persistence_threshold]
     hidden = "forward+backward" if s.overlap_comm else None
     # backward gathers again only what forward released: not the parameters kept within the reuse distance
-    # (zero3_gathered; the whole of a model below 1e9 parameters under DeepSpeed's defaults)
-    regather = max(sum(gathered) - zero3_gathered(s), 0.0)
+    # (zero3_gathered; the whole of a model below 1e9 parameters under DeepSpeed's defaults), the same share
+    # of the experts as of the dense tensors (every block holds both)
+    total = sum(gathered) + sum(experts)
+    released = max(total - zero3_gathered(s), 0.0) / total if total else 0.0
     weight = 1 if s.quantized_weights else p  # qwZ: int8 (its per-block scales, about 1/2048 more, left out)
     hpz = "post_forward" if s.post_forward_ranks else None
     # after the step DeepSpeed gathers the updated persistent parameters whole again on every rank (_post_step)
     persistent = [Collective("all_gather", s.persistent_params * p, 1, None)] if s.persistent_params else []
+    regather = [Collective("all_gather", released * sum(part) * (p if hpz else weight), ga, hidden, hpz)
+                for part in (gathered, experts) if released and part]
+    if experts:
+        regather = regather[:1] + over_experts(regather[1:])
+        # the loss's, then the norm as two values (dense, MoE) all-reduced over every rank, the expert-parallel
+        # and the expert-data-parallel ranks (measured: 8 bytes each, where the dense-only norm is 4)
+        tail = [Collective("all_reduce", 4, 1, None)] + [Collective("all_reduce", 8, 1, None, group)
+                                                          for group in (None, "ep", "efsdp")]
     return ([Collective("all_gather", n * weight, ga, hidden) for n in gathered]
-            + ([Collective("all_gather", regather * (p if hpz else weight), ga, hidden, hpz)] if regather else [])
-            + gradient_reduce(s, bucket, g, hidden) + persistent + tail)
+            + over_experts([Collective("all_gather", n * weight, ga, hidden) for n in experts])
+            + regather + gradient_reduce(s, bucket, g, hidden) + persistent + tail)
+
+
+def expert_elements(s) -> int:
+    """Under AutoEP, this rank's trained expert elements: ZeRO's MoE group, reduced, gathered and partitioned over
+    the expert-data-parallel ranks (the mesh's `efsdp` group) apart from the dense rest; 0 without."""
+    return sum(s.expert_trainable_sizes)
+
+
+def over_experts(collectives: list) -> list:
+    return [c._replace(group="efsdp") for c in collectives]
 
 
 def gradient_reduce(s, bucket: int, g: int, hidden) -> list:
@@ -213,7 +260,9 @@ def gradient_reduce(s, bucket: int, g: int, hidden) -> list:
     scales and the 1-D tensors it still reduce-scatters are left out). Not measured: qgZ needs CUDA."""
     per_node = s.mesh.size("dp_node")
     if not (s.quantized_gradients and s.mesh.nodes > 1):
-        return bucketed("reduce_scatter", s.t, bucket, g, s.grad_accum, hidden)
+        experts = expert_elements(s)
+        return (bucketed("reduce_scatter", s.t - experts, bucket, g, s.grad_accum, hidden)
+                + over_experts(bucketed("reduce_scatter", experts, bucket, g, s.grad_accum, hidden)))
     return [Collective("all_to_all", s.t / 2, s.grad_accum, hidden, "dp_node"),
             Collective("all_to_all", s.t / 2 / per_node, s.grad_accum, hidden, "dp_nodes")]
 

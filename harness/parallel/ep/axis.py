@@ -5,7 +5,8 @@ rank's counts (counts.py), its collectives (comm.py) and, inside a rank, transfo
 The ep ranks are borrowed from the data-parallel ones (config/mesh.py): each still reads its own micro-batches,
 so activations keep every token (no `activation_splits`); one rank holds E/ep experts of each layer
 (`local_counts`), which FSDP2 shards over the efsdp ranks that hold the same ones, and the dense rest over every
-data-parallel rank as before (backends/fsdp/family.py)."""
+data-parallel rank as before (backends/fsdp/family.py). Under DeepSpeed the axis is AutoEP, which the engine
+applies from its JSON (backends/deepspeed/autoep.py): `apply` does nothing there."""
 from __future__ import annotations
 
 from typing import List
@@ -45,6 +46,8 @@ class ExpertParallel(Axis):
         return comm.expert_parallel_collectives(backend, s)
 
     def apply(self, strategy, model) -> dict:
+        if strategy.axis_implementation(self.name) != "transformers":
+            return {}  # AutoEP: DeepSpeed's engine replaces the experts from its JSON (backends/deepspeed/autoep.py)
         from . import dispatch
 
         settings, experts = dispatch.apply(model, strategy.meshes)

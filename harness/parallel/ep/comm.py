@@ -1,5 +1,5 @@
 """Expert parallelism's collectives: what the `ep` ranks send each other every MoE layer and micro-batch, over
-the mesh's `ep` group, as transformers' AllToAllEP runs them (transformers/distributed/expert_parallel.py;
+the mesh's `ep` group, as transformers' AllToAllEP runs them (and DeepSpeed's AutoEP, the same three a layer) (transformers/distributed/expert_parallel.py;
 Lepikhin et al., "GShard", arXiv 2006.16668, section 2.2, for dispatch and combine; torchtitan's
 expert_parallel.py for the same pair under FSDP2).
 
@@ -35,5 +35,7 @@ def expert_parallel_collectives(backend, s) -> List[Collective]:
     rows = s.experts_per_token * s.tokens * s.hidden  # this rank's k·T routed rows of one micro-batch
     layers, again = s.blocks * s.grad_accum, s.reissued_blocks * s.grad_accum
     forwards = layers + again
-    return [Collective("all_to_all", s.num_experts * 8, forwards, None, "ep"),  # the split sizes
+    # the split sizes: transformers' are int64 (a bincount), AutoEP's int32 (deepspeed/moe/ep_router.py)
+    count_bytes = 4 if s.plan("ep") == "autoep" else 8
+    return [Collective("all_to_all", s.num_experts * count_bytes, forwards, None, "ep"),
             Collective("all_to_all", rows * stream, 2 * (forwards + layers), None, "ep")]  # dispatch, combine

@@ -59,6 +59,17 @@ def ring_handler(func, args):
     return DTensor._op_dispatcher._custom_op_handlers.get(func)
 
 
+def _buffer_bytes(func, op: str, args, tensors) -> int:
+    """The bytes a collective counts: the larger of its first two tensors (an all-gather's output, a
+    reduce-scatter's input), but for c10d's all-to-all (output, input, ...) the input, what this rank sends.
+    Its output is what the rank's experts were routed (expert parallelism's dispatch), which the router makes
+    uneven; the sent rows are k x T on every rank, and each row sent is received once, so the sum over ranks
+    is the same either way."""
+    if op == "all_to_all" and func.namespace == "c10d" and len(args) > 1:
+        return _nbytes(args[1])
+    return max((_nbytes(t) for t in tensors), default=0)
+
+
 def _nbytes(obj) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
@@ -110,7 +121,7 @@ class CollectiveCounter(TorchDispatchMode):
             named = tuple(a for a in args if isinstance(a, (torch.ScriptObject, str)))
             gathered = func.namespace == "_c10d_functional" and op == "all_gather"
             op = "permute" if _is_permute(op, args) else op
-            self.calls[(op, max((_nbytes(t) for t in tensors), default=0), named, gathered, current_phase())] += 1
+            self.calls[(op, _buffer_bytes(func, op, args, tensors), named, gathered, current_phase())] += 1
         return func(*args, **kwargs)
 
     def rows(self) -> List[dict]:
