@@ -274,8 +274,8 @@ def own_estimate(backend, s) -> Optional[Dict[str, float]]:
     4·largest_layer + 18Ψ/N, or 4·largest_layer with everything offloaded. `gathered` is the
     4·largest_layer working set, which is transient, not a model state.
     """
-    if backend.zero_stage not in (2, 3) or s.t != s.params:
-        return None  # (its formulas train every parameter: none for LoRA)
+    if backend.zero_stage not in (2, 3) or s.t != s.params or s.mesh.ep > 1:
+        return None  # (its formulas train every parameter, none for LoRA, and know no expert parallelism)
     from .accelerator import settle
 
     settle()
