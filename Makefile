@@ -76,7 +76,7 @@ memory-check: install warm ## the memory model against measured peaks: every bac
 	$(PY) -m harness memory-check --activation-dominated --backends ddp,fsdp,ds_zero2,ds_zero3 --models tiny_llama,tiny_gpt2 --repeats 2 --out $(RESULTS)/memory_check/compiled train.compile=true
 	$(PY) -m harness memory-check --models tiny_llama,tiny_qwen2,tiny_mistral --out $(RESULTS)/memory_check/tp parallelism.nproc_per_node=4 parallelism.tp=2
 
-scale-check: install warm ## 8-512 ranks on fake tensors: llama 1b-70b, FSDP2, bf16/fp32, ckpt off/on, 2-D cells (tp 2-8) and long sequences (cp 2-8, 32k-128k), traced against theory -> results/scale_check/
+scale-check: install warm ## 8-512 ranks on fake tensors: llama 1b-70b, FSDP2, bf16/fp32, ckpt off/on, 2-D cells (tp 2-8), long sequences (cp 2-8, 32k-128k) and MoE (Qwen3-30B-A3B, Mixtral, ep 1/8), traced against theory -> results/scale_check/
 	$(PY) -m harness scale-check $(ARGS)
 
 hybrid: install warm ## hybrid sharding: every hybrid backend beside ddp, fsdp, ds_zero3 on 2 emulated nodes x 2 ranks, and llama 7b/13b on 4x8 and 16x8 GPUs in theory -> results/hybrid/

@@ -324,6 +324,9 @@ OUT_OF_RANGE = [
      "--cp-grid llama3_1_8b:8:abc:2: 'abc' is not a positive integer"),
     (["scale-check", "--report-only", "--cp-grid", "llama3_1_8b:8:4096:2:ring"],
      "--cp-grid llama3_1_8b:8:4096:2:ring: expected"),
+    (["scale-check", "--report-only", "--ep-grid", "qwen3_30b_a3b:64:0"],
+     "--ep-grid qwen3_30b_a3b:64:0: '0' is not a positive integer"),
+    (["scale-check", "--report-only", "--ep-grid", "qwen3_30b_a3b:64"], "--ep-grid qwen3_30b_a3b:64: expected"),
     (["scale-check", "--report-only", "--tp-grid", "llama_1b:64:0"], "--tp-grid llama_1b:64:0: '0' is not a positive integer"),
 ]
 

@@ -19,7 +19,8 @@ from harness.studies.predict import scale_check
 # processes (~30 s alone, ~75 s beside make test's launches), which kept make test over its 5 minutes
 pytestmark = [pytest.mark.slow, pytest.mark.drill]
 CELL = ["--models", "llama_1b", "--wide", "", "--worlds", "64", "--backends", "fsdp,fsdp_hsdp", "--probe-backends", "ddp",
-        "--precisions", "bf16", "--checkpointing", "off", "--tp-grid", "llama_1b:64:2:selective_op_half", "--jobs", "2"]
+        "--precisions", "bf16", "--checkpointing", "off", "--tp-grid", "llama_1b:64:2:selective_op_half", "--jobs", "2",
+        "--cp-grid", "none", "--ep-grid", "none"]  # the long-sequence and MoE grids are minutes a cell
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@
         [--backends fsdp] [--wide llama_1b,llama_7b,llama_13b,llama_70b]
         [--probe-backends ddp,ds_zero1,ds_zero2,ds_zero3] [--precisions bf16] [--checkpointing off,on]
         [--tp-grid default|none|llama_1b:64:2,llama_70b:64:8:selective_op+selective_op_half,...]
-        [--cp-grid default|none|llama3_1_8b:8:65536:2+4+8,llama_70b:64:131072:2:tp8,...] [--jobs 2]
+        [--cp-grid default|none|llama3_1_8b:8:65536:2+4+8,llama_70b:64:131072:2:tp8,...]
+        [--ep-grid default|none|qwen3_30b_a3b:64:1+8,...] [--jobs 2]
         [--fresh] [--out results/scale_check] [overrides...]
 
 Every model x world x backend x precision x activation checkpointing is a cell (the --wide models under every
@@ -28,6 +29,10 @@ The long-sequence cells (CP_GRID: Llama 3.1 8B at 32k to 128k tokens with cp 2, 
 under the ring's all-to-all rotation; Llama 3 70B at 128k on 64 ranks with tp 8 x cp 2) add context parallelism
 under FSDP2 with full checkpointing, one sequence a data-parallel rank: torch's ring runs on the CPU attention op
 (parallel/cp/ring_cpu.py) over fake tensors, its collectives counted on the mesh's `cp` group.
+
+The mixture-of-experts cells (EP_GRID: Qwen3-30B-A3B at 64 and 256 ranks and Mixtral-8x7B at 256, each at ep 1
+and 8) run FSDP2 with transformers' expert parallelism, bf16, full checkpointing; the all-to-alls' split sizes,
+which a real run reads from its router, are the balanced routing's (runtime/simulate/traced.balanced_routing).
 
 A backend that cannot run on fake tensors is a row with the exception and the frame it came from. Overrides
 apply to every cell (default: parallelism=gpu8, its micro-batch and sequence, on world/8 nodes). Each finished
@@ -72,6 +77,9 @@ CP_GRID = (("llama3_1_8b", 8, 32768, (2, 4, 8), 1, "allgather"), ("llama3_1_8b",
            ("llama3_1_8b", 8, 131072, (4, 8), 1, "allgather"), ("llama3_1_8b", 8, 65536, (4,), 1, "alltoall"),
            ("llama3_1_8b", 64, 131072, (2, 8), 1, "allgather"), ("llama_70b", 64, 131072, (2,), 8, "allgather"))
 CP_BACKENDS = ",".join(defaults("scale_check")["cp_backends"])
+# mixture-of-experts cells: (model, world, ep degrees), under EP_BACKENDS, full checkpointing, bf16 (docs/moe.md)
+EP_GRID = (("qwen3_30b_a3b", 64, (1, 8)), ("qwen3_30b_a3b", 256, (1, 8)), ("mixtral_8x7b", 256, (1, 8)))
+EP_BACKENDS = ",".join(defaults("scale_check")["ep_backends"])
 TP_BACKENDS = ",".join(defaults("scale_check")["axis_backends"])  # FSDP2 + TP and DDP + TP (torch's replicate): the two mechanisms; the FSDP2 variants trace too
 
 
@@ -118,6 +126,29 @@ def cp_cells(grid, common: List[str], backends: List[str]) -> List[List[str]]:
              f"parallelism.seq_len={seq}", "parallelism.micro_batch=1", f"parallelism.cp_rotate={rotate}",
              *([f"model.max_positions={seq}"] if seq > positions[m] else [])]
             for m, world, seq, cps, tp, rotate in grid for cp in cps for b in backends]
+
+
+def ep_cells(grid, common: List[str], backends: List[str]) -> List[List[str]]:
+    """The mixture-of-experts cells (EP_GRID's shape): bf16, full checkpointing, the config's micro-batch and
+    sequence; ep 1 without the override, so that a plain cell of the same model and world is traced once."""
+    return [[*cell_overrides(m, b, world, "bf16", True, common), *([f"parallelism.ep={ep}"] if ep > 1 else [])]
+            for m, world, eps in grid for ep in eps for b in backends]
+
+
+def ep_grid(spec: str):
+    """--ep-grid as EP_GRID's tuples: `default`, `none`, or model:world:ep[+ep...] cells; a cell that is not one
+    refused in one line, before any cell is traced."""
+    if spec == "default":
+        return EP_GRID
+    out = []
+    for cell in (c for c in spec.split(",") if c and spec != "none"):
+        fields = _fields(cell, "--ep-grid", "model:world:ep[+ep...]", 3)
+        if len(fields) != 3:
+            raise ConfigError(f"--ep-grid {cell}: expected model:world:ep[+ep...]")
+        model, world, eps = fields
+        out.append((model, _positive(world, cell, "--ep-grid"),
+                    tuple(_positive(e, cell, "--ep-grid") for e in eps.split("+"))))
+    return tuple(out)
 
 
 def cp_grid(spec: str):
@@ -221,6 +252,10 @@ def main(argv: List[str] | None = None) -> int:
                              "model:world:sequence:cp[+cp...][:tp<k>][:alltoall], comma-separated (e.g. "
                              "llama3_1_8b:8:65536:2+4, llama_70b:64:131072:2:tp8)")
     parser.add_argument("--cp-backends", default=CP_BACKENDS, help="the backends of the long-sequence cells")
+    parser.add_argument("--ep-grid", default="default",
+                        help="the mixture-of-experts cells (expert parallelism): `default` (EP_GRID), `none`, or "
+                             "cells model:world:ep[+ep...], comma-separated (e.g. qwen3_30b_a3b:64:1+8)")
+    parser.add_argument("--ep-backends", default=EP_BACKENDS, help="the backends of the mixture-of-experts cells")
     parser.add_argument("--jobs", type=int, default=2, help="cells traced at once (one process each)")
     parser.add_argument("--fresh", action="store_true", help="trace every cell again")
     parser.add_argument("--report-only", action="store_true", help="write the table from the cells already traced")
@@ -239,6 +274,7 @@ def main(argv: List[str] | None = None) -> int:
                              overrides) for b in split(args.probe_backends)]
     cells += tp_cells(tp_grid(args.tp_grid), overrides, split(args.tp_backends))
     cells += cp_cells(cp_grid(args.cp_grid), overrides, split(args.cp_backends))
+    cells += ep_cells(ep_grid(args.ep_grid), overrides, split(args.ep_backends))
     cells = [list(c) for c in dict.fromkeys(tuple(c) for c in cells)]  # a cell two grid entries name, once
     out = (REPO / args.out).resolve()
     rows = run_grid(cells, out, args.jobs, args.fresh, trace=not args.report_only)
