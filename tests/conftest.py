@@ -223,6 +223,8 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         "ep_mixtral": only(("fsdp",), *MOE, "model=tiny_mixtral", "parallelism.ep=2"),
         "ep_two_experts": only(("ddp",), *MOE, f"model.hf_config={two_experts}"),
         "ep_resume": ep_resumed(ep_runs, 2, ("fsdp",)),
+        # AutoEP's checkpoint (ZeRO-2, 4 ranks) at 2: DeepSpeed's universal conversion regroups the experts
+        "ep_resume_autoep": ep_resumed(ep_runs, 2, ("ds_zero2",), "qwen3_moe_autoep_zero2"),
         "ep_reshard": ep_resumed(ep_runs, 1, ("fsdp", "ddp")),
         # the states-dominated memory check's cells again at 2 ranks (tests/test_memory_check.py): at 4 ranks
         # the sharded states are a quarter, at 2 a half, and the buffers a backend gathers weigh differently
@@ -295,6 +297,7 @@ def _one_sweep(fixture: str, sweep: str):
 def ep_resume_runs(two_rank_sweeps):
     """{"ep2/fsdp", "ep1/fsdp", "ep1/ddp": (summary, records, run dir)}: the 4-rank ep cell's checkpoint resumed."""
     return {**{f"ep2/{b}": r for b, r in two_rank_sweeps["ep_resume"].items()},
+            **{f"ep2/{b} (AutoEP)": r for b, r in two_rank_sweeps["ep_resume_autoep"].items()},
             **{f"ep1/{b}": r for b, r in two_rank_sweeps["ep_reshard"].items()}}
 
 
@@ -410,19 +413,20 @@ def ep_cells(two_experts: Path) -> dict:
             "mixtral": [*shape, "model=tiny_mixtral"],
             # DeepSpeed's AutoEP (backends/deepspeed/autoep.py): ZeRO-2 on one MoE, ZeRO-3 releasing what it
             # gathers (as at scale) on the other
-            "qwen3_moe_autoep_zero2": [*base, "backend=ds_zero2", "model=tiny_qwen3_moe"],
+            "qwen3_moe_autoep_zero2": [*base, "backend=ds_zero2", "model=tiny_qwen3_moe",
+                                       f"train.checkpoint_every={SAVED_AT}"],
             "mixtral_autoep_zero3": [*base, "backend=ds_zero3", "model=tiny_mixtral", *zero3_per_module()],
             # 2 experts over 4 ranks at ep 1, and 1 a rank over efsdp 2 at ep 2: both on the second dimension
             "two_experts": [*shape, f"model.hf_config={two_experts}"],
             "two_experts_ep1": [*(o for o in shape if o != "parallelism.ep=2"), f"model.hf_config={two_experts}"]}
 
 
-def ep_resumed(runs, ep: int, backends: tuple):
-    """2-rank cells resuming the 4-rank ep cell's checkpoint (efsdp 2 x ep 2, after step 3 of 5) at
+def ep_resumed(runs, ep: int, backends: tuple, cell: str = "qwen3_moe"):
+    """2-rank cells resuming a 4-rank ep cell's checkpoint (efsdp 2 x ep 2, after step 3 of 5) at
     parallelism.ep=`ep`, 2 micro-batches of 2: the same 8 sequences a step. DCP reshards the experts' DTensors
-    out of their (efsdp, ep) layout."""
+    out of their (efsdp, ep) layout; DeepSpeed's universal conversion AutoEP's experts."""
     def overrides(backend: str) -> tuple:
-        path = f"{runs['qwen3_moe'][2]}/checkpoints/step_{SAVED_AT:07d}"
+        path = f"{runs[cell][2]}/checkpoints/step_{SAVED_AT:07d}"
         return cheap(*MOE, "model=tiny_qwen3_moe", *([f"parallelism.ep={ep}"] if ep > 1 else []),
                      f"train.resume='{path}'")
     overrides.backends = list(backends)

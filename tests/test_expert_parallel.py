@@ -171,12 +171,17 @@ def test_expert_parallel_states_bytes_and_peak_are_the_theorys(ep_two_rank_runs,
 
 def test_an_expert_parallel_checkpoint_resumes_exactly_at_ep_2_and_at_ep_1(ep_runs, ep_resume_runs):
     # saved after step 3 of 5 at efsdp 2 x ep 2 (DCP); resumed at ep 2 on 2 ranks (efsdp 1) and at ep 1 under
-    # FSDP2 and DDP (the experts' shards joined)
-    original = ep_runs["qwen3_moe"][1][3:]
-    assert set(ep_resume_runs) == {"ep2/fsdp", "ep1/fsdp", "ep1/ddp"}
-    for cell, (summary, records, _) in ep_resume_runs.items():
+    # FSDP2 and DDP (the experts' shards joined); AutoEP's (ZeRO-2) at ep 2 on 2 ranks through DeepSpeed's
+    # universal conversion
+    assert set(ep_resume_runs) == {"ep2/fsdp", "ep1/fsdp", "ep1/ddp", "ep2/ds_zero2 (AutoEP)"}
+    for cell, (summary, records, run_dir) in ep_resume_runs.items():
+        original = ep_runs["qwen3_moe_autoep_zero2" if "AutoEP" in cell else "qwen3_moe"][1][3:]
         assert summary["status"] == "ok", (cell, summary.get("reason"))
         assert [r["step"] for r in records] == [3, 4], cell
+        if "AutoEP" in cell:
+            report = json.loads((run_dir / "ranks" / "report.json").read_text())
+            framework = report["ranks"][0]["checkpoint"]["resumed"]["framework"]
+            assert framework["load_universal"] and framework["saved_world"] == 4, framework
         for key in ("loss/loss", "loss/grad_norm"):
             assert [r[key] for r in records] == pytest.approx([r[key] for r in original], rel=1e-5), (cell, key)
 
@@ -244,9 +249,10 @@ def test_transformers_registry_answers_deepspeeds_str_keys_and_its_own_model_key
     assert registry.get(model) == (dict.get(registry, str(model.__class__)) or {})  # transformers' own (model)
 
 
-def test_an_autoep_checkpoint_names_its_degree_so_ep_1_refuses_it():
+def test_an_autoep_checkpoint_is_refused_at_ep_1_and_taken_at_another_ep():
     from harness.config import families
 
-    configs = {ep: compose([*MOE4, "backend=ds_zero2", f"parallelism.ep={ep}"]) for ep in (1, 2)}
+    configs = {ep: compose([*MOE4, "backend=ds_zero2", f"parallelism.ep={ep}"]) for ep in (1, 2, 4)}
     layouts = {ep: families.of(cfg.backend).checkpoint_layout(cfg) for ep, cfg in configs.items()}
-    assert layouts == {1: "ZeRO stage 2, fp32", 2: "ZeRO stage 2, fp32, AutoEP 2 on 4 ranks"}
+    # another AutoEP degree loads through DeepSpeed's universal conversion; ep 1 (no AutoEP) cannot
+    assert layouts == {1: "ZeRO stage 2, fp32", 2: "ZeRO stage 2, fp32, AutoEP", 4: "ZeRO stage 2, fp32, AutoEP"}

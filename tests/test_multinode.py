@@ -196,6 +196,25 @@ def test_tensor_parallelism_inside_each_of_two_nodes_trains_as_ddp_and_keeps_its
     assert f["comm/measured_intra_node_bytes_per_step"] > 0 and f["comm/measured_inter_node_bytes_per_step"] > 0
 
 
+@DRILL
+@pytest.mark.parametrize("backend, port", [("fsdp", 29693), ("ds_zero2", 29695)])
+def test_context_parallelism_inside_each_of_two_nodes_trains_as_ddp_and_keeps_its_bytes_in_the_node(tmp_path,
+                                                                                                  backend, port):
+    # 2 emulated nodes x 2 ranks as dp 2 x cp 2 (issue 71's cell): each node's two ranks are a context-parallel
+    # group (consecutive ranks) running torch's ring under FSDP2 or Ulysses under ZeRO-2, the data-parallel groups
+    # cross the nodes; the same 4 sequences a step as DDP at 4 ranks (micro-batch 2 on 2 data-parallel ranks)
+    two_nodes(tmp_path / "two", port, f"backend={backend}", "parallelism.nproc_per_node=2", "parallelism.cp=2",
+              *FAST)
+    one = one_node(tmp_path / "ref", 4, ("ddp",), "parallelism.micro_batch=1")
+    assert losses(tmp_path / "two") == pytest.approx(losses(one["ddp"]), rel=1e-4)
+    f = json.loads((tmp_path / "two" / "summary.json").read_text())["figures"]
+    for link in ("intra", "inter"):
+        measured, predicted = (f[f"comm/{kind}_{link}_node_bytes_per_step"] for kind in ("measured", "predicted"))
+        assert measured == pytest.approx(predicted, rel=0.01), (backend, link, measured, predicted)
+    # the ring's rotations (Ulysses' all-to-alls) stay inside each node; the gradients' reduction crosses them
+    assert f["comm/measured_intra_node_bytes_per_step"] > 0 and f["comm/measured_inter_node_bytes_per_step"] > 0
+
+
 @pytest.mark.drill
 def test_a_lost_node_is_named_with_its_step_and_a_relaunch_resumes_with_the_same_losses(tmp_path):
     """Node 1's launcher SIGKILLed mid-run (its torchrun and rank go with it): node 0 ends well within

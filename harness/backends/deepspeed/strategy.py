@@ -16,6 +16,7 @@ from typing_extensions import override
 from . import autoep
 from .jit_ops import settle_arch_list
 from .json_config import ds_config
+from ...core.checkpoint_dirs import read_marker
 from ...runtime import models
 from ...runtime.parallelize import apply_axes
 from ...runtime.strategies.base import Strategy
@@ -144,13 +145,17 @@ class DeepSpeedStrategy(Strategy):
     @override
     def load_checkpoint(self, directory, saved_world):
         load_dir, tag = directory.parent, directory.name
-        if saved_world != self.world_size:
+        saved_mesh = read_marker(directory).get("mesh", self.mesh.describe())
+        if saved_world != self.world_size or saved_mesh != self.mesh.describe():
             # DeepSpeed's ZeRO files load only at the world size that wrote them: its universal checkpoint
             # (ds_to_universal, arXiv 2406.18820) reshards them, and the engine loads that under the parsed form
-            # of its `checkpoint.load_universal` key, which it reads when it loads
+            # of its `checkpoint.load_universal` key, which it reads when it loads. At the same world another
+            # mesh is another AutoEP degree (the layout check refuses any other change): the universal
+            # conversion regroups the experts too (deepspeed/checkpoint/autoep_universal.py)
             load_dir, tag = directory, self._universal(directory)
             self.engine._config.load_universal_checkpoint = True
-            self.settings["checkpoint"] = {"load_universal": True, "saved_world": saved_world}
+            self.settings["checkpoint"] = {"load_universal": True, "saved_world": saved_world,
+                                           "saved_mesh": saved_mesh}
         path, _ = self.engine.load_checkpoint(str(load_dir), tag=tag)
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint at {load_dir / tag}")
