@@ -208,6 +208,11 @@ def test_context_parallelism_inside_each_of_two_nodes_trains_as_ddp_and_keeps_it
     one = one_node(tmp_path / "ref", 4, ("ddp",), "parallelism.micro_batch=1")
     assert losses(tmp_path / "two") == pytest.approx(losses(one["ddp"]), rel=1e-4)
     f = json.loads((tmp_path / "two" / "summary.json").read_text())["figures"]
+    gap = max(abs(a - b) / b for a, b in zip(losses(tmp_path / "two"), losses(one["ddp"])))
+    print(f"CP ON 2 NODES {backend}: losses {gap:.1e} from DDP's; bytes a step intra "
+          f"{f['comm/measured_intra_node_bytes_per_step']:,.0f} ({f['comm/predicted_intra_node_bytes_per_step']:,.0f}),"
+          f" inter {f['comm/measured_inter_node_bytes_per_step']:,.0f} "
+          f"({f['comm/predicted_inter_node_bytes_per_step']:,.0f})")
     for link in ("intra", "inter"):
         measured, predicted = (f[f"comm/{kind}_{link}_node_bytes_per_step"] for kind in ("measured", "predicted"))
         assert measured == pytest.approx(predicted, rel=0.01), (backend, link, measured, predicted)
