@@ -185,6 +185,10 @@ def _row(r: dict, ranks) -> dict:
             "unaccounted_pct": unaccounted_pct, "unaccounted_named": named if abs(unaccounted_pct) > 5 else [],
             "predicted_bytes": predicted, "error_pct": 100 * (peak - predicted) / predicted, "phase": phase,
             "held_bytes": held, "error_less_held_pct": 100 * (peak - held - predicted) / predicted,
+            # every rank's peak less what it had not released at the after-backward marker (the tp, cp and ep
+            # cells' rule), the highest: where gloo holds more than one buffer late
+            "error_less_unreleased_pct": 100 * (max(k["peak"] - (k["unaccounted"] or 0) for k in ranks)
+                                                - predicted) / predicted,
             "block": pred.get("memory/peak_block_predicted") if phase == "block_backward" else None,
             "terms": {k.removeprefix(f"memory/{phase}_").removesuffix("_predicted_bytes"): v for k, v in pred.items()
                       if k.startswith(f"memory/{phase}_") and v},
