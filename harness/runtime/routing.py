@@ -2,10 +2,11 @@
 unevenly the experts were loaded.
 
 Forward hooks on each router (transformers' `*TopKRouter`, whose output is its logits, the chosen weights and
-the chosen experts, or DeepSpeed AutoEP's `TokenChoiceTopKRouter`, which replaces it: `routed`) add up, per layer, how many of the step's routed copies each expert received and the
-router's mean probability for it; the backward's recompute (activation checkpointing) and eval forwards
-(no grad) are not counted again. Read once a step, on this rank's tokens (no collective is added to the
-step, so the counted collectives stay those of the strategy):
+the chosen experts, or DeepSpeed AutoEP's `TokenChoiceTopKRouter`, which replaces it: `logits_keeper`) add up,
+per layer, how many of the step's routed copies each expert received and the router's mean probability for
+it; the backward's recompute (activation checkpointing) and eval forwards (no grad) are not counted again.
+Read once a step, on this rank's tokens (no collective is added to the step, so the counted collectives stay
+those of the strategy):
 
 - `moe/aux_loss`: Switch Transformer's load-balancing loss as transformers' load_balancing_loss_func computes
   it over the layers' routers: E · Σ_e f_e · P_e, f_e the fraction of routed copies sent to expert e and P_e

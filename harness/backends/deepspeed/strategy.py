@@ -219,11 +219,11 @@ def mark_moe_leaves(model) -> list:
 
 
 def fresh_parallel_groups() -> None:
-    """DeepSpeed keeps AutoTP's and AutoEP's groups in module globals (deepspeed.utils.groups: `mpu` and the tensor-, model- and
-    data-parallel groups) for the life of the process, and every later engine reads them: a run after an AutoTP
-    run in the same process (launcher/cells.py) failed in its engine's set-up ('NoneType' object has no attribute
-    'get_model_parallel_rank'), and one at another degree would have kept the old groups. Each engine starts from
-    none, as in a process of its own."""
+    """DeepSpeed keeps AutoTP's and AutoEP's groups in module globals (deepspeed.utils.groups: `mpu`, the tensor-,
+    model- and data-parallel groups, the expert ones) for the life of the process, and every later engine reads
+    them: a run after an AutoTP run in the same process (launcher/cells.py) failed in its engine's set-up
+    ('NoneType' object has no attribute 'get_model_parallel_rank'), and one at another degree would have kept the
+    old groups. Each engine starts from none, as in a process of its own."""
     from deepspeed.utils import groups
 
     groups.mpu = None

@@ -1,7 +1,8 @@
 """Expert parallelism's collectives: what the `ep` ranks send each other every MoE layer and micro-batch, over
-the mesh's `ep` group, as transformers' AllToAllEP runs them (and DeepSpeed's AutoEP, the same three a layer) (transformers/distributed/expert_parallel.py;
+the mesh's `ep` group, as transformers' AllToAllEP runs them (transformers/distributed/expert_parallel.py;
 Lepikhin et al., "GShard", arXiv 2006.16668, section 2.2, for dispatch and combine; torchtitan's
-expert_parallel.py for the same pair under FSDP2).
+expert_parallel.py for the same pair under FSDP2). DeepSpeed's AutoEP runs the same three a layer, its split
+sizes in int32.
 
 Each MoE layer, each micro-batch, for this rank's T tokens routed to k experts each:
 
