@@ -37,8 +37,9 @@ class Shape:
     grad_all_reduce: bool = False  # DeepSpeed ZeRO-1/2 reduce gradients by all-reduce, not to each owner
     tensor_sizes: tuple = ()  # every parameter tensor's elements (tied ones once)
     trainable_sizes: tuple = ()  # the trained ones', in the model's order (how ZeRO-1/2 flatten them)
-    # under DeepSpeed's AutoEP, ZeRO's MoE group: this rank's trained expert tensors as AutoEP builds them,
-    # flattened apart from the rest (trainable_sizes then the dense ones) over the expert-data-parallel ranks
+    # under DeepSpeed's AutoEP, ZeRO's MoE group: this rank's trained expert tensors as AutoEP holds them
+    # (parallel/ep/counts.py), flattened apart from the rest (trainable_sizes then the dense ones) over the
+    # expert-data-parallel ranks (backends/deepspeed/theory.moe_groups)
     expert_trainable_sizes: tuple = ()
     persistence_threshold: int = 0  # ZeRO-3 keeps tensors of at most this many elements whole on every rank
     # LoRA (workload=lora): only these parameters train; the frozen rest keep no gradient or optimizer state.

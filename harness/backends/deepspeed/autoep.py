@@ -28,28 +28,6 @@ def json_keys(ep: int) -> Dict[str, Any]:
     return {JSON_KEY: {"enabled": True, "autoep_size": ep}} if ep > 1 else {}
 
 
-def shape_fields(mesh, counts: dict) -> Dict[str, Any]:
-    """The theory's view of ZeRO's two groups under AutoEP (theory.Shape.expert_trainable_sizes): the dense
-    trained tensors in the model's order, and this rank's expert ones as AutoEP holds them. AutoEP's
-    GroupedExperts keep a SwiGLU block's experts as three tensors, w1, w2 and w3, of E/ep x i x h each
-    (deepspeed/moe/ep_experts.py, gate_up_impl "separate", its default), where transformers keeps two
-    (gate_up_proj, down_proj): a block's expert elements in three equal parts. Nothing without ep."""
-    tensors = counts.get("tensors") or ()
-    if mesh.ep == 1 or not tensors:
-        return {}
-    dense, experts = [], {}  # experts: elements by experts module, in the model's order
-    for (name, _, trains, tags), (first, per_row, _) in zip(tensors, counts["rows"]):
-        if not trains:
-            continue
-        if "expert" in tags:
-            module = name.rsplit(".", 1)[0]
-            experts[module] = experts.get(module, 0) + first * per_row
-        else:
-            dense.append(first * per_row)
-    return {"trainable_sizes": tuple(dense),
-            "expert_trainable_sizes": tuple(part for total in experts.values() for part in (total // 3,) * 3)}
-
-
 def enabled(config: Dict[str, Any]) -> bool:
     return bool(config.get(JSON_KEY, {}).get("enabled"))
 

@@ -10,7 +10,6 @@ from typing import List
 from ...config.families import Difference, Family
 from ...config.mesh import DPRequest, mesh_of
 from . import check, theory
-from . import autoep
 from .check import deepcompile_rules
 from .jit_ops import BUILDERS
 from .json_config import conflicts, effective_zero, hpz_size
@@ -194,7 +193,7 @@ class DeepSpeedFamily(Family):
                # reduce_scatter all-reduce the whole gradient
                "grad_all_reduce": bool(zero["use_multi_rank_bucket_allreduce"] or not zero["reduce_scatter"]),
                "one_graph_backward": bool(cfg.train.compile) and self.compile_scope(cfg.backend) == "module",
-               **autoep.shape_fields(mesh, counts)}
+               **theory.moe_groups(mesh, counts)}
         if cfg.backend.zero_stage == 3:
             out["quantized_weights"], out["quantized_gradients"] = (cfg.backend.quantized_weights,
                                                                     cfg.backend.quantized_gradients)

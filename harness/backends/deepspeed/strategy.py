@@ -71,13 +71,14 @@ class DeepSpeedStrategy(Strategy):
             self.optimizer_name = "DeepSpeedCPUAdam(adamw_mode=True)"
         else:
             make = functools.partial(torch.optim.AdamW, **kw)
-        optimizer = make(self.trainable(model))
-        if self.active_axes:  # Ulysses' groups are made through DeepSpeed's comm layer: attach it first
-            deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
-            apply_axes(self, model)  # AutoTP applies from the JSON; Ulysses wraps attention, hands its groups
         if autoep.enabled(self.config):  # the engine replaces the experts, then builds this optimizer over them
             autoep.keyed_output_registry()
             optimizer = autoep.optimizer_factory(make)
+        else:
+            optimizer = make(self.trainable(model))
+        if self.active_axes:  # Ulysses' groups are made through DeepSpeed's comm layer: attach it first
+            deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
+            apply_axes(self, model)  # AutoTP applies from the JSON; Ulysses wraps attention, hands its groups
         if self.cfg.backend.leaf_moe_blocks:  # before initialize, which registers ZeRO-3's module hooks
             self.settings = {**self.settings, "z3_leaf_modules": mark_moe_leaves(model)}
         extra = {"mpu": self.engine_groups} if self.engine_groups is not None else {}

@@ -93,9 +93,9 @@ def gradient_span(s) -> float:
     the order DeepSpeed flattens them, the flat group padded to 2·N elements. T/N where the tensors are unknown.
     Measured: 66,688 elements on rank 0 of tiny_llama at 2 ranks (T/N = 62,624: its block 1's q_proj straddles
     the boundary), 39,424 under AutoTP at tp 2 (T/N = 35,488). Under AutoEP a rank holds one span of each group:
-    the dense one over the N ranks, the experts' over the N/ep of its expert-data-parallel group (DeepSpeed lays
-    the ep groups consecutive: rank r is r // ep of its), measured exact on each of tiny_qwen3_moe's 4 ranks at
-    ep 2 (40,960 to 58,016 elements)."""
+    the dense one over the N ranks, the experts' (in AutoEP's tensors) over the N/ep of its expert-data-parallel
+    group (DeepSpeed lays the ep groups consecutive: rank r is r // ep of its), measured exact on each of
+    tiny_qwen3_moe's 4 ranks at ep 2 (40,960 to 58,016 elements)."""
     n = s.dp
     if not s.trainable_sizes:
         return (s.t + s.blocks * s.expert_spread) / n
@@ -241,6 +241,18 @@ def collectives(backend, s) -> list:
     return ([Collective("all_gather", n * weight, ga, hidden) for n in gathered]
             + over_experts([Collective("all_gather", n * weight, ga, hidden) for n in experts])
             + regather + gradient_reduce(s, bucket, g, hidden) + persistent + tail)
+
+
+def moe_groups(mesh, counts: dict) -> dict:
+    """ZeRO's two flat groups under AutoEP (Shape.trainable_sizes and expert_trainable_sizes): the dense trained
+    tensors, and apart from them this rank's trained expert ones (DeepSpeed's `moe` param groups), each in the
+    model's order; the counts are already AutoEP's (parallel/ep/counts.py). Nothing without ep."""
+    if mesh.ep == 1 or not counts.get("tensors"):
+        return {}
+    sizes = [(first * per_row, "expert" in tags)
+             for (_, _, trains, tags), (first, per_row, _) in zip(counts["tensors"], counts["rows"]) if trains]
+    return {"trainable_sizes": tuple(n for n, expert in sizes if not expert),
+            "expert_trainable_sizes": tuple(n for n, expert in sizes if expert)}
 
 
 def expert_elements(s) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import List
 
 from ...config import families
-from ...config.axes import family_refusal
+from ...config.axes import family_refusal, implementation
 from ...config.mesh import mesh_of
 from ...config.recompute import SELECTIVE, parse
 from ...core.errors import ConfigError
@@ -39,7 +39,7 @@ def degree_rules(cfg) -> List[str]:
         return out  # an unknown family is backend_rules' to say
     if refusal:
         out.append(f"parallelism.cp={cp}: {refusal}")
-    if families.of(cfg.backend).axes.get("cp") == "ulysses":
+    if implementation(families.of(cfg.backend), "cp") == "ulysses":
         heads, kv = m.num_heads, m.num_kv_heads or m.num_heads
         if heads % cp or (kv % cp and cp % kv):
             out.append(f"parallelism.cp={cp}: Ulysses gives each rank heads/cp of the {heads} attention heads and "
@@ -61,7 +61,7 @@ def composition_rules(cfg) -> List[str]:
     # torch's ring over PyTorch's plan (each rank's own heads) is held to DDP's losses (tests/test_context_parallel.py),
     # as torchtitan composes them (DDP's replicate refuses it in its family's rules); DeepSpeed's Ulysses with its
     # AutoTP is not
-    if par.tp > 1 and families.of(cfg.backend).axes.get("cp") != "torch":
+    if par.tp > 1 and implementation(families.of(cfg.backend), "cp") != "torch":
         out.append(f"parallelism.cp={cp}: not with parallelism.tp={par.tp} under backend={cfg.backend.name} (DeepSpeed's "
                    "Ulysses over AutoTP's heads is not held to DDP's losses here; torch's ring with PyTorch's plan "
                    "is, under FSDP2); set one of them to 1")

@@ -36,7 +36,7 @@ class ExpertParallel(Axis):
         return [ep for ep in choices or self.searched if not rules.degree_rules(with_degrees(cfg, {"ep": ep}))]
 
     def local_counts(self, counts_: dict, implementation: str, degree: int) -> dict:
-        return counts.local_counts(counts_, degree)
+        return counts.local_counts(counts_, degree, implementation)
 
     # the experts run between the dispatch and the combine, and wait for both (transformers' AllToAllEP)
     collectives_hide = False
