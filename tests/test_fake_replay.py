@@ -10,7 +10,7 @@ import pytest
 
 from harness.config.compose import compose
 from harness.runtime.measure.work_count import HANDLES
-from harness.runtime.simulate.fake_replay import extend
+from harness.runtime.simulate.depth_extension import extend
 from harness.studies.predict import counted_shapes
 from harness.studies.predict import published
 

@@ -22,6 +22,13 @@ from .torchrun import rank_env
 MODULE = "harness.runtime.simulate.replay"
 
 
+def replay_env(cfg, index: int = 0, rank: int = 0) -> dict:
+    """The environment of the `index`-th replay process of a batch of `cfg`-like configs, as rank `rank`."""
+    env = rank_env(cfg)
+    env.update(OMP_NUM_THREADS="1", MASTER_PORT=str(29511 + index), SHARDBENCH_REPLAY_RANK=str(rank))
+    return env
+
+
 def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank: int = 0,
                 popen=subprocess.Popen, fake: bool = False) -> Dict[str, dict]:
     """{name: {"ok": True, "work": Work dict} or {"ok": False, "error": ...}} for every config, as its rank
@@ -53,10 +60,7 @@ def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank
                 old.unlink()
             for name in share:
                 (batch / f"{name}.yaml").write_text(todo[name])
-            env = rank_env(configs[share[0]])
-            env["OMP_NUM_THREADS"] = "1"
-            env["MASTER_PORT"] = str(29511 + i)
-            env["SHARDBENCH_REPLAY_RANK"] = str(rank)
+            env = replay_env(configs[share[0]], i, rank)
             procs.append((batch, [sys.executable, "-m", MODULE, str(batch), *(["--fake"] if fake else [])], env))
         started: Dict[Path, subprocess.Popen] = {}
         for batch, cmd, env in procs:  # `jobs` at a time

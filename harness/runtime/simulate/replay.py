@@ -5,6 +5,8 @@ rank counts it (runtime/measure/work_count.py), without starting the run. The ti
 
     # every <dir>/<name>.yaml (a resolved run config) -> <dir>/<name>.json; --fake: on fake tensors (fake_replay.py)
     python -m harness.runtime.simulate.replay <dir> [--fake]
+    # import, then fork a replay of each batch named on stdin (launcher/started_early.py)
+    python -m harness.runtime.simulate.replay --wait
 
 Ranks can differ in their work (ZeRO-1/2's partitions hold different parameters, the last one the padding), so
 a prediction replays the first and the last rank and takes the slower (studies/timing/extrapolation.py). The
@@ -98,5 +100,41 @@ def main(directory: Path, fake: bool = False) -> int:
     return 1 if failed else 0
 
 
+def wait() -> int:
+    """Import first, then fork a child to replay each batch the parent names on stdin, and say on stdout when each
+    ended (launcher/started_early.py has the protocol); end once stdin closes and every child has."""
+    import select
+
+    from . import fake_replay  # noqa: F401 - paid while the parent still searches
+
+    children: dict = {}  # pid -> batch index
+    handed, open_input, pending = 0, True, b""
+    while open_input or children or b"\n" in pending:
+        if open_input and b"\n" not in pending and select.select([0], [], [], 0.05)[0]:
+            chunk = os.read(0, 65536)  # the descriptor, not sys.stdin: a buffered line would hide from select
+            open_input, pending = bool(chunk), pending + chunk
+        if b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            asked = json.loads(line)
+            pid = os.fork()
+            if pid == 0:  # the child: its own output away from the parent's pipe, and no interpreter teardown
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+                status = 1
+                try:
+                    os.environ.update(asked["env"])
+                    status = main(Path(asked["argv"][0]), fake="--fake" in asked["argv"][1:])
+                finally:
+                    os._exit(status)
+            children[pid], handed = handed, handed + 1
+        for pid in list(children):
+            done, code = os.waitpid(pid, os.WNOHANG)
+            if done:
+                print(f"ended {children.pop(pid)} {os.waitstatus_to_exitcode(code)}", flush=True)
+        if not open_input and children:
+            done, code = os.waitpid(-1, 0)
+            print(f"ended {children.pop(done)} {os.waitstatus_to_exitcode(code)}", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]), fake="--fake" in sys.argv[2:]))
+    sys.exit(wait() if sys.argv[1:] == ["--wait"] else main(Path(sys.argv[1]), fake="--fake" in sys.argv[2:]))

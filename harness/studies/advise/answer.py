@@ -160,12 +160,23 @@ def rates_line(p: Plan) -> str:
             f"{r.get('rates_source') or 'measured on this ' + p.device}; links {r.get('links', '')}")
 
 
-def main(argv=None) -> int:
+def _input_errors() -> tuple:
+    """What bad input raises (Hydra's, OmegaConf's, the rules'), refused in one line before anything runs."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from ...config import rules
     from ...core.errors import ConfigError
+    return HydraException, OmegaConfBaseException, ConfigError, ValueError
+
+
+def _refused(err: Exception) -> int:
+    print(f"advise: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
+    return 2
+
+
+def main(argv=None) -> int:
+    from ...config import rules
+
     parser = advise_parser()
     args, overrides = parser.parse_known_args(argv)
     overrides = with_card(args, overrides)
@@ -181,10 +192,18 @@ def main(argv=None) -> int:
         if bad or not policies:
             raise ValueError(f"--ac-policies {args.ac_policies}: {bad[0] if bad else 'none given'} is not a policy; use "
                              "some of none, full, every_<k>, selective_op, selective_op_half")
+    except _input_errors() as err:
+        return _refused(err)
+    with advise_counted.replays_started_early(cfg, args.dry_run) as popen:  # importing while the search runs
+        return planned(args, argv, overrides, budget, chosen, policies, popen)
+
+
+def planned(args, argv, overrides, budget, chosen, policies, popen) -> int:
+    """The search, then the dry run's table and sentences, or the measured answer."""
+    try:
         p = plan(overrides, budget, args.global_batch, chosen, args.margin, policies)
-    except (HydraException, OmegaConfBaseException, ConfigError, ValueError) as err:
-        print(f"advise: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
-        return 2
+    except _input_errors() as err:
+        return _refused(err)
     name = args.name or f"{p.model}-n{p.world}-{p.precision}-gb{p.global_batch}-{p.budget_bytes / GIB:g}gib"
     out = (REPO / args.out / name).resolve()
     if not p.fitting:
@@ -198,7 +217,7 @@ def main(argv=None) -> int:
         choice, frontier = predicted_choice(p), advise_frontier.lines(p)
         why_not = advise_kinds.sentences(p, advise_frontier.band(p))
         print("\n".join([f"\n{choice}", "", *why_not, "", *frontier]), flush=True)
-        counted = advise_counted.lines(p)  # a GPU plan's pick at its counted work, with the published rows' band
+        counted = advise_counted.lines(p, popen)  # a GPU plan's pick at its counted work, with the rows' band
         if counted:
             print("\n".join(["", *counted]))
         write_json(out / "plan.json", {**to_dict(p), "predicted_choice": choice, "why_not": why_not,

@@ -6,13 +6,15 @@ The search itself ranks a CUDA plan by the roofline (advise/step_times.py: no re
 lacks), which gives every micro-batch of a mesh the same compute. Counting every candidate would take minutes;
 the pick and the roofline's next candidate that can be counted are (the two in parallel; where the pick's family
 cannot be counted on fake tensors, the next two that can), and the order counted work gives them is said, once
-per config and code: later dry runs read .cache/counted_work/.
+per config and code: later dry runs read .cache/counted_work/. The replays' process is started before the search
+(`replays_started_early`), so that a new count adds the replays, not their imports.
 
 The band is measured ÷ counted over the published rows nearest the plan's scale: those of the same model, else those
 within 4x of its GPUs, else every counted row; its ends turn the counted tokens/s into the range a measured run
 would fall in if it missed as those rows did. It is stated, not fitted: no row's ratio corrects the count."""
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import List, Optional, Tuple
 
@@ -65,8 +67,24 @@ def chosen(p: Plan, counted: int = 2) -> List[Candidate]:
     return [pick, *[c for c in rest if not not_counted(c.backend, c.axes)][:room]]
 
 
-def lines(p: Plan) -> List[str]:
-    """The dry run's counted-work sentences for a CUDA plan (none for a CPU one, whose search counts its own)."""
+@contextlib.contextmanager
+def replays_started_early(cfg, dry_run: bool):
+    """The `popen` that `lines` counts with: for a GPU plan's dry run, a replay process started now, so that its
+    imports overlap the search (launcher/started_early.py); else None (subprocess.Popen's own)."""
+    if not dry_run or cfg.parallelism.device == "cpu":
+        yield None
+        return
+    from ...launcher.replays import replay_env
+    from ...launcher.started_early import StartedEarly
+    from ..predict.counted_shapes import at_depth
+
+    with StartedEarly(replay_env(at_depth(cfg, 1))) as early:
+        yield early.popen
+
+
+def lines(p: Plan, popen=None) -> List[str]:
+    """The dry run's counted-work sentences for a CUDA plan (none for a CPU one, whose search counts its own);
+    `popen`: how the replays start (`replays_started_early`)."""
     from ...config.cards import card_named
     from ..predict.cards import CARDS
     from ..predict.counted_shapes import (card_costs, count_configs, counted_step, depths_for, measured_card,
@@ -81,7 +99,7 @@ def lines(p: Plan) -> List[str]:
     picks = chosen(p)
     configs = {c.name: compose([*p.overrides, *c.overrides]) for c in picks}
     notes = {c.name: not_counted(c.backend, c.axes) for c in picks}
-    counted = count_configs({n: (cfg, depths_for(cfg)) for n, cfg in configs.items() if not notes[n]})
+    counted = count_configs({n: (cfg, depths_for(cfg)) for n, cfg in configs.items() if not notes[n]}, popen=popen)
     spread = band(p.model, p.world)
     out = [f"Counted work ({CARDS[card]['label']}'s costs; the step counted op by op on fake tensors, as `make "
            "published` prices published runs; the ranking above stays the roofline's):"]

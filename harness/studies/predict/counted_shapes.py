@@ -53,13 +53,12 @@ def at_depth(cfg, depth: int):
 
 
 def _code_key() -> str:
-    import torch
-    import transformers
+    from importlib.metadata import version  # not the imports themselves: the parent replays nothing
 
     digest = hashlib.sha256()
     for path in sorted((REPO / "harness").rglob("*.py")):
         digest.update(path.read_bytes())
-    digest.update(f"{torch.__version__} {transformers.__version__}".encode())
+    digest.update(f"{version('torch')} {version('transformers')}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -72,14 +71,16 @@ def depths_for(cfg) -> tuple:
     return (recompute.every, 2 * recompute.every) if recompute.policy == "every_k" else DEPTHS
 
 
-def count_configs(wanted: Dict[str, tuple], jobs: int = 2) -> Dict[str, dict]:
+def count_configs(wanted: Dict[str, tuple], jobs: int = 2, popen=None) -> Dict[str, dict]:
     """{key: {"ok": True, "work": the Work dict at its depth} or {"ok": False, "error": ...}} for `wanted`: {key:
     (its config, the two depths to replay)}, extended to the config's own depth. Keys asking the same replay share
-    it."""
+    it. `popen`: how each replay process starts (launcher/replays.replay_work's; None: subprocess.Popen)."""
+    import subprocess
+
     from omegaconf import OmegaConf
 
     from ...launcher.replays import replay_work
-    from ...runtime.simulate.fake_replay import extend
+    from ...runtime.simulate.depth_extension import extend
 
     names: Dict[str, str] = {}  # a replay's config as text -> its name
     configs, asked = {}, {}
@@ -92,7 +93,8 @@ def count_configs(wanted: Dict[str, tuple], jobs: int = 2) -> Dict[str, dict]:
                 names[text] = f"c{len(names)}_" + hashlib.sha256(text.encode()).hexdigest()[:10]
                 configs[names[text]] = shallow
             asked[key].append(names[text])
-    replays = replay_work(configs, REPO / ".cache" / "counted_work" / _code_key(), jobs=jobs, fake=True)
+    replays = replay_work(configs, REPO / ".cache" / "counted_work" / _code_key(), jobs=jobs, fake=True,
+                          popen=popen or subprocess.Popen)
     out = {}
     for key, (cfg, depths) in wanted.items():
         a, b = (replays[name] for name in asked[key])
@@ -136,11 +138,12 @@ def card_costs(card: dict, world: int, intra_gbps: float = 0.0, inter_gbps: floa
 def counted_step(cfg, work: dict, costs, world: int) -> Dict[str, float]:
     """The time model's parts of one rank's step (theory/op_costs.predict_counted) and its tokens/s per GPU."""
     from ...config.derive import tokens_per_step
-    from ...runtime.compiled.compiled_activations import counts_for
+    from ...runtime import model_counts  # from the disk where counted before: no transformers to import
+    from ...runtime.compiled.compiled_activations import with_compiled
     from ...theory.op_costs import predict_counted
     from ...theory.shape import shape_of
 
-    shape = shape_of(cfg, world, counts_for(cfg))
+    shape = shape_of(cfg, world, with_compiled(cfg, model_counts.param_count(cfg.model, cfg.workload)))
     parts = predict_counted(cfg.backend, shape, work, costs)
     return {**parts, "tokens_per_s_per_gpu": tokens_per_step(cfg, world) / world / parts["step"]}
 
