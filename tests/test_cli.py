@@ -315,6 +315,9 @@ OUT_OF_RANGE = [
     (["capacity", "--budget-mib", "-5"], "argument --budget-mib: -5: must be above 0"),
     (["collectives", "parallelism.tp=3"], "parallelism.tp=3: collectives times each collective over whole ranks"),
     (["estimate", "--backends", "fsdp,ds_zero4"], "ds_zero4: no such backend in conf/backend/; did you mean ds_zero3?"),
+    # a sequence past the model's positions was estimated as if the model could take it; train refuses it
+    (["estimate", "model=tiny_llama", "parallelism.seq_len=100000"],
+     "parallelism.seq_len=100000: longer than model tiny_llama's 512 positions"),
     (["export", "/nonexistent/step_0000003", "/tmp/shardbench-export"], "/nonexistent/step_0000003: no such directory"),
     (["gpu-review", "--budget-s", "0"], "argument --budget-s: 0: must be above 0"),
     # an axis's degrees to search: a traceback (int()) or a ZeroDivisionError before they were checked

@@ -168,9 +168,10 @@ def main(argv: List[str] | None = None) -> int:
     args, overrides = parser.parse_known_args(argv)
     overrides = with_card(args, overrides)
     cfg = compose(overrides)
-    # a value out of range (a negative micro-batch printed negative bytes), then a model the theory cannot cover:
-    # one line, as train refuses them, not a table or a KeyError
-    unsupported = rules.value_rules(cfg) or hf_models.problems(cfg) or cards.rules(cfg)
+    # a value out of range (a negative micro-batch printed negative bytes), a shape the model cannot take (a
+    # sequence past its positions was estimated as if it could), then a model the theory cannot cover: one line,
+    # as train refuses them, not a table or a KeyError
+    unsupported = rules.value_rules(cfg) or rules.shape_rules(cfg) or hf_models.problems(cfg) or cards.rules(cfg)
     if unsupported:
         raise ConfigError(unsupported[0])
     args.time = args.time or args.counted  # the counted step is set beside the roofline's
