@@ -30,3 +30,27 @@ def test_a_row_is_predicted_from_its_config_and_its_flops_match_the_sources_mfu(
     assert out["mesh"] == "dp 8" and out["gpus"] == 8 and out["predicted_peak_gib"] > 1
     lines = published.table([out])
     assert lines[2].startswith("| foundry-1b-8 | llm_foundry_h100, H100 80GB BF16, 1b | H100 SXM 80GB | 8 |")
+
+
+def test_the_local_readme_copy_keeps_the_advisors_section_when_the_table_is_rewritten(tmp_path, monkeypatch):
+    """`make advise-field` writes its section into the README's copy beside advisor.md; `make published`, run
+    after it, rewrote the copy from the committed README and dropped that section. It now rewrites the copy from
+    itself, as advise-field does for this table."""
+    import json
+
+    from harness.studies.advise import field
+
+    monkeypatch.delenv("SHARDBENCH_SNAPSHOT", raising=False)
+    from harness.core.paths import REPO
+
+    committed = json.loads((REPO / "results" / "published" / "published.json").read_text())
+    published.write(committed["rows"][:2], tmp_path, committed["sources"])  # the copy, from the committed README
+    text = (tmp_path / "README.md").read_text()
+    start = text.index(field.MARKERS[0]) + len(field.MARKERS[0])
+    mine = text[:start] + "\nthe advisor's local table\n" + text[text.index(field.MARKERS[1]):]
+    (tmp_path / "README.md").write_text(mine)
+    published.write(committed["rows"][:3], tmp_path, committed["sources"])
+    again = (tmp_path / "README.md").read_text()
+    assert "the advisor's local table" in again
+    table = again[again.index(published.MARKERS[0]):again.index(published.MARKERS[1])]
+    assert all(r["id"] in table for r in committed["rows"][:3]), "the table is the new one"

@@ -182,7 +182,10 @@ def write(results: List[dict], out: Path, sources: Dict[str, str]) -> None:
     write_json(out / "published.json",
                {"rows": results, "cards": {n: c for n, c in CARDS.items() if n in used}, "sources": sources})
     if README.exists():  # the committed README's table with --snapshot; else its copy beside published.md
-        text = README.read_text()
+        # the copy is rewritten from itself where it exists, so that the advisor's section that `make advise-field`
+        # wrote there stays (studies/advise/field.py does the same for this table)
+        source = README if snapshot() or not (out / "README.md").exists() else out / "README.md"
+        text = source.read_text()
         start, end = text.index(MARKERS[0]) + len(MARKERS[0]), text.index(MARKERS[1])
         write_text(README if snapshot() else out / "README.md",
                    text[:start] + "\n" + "\n".join([*lines, *cards, *sourced]) + "\n" + text[end:])
