@@ -195,6 +195,11 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         # the bf16 sweep's runs again under two activation-checkpointing policies, losses only: the same losses,
         # step for step (tests/test_recompute.py, and harness/studies/axes/table.py's table of them)
         "bf16_full": only(("fsdp", "ds_zero3"), *cheap(*BF16, "train.activation_checkpointing=full")),
+        # DeepSpeed in bf16 under parity (fp32 gradient accumulation) at 2 micro-batches: the compact fp32 partition
+        # it accumulates in and the bf16 its reductions move (tests/test_grad_accumulation.py)
+        "parity_bf16": only(("ds_zero1", "ds_zero2", "ds_zero2_offload", "ds_zero3"), "train.precision=bf16",
+                            "profile=parity", "parallelism.grad_accum=2", "train.memory_steps=2",
+                            "train.measure_flops=false", "train.breakdown_steps=0"),
         "bf16_selective": only(("ddp", "fsdp"), *cheap(*BF16, "train.activation_checkpointing=selective_op")),
         "user": cheap(*USER, f"data.files=[{user_corpus}/docstrings.jsonl,{user_corpus}/notes.txt]"),
         # dp 2 x tp 2 resumed at dp 1 x tp 2 (the same shards' data-parallel split undone), and at tp 1 under FSDP2
@@ -284,13 +289,14 @@ def _one_sweep(fixture: str, sweep: str):
 
 # each sweep of the two-rank launch by the name its tests take it under
 (reshard_runs, model_dtype_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks, user_runs, nan_runs,
- moe_runs, moe_leaf_runs, moe_mixtral_runs, ep_two_rank_runs, ep_mixtral_two_rank_runs, two_experts_ddp_runs) = (
+ moe_runs, moe_leaf_runs, moe_mixtral_runs, ep_two_rank_runs, ep_mixtral_two_rank_runs, two_experts_ddp_runs,
+ parity_bf16_runs) = (
     _one_sweep(fixture, sweep) for fixture, sweep in (
         ("reshard_runs", "reshard"), ("model_dtype_runs", "model_dtype"), ("migrate_runs", "migrate"),
         ("lora_runs", "lora"), ("bf16_runs", "bf16"), ("states_two_ranks", "states"), ("user_runs", "user"),
         ("nan_runs", "nan"), ("moe_runs", "moe"), ("moe_leaf_runs", "moe_leaf"), ("moe_mixtral_runs", "moe_mixtral"),
         ("ep_two_rank_runs", "ep"), ("ep_mixtral_two_rank_runs", "ep_mixtral"),
-        ("two_experts_ddp_runs", "ep_two_experts")))
+        ("two_experts_ddp_runs", "ep_two_experts"), ("parity_bf16_runs", "parity_bf16")))
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ class Shape:
     # gradients reduced on every micro-batch (parallelism.grad_sync=every; ZeRO-2/3 always), else on the last only
     reduce_every_micro_batch: bool = False
     fp32_grads: bool = True  # DeepSpeed keeps gradient partitions in fp32 (fp32 runs; parity's bf16 runs)
+    grad_comm_bytes: int = 0  # DeepSpeed reduces gradients in its communication_data_type (0: the run's dtype)
     persistent_params: int = 0  # ZeRO-3: elements of the parameters small enough to stay whole on every rank
     block_params: int = 0  # one transformer block: what FSDP2 gathers at a time
     grad_copy: bool = False  # .grad is kept apart from the gradient buckets (DDP without gradient_as_bucket_view)

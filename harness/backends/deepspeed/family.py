@@ -66,7 +66,8 @@ class DeepSpeedFamily(Family):
         Difference("deepspeed", "zero_optimization.stage3_param_persistence_threshold", "unset: 1e5, parameters "
                    "this small stay whole on every rank", "0: every parameter sharded", SOURCE),
         Difference("deepspeed", "data_types.grad_accum_dtype (bf16 runs)", "unset: gradients accumulate in bf16",
-                   "fp32, as the torch backends; ZeRO-1 then runs DeepSpeed's BF16_Optimizer",
+                   "fp32, as the torch backends; ZeRO-1 then runs DeepSpeed's BF16_Optimizer. The reductions stay "
+                   "in bf16 (communication_data_type unset), where FSDP2 reduces in fp32",
                    "DeepSpeed config JSON docs, `data_types`"),
     )
     layout_notes = {
@@ -74,7 +75,8 @@ class DeepSpeedFamily(Family):
                     "BF16_Optimizer, which keeps full fp32 gradients plus the 16-bit ones: ZeRO-1 then holds more "
                     "than ZeRO-2. Under native it is DeepSpeed's ZeRO optimizer, with 16-bit gradient partitions.",
         "ds_zero2": "DeepSpeed keeps an fp32 master partition even in fp32 training. Gradient partitions are "
-                    "fp32 under parity (grad_accum_dtype fp32), in the model dtype under native.",
+                    "fp32 under parity (grad_accum_dtype fp32: a compact buffer of the partition alone), in the "
+                    "model dtype under native, where they span the tensors that straddle the partition.",
         "ds_zero3": "Like ZeRO-2, plus one reduce bucket, allocated whole (buffers): the profile's bucket, or "
                     "DeepSpeed's 5e8 elements under native. Parameters under the persistence threshold (native: "
                     "1e5 elements) are kept whole on every rank beside their shard.",
@@ -185,8 +187,9 @@ class DeepSpeedFamily(Family):
 
     def shape_fields(self, cfg, mesh, counts):
         """From the JSON DeepSpeed will get, with its own defaults where the JSON is silent (native)."""
-        zero, fp32_grads = effective_zero(cfg, mesh, counts["total"])
+        zero, fp32_grads, comm_bytes = effective_zero(cfg, mesh, counts["total"])
         out = {"bucket_elements": int(zero["reduce_bucket_size"]), "fp32_grads": fp32_grads,
+               "grad_comm_bytes": comm_bytes,
                "overlap_comm": bool(zero.get("overlap_comm", cfg.backend.zero_stage == 3)),  # default by stage
                # ZeRO-1/2 all-reduce each gradient bucket over every rank, then keep their partition
                # (stage_1_and_2.average_tensor: use_multi_rank_bucket_allreduce, on by default), or without
@@ -290,7 +293,7 @@ class DeepSpeedFamily(Family):
         z, dtype = ds["zero_optimization"], ds["json"].get("data_types", {}).get("grad_accum_dtype", "default")
         out = [f"{ds['optimizer_wrapper']}", f"overlap_comm {z.get('overlap_comm')}",
                f"reduce_bucket {z.get('reduce_bucket_size'):.3g}", f"allgather_bucket {z.get('allgather_bucket_size'):.3g}",
-               f"grad_accum_dtype {dtype}"]
+               f"grad_accum_dtype {dtype}", f"reduced in {ds.get('communication_data_type', 'its default dtype')}"]
         if z.get("stage") == 3:
             out += [f"prefetch_bucket {z.get('prefetch_bucket_size'):.3g}",
                     f"persistence_threshold {z.get('param_persistence_threshold'):.3g}"]

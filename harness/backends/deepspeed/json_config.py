@@ -123,7 +123,9 @@ def ds_config(cfg, mesh: Mesh | int, params: int) -> Dict[str, Any]:
     base = deep_merge({"zero_optimization": zero, "steps_per_print": 2**31 - 1, "wall_clock_breakdown": False,
                        "zero_allow_untested_optimizer": True}, harness_keys(cfg, mesh))
     if fp32_accumulation(cfg):
-        # accumulate and reduce gradients in fp32, as the torch backends do
+        # accumulate gradients in fp32, as the torch backends do. DeepSpeed still reduces them in its
+        # communication_data_type, which it leaves at the run's 16-bit dtype (engine.communication_data_type):
+        # measured, every stage's reduction moves bf16 bytes here, where FSDP2 reduces in fp32 (reduce_dtype)
         base["data_types"] = {"grad_accum_dtype": "fp32"}
     return deep_merge(base, pass_through(cfg))
 
@@ -136,12 +138,20 @@ ZERO_DEFAULTS = {"reduce_bucket_size": 500_000_000, "stage3_param_persistence_th
                  "use_multi_rank_bucket_allreduce": True}
 
 
-def effective_zero(cfg, mesh: Mesh | int, params: int) -> tuple[Dict[str, Any], bool]:
+# DeepSpeed's communication_data_type values, as its config accepts them, in bytes an element
+COMM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def effective_zero(cfg, mesh: Mesh | int, params: int) -> tuple[Dict[str, Any], bool, int]:
     """The zero_optimization section with DeepSpeed's defaults filled in where the JSON leaves a key unset,
-    and whether DeepSpeed keeps gradient partitions in fp32 (fp32 runs, or grad_accum_dtype fp32)."""
+    whether DeepSpeed keeps gradient partitions in fp32 (fp32 runs, or grad_accum_dtype fp32), and the bytes an
+    element its gradient reductions move: communication_data_type's where the JSON sets it, else the run's dtype
+    (DeepSpeed's engine.communication_data_type: bf16 under bf16 whatever grad_accum_dtype is)."""
     config = ds_config(cfg, mesh, params)
     fp32_grads = cfg.train.precision == "fp32" or config.get("data_types", {}).get("grad_accum_dtype") == "fp32"
-    return {**ZERO_DEFAULTS, **config["zero_optimization"]}, fp32_grads
+    comm = COMM_BYTES.get(str(config.get("communication_data_type", "")).lower(),
+                          4 if cfg.train.precision == "fp32" else 2)
+    return {**ZERO_DEFAULTS, **config["zero_optimization"]}, fp32_grads, comm
 
 
 def conflicts(cfg, mesh: Mesh | int) -> list[str]:

@@ -107,6 +107,9 @@ class DeepSpeedStrategy(Strategy):
             "json": self.config,  # as DeepSpeed received it
             "zero_optimization": {k: zero_value(v) for k, v in zero.model_dump().items()},
             "optimizer_wrapper": type(self.engine.optimizer).__name__,  # which ZeRO optimizer DeepSpeed chose
+            # the dtype its gradient reductions move: the run's 16-bit one unless the JSON sets it, whatever
+            # grad_accum_dtype (parity's fp32) accumulates in
+            "communication_data_type": str(self.engine.communication_data_type).removeprefix("torch."),
         }, **({"expert_parallel": autoep.effective_settings(self.engine)} if autoep.enabled(self.config) else {})}
 
     @override

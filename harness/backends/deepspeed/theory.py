@@ -41,6 +41,12 @@ def bf16_optimizer(backend, s) -> bool:
     return backend.zero_stage == 1 and s.precision != "fp32" and s.fp32_grads and not backend.offload_optimizer
 
 
+def compact_partition(s) -> bool:
+    """16-bit gradients accumulated in fp32 (parity): ZeRO-1/2 accumulate into a compact fp32 buffer of the rank's
+    partition alone (stage_1_and_2._use_compact_grad_partition_buffer)."""
+    return s.p < 4 and s.fp32_grads
+
+
 def layout(backend, s) -> Dict[str, float]:
     psi, t, n, p = s.params, s.t, s.dp, s.p
     # under AutoEP this rank's E/ep experts are partitioned over the n/ep expert-data-parallel ranks: as if all
@@ -61,14 +67,20 @@ def layout(backend, s) -> Dict[str, float]:
         # the fp32 partition's .grad (CPU Adam steps in fp32), and in a 16-bit run with fp32 accumulation
         # (parity) a second fp32 staging buffer
         out["grads"] = (8 if p < 4 and s.fp32_grads else 4) * t_n
+    elif stage in (1, 2) and compact_partition(s):
+        # 16-bit gradients accumulated in fp32 (parity): ZeRO keeps a compact fp32 buffer of its partition alone
+        # (stage_1_and_2._use_compact_grad_partition_buffer), not the straddling span. Measured: tiny_llama on
+        # 2 ranks at grad_accum 2, 250,496 bytes a rank = 4 x T/N (the span's 4 x 66,688 read -1.3%)
+        out["grads"] = 4 * t_n
     elif stage in (1, 2):
         out["grads"] = g * gradient_span(s)
     else:
         out["grads"] = g * t_n
-    if off_opt and stage in (1, 2) and s.grad_accum > 1:
+    if off_opt and stage in (1, 2) and s.grad_accum > 1 and not compact_partition(s):
         # Between micro-batches ZeRO-1/2 offload keeps a host buffer per parameter of this rank's partition
         # (accumulated_grads_in_cpu, in the parameter dtype). Found when the fp32 test sweep moved to
-        # grad_accum 2: measured host grads were 2.07x the single partition.
+        # grad_accum 2: measured host grads were 2.07x the single partition. With a compact fp32 partition it
+        # accumulates there instead (copy_grads_in_partition): host grads 8 x T/N at grad_accum 1 and 2 alike.
         out["grads"] += p * t_n
     out["master"] = 4 * t_n
     out["optimizer"] = 8 * t_n
@@ -200,7 +212,9 @@ def collectives(backend, s) -> list:
     norm's and the loss's all-reduce. ZeRO-3 also gathers its persistent parameters (those at or under the
     persistence threshold, kept whole) after every step. ZeRO++ changes ZeRO-3's groups and dtypes."""
     t, ga, p, bucket = s.t, s.grad_accum, s.p, s.bucket_elements
-    g = 4 if s.fp32_grads else p
+    # reduced in DeepSpeed's communication dtype, the run's own unless set: bf16 under parity's fp32 accumulation
+    # too, which adds each reduced bucket into its fp32 partition after (measured: every stage, 2026-11-30)
+    g = s.grad_comm_bytes or p
     tail = [Collective("all_reduce", 4, 1, None)] * 2
     if backend.zero_stage in (1, 2):
         hidden = "backward" if s.overlap_comm else None
