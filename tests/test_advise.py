@@ -463,3 +463,13 @@ def test_a_gap_wider_than_the_noise_is_a_ranking_and_runs_nothing_again(tmp_path
     said = answer(plan)
     assert said["tie"] == [] and said["sentence"].startswith("Use ddp with micro-batch 1")
     assert said["why"]["fsdp"].startswith("20% slower than the winner")
+
+
+def test_reasons_that_differ_only_in_their_backend_are_one_line_naming_each():
+    from harness.studies.advise.answer import refused_reasons
+
+    why = "train.activation_checkpointing=selective_op: not with parallelism.tp>1 under {} yet; use full"
+    refused = {why.format("ds_zero2"): 15, why.format("ds_zero2_offload"): 15, why.format("ds_zeropp"): 15,
+               "train.compile=true: not on this host": 3}
+    assert refused_reasons(refused) == {why.format("ds_zero2, ds_zero2_offload, ds_zeropp"): 45,
+                                        "train.compile=true: not on this host": 3}

@@ -141,12 +141,29 @@ def predicted_choice(p: Plan) -> str:
     return out
 
 
+def refused_reasons(refused: dict) -> dict:
+    """{reason: candidates} with the reasons that differ only in the backend they name folded into one, the
+    backends listed (the 70B plan's selective policies under AutoTP were six lines, one a DeepSpeed backend)."""
+    import re
+
+    names = all_backends()
+    folded: dict = {}  # the reason with its backend masked -> [backends, candidates]
+    for why, count in refused.items():
+        named = [n for n in names if re.search(rf"\b{re.escape(n)}\b", why)]
+        key = re.sub(rf"\b{re.escape(named[0])}\b", "{}", why) if len(named) == 1 else why
+        entry = folded.setdefault(key, [[], 0])
+        entry[0] += named if len(named) == 1 else []
+        entry[1] += count
+    return {key.replace("{}", ", ".join(backends)) if backends else key: count
+            for key, (backends, count) in folded.items()}
+
+
 def print_plan(p: Plan) -> None:
     print(f"advise: {p.model}, {p.world} {p.device} ranks, {p.precision}, global batch {p.global_batch}, "
           f"budget {size(p.budget_bytes)} per rank ({p.margin:.0%} margin); {len(p.fitting)} of "
           f"{len(p.candidates)} candidates predicted to fit; step times: {p.rates.get('time_model', 'roofline')}")
     print(rates_line(p), flush=True)
-    for why, count in p.refused.items():
+    for why, count in refused_reasons(p.refused).items():
         print(f"left out, as a run would be refused: {count} candidate{'s' if count > 1 else ''}: {why}", flush=True)
     print("\n".join(theory_table(p)), flush=True)
     for note in advise_notes.notes(p):
