@@ -53,6 +53,23 @@ def test_what_context_parallelism_cannot_run_is_refused_in_one_line(overrides, s
     assert any(says in line for line in found), found
 
 
+def test_an_ulysses_checkpoint_resumes_only_on_the_mesh_that_wrote_it():
+    """DeepSpeed 0.19.8 records Ulysses' degree as its checkpoint's tensor-parallel degree, and its universal
+    conversion fails on it (measured: dp 2 x cp 2 resumed at dp 2 x cp 1 failed in both ranks; at dp 2 x cp 2,
+    steps 3 and 4 to the bit): anywhere but the saved mesh is refused before any rank starts."""
+    from harness.config import families
+
+    saved = {"mesh": "dp 2 x cp 2 (Ulysses)", "world": 4}
+    at = {"cp 2": ["parallelism.nproc_per_node=4", "parallelism.cp=2"], "cp 1": ["parallelism.nproc_per_node=2"],
+          "dp 1 x cp 2": ["parallelism.nproc_per_node=2", "parallelism.cp=2"]}
+    said = {name: families.of(cfg.backend).resume_refusal(cfg, saved)
+            for name, cfg in ((n, compose(["backend=ds_zero2", *o])) for n, o in at.items())}
+    assert said["cp 2"] == ""
+    assert all("resume it at dp 2 x cp 2 (Ulysses) on 4 ranks" in said[n] for n in ("cp 1", "dp 1 x cp 2")), said
+    ring = compose(["backend=fsdp", "parallelism.nproc_per_node=2"])  # DCP reshards the ring's: no refusal
+    assert families.of(ring.backend).resume_refusal(ring, {"mesh": "dp 2 x cp 2 (ring)", "world": 4}) == ""
+
+
 def test_the_states_are_sharded_over_dp_shard_x_cp_and_the_activations_are_of_s_over_cp():
     base = ["model=tiny_llama", "backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.seq_len=256"]
     counts = models.param_count(compose(base).model)

@@ -128,6 +128,11 @@ class Family:
         (DeepSpeed's ZeRO stage and precision); "" where any run of the format loads it."""
         return ""
 
+    def resume_refusal(self, cfg, marker: dict) -> str:
+        """Why a checkpoint of this family's layout, whose marker is `marker`, still cannot load on `cfg`'s mesh;
+        "" where it can (config/resume_check.py)."""
+        return ""
+
     def mesh_request(self, backend):
         """What the backend asks of the data-parallel ranks (a config/mesh.DPRequest); None: it shards or
         replicates over all of them, with no post-forward group."""
