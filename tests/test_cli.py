@@ -347,3 +347,15 @@ def test_out_of_range_values_are_refused_in_one_line(argv, says, capsys, monkeyp
     lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and says in lines[0], lines[-5:]
     assert time.monotonic() - started < 5
+
+
+def test_memory_check_fails_on_a_refused_backend_it_was_asked_for_not_on_one_its_default_list_brought():
+    """`memory-check parallelism.cp=2` ran the backends that take cp and exited 1 on FSDP1's refusal, which only
+    its default list (every flat backend) had brought; a named backend refused, or any miss, still fails it."""
+    from harness.studies.memory.check import exit_code
+
+    ran = {"name": "fsdp", "refused": None, "error_pct": 4.0, "error_less_held_pct": 4.0}
+    refused = {"name": "fsdp1", "refused": "parallelism.cp=2: torch's context parallelism composes with FSDP2"}
+    assert exit_code([ran, refused], 10, backends_named=False) == 0
+    assert exit_code([ran, refused], 10, backends_named=True) == 1
+    assert exit_code([{**ran, "error_pct": 23.0, "error_less_held_pct": 23.0}], 10, backends_named=False) == 1

@@ -244,7 +244,9 @@ def render(rows: List[dict], tolerance: float, command: str) -> str:
 
 def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default=",".join(all_backends("cpu")))
+    parser.add_argument("--backends", default=None,
+                        help="default: every flat backend, those the overrides refuse (an axis one does not run) listed "
+                             "as refused without failing the check")
     parser.add_argument("--models", default="tiny_llama,tiny_gpt2,tiny_qwen2,tiny_mistral")
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--checkpointing", default="none,full,every_2,selective_op",
@@ -259,6 +261,8 @@ def main(argv: List[str] | None = None) -> int:
                         help="default results/local/memory_check[/states_dominated or /activation_dominated] "
                              "(--snapshot: results/memory_check...)")
     args, overrides = parse("memory-check", parser, argv)
+    named = args.backends is not None
+    args.backends = args.backends if named else ",".join(all_backends("cpu"))
     if not any(o.startswith("profile=") for o in overrides):
         overrides = ["profile=parity", *overrides]
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
@@ -282,5 +286,12 @@ def main(argv: List[str] | None = None) -> int:
     write_text(out / "memory_check.md", text)
     write_json(out / "memory_check.json", [{k: v for k, v in r.items() if k != "cfg"} for r in rows])
     print(text)
-    misses = [r for r in rows if "error_pct" in r and missed(r, args.tolerance)]
-    return 1 if misses or any(r["refused"] for r in rows) else 0
+    return exit_code(rows, args.tolerance, named)
+
+
+def exit_code(rows: List[dict], tolerance: float, backends_named: bool) -> int:
+    """1 where a cell misses by more than `tolerance` percent, or a backend the command named was refused; a
+    backend only the default list brought that the overrides refuse (FSDP1 under parallelism.cp=2) is in the
+    table as refused, not a failure: the check ran what could run."""
+    misses = [r for r in rows if "error_pct" in r and missed(r, tolerance)]
+    return 1 if misses or (backends_named and any(r["refused"] for r in rows)) else 0
