@@ -55,3 +55,12 @@ def test_an_early_process_that_dies_ends_its_batches_as_failed(tmp_path):
         handle = early.popen([sys.executable, "-m", MODULE, str(tmp_path), "--fake"], env=env)
         early.proc.kill()
         assert handle.wait() != 0 and handle.poll() == handle.returncode
+
+
+def test_a_process_gone_before_its_first_batch_hands_it_to_a_process_of_its_own(tmp_path):
+    env = replay_env(_configs()["d1"])
+    with StartedEarly(env) as early:
+        early.proc.kill()
+        early.proc.wait()
+        proc = early.popen([sys.executable, "-c", "print('own')"], env=env, stdout=subprocess.PIPE, text=True)
+        assert isinstance(proc, subprocess.Popen) and proc.communicate()[0].strip() == "own"

@@ -36,7 +36,9 @@ class StartedEarly:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
     def popen(self, cmd, env, **kwargs):
-        if self.proc is None or any(env.get(k) != self.env.get(k) for k in AT_IMPORT):
+        # not taken: an environment it did not import with, or a process already gone (its imports failed)
+        if (self.proc is None or self.proc.poll() is not None
+                or any(env.get(k) != self.env.get(k) for k in AT_IMPORT)):
             return subprocess.Popen(cmd, env=env, **kwargs)
         self.proc.stdin.write(json.dumps({"argv": cmd[3:], "env": env}) + "\n")
         self.proc.stdin.flush()
