@@ -18,8 +18,7 @@ import sys
 from typing import Optional
 
 from ..core.paths import REPO
-
-MODULE = "harness.runtime.simulate.replay"
+from .replays import MODULE
 # what a replay process reads as it imports (torch's threads, dynamo, DeepSpeed's ops, the harness itself): the
 # process takes a batch only where these are the batch's; the rest of the batch's environment it is sent
 AT_IMPORT = ("OMP_NUM_THREADS", "TORCHDYNAMO_DISABLE", "TORCH_EXTENSIONS_DIR", "PYTHONPATH")

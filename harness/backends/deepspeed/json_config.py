@@ -145,12 +145,11 @@ COMM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 def effective_zero(cfg, mesh: Mesh | int, params: int) -> tuple[Dict[str, Any], bool, int]:
     """The zero_optimization section with DeepSpeed's defaults filled in where the JSON leaves a key unset,
     whether DeepSpeed keeps gradient partitions in fp32 (fp32 runs, or grad_accum_dtype fp32), and the bytes an
-    element its gradient reductions move: communication_data_type's where the JSON sets it, else the run's dtype
+    element its gradient reductions move: communication_data_type's where the JSON sets it, else 0, the run's dtype
     (DeepSpeed's engine.communication_data_type: bf16 under bf16 whatever grad_accum_dtype is)."""
     config = ds_config(cfg, mesh, params)
     fp32_grads = cfg.train.precision == "fp32" or config.get("data_types", {}).get("grad_accum_dtype") == "fp32"
-    comm = COMM_BYTES.get(str(config.get("communication_data_type", "")).lower(),
-                          4 if cfg.train.precision == "fp32" else 2)
+    comm = COMM_BYTES.get(str(config.get("communication_data_type", "")).lower(), 0)
     return {**ZERO_DEFAULTS, **config["zero_optimization"]}, fp32_grads, comm
 
 

@@ -66,7 +66,7 @@ def layout(backend, s) -> Dict[str, float]:
     elif off_opt:
         # the fp32 partition's .grad (CPU Adam steps in fp32), and in a 16-bit run with fp32 accumulation
         # (parity) a second fp32 staging buffer
-        out["grads"] = (8 if p < 4 and s.fp32_grads else 4) * t_n
+        out["grads"] = (8 if compact_partition(s) else 4) * t_n
     elif stage in (1, 2) and compact_partition(s):
         # 16-bit gradients accumulated in fp32 (parity): ZeRO keeps a compact fp32 buffer of its partition alone
         # (stage_1_and_2._use_compact_grad_partition_buffer), not the straddling span. Measured: tiny_llama on
@@ -157,7 +157,7 @@ def zero12_terms(family, backend, s, k: Optional[int]) -> Dict[str, float]:
         missing = -s.p * s.t if one_micro_batch else 0.0
     elif backend.offload_optimizer:  # the host fp32 .grad persists; in 16 bits with fp32 accumulation the
         # fp32 partition buffer the reduce fills is made at the first reduce and freed by the step
-        missing = -4.0 * s.t / s.dp if one_micro_batch and s.p < 4 and s.fp32_grads else 0.0
+        missing = -4.0 * s.t / s.dp if one_micro_batch and compact_partition(s) else 0.0
     else:
         missing = family.missing_grads(backend, s)
     out = {"grads_not_yet_allocated": missing}

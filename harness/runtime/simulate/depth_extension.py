@@ -1,6 +1,6 @@
 """A replay's work at a model's own depth from its work at two shallow ones (runtime/simulate/fake_replay.py
 replays them): linear in the number of blocks, exact wherever every block's work is its own (FSDP2's per-block
-gathers and reduce-scatters; not DDP's buckets, which span blocks). Plain Python, apart from torch: the caller
+gathers and reduce-scatters; not DDP's buckets, which span blocks). Plain Python, no torch: the caller
 that extends (studies/predict/counted_shapes.py, the advisor's dry run) need not import what replays."""
 from __future__ import annotations
 

@@ -147,16 +147,15 @@ def refused_reasons(refused: dict) -> dict:
     import re
 
     names = all_backends()
-    folded: dict = {}  # the reason with its backend masked -> [backends, candidates]
+    folded: dict = {}  # the reason with its one backend masked -> ([backends], candidates)
     for why, count in refused.items():
         named = [n for n in names if re.search(rf"\b{re.escape(n)}\b", why)]
-        key = re.sub(rf"\b{re.escape(named[0])}\b", "{}", why) if len(named) == 1 else why
-        entry = folded.setdefault(key, [[], 0])
-        entry[0] += named if len(named) == 1 else []
-        entry[1] += count
+        backend = named[0] if len(named) == 1 else None
+        key = re.sub(rf"\b{re.escape(backend)}\b", "{}", why) if backend else why
+        backends, total = folded.get(key, ([], 0))
+        folded[key] = (backends + ([backend] if backend else []), total + count)
     return {key.replace("{}", ", ".join(backends)) if backends else key: count
             for key, (backends, count) in folded.items()}
-
 
 def print_plan(p: Plan) -> None:
     print(f"advise: {p.model}, {p.world} {p.device} ranks, {p.precision}, global batch {p.global_batch}, "

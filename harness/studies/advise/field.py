@@ -34,11 +34,11 @@ from ...config.command_line import parse
 from ...config.compose import backends as all_backends, compose, flat_backends
 from ...config.derive import dp_size
 from ...config.recompute import recompute_of
-from ...core.paths import REPO, results_dir, snapshot
+from ...core.paths import REPO, results_dir
 from ...core.rundir import write_json, write_text
 from ...core.errors import ConfigError
 from ..flags import ADVISE_POLICIES, FIT_MARGIN
-from ..predict.published_rows import EAGER_ONLY, README, ROWS, backend_of, base_of
+from ..predict.published_rows import EAGER_ONLY, ROWS, backend_of, base_of, write_readme_section
 from . import frontier as advise_frontier
 from .search import GIB, Candidate, Plan, plan, size
 
@@ -169,13 +169,7 @@ def write(results: List[dict], out: Path, seconds: float) -> None:
     lines = table(results)
     write_text(out / "advisor.md", "\n".join(["# The advisor against the published runs", "", *lines]) + "\n")
     write_json(out / "advisor.json", {"rows": results, "seconds": seconds})
-    if README.exists():  # the committed README's section with --snapshot; else its copy beside advisor.md
-        source = README if snapshot() or not (out / "README.md").exists() else out / "README.md"
-        text = source.read_text()
-        start, end = text.index(MARKERS[0]) + len(MARKERS[0]), text.index(MARKERS[1])
-        write_text(README if snapshot() else out / "README.md",
-                   text[:start] + "\n" + "\n".join(lines) + "\n" + text[end:])
-
+    write_readme_section(out, MARKERS, lines)
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -27,11 +27,11 @@ import yaml
 from ...config import axes
 from ...config.command_line import parse
 from ...config.derive import world_size
-from ...core.paths import REPO, results_dir, snapshot
+from ...core.paths import REPO, results_dir
 from ...core.rundir import write_json, write_text
 from .counted_shapes import TIME_TARGET_PCT
 from .cards import CARDS, card_rates, rates
-from .published_rows import EAGER_ONLY, GPUS_PER_NODE, README, ROWS, backend_of, base_of
+from .published_rows import EAGER_ONLY, GPUS_PER_NODE, ROWS, backend_of, base_of, write_readme_section
 
 GIB = 2**30
 MARKERS = ("<!-- table: written by `make published` -->", "<!-- /table -->")
@@ -181,15 +181,7 @@ def write(results: List[dict], out: Path, sources: Dict[str, str]) -> None:
                + "\n")
     write_json(out / "published.json",
                {"rows": results, "cards": {n: c for n, c in CARDS.items() if n in used}, "sources": sources})
-    if README.exists():  # the committed README's table with --snapshot; else its copy beside published.md
-        # the copy is rewritten from itself where it exists, so that the advisor's section that `make advise-field`
-        # wrote there stays (studies/advise/field.py does the same for this table)
-        source = README if snapshot() or not (out / "README.md").exists() else out / "README.md"
-        text = source.read_text()
-        start, end = text.index(MARKERS[0]) + len(MARKERS[0]), text.index(MARKERS[1])
-        write_text(README if snapshot() else out / "README.md",
-                   text[:start] + "\n" + "\n".join([*lines, *cards, *sourced]) + "\n" + text[end:])
-
+    write_readme_section(out, MARKERS, [*lines, *cards, *sourced])
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -2,9 +2,11 @@
 backend it ran. Read by `make published` (published.py) and by the advisor against the field (advise/field.py)."""
 from __future__ import annotations
 
-from typing import List
+from pathlib import Path
+from typing import List, Tuple
 
-from ...core.paths import REPO
+from ...core.paths import REPO, snapshot
+from ...core.rundir import write_text
 from ..flags import defaults
 
 ROWS = REPO / "experiments" / "published" / "rows.yaml"
@@ -26,3 +28,15 @@ def base_of(row: dict) -> List[str]:
 def backend_of(row: dict) -> str:
     """The backend a row ran: the one it names, else the one conf/studies.yaml says the published rows ran."""
     return row.get("backend") or defaults("counted")["published_default"]
+
+
+def write_readme_section(out: Path, markers: Tuple[str, str], lines: List[str]) -> None:
+    """The README's section between `markers` rewritten with `lines`: the committed README with --snapshot, else
+    its copy beside the study's files, rewritten from itself where it exists, so that the other study's section
+    there stays (`make published` writes the table, `make advise-field` the advisor's)."""
+    if not README.exists():
+        return
+    copy = out / "README.md"
+    text = (README if snapshot() or not copy.exists() else copy).read_text()
+    start, end = text.index(markers[0]) + len(markers[0]), text.index(markers[1])
+    write_text(README if snapshot() else copy, text[:start] + "\n" + "\n".join(lines) + "\n" + text[end:])
