@@ -37,7 +37,7 @@ def compare(advice: dict) -> dict:
     held = [f"parallelism.{name}=1" for name in axes.AXES if name not in axes.pinned(p["overrides"])]
     overrides = [*p["overrides"], *held] if flat else p["overrides"]
     today = plan(overrides, p["budget_bytes"], p["global_batch"], backends, p["margin"])
-    ours = min(today.fitting, key=lambda c: c.predicted_step_s)
+    ours = min(today.priced, key=lambda c: c.predicted_step_s)
     then = first_fitting(p["candidates"])
     winner = advice.get("winner")
     probed = {c["name"] for c in p["candidates"] if c.get("status")}

@@ -118,7 +118,7 @@ def predicted_choice(p: Plan) -> str:
     """The dry run's recommendation: the fastest predicted candidate that fits, its mesh and why, against the
     runner-up of another mesh or backend and the best without the parallel axes it runs (theory only: nothing
     ran)."""
-    fitting = sorted(p.fitting, key=lambda c: c.predicted_step_s)
+    fitting = sorted(p.priced, key=lambda c: c.predicted_step_s)
     if not fitting:
         return "Nothing is predicted to fit."
     best = fitting[0]
@@ -210,16 +210,20 @@ def main(argv=None) -> int:
                              "some of none, full, every_<k>, selective_op, selective_op_half")
     except _input_errors() as err:
         return _refused(err)
-    with advise_counted.replays_started_early(cfg, args.dry_run) as popen:  # importing while the search runs
-        return planned(args, argv, overrides, budget, chosen, policies, popen)
+    with advise_counted.replays_started_early(cfg, args.dry_run, chosen) as early:  # importing while the search runs
+        return planned(args, argv, overrides, budget, chosen, policies, early)
 
 
-def planned(args, argv, overrides, budget, chosen, policies, popen) -> int:
-    """The search, then the dry run's table and sentences, or the measured answer."""
+def planned(args, argv, overrides, budget, chosen, policies, early) -> int:
+    """The search, then the dry run's table and sentences, or the measured answer. `early`: the replays' process
+    started before the search (advise/counted.replays_started_early), or None."""
+    popen = early.popen if early else None
     try:
-        p = plan(overrides, budget, args.global_batch, chosen, args.margin, policies)
+        p = plan(overrides, budget, args.global_batch, chosen, args.margin, policies, popen)
     except _input_errors() as err:
         return _refused(err)
+    if early and not args.dry_run:  # the probes replay nothing: its memory back before they run
+        early.close()
     name = args.name or f"{p.model}-n{p.world}-{p.precision}-gb{p.global_batch}-{p.budget_bytes / GIB:g}gib"
     out = (REPO / args.out / name).resolve()
     if not p.fitting:

@@ -7,7 +7,8 @@ lacks), which gives every micro-batch of a mesh the same compute. Counting every
 the pick and the roofline's next candidate that can be counted are (the two in parallel; where the pick's family
 cannot be counted on fake tensors, the next two that can), and the order counted work gives them is said, once
 per config and code: later dry runs read .cache/counted_work/. The replays' process is started before the search
-(`replays_started_early`), so that a new count adds the replays, not their imports.
+(`replays_started_early`), so that a new count adds the replays, not their imports; a CPU plan's search, which
+replays its candidates on real tensors, starts it too.
 
 The band is measured ÷ counted over the published rows nearest the plan's scale: those of the same model, else those
 within 4x of its GPUs, else every counted row; its ends turn the counted tokens/s into the range a measured run
@@ -59,7 +60,7 @@ def chosen(p: Plan, counted: int = 2) -> List[Candidate]:
     can be: the roofline gives every micro-batch of a mesh one step, which counted work tells apart."""
     from ..predict.counted_shapes import not_counted
 
-    fitting = sorted(p.fitting, key=lambda c: (c.predicted_step_s, c.predicted_peak_bytes))
+    fitting = sorted(p.priced, key=lambda c: (c.predicted_step_s, c.predicted_peak_bytes))
     if not fitting:
         return []
     pick, rest = fitting[0], fitting[1:]
@@ -68,18 +69,24 @@ def chosen(p: Plan, counted: int = 2) -> List[Candidate]:
 
 
 @contextlib.contextmanager
-def replays_started_early(cfg, dry_run: bool):
-    """The `popen` that `lines` counts with: for a GPU plan's dry run, a replay process started now, so that its
-    imports overlap the search (launcher/started_early.py); else None (subprocess.Popen's own)."""
-    if not dry_run or cfg.parallelism.device == "cpu":
+def replays_started_early(cfg, dry_run: bool, backends=()):
+    """The replays' process (launcher/started_early.StartedEarly, whose `popen` starts them), started now so that
+    its imports overlap the search: for a CPU plan, whose search replays the candidates that fit on real tensors
+    (advise/step_times.py), and for a GPU plan's dry run, whose pick `lines` counts on fake tensors; else None
+    (subprocess.Popen's own). `backends`: the plan's; DeepSpeed's are imported early too where a CPU plan has one."""
+    from ...config.compose import backend_preset
+
+    cpu = cfg.parallelism.device == "cpu"
+    if not dry_run and not cpu:
         yield None
         return
     from ...launcher.replays import replay_env
     from ...launcher.started_early import StartedEarly
     from ..predict.counted_shapes import at_depth
 
-    with StartedEarly(replay_env(at_depth(cfg, 1))) as early:
-        yield early.popen
+    deepspeed = cpu and any(backend_preset(b).family == "deepspeed" for b in backends)
+    with StartedEarly(replay_env(cfg if cpu else at_depth(cfg, 1)), deepspeed) as early:
+        yield early
 
 
 def lines(p: Plan, popen=None) -> List[str]:

@@ -90,7 +90,7 @@ def verdict(p: Plan, row: dict) -> dict:
     """How the advisor's frontier stands to what the source ran (the module doc's outcomes), with one sentence."""
     band = advise_frontier.band(p)
     # the fastest, and among equally fast the lowest peak (as the dry run's frontier orders them)
-    pick = min(p.fitting, key=lambda c: (-c.predicted_tokens_per_s, c.predicted_peak_bytes)) if p.fitting else None
+    pick = min(p.priced, key=lambda c: (-c.predicted_tokens_per_s, c.predicted_peak_bytes)) if p.priced else None
     eager = [o for o in row["overrides"] if o.startswith(EAGER_ONLY)]
     out = {"id": row["id"], "source_ran": f"{backend_of(row)} {describe_row(row)}" + (" *" if eager else ""),
            "searched_without": eager, "candidates": len(p.candidates),
@@ -113,7 +113,7 @@ def verdict(p: Plan, row: dict) -> dict:
                if within else f"over the card's {size(p.budget_bytes)}")
             + (f"; it ran at {row['memory_gib']} GiB (the source's figure)" if row.get("memory_gib") else ""))}
     # the fitting candidates at least as fast at no higher peak, and better in one of the two
-    better = [c for c in p.fitting if c.predicted_tokens_per_s >= mine.predicted_tokens_per_s
+    better = [c for c in p.priced if c.predicted_tokens_per_s >= mine.predicted_tokens_per_s
               and c.predicted_peak_bytes <= mine.predicted_peak_bytes
               and (c.predicted_tokens_per_s, c.predicted_peak_bytes)
               != (mine.predicted_tokens_per_s, mine.predicted_peak_bytes)]

@@ -63,7 +63,7 @@ def cuda_band(committed: bool) -> Optional[Tuple[float, float, str]]:
 
 def frontier(p: Plan) -> List[Candidate]:
     """The fitting candidates no other fitting one beats on both tokens/s and peak, from the smallest peak up."""
-    fitting = p.fitting
+    fitting = p.priced  # not a candidate only bounded by its twin's step (search.Candidate.step_from)
     out = [c for c in fitting
            if not any(o.predicted_tokens_per_s >= c.predicted_tokens_per_s and o.predicted_peak_bytes
                       <= c.predicted_peak_bytes and (o.predicted_tokens_per_s, o.predicted_peak_bytes)
@@ -89,12 +89,15 @@ def lines(p: Plan) -> List[str]:
     per_gpu = lambda c: c.predicted_tokens_per_s / p.world  # noqa: E731 (the candidates' figure is the world's)
     rng = (lambda c: f", measured would be {per_gpu(c) / measured[1]:,.0f} to "  # noqa: E731
            f"{per_gpu(c) / measured[0]:,.0f}") if measured else (lambda c: "")
-    out = [f"Frontier ({len(points)} of {len(p.fitting)} that fit; none of the others is faster at a lower peak):"]
+    bounded = len(p.fitting) - len(p.priced)
+    out = [f"Frontier ({len(points)} of {len(p.priced)} that fit and were priced; none of the others is faster at a "
+           "lower peak" + (f"; {bounded} checkpointed ones, only bounded by their twin without checkpointing, are left "
+                           "out" if bounded else "") + "):"]
     out += [f"  {c.name} ({c.mesh or 'dp'}): peak {size(c.predicted_peak_bytes)} a GPU, "
             f"{per_gpu(c):,.0f} tokens/s a GPU predicted{rng(c)}" for c in points]
     out.append(f"Error band: measured / predicted {measured[0]:.2f} to {measured[1]:.2f}x on {measured[2]}."
                if measured else "Error band: none measured for this device and time model yet.")
-    fastest = sorted(p.fitting, key=lambda c: (-c.predicted_tokens_per_s, c.predicted_peak_bytes))  # the top point
+    fastest = sorted(p.priced, key=lambda c: (-c.predicted_tokens_per_s, c.predicted_peak_bytes))  # the top point
     if len(fastest) > 1:
         first, second = fastest[0], next((c for c in fastest[1:] if c.backend != fastest[0].backend), fastest[1])
         gap = 100 * (first.predicted_tokens_per_s / second.predicted_tokens_per_s - 1)
@@ -125,7 +128,7 @@ def plot(p: Plan, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     gib = 2**30
     colours = {}
-    for c in p.fitting:
+    for c in p.priced:
         colour = colours.setdefault(c.backend, f"C{len(colours) % 10}")
         ax.scatter(c.predicted_peak_bytes / gib, c.predicted_tokens_per_s / p.world, color=colour, s=18, alpha=0.5)
     xs, ys = [c.predicted_peak_bytes / gib for c in points], [c.predicted_tokens_per_s / p.world for c in points]

@@ -45,7 +45,7 @@ def reason(p: Plan, pick: Candidate, c: Candidate, band: Optional[Tuple[float, f
 
 def sentences(p: Plan, band: Optional[Tuple[float, float, str]]) -> List[str]:
     """One line a kind of mesh: the pick's kind says it holds the pick; each other kind says why its best loses."""
-    fitting = sorted(p.fitting, key=lambda c: c.predicted_step_s)
+    fitting = sorted(p.priced, key=lambda c: c.predicted_step_s)
     if not fitting:
         return []
     pick = fitting[0]

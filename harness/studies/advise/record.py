@@ -39,7 +39,8 @@ def theory_table(p: Plan) -> List[str]:
              "|---|---|---:|---:|---|---:|---:|---:|---:|"]
     lines += [f"| {c.name} | {c.mesh} | {c.grad_accum} | {size(c.predicted_peak_bytes)} | {'yes' if c.fits else 'no'} | "
               f"{c.predicted_intra_node_bytes / 1e9:,.2f} | {c.predicted_inter_node_bytes / 1e9:,.2f} | "
-              f"{c.predicted_step_s * 1e3:,.2f} | {c.predicted_tokens_per_s:,.0f} |" for c in p.candidates]
+              f"{'≥' if c.step_from else ''}{c.predicted_step_s * 1e3:,.2f} | {'≤' if c.step_from else ''}"
+              f"{c.predicted_tokens_per_s:,.0f} |" for c in p.candidates]
     return lines
 
 

@@ -19,7 +19,9 @@ largest of the step's four moments' activations and transients, theory/peak.py) 
 `--margin` to spare (default 10%, the memory model's tolerance), and the step time of each that fits comes
 from the time model (theory/op_costs.py: the candidate replayed for a few steps in one process, its counted
 work priced at this device's measured costs; studies/advise/step_times.py), else from the roofline lower bound
-(theory/time.py), as the plan says. `--dry-run` prints that table and stops.
+(theory/time.py), as the plan says. A checkpointed candidate whose twin without checkpointing fits is bounded by
+the twin's step instead (≥ in the table; step_times.bounded_by_twin) and left out of the ranking (Plan.priced).
+`--dry-run` prints that table and stops.
 
 Stage 2, measurement: each backend's fastest predicted candidate that fits is run for 10 steps (8 timed)
 under `train.memory_budget_bytes` (a smaller card, emulated: on CPU the budget bounds the profiled peak of
@@ -91,6 +93,9 @@ class Candidate:
     # `axes`), dp only
     kind: str = ""
     grad_sync: str = ""  # parallelism.grad_sync: "" (the backend's own), or `every` (reduced each micro-batch)
+    # the twin without checkpointing whose counted step bounds this one's from below, where that twin fits and this
+    # one was not replayed (advise/step_times.bounded_by_twin): its step is at least the twin's, not a prediction
+    step_from: str = ""
 
     @property
     def ac(self) -> str:
@@ -142,6 +147,12 @@ class Plan:
     def fitting(self) -> List[Candidate]:
         return [c for c in self.candidates if c.fits]
 
+    @property
+    def priced(self) -> List[Candidate]:
+        """Those that fit with a predicted step of their own: what the plan ranks (not those only bounded by a
+        twin without checkpointing, Candidate.step_from)."""
+        return [c for c in self.candidates if c.fits and not c.step_from]
+
 
 def size(b: Optional[float]) -> str:
     if b is None:
@@ -161,8 +172,9 @@ def micro_batches(global_batch: int, dp: int) -> List[int]:
 
 
 def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Optional[int], backends: List[str],
-         margin: float, policies=("none", "full")) -> Plan:
-    """Stage 1: every candidate with its predicted peak and step time, those that fit first, fastest first."""
+         margin: float, policies=("none", "full"), popen=None) -> Plan:
+    """Stage 1: every candidate with its predicted peak and step time, those that fit first, fastest first.
+    `popen`: how the replays that price them start (advise/counted.replays_started_early; None: their own)."""
     from ...runtime import model_counts  # from the disk where counted before: no transformers to import
 
     base = compose(overrides)
@@ -218,11 +230,12 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                         # replayed (a copy costs 25 ms at 70B, and a plan for GPUs on a CPU host replays none)
                         fitting[out.candidates[-1].name] = functools.partial(
                             materialized, at_point, policy, mb, ga, cfg.parallelism.grad_sync)
-    advise_time.price(out, fitting, base, counts)
+    advise_time.price(out, fitting, base, counts, popen)
     # those that fit first, by their counted work's step; then the rest, by the roofline bound; among equal steps
     # (the roofline gives every micro-batch of a mesh the same one) the lower peak first, so that the pick and
     # each kind's best are the candidate with the most headroom, not the first one searched
-    out.candidates.sort(key=lambda c: (not c.fits, c.predicted_step_s, c.predicted_peak_bytes))
+    # (a candidate bounded by its twin's step comes after the twin, which it cannot beat)
+    out.candidates.sort(key=lambda c: (not c.fits, c.predicted_step_s, bool(c.step_from), c.predicted_peak_bytes))
     return out
 
 

@@ -1,0 +1,73 @@
+"""The advisor's CPU plan replays only what can rank (studies/advise/step_times.bounded_by_twin): a checkpointed
+candidate whose twin without checkpointing fits is not replayed, its step at least the twin's. The bound is held
+here by replaying both, and the plan's ranking (the pick, the runner-up, the frontier, each kind's sentence) is
+held to leave the bounded ones out."""
+from __future__ import annotations
+
+from forked_ranks import ForkedPopen
+from harness.studies.advise.search import Candidate, Plan
+
+
+def _candidate(backend, mb, policy, fits=True, tp=1, step=1.0, peak=100):
+    return Candidate(backend, mb, 4 // (mb * 2 // tp), policy != "none", [], axes={"tp": tp}, policy=policy,
+                     fits=fits, predicted_step_s=step, predicted_tokens_per_s=1 / step, predicted_peak_bytes=peak,
+                     kind="split" if tp > 1 else "dp only")
+
+
+def test_a_checkpointed_candidate_is_bounded_by_its_twin_without_checkpointing_only_where_that_twin_fits():
+    from harness.studies.advise.step_times import bounded_by_twin
+
+    off, full, every = (_candidate("ddp", 2, p) for p in ("none", "full", "every_2"))
+    unfit_off, needs_full = _candidate("ddp", 1, "none", fits=False), _candidate("ddp", 1, "full")
+    other_mesh = _candidate("ddp", 2, "full", tp=2)  # another mesh: ddp-mb2-ckptoff is not its twin
+    other_backend = _candidate("fsdp", 2, "full")
+    plan = Plan([], 10**9, 0.1, 4, 2, "tiny_llama", "fp32", "cpu", "native",
+                candidates=[off, full, every, unfit_off, needs_full, other_mesh, other_backend])
+    fitting = [c.name for c in plan.candidates if c.fits]
+    assert bounded_by_twin(plan, fitting) == {full.name: off.name, every.name: off.name}
+
+
+def test_the_bound_holds_where_replayed_and_the_ranking_leaves_the_bounded_out(tmp_path):
+    """Replayed on tiny_llama at 2 ranks and priced at this machine's committed costs, each checkpointing policy
+    steps slower than its twin without (DDP, FSDP2 and ZeRO-3, whose recomputation re-gathers the parameters):
+    the 165 pairs of the default plan, all replayed, ran 1.06x to 1.80x their twin's step."""
+    from harness.config.compose import compose
+    from harness.launcher.replays import replay_work
+    from harness.reporting.time_and_comm import load_device_costs
+    from harness.runtime import model_counts
+    from harness.studies.advise import frontier, kinds
+    from harness.studies.advise.answer import predicted_choice
+    from harness.theory.op_costs import predict_counted
+    from harness.theory.shape import shape_of
+
+    from harness.config.recompute import overrides
+
+    configs = {}
+    for backend in ("ddp", "fsdp", "ds_zero3"):
+        for policy in ("none", "full", "every_2"):
+            configs[f"{backend}-{policy}"] = compose([
+                "model=tiny_llama", f"backend={backend}", "parallelism.micro_batch=2", "parallelism.grad_accum=1",
+                "train.steps=2", "train.warmup_steps=1", "logger=none", *overrides(policy)])
+    replayed = replay_work(configs, tmp_path, jobs=1, popen=ForkedPopen)
+    steps = {}
+    for name, cfg in configs.items():
+        assert replayed[name]["ok"], replayed[name].get("traceback")
+        costs, why = load_device_costs(cfg)
+        assert costs is not None, why
+        shape = shape_of(cfg, 2, model_counts.param_count(cfg.model, cfg.workload))
+        steps[name] = predict_counted(cfg.backend, shape, replayed[name]["work"], costs)["step"]
+    for backend in ("ddp", "fsdp", "ds_zero3"):
+        twin = steps[f"{backend}-none"]
+        assert steps[f"{backend}-full"] > twin and steps[f"{backend}-every_2"] > twin, (backend, steps)
+
+    # the plan: the bounded candidate carries its twin's step, and no ranking names it
+    off, full = _candidate("ddp", 2, "none", step=0.011, peak=300), _candidate("ddp", 2, "full", step=0.011, peak=200)
+    full.step_from = off.name
+    slower = _candidate("fsdp", 2, "none", step=0.020, peak=250)
+    plan = Plan([], 10**9, 0.1, 4, 2, "tiny_llama", "fp32", "cpu", "native", candidates=[off, full, slower])
+    assert plan.priced == [off, slower] and plan.fitting == [off, full, slower]
+    assert frontier.frontier(plan) == [slower, off]  # the bounded one's lower peak is no point of the frontier
+    choice = predicted_choice(plan)
+    assert choice.startswith("Predicted best: ddp with micro-batch 2") and "Runner-up: fsdp" in choice
+    said = "\n".join(kinds.sentences(plan, None))
+    assert full.name not in said and f"its next, {slower.name}" in said
