@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
@@ -37,6 +38,34 @@ def test_a_replay_started_before_its_configs_counts_what_one_started_after_them_
         assert handed[name]["work"]["collectives"] == late[name]["work"]["collectives"]
         for phase, lines in late[name]["work"]["lines"].items():  # within 5%, as test_fake_replay holds lines
             assert abs(handed[name]["work"]["lines"][phase] - lines) <= 0.05 * lines, (name, phase)
+
+
+@pytest.mark.slow
+def test_deepspeed_loaded_early_replays_on_real_tensors_what_a_late_replay_counts(tmp_path):
+    """A CPU plan's process (the advisor's search replays its candidates on real tensors) loads DeepSpeed and asks
+    py-cpuinfo before forking (early.py, replay.preload_deepspeed): ZeRO-2 with its optimizer offloaded (CPU Adam,
+    which asks py-cpuinfo) and ZeRO-3 count the ops and collectives a replay forked from this test counts, and
+    DeepSpeed's messages on stdout do not break the protocol."""
+    from forked_ranks import ForkedPopen
+
+    configs = {b: compose(["model=tiny_llama", f"backend={b}", "parallelism.nproc_per_node=2", "parallelism.seq_len=64",
+                           "train.steps=2", "train.warmup_steps=1"]) for b in ("ds_zero2_offload", "ds_zero3")}
+    late = replay_work(configs, tmp_path / "late", jobs=1, popen=ForkedPopen)
+    with StartedEarly(replay_env(configs["ds_zero3"]), deepspeed=True) as early:
+        handed = replay_work(configs, tmp_path / "early", jobs=2, popen=early.popen)
+        assert early.handed == 2
+    def by_op(work):  # each op's calls, FLOPs and bytes; not its cold bytes, which follow the allocator's addresses
+        out = Counter()
+        for phase, kind, op, dtype, flops, nbytes, _, _, n in work["ops"]:
+            out[(phase, kind, op, dtype)] += n
+            out[(phase, kind, op, dtype, "flops")] += flops * n
+            out[(phase, kind, op, dtype, "bytes")] += nbytes * n
+        return out
+
+    for name in configs:
+        assert handed[name]["ok"] and late[name]["ok"], (handed[name].get("error"), late[name].get("error"))
+        assert by_op(handed[name]["work"]) == by_op(late[name]["work"]), name
+        assert handed[name]["work"]["collectives"] == late[name]["work"]["collectives"], name
 
 
 def test_a_batch_whose_environment_at_import_differs_runs_as_its_own_process(tmp_path):

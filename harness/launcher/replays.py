@@ -2,11 +2,14 @@
 process group (runtime/simulate/replay.py), in `jobs` processes at once, each replaying its share of the configs one
 after another (a process costs its imports, about 8 s here; a replayed small model a second or two).
 
-The processes run `jobs` at a time. A config's result is kept in `<directory>/<name>.json` beside its `<name>.yaml`; a config whose result is
-there already, for the same yaml, is not replayed again.
+The processes run `jobs` at a time. A config's result is kept in `<directory>/<slot>/<slot>.json` beside its
+`<slot>.yaml`, the slot being its name and a digest of its yaml: a config whose result is there already is not
+replayed again, and two plans that name their candidates alike (the advisor's `ddp-mb2-ckptoff` of two models) keep
+both.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -20,6 +23,39 @@ from ..core.paths import REPO
 from .torchrun import rank_env
 
 MODULE = "harness.runtime.simulate.replay"
+
+
+def code_key() -> str:
+    """What a replay's count depends on besides its config: the harness's code, torch's and transformers'
+    versions (read from their metadata, not imported: the parent replays nothing). Replays kept under it
+    (`replay_work`'s directory) are counted again after an upgrade or a change to the code."""
+    from importlib.metadata import version
+
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "harness").rglob("*.py")):
+        digest.update(path.read_bytes())
+    digest.update(f"{version('torch')} {version('transformers')}".encode())
+    return digest.hexdigest()[:16]
+
+
+def balanced(names, configs, parts: int) -> list:
+    """`names` in up to `parts` shares of about equal cost, the costliest first, each to the share with the least
+    so far. The cost is a guess that only schedules (no count depends on it): a replay's steps run grad_accum
+    micro-batches, each split over the parallel axes' ranks (tensor parallelism's DTensors cost the host most:
+    tiny_llama's tp 2 replays took 2-3x their dp ones at a micro-batch)."""
+    from ..config.derive import dp_size
+
+    def cost(name):
+        cfg = configs[name]
+        return cfg.parallelism.grad_accum * world_size(cfg) // max(dp_size(cfg), 1)
+
+    shares = [[] for _ in range(min(parts, len(names)))]
+    loads = [0] * len(shares)
+    for name in sorted(names, key=cost, reverse=True):
+        least = loads.index(min(loads))
+        shares[least].append(name)
+        loads[least] += cost(name)
+    return shares
 
 
 def replay_env(cfg, index: int = 0, rank: int = 0) -> dict:
@@ -37,13 +73,14 @@ def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank
     imports already (tests/forked_ranks.ForkedPopen). `fake`: on fake tensors (runtime/simulate/fake_replay.py), for
     ranks too large for this host."""
     directory = Path(directory) / f"rank{rank}"
-    todo: Dict[str, str] = {}
+    todo: Dict[str, str] = {}  # slot -> its yaml, for the configs not replayed yet
+    slots: Dict[str, str] = {}  # name -> slot
     for name, cfg in configs.items():
         text = OmegaConf.to_yaml(cfg, resolve=True)
-        yaml, result = directory / name / f"{name}.yaml", directory / name / f"{name}.json"
-        if yaml.exists() and result.exists() and yaml.read_text() == text:
-            continue
-        todo[name] = text
+        slot = slots[name] = f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+        if not (directory / slot / f"{slot}.json").exists():
+            todo[slot] = text
+    configs = {slots[name]: cfg for name, cfg in configs.items()}
     if todo:
         # one world size a process (runtime/simulate/replay.py), each world's configs split over up to `jobs` processes;
         # a fake replay's process takes any worlds, so that `jobs` processes pay the imports once each
@@ -51,7 +88,7 @@ def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank
         for name in todo:
             by_world.setdefault(0 if fake else world_size(configs[name]), []).append(name)
         per_world = max(1, jobs // len(by_world))
-        shares = [names[i::per_world] for names in by_world.values() for i in range(min(per_world, len(names)))]
+        shares = [share for names in by_world.values() for share in balanced(names, configs, per_world)]
         procs = []
         for i, share in enumerate(shares):
             batch = directory / f".batch{i}"
@@ -77,4 +114,4 @@ def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank
                 (directory / yaml.stem / out.name).write_text(
                     out.read_text() if out.exists() else json.dumps(
                         {"ok": False, "error": f"the replay process ended ({proc.returncode}) before this config"}))
-    return {name: json.loads((directory / name / f"{name}.json").read_text()) for name in configs}
+    return {name: json.loads((directory / slot / f"{slot}.json").read_text()) for name, slot in slots.items()}

@@ -4,7 +4,8 @@ core busy for about as long, and only then knows which candidates to count (stud
 
 It imports what a replay imports, then forks a child for each batch it is handed: the children share the imports,
 paid once, and replay at once. `popen` stands in for subprocess.Popen in launcher/replays.replay_work, which
-waits on what it returns as on a process. The other end is runtime/simulate/replay.py's `--wait`:
+waits on what it returns as on a process. The other end is runtime/simulate/replay.py's `wait` (the process's
+entry, runtime/simulate/early.py, runs it):
 
     parent -> process (stdin):  {"argv": [batch dir, flags], "env": the batch's environment}   a line a batch
     process -> parent (stdout): "ended <batch index> <exit status>"                              a line a batch
@@ -18,7 +19,9 @@ import sys
 from typing import Optional
 
 from ..core.paths import REPO
-from .replays import MODULE
+from .replays import MODULE  # noqa: F401 - what a batch's command line runs (the tests build one)
+
+EARLY = "harness.runtime.simulate.early"  # the process's entry: replay.wait, after what must run before its imports
 # what a replay process reads as it imports (torch's threads, dynamo, DeepSpeed's ops, the harness itself): the
 # process takes a batch only where these are the batch's; the rest of the batch's environment it is sent
 AT_IMPORT = ("OMP_NUM_THREADS", "TORCHDYNAMO_DISABLE", "TORCH_EXTENSIONS_DIR", "PYTHONPATH")
@@ -28,10 +31,12 @@ class StartedEarly:
     """The process, and the batches handed to it. A batch whose environment at import differs is started as
     Popen would start it. `close` ends the process, whether or not it was handed a batch (every count cached)."""
 
-    def __init__(self, env: dict):
+    def __init__(self, env: dict, deepspeed: bool = False):
+        """`deepspeed`: import DeepSpeed too, for batches that replay its backends (replay.preload_deepspeed)."""
         self.env, self.handed, self.ended = env, 0, {}
         self.proc: Optional[subprocess.Popen] = subprocess.Popen(
-            [sys.executable, "-m", MODULE, "--wait"], cwd=REPO, env=env, text=True, bufsize=1,
+            [sys.executable, "-m", EARLY, *(["--deepspeed"] if deepspeed else [])], cwd=REPO, env=env,
+            text=True, bufsize=1,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
     def popen(self, cmd, env, **kwargs):
@@ -53,6 +58,8 @@ class StartedEarly:
                 for index in range(self.handed):
                     self.ended.setdefault(index, self.proc.wait() or 1)
                 return
+            if not line.startswith("ended "):  # a library's message, not the protocol's
+                continue
             _, index, status = line.split()
             self.ended[int(index)] = int(status)
             block = False

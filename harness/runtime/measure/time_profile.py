@@ -63,15 +63,26 @@ class PhaseClock:
 
 
 _ACTIVE: List[str] = []  # the phases the training thread is inside, outermost first
+# current_phase's answer, kept as the phases open and close: the work counter asks it for every Python line of a
+# counted step (runtime/measure/work_count.LineCounter), a third of a small replay's cost when it was searched
+CURRENT = ["other"]
 
 
 def current_phase() -> str:
     """The innermost of PHASES the training thread is in, else `other` (inside a step, between its phases, or
     outside any step): what runtime/measure/work_count.py files an op, a Python line or a collective under."""
-    for name in reversed(_ACTIVE):
-        if name in PHASES:
-            return name
-    return "other"
+    return CURRENT[0]
+
+
+def _enter(name: str) -> None:
+    _ACTIVE.append(name)
+    if name in PHASES:
+        CURRENT[0] = name
+
+
+def _leave() -> None:
+    _ACTIVE.pop()
+    CURRENT[0] = next((name for name in reversed(_ACTIVE) if name in PHASES), "other")
 
 
 @contextlib.contextmanager
@@ -83,20 +94,20 @@ def phase(name: str) -> Iterator[None]:
     clock = PhaseClock.running
     with torch.profiler.record_function(PREFIX + name):
         if clock is None:
-            _ACTIVE.append(name)
+            _enter(name)
             try:
                 yield
             finally:
-                _ACTIVE.pop()
+                _leave()
             return
         if name == "step":
             clock.steps.append({})
         wall, cpu = time.perf_counter(), time.thread_time()
-        _ACTIVE.append(name)
+        _enter(name)
         try:
             yield
         finally:
-            _ACTIVE.pop()
+            _leave()
             clock.steps[-1].setdefault(name, [0.0, 0.0])
             clock.steps[-1][name][0] += time.perf_counter() - wall
             clock.steps[-1][name][1] += time.thread_time() - cpu

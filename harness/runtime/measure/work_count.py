@@ -42,7 +42,7 @@ from torch.utils.flop_counter import flop_registry
 
 from ...theory.op_costs import NON_CAUSAL, REUSE_DISTANCES
 from .collective_count import is_collective, ring_handler
-from .time_profile import current_phase
+from .time_profile import CURRENT as _PHASE, current_phase
 
 ALLOC_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
 
@@ -205,7 +205,7 @@ class LineCounter:
 
     def _local(self, frame, event, arg):
         if event == "line" and not _UNCOUNTED[0]:
-            self.lines[current_phase()] += 1
+            self.lines[_PHASE[0]] += 1  # time_profile.current_phase(), read without a call: once a line
         return self._local
 
     def _global(self, frame, event, arg):

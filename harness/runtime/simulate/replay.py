@@ -5,8 +5,8 @@ rank counts it (runtime/measure/work_count.py), without starting the run. The ti
 
     # every <dir>/<name>.yaml (a resolved run config) -> <dir>/<name>.json; --fake: on fake tensors (fake_replay.py)
     python -m harness.runtime.simulate.replay <dir> [--fake]
-    # import, then fork a replay of each batch named on stdin (launcher/started_early.py)
-    python -m harness.runtime.simulate.replay --wait
+    # import (--deepspeed: DeepSpeed's too), then fork a replay of each batch named on stdin (launcher/started_early.py)
+    python -m harness.runtime.simulate.early [--deepspeed]   # wait()
 
 Ranks can differ in their work (ZeRO-1/2's partitions hold different parameters, the last one the padding), so
 a prediction replays the first and the last rank and takes the slower (studies/timing/extrapolation.py). The
@@ -76,7 +76,8 @@ def main(directory: Path, fake: bool = False) -> int:
     linear = torch.nn.functional.linear
     failed = 0
     paths = sorted(directory.glob("*.yaml"))
-    configs = [OmegaConf.merge(OmegaConf.structured(schema.RunConfig), OmegaConf.load(p)) for p in paths]
+    schema_defaults = OmegaConf.structured(schema.RunConfig)  # made once (20 ms): merge copies it for each config
+    configs = [OmegaConf.merge(schema_defaults, OmegaConf.load(p)) for p in paths]
     by_world: dict = {}
     for path, cfg in zip(paths, configs):
         by_world.setdefault(world_size(cfg), []).append((path, cfg))
@@ -84,6 +85,9 @@ def main(directory: Path, fake: bool = False) -> int:
     # (studies/predict/counted_shapes.py), whose mesh is made anew by each config: the group is made again per world
     if len(by_world) != 1 and not fake:
         raise SystemExit(f"replay: the configs in {directory} ask {sorted(by_world)} ranks; one world a process")
+    # what is alive now (the imports, ~1M objects) outlives every config: kept out of the collections between
+    # configs, which otherwise walked it each time (0.28 s a config here, a third of a small replay)
+    gc.freeze()
     for world, items in by_world.items():
         start(world, int(os.environ.get("SHARDBENCH_REPLAY_RANK", "0")))
         for path, cfg in items:
@@ -100,12 +104,43 @@ def main(directory: Path, fake: bool = False) -> int:
     return 1 if failed else 0
 
 
-def wait() -> int:
-    """Import first, then fork a child to replay each batch the parent names on stdin, and say on stdout when each
-    ended (launcher/started_early.py has the protocol); end once stdin closes and every child has."""
+def preload_deepspeed(asked=None) -> None:
+    """What each DeepSpeed replay process would pay once (2.5 s here), paid before the children fork: DeepSpeed's
+    family's modules, the Muon optimizer module DeepSpeed's first initialize imports (torch.compile runs at its
+    import), and py-cpuinfo's answer, which CPU Adam asks for and which takes a subprocess: `asked`, the thread
+    asking it (early.ask_cpu_info, which keeps the answer), joined here so that no child forks without it."""
+    from ...config import families
+
+    if asked is not None:
+        asked.join()
+    try:
+        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+    except ImportError:  # a machine without DeepSpeed replays none of its configs
+        return
+    families.get("deepspeed").strategy_module()
+
+
+def wait(deepspeed: bool = False, asked=None) -> int:
+    """Import first (with `deepspeed`, its modules too: preload_deepspeed, `asked` the thread asking py-cpuinfo),
+    then fork a child to replay each batch the parent names on stdin, and say on stdout when each ended
+    (launcher/started_early.py has the protocol); end once stdin closes and every child has. The process's entry
+    is runtime/simulate/early.py."""
     import select
 
     from . import fake_replay  # noqa: F401 - paid while the parent still searches
+
+    if deepspeed:  # its messages away from stdout, the parent's pipe (DeepSpeed's logger writes to stdout)
+        sys.stdout.flush()
+        kept, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+        try:
+            preload_deepspeed(asked)
+        finally:
+            sys.stdout.flush()
+            os.dup2(kept, 1)
+            os.close(kept)
+    gc.freeze()  # the imports, out of every collection: the children fork without copying their pages to walk them
 
     children: dict = {}  # pid -> batch index
     handed, open_input, pending = 0, True, b""
@@ -137,4 +172,4 @@ def wait() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(wait() if sys.argv[1:] == ["--wait"] else main(Path(sys.argv[1]), fake="--fake" in sys.argv[2:]))
+    sys.exit(main(Path(sys.argv[1]), fake="--fake" in sys.argv[2:]))

@@ -26,6 +26,7 @@ from typing import Dict, List, Optional
 
 from ...config import axes
 from ...core.paths import REPO
+from ...launcher.replays import code_key
 from ..flags import defaults
 
 DEPTHS = (1, 2)  # runtime/simulate/fake_replay.DEPTHS, restated here so that the parent need not import torch for it
@@ -50,16 +51,6 @@ def at_depth(cfg, depth: int):
     out = copy.deepcopy(cfg)
     out.parallelism.device, out.train.steps, out.model.num_layers = "cpu", 1, depth
     return out
-
-
-def _code_key() -> str:
-    from importlib.metadata import version  # not the imports themselves: the parent replays nothing
-
-    digest = hashlib.sha256()
-    for path in sorted((REPO / "harness").rglob("*.py")):
-        digest.update(path.read_bytes())
-    digest.update(f"{version('torch')} {version('transformers')}".encode())
-    return digest.hexdigest()[:16]
 
 
 def depths_for(cfg) -> tuple:
@@ -93,7 +84,7 @@ def count_configs(wanted: Dict[str, tuple], jobs: int = 2, popen=None) -> Dict[s
                 names[text] = f"c{len(names)}_" + hashlib.sha256(text.encode()).hexdigest()[:10]
                 configs[names[text]] = shallow
             asked[key].append(names[text])
-    replays = replay_work(configs, REPO / ".cache" / "counted_work" / _code_key(), jobs=jobs, fake=True,
+    replays = replay_work(configs, REPO / ".cache" / "counted_work" / code_key(), jobs=jobs, fake=True,
                           popen=popen or subprocess.Popen)
     out = {}
     for key, (cfg, depths) in wanted.items():
