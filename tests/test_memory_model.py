@@ -134,6 +134,21 @@ def test_estimate_cli_prints_every_backend_and_the_paper_figures(capsys):
     assert "64 ranks (32 node(s) of 2)" in out  # --world's nodes, of the preset's ranks per node (it said 1 of 2)
 
 
+def test_estimate_leaves_out_in_one_line_a_backend_a_run_would_refuse(capsys):
+    """parallelism.grad_sync=every, which ZeRO-1 refuses (it reduces at DeepSpeed's accumulation boundary only):
+    its rows were printed as if it ran; now it has none and one line says why, and the backends that take it keep
+    theirs (FSDP2 reduce-scatters every micro-batch, ZeRO-2 reduces every micro-batch as it always does)."""
+    from harness.studies.predict.estimate import main
+
+    assert main(["model=tiny_llama", "parallelism.grad_sync=every", "parallelism.grad_accum=2",
+                 "--backends", "ds_zero1,ds_zero2,fsdp"]) == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("│ ")]
+    assert not any(line.startswith("│ ds_zero1 ") for line in table)
+    assert any(line.startswith("│ ds_zero2 ") for line in table) and any(line.startswith("│ fsdp ") for line in table)
+    assert "left out, as a run would be refused: ds_zero1: parallelism.grad_sync=every: DeepSpeed ZeRO-1" in out
+
+
 def test_estimate_prices_each_backends_step_with_the_time_model_when_asked(capsys):
     from harness.studies.predict.estimate import main
 

@@ -180,12 +180,13 @@ def main(argv: List[str] | None = None) -> int:
     asked = {n: [pinned[n]] if n in pinned else list(axes.get(n).searched) if getattr(args, n) == "all" else
              [int(d) for d in getattr(args, n).split(",") if d] or list(axes.get(n).searched_for(cfg))
              for n in axes.AXES}
+    refused: dict = {}  # backends whose family refuses this config, as a run would: {backend: why}
     table = rows(overrides, args.params, args.world, rates, names=args.backends.split(",") if args.backends else None,
-                 asked=asked)
-    if not table:  # every asked degree refused by an axis's rules: say why, in one line
+                 asked=asked, refused=refused)
+    if not table:  # every asked degree refused by an axis's rules (or every backend by its family's): say why
         trial = axes.with_degrees(cfg, {n: degrees[0] for n, degrees in asked.items()})
         raise ConfigError(f"no backend runs this shape at the asked degree(s) of the parallel axes: "
-                          f"{(mesh_rules(trial) or axis_rules(trial) or ['no rows'])[0]}")
+                          f"{(mesh_rules(trial) or axis_rules(trial) or list(refused.values()) or ['no rows'])[0]}")
     r = table[0]
     mesh = mesh_of(cfg, args.world)  # --world's ranks as nodes of the preset's ranks per node (not the preset's)
     title = (f"{cfg.model.name if not args.params else 'Ψ=%.3g' % args.params}: {r['model_params']:,} params, "
@@ -196,6 +197,8 @@ def main(argv: List[str] | None = None) -> int:
         print(markdown(table, title, args.device_gib))
         return 0
     render(table, title, args.device_gib, rates)
+    for name, why in refused.items():
+        print(f"  left out, as a run would be refused: {name}: {why}")
     for family in families.every() if cfg.train.master_weights == "model" else ():
         if family.master_weights_refusal:  # its rows are what it would run: fp32 masters
             print(f"  {family.name}: train.master_weights=model is refused ({family.master_weights_refusal}); its "

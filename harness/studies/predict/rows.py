@@ -21,11 +21,15 @@ from ...theory.time import predict_parts
 
 
 def rows(overrides: List[str], params: float | None = None, world: int | None = None, rates=None,
-         names: List[str] | None = None, asked: Dict[str, List[int]] | None = None) -> List[dict]:
+         names: List[str] | None = None, asked: Dict[str, List[int]] | None = None,
+         refused: Dict[str, str] | None = None) -> List[dict]:
     """One row per backend (`names`, else every one this shape runs) and mesh (the parallel axes' `asked`
     degrees, else the config's; each one the backend and model can run): every prediction, plus DeepSpeed's
     estimate where there is one; with `rates` (predict/rates.py's rates_for), the time model's step time and
-    tokens/s too."""
+    tokens/s too. A backend whose family refuses the config at a mesh (its own rules, as a run's are checked:
+    ZeRO-1 and parallelism.grad_sync=every) has no row there; `refused` gets {backend: the first reason}."""
+    from ...config import families
+
     out = []
     base = compose(overrides)
     # FLOPs per token: counted on the model (FlopCounterMode), or 6 per parameter for a hypothetical one
@@ -36,7 +40,13 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
     for name, backend_cfg in zip(chosen, compose_many([[*overrides, f"backend={b}"] for b in chosen])):
         own = {n: [getattr(backend_cfg.parallelism, n)] for n in axes.AXES}
         for point in mesh_points(backend_cfg, asked or own):
-            out.append(row(axes.with_degrees(backend_cfg, point), name, params, world, flops_per_token, rates))
+            cfg = axes.with_degrees(backend_cfg, point)
+            reasons = families.of(cfg.backend).rules(cfg)
+            if reasons:
+                if refused is not None:
+                    refused.setdefault(name, reasons[0])
+                continue
+            out.append(row(cfg, name, params, world, flops_per_token, rates))
     return out
 
 
