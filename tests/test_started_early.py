@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 
 from harness.config.compose import compose
-from harness.launcher.replays import replay_env, replay_work
-from harness.launcher.started_early import MODULE, StartedEarly
+from harness.launcher.replays import MODULE, replay_env, replay_work
+from harness.launcher.started_early import StartedEarly
 from harness.studies.predict.counted_shapes import at_depth
 
 
@@ -43,15 +43,15 @@ def test_a_replay_started_before_its_configs_counts_what_one_started_after_them_
 @pytest.mark.slow
 def test_deepspeed_loaded_early_replays_on_real_tensors_what_a_late_replay_counts(tmp_path):
     """A CPU plan's process (the advisor's search replays its candidates on real tensors) loads DeepSpeed and asks
-    py-cpuinfo before forking (early.py, replay.preload_deepspeed): ZeRO-2 with its optimizer offloaded (CPU Adam,
-    which asks py-cpuinfo) and ZeRO-3 count the ops and collectives a replay forked from this test counts, and
-    DeepSpeed's messages on stdout do not break the protocol."""
+    py-cpuinfo before forking (early.py, DeepSpeedFamily.preload_replays): ZeRO-2 with its optimizer offloaded
+    (CPU Adam, which asks py-cpuinfo) and ZeRO-3 count the ops and collectives a replay forked from this test
+    counts, and DeepSpeed's messages on stdout do not break the protocol."""
     from forked_ranks import ForkedPopen
 
     configs = {b: compose(["model=tiny_llama", f"backend={b}", "parallelism.nproc_per_node=2", "parallelism.seq_len=64",
                            "train.steps=2", "train.warmup_steps=1"]) for b in ("ds_zero2_offload", "ds_zero3")}
     late = replay_work(configs, tmp_path / "late", jobs=1, popen=ForkedPopen)
-    with StartedEarly(replay_env(configs["ds_zero3"]), deepspeed=True) as early:
+    with StartedEarly(replay_env(configs["ds_zero3"]), preload=["deepspeed"]) as early:
         handed = replay_work(configs, tmp_path / "early", jobs=2, popen=early.popen)
         assert early.handed == 2
     def by_op(work):  # each op's calls, FLOPs and bytes; not its cold bytes, which follow the allocator's addresses

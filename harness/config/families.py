@@ -133,6 +133,12 @@ class Family:
         "" where it can (config/resume_check.py)."""
         return ""
 
+    def preload_replays(self):
+        """What a process about to replay this family's backends does once before it forks them
+        (runtime/simulate/early.py): start now whatever can run beside its imports, and return the callable that
+        finishes, after them. Nothing here: what the replay imports covers the families built on torch alone."""
+        return lambda: None
+
     def mesh_request(self, backend):
         """What the backend asks of the data-parallel ranks (a config/mesh.DPRequest); None: it shards or
         replicates over all of them, with no post-forward group."""

@@ -18,7 +18,7 @@ from typing import Dict
 
 from omegaconf import OmegaConf
 
-from ..config.derive import world_size
+from ..config.derive import dp_size, world_size
 from ..core.paths import REPO
 from .torchrun import rank_env
 
@@ -43,8 +43,6 @@ def balanced(names, configs, parts: int) -> list:
     so far. The cost is a guess that only schedules (no count depends on it): a replay's steps run grad_accum
     micro-batches, each split over the parallel axes' ranks (tensor parallelism's DTensors cost the host most:
     tiny_llama's tp 2 replays took 2-3x their dp ones at a micro-batch)."""
-    from ..config.derive import dp_size
-
     def cost(name):
         cfg = configs[name]
         return cfg.parallelism.grad_accum * world_size(cfg) // max(dp_size(cfg), 1)

@@ -16,11 +16,9 @@ import json
 import select
 import subprocess
 import sys
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..core.paths import REPO
-from .replays import MODULE  # noqa: F401 - what a batch's command line runs (the tests build one)
-
 EARLY = "harness.runtime.simulate.early"  # the process's entry: replay.wait, after what must run before its imports
 # what a replay process reads as it imports (torch's threads, dynamo, DeepSpeed's ops, the harness itself): the
 # process takes a batch only where these are the batch's; the rest of the batch's environment it is sent
@@ -31,13 +29,13 @@ class StartedEarly:
     """The process, and the batches handed to it. A batch whose environment at import differs is started as
     Popen would start it. `close` ends the process, whether or not it was handed a batch (every count cached)."""
 
-    def __init__(self, env: dict, deepspeed: bool = False):
-        """`deepspeed`: import DeepSpeed too, for batches that replay its backends (replay.preload_deepspeed)."""
+    def __init__(self, env: dict, preload: Sequence[str] = ()):
+        """`preload`: the strategy families whose backends its batches replay, preloaded before it forks them
+        (Family.preload_replays)."""
         self.env, self.handed, self.ended = env, 0, {}
         self.proc: Optional[subprocess.Popen] = subprocess.Popen(
-            [sys.executable, "-m", EARLY, *(["--deepspeed"] if deepspeed else [])], cwd=REPO, env=env,
-            text=True, bufsize=1,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            [sys.executable, "-m", EARLY, *(["--preload", ",".join(preload)] if preload else [])], cwd=REPO,
+            env=env, text=True, bufsize=1, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
     def popen(self, cmd, env, **kwargs):
         # not taken: an environment it did not import with, or a process already gone (its imports failed)

@@ -161,6 +161,24 @@ class DeepSpeedFamily(Family):
                     f"fails); resume it at {saved} on {marker.get('world')} ranks")
         return ""
 
+    def preload_replays(self):
+        """py-cpuinfo asked from a thread at once (CPU Adam asks it: cpu_info.py), then, after the process's
+        imports, DeepSpeed's Muon optimizer module (its first initialize imports it, and torch.compile runs at its
+        import) and the strategy module: 2.5 s each replay process paid before."""
+        from .cpu_info import asked_in_thread
+
+        asked = asked_in_thread()
+
+        def finish():
+            if asked is not None:
+                asked.join()
+            try:
+                import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+            except ImportError:  # a machine without DeepSpeed replays none of its configs
+                return
+            self.strategy_module()
+        return finish
+
     def is_hybrid(self, backend) -> bool:
         return backend.zero_stage == 3 and backend.hpz_partition_size != 1
 

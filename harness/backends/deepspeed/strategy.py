@@ -13,7 +13,7 @@ from typing import Dict, Iterable
 import torch
 from typing_extensions import override
 
-from . import autoep
+from . import autoep, cpu_info
 from .jit_ops import settle_arch_list
 from .json_config import ds_config
 from ...core.checkpoint_dirs import read_marker
@@ -65,7 +65,7 @@ class DeepSpeedStrategy(Strategy):
         if self.cfg.backend.offload_optimizer:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            _remember_cpu_info()
+            cpu_info.remember()
 
             make = functools.partial(DeepSpeedCPUAdam, adamw_mode=True, **kw)
             self.optimizer_name = "DeepSpeedCPUAdam(adamw_mode=True)"
@@ -239,15 +239,6 @@ def fresh_parallel_groups() -> None:
                  "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK"):
         if hasattr(groups, name):
             setattr(groups, name, None)
-
-
-def _remember_cpu_info() -> None:
-    """py-cpuinfo starts a subprocess on every call (1.2 s here), and DeepSpeed asks it three times while it
-    loads CPU Adam; the CPU does not change within a rank, so the first answer serves the other two."""
-    import cpuinfo
-
-    if not hasattr(cpuinfo.get_cpu_info, "cache_info"):
-        cpuinfo.get_cpu_info = functools.lru_cache(maxsize=1)(cpuinfo.get_cpu_info)
 
 
 def zero_value(value):

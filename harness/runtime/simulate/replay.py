@@ -5,8 +5,8 @@ rank counts it (runtime/measure/work_count.py), without starting the run. The ti
 
     # every <dir>/<name>.yaml (a resolved run config) -> <dir>/<name>.json; --fake: on fake tensors (fake_replay.py)
     python -m harness.runtime.simulate.replay <dir> [--fake]
-    # import (--deepspeed: DeepSpeed's too), then fork a replay of each batch named on stdin (launcher/started_early.py)
-    python -m harness.runtime.simulate.early [--deepspeed]   # wait()
+    # import (and the named families' preloads), then fork a replay of each batch named on stdin (wait())
+    python -m harness.runtime.simulate.early [--preload deepspeed,fsdp]
 
 Ranks can differ in their work (ZeRO-1/2's partitions hold different parameters, the last one the padding), so
 a prediction replays the first and the last rank and takes the slower (studies/timing/extrapolation.py). The
@@ -104,38 +104,22 @@ def main(directory: Path, fake: bool = False) -> int:
     return 1 if failed else 0
 
 
-def preload_deepspeed(asked=None) -> None:
-    """What each DeepSpeed replay process would pay once (2.5 s here), paid before the children fork: DeepSpeed's
-    family's modules, the Muon optimizer module DeepSpeed's first initialize imports (torch.compile runs at its
-    import), and py-cpuinfo's answer, which CPU Adam asks for and which takes a subprocess: `asked`, the thread
-    asking it (early.ask_cpu_info, which keeps the answer), joined here so that no child forks without it."""
-    from ...config import families
-
-    if asked is not None:
-        asked.join()
-    try:
-        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
-    except ImportError:  # a machine without DeepSpeed replays none of its configs
-        return
-    families.get("deepspeed").strategy_module()
-
-
-def wait(deepspeed: bool = False, asked=None) -> int:
-    """Import first (with `deepspeed`, its modules too: preload_deepspeed, `asked` the thread asking py-cpuinfo),
-    then fork a child to replay each batch the parent names on stdin, and say on stdout when each ended
-    (launcher/started_early.py has the protocol); end once stdin closes and every child has. The process's entry
-    is runtime/simulate/early.py."""
+def wait(finishing=()) -> int:
+    """Import first, and finish the strategy families' preloads (`finishing`: what Family.preload_replays returned,
+    runtime/simulate/early.py), then fork a child to replay each batch the parent names on stdin, and say on stdout
+    when each ended (launcher/started_early.py has the protocol); end once stdin closes and every child has."""
     import select
 
     from . import fake_replay  # noqa: F401 - paid while the parent still searches
 
-    if deepspeed:  # its messages away from stdout, the parent's pipe (DeepSpeed's logger writes to stdout)
+    if finishing:  # their messages away from stdout, the parent's pipe (DeepSpeed's logger writes to stdout)
         sys.stdout.flush()
         kept, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, 1)
         os.close(null)
         try:
-            preload_deepspeed(asked)
+            for finish in finishing:
+                finish()
         finally:
             sys.stdout.flush()
             os.dup2(kept, 1)

@@ -157,6 +157,7 @@ def refused_reasons(refused: dict) -> dict:
     return {key.replace("{}", ", ".join(backends)) if backends else key: count
             for key, (backends, count) in folded.items()}
 
+
 def print_plan(p: Plan) -> None:
     print(f"advise: {p.model}, {p.world} {p.device} ranks, {p.precision}, global batch {p.global_batch}, "
           f"budget {size(p.budget_bytes)} per rank ({p.margin:.0%} margin); {len(p.fitting)} of "

@@ -73,7 +73,7 @@ def replays_started_early(cfg, dry_run: bool, backends=()):
     """The replays' process (launcher/started_early.StartedEarly, whose `popen` starts them), started now so that
     its imports overlap the search: for a CPU plan, whose search replays the candidates that fit on real tensors
     (advise/step_times.py), and for a GPU plan's dry run, whose pick `lines` counts on fake tensors; else None
-    (subprocess.Popen's own). `backends`: the plan's; DeepSpeed's are imported early too where a CPU plan has one."""
+    (subprocess.Popen's own). `backends`: the plan's; a CPU plan's families are preloaded (Family.preload_replays)."""
     from ...config.compose import backend_preset
 
     cpu = cfg.parallelism.device == "cpu"
@@ -84,8 +84,8 @@ def replays_started_early(cfg, dry_run: bool, backends=()):
     from ...launcher.started_early import StartedEarly
     from ..predict.counted_shapes import at_depth
 
-    deepspeed = cpu and any(backend_preset(b).family == "deepspeed" for b in backends)
-    with StartedEarly(replay_env(cfg if cpu else at_depth(cfg, 1)), deepspeed) as early:
+    preload = sorted({backend_preset(b).family for b in backends}) if cpu else ()
+    with StartedEarly(replay_env(cfg if cpu else at_depth(cfg, 1)), preload) as early:
         yield early
 
 

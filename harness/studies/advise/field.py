@@ -171,6 +171,7 @@ def write(results: List[dict], out: Path, seconds: float) -> None:
     write_json(out / "advisor.json", {"rows": results, "seconds": seconds})
     write_readme_section(out, MARKERS, lines)
 
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=str(ROWS), help="the published rows (default experiments/published/rows.yaml)")

@@ -183,6 +183,7 @@ def write(results: List[dict], out: Path, sources: Dict[str, str]) -> None:
                {"rows": results, "cards": {n: c for n, c in CARDS.items() if n in used}, "sources": sources})
     write_readme_section(out, MARKERS, [*lines, *cards, *sourced])
 
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=str(ROWS),

@@ -28,7 +28,7 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
     estimate where there is one; with `rates` (predict/rates.py's rates_for), the time model's step time and
     tokens/s too. A backend whose family refuses the config at a mesh (its own rules, as a run's are checked:
     ZeRO-1 and parallelism.grad_sync=every) has no row there; `refused` gets {backend: the first reason}."""
-    from ...config import families
+    from ...config.rules import backend_rules
 
     out = []
     base = compose(overrides)
@@ -41,7 +41,7 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
         own = {n: [getattr(backend_cfg.parallelism, n)] for n in axes.AXES}
         for point in mesh_points(backend_cfg, asked or own):
             cfg = axes.with_degrees(backend_cfg, point)
-            reasons = families.of(cfg.backend).rules(cfg)
+            reasons = backend_rules(cfg)  # as a run checks the backend (config/rules.py)
             if reasons:
                 if refused is not None:
                     refused.setdefault(name, reasons[0])
