@@ -25,7 +25,7 @@ from typing import Dict, Iterator, List, Optional
 import torch
 
 from ..strategies.base import stored_tensors
-from .late_frees import collective_frees, typed_events
+from .late_frees import collective_frees, lost_frees, typed_events, with_lost_frees
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")
 # the strategy's exact components, as kinds of the peak (host_ states are the same memory on a CPU run)
@@ -167,9 +167,9 @@ class StepMemory:
         return self._analysed(prof)
 
     def _analysed(self, prof) -> dict:
-        moved = collective_frees(prof)
+        moved, lost = collective_frees(prof), lost_frees(prof, self.device.type)
         try:
-            return {"method": "categorised", **self._replay(prof._memory_profile(), moved)}
+            return {"method": "categorised", **self._replay(prof._memory_profile(), moved, lost)}
         except Exception as err:  # noqa: BLE001 - torch's data-flow analysis asserts on some graphs
             why = f"{type(err).__name__}: {str(err)[:120]}"
             # torch's own words go to the log (launcher.log) and the summary's per_rank figures, not the notes
@@ -177,7 +177,7 @@ class StepMemory:
                   "self-checks", file=sys.stderr)
         try:
             return {"method": "categorised, lenient", "why": why,
-                    **self._replay(lenient_memory_profile(prof), moved)}
+                    **self._replay(lenient_memory_profile(prof), moved, lost)}
         except Exception:  # noqa: BLE001 - the allocations themselves are still exact
             return {"method": "allocations", "why": why, **self._allocations(prof)}
 
@@ -191,7 +191,8 @@ class StepMemory:
         events = [(e.start_time_ns, fields.alloc_size, fields.ptr) for e, kind, fields in typed_events(prof)
                   if kind == _EventType.Allocation and fields.device.type == self.device.type]
         moved = collective_frees(prof)
-        events = sorted((moved.get((t, ptr), t), size, ptr) for t, size, ptr in events)
+        events = sorted([(moved.get((t, ptr), t), size, ptr) for t, size, ptr in events]
+                        + [(lf.done, -lf.bytes, ptr) for (_, ptr), lf in lost_frees(prof, self.device.type).items()])
         allocated, before = set(), {ptr: size for ptr, (_, size) in self._states.items()}
         for _, size, ptr in events:
             if size > 0:
@@ -227,9 +228,10 @@ class StepMemory:
                 "at_marker": at_marker, "states": self._marker_states,
                 "unaccounted": None if at_marker is None else at_marker - self._marker_states}
 
-    def _replay(self, memory_profile, moved: Dict[tuple, int]) -> dict:
+    def _replay(self, memory_profile, moved: Dict[tuple, int], lost: Dict[tuple, tuple]) -> dict:
         """Live bytes by kind through the step; the kinds at the peak, and the live total at the marker.
-        `moved`: communication buffers' frees, counted at their last use (collective_frees)."""
+        `moved`: communication buffers' frees, counted at their last use (collective_frees); `lost`: those whose
+        free the profile never saw, added there (lost_frees)."""
         from torch.profiler._memory_profiler import Action, TensorKey
         kinds, categories = _category_kinds(), memory_profile._categories
 
@@ -238,7 +240,7 @@ class StepMemory:
             storage = getattr(key, "storage", None)
             return moved.get((t, storage.ptr), t) if action == Action.DESTROY and storage is not None else t
 
-        timeline = sorted(memory_profile.timeline, key=when)
+        timeline = sorted(with_lost_frees(memory_profile.timeline, lost), key=when)
         # only storages that existed before the step take the exact classifier's kind: a new allocation can
         # reuse the address of one freed during the step
         preexisting = {key for _, action, (key, _v), _ in timeline if action == Action.PREEXISTING}
