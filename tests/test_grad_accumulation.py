@@ -201,4 +201,6 @@ def test_deepspeed_under_parity_in_bf16_reduces_in_bf16_into_a_compact_fp32_part
         assert settings["deepspeed"]["json"]["data_types"]["grad_accum_dtype"] == "fp32", backend
         assert abs(f["comm/bytes_error_pct"]) < 1, (backend, f["comm/bytes_error_pct"])
         assert abs(f["memory/model_states_error_pct"]) < 1, (backend, f["memory/model_states_error_pct"])
-        assert abs(f["memory/device_peak_error_pct"]) < 10, (backend, f["memory/device_peak_error_pct"])
+        # the peak too: ZeRO-1's BF16_Optimizer holds the .grad in its layout (theory had counted it twice: -7.8%),
+        # and a bucket gloo freed out of the profiler's sight is counted freed (late_frees.lost_frees: +15.3% once)
+        assert abs(f["memory/device_peak_error_pct"]) < 1, (backend, f["memory/device_peak_error_pct"])
