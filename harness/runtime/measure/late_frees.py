@@ -130,6 +130,9 @@ def lost_frees(prof, device_type: str) -> Dict[tuple, LostFree]:
     counted as freed when the training thread was done with it (_StepEvents.done_with; by the address's reuse at
     the latest)."""
     from collections import Counter
+    cached = getattr(prof, "_shardbench_lost", {})  # each profiled step's peak reads it, and the lowest's kinds again
+    if device_type in cached:
+        return cached[device_type]
     step = _StepEvents.of(prof)
     live, carried_in, out = {}, Counter(), {}
     for e, fields in step.allocations:
@@ -153,6 +156,7 @@ def lost_frees(prof, device_type: str) -> Dict[tuple, LostFree]:
         done = step.done_with(ptr, t, end)
         if done is not None:
             out[(t, ptr)] = LostFree(size, done)
+    prof._shardbench_lost = {**cached, device_type: out}
     return out
 
 

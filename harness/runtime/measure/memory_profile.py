@@ -25,7 +25,7 @@ from typing import Dict, Iterator, List, Optional
 import torch
 
 from ..strategies.base import stored_tensors
-from .late_frees import collective_frees, lost_frees, typed_events, with_lost_frees
+from .late_frees import LostFree, collective_frees, lost_frees, typed_events, with_lost_frees
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries", "unattributed")
 # the strategy's exact components, as kinds of the peak (host_ states are the same memory on a CPU run)
@@ -228,7 +228,7 @@ class StepMemory:
                 "at_marker": at_marker, "states": self._marker_states,
                 "unaccounted": None if at_marker is None else at_marker - self._marker_states}
 
-    def _replay(self, memory_profile, moved: Dict[tuple, int], lost: Dict[tuple, tuple]) -> dict:
+    def _replay(self, memory_profile, moved: Dict[tuple, int], lost: Dict[tuple, LostFree]) -> dict:
         """Live bytes by kind through the step; the kinds at the peak, and the live total at the marker.
         `moved`: communication buffers' frees, counted at their last use (collective_frees); `lost`: those whose
         free the profile never saw, added there (lost_frees)."""
