@@ -70,23 +70,34 @@ def lose_a_bucket_free(reuse: bool) -> dict:
         z = torch.ones(10 * N)  # the peak, after the bucket's free
         del z, y, a, later
 
-    peaks = {}
-    for by_kind in (True, False):
-        memory = StepMemory(Params(), torch.device("cpu"), by_kind=by_kind)
-        with memory.profiled():
+    def measured() -> dict:
+        addresses.clear()
+        peaks = {}
+        for by_kind in (True, False):
+            memory = StepMemory(Params(), torch.device("cpu"), by_kind=by_kind)
+            with memory.profiled():
+                step()
+            peaks[by_kind] = memory.lowest()["peak"]
+        with profile(profile_memory=True, record_shapes=True) as prof:
             step()
-        peaks[by_kind] = memory.lowest()["peak"]
-    with profile(profile_memory=True, record_shapes=True) as prof:
-        step()
-    lost = [(lf.bytes, lf.reborn is not None) for lf in lost_frees(prof, "cpu").values() if lf.bytes == 8 * N]
-    return {"peaks": peaks, "lost": lost, "reused": addresses[-1] == addresses[-2],
-            "expected": 4 * (PARAMS + N + 2 * N + next_size + 10 * N)}
+        lost = [(lf.bytes, lf.reborn is not None) for lf in lost_frees(prof, "cpu").values() if lf.bytes == 8 * N]
+        return {"peaks": peaks, "lost": lost, "reused": [a == b for a, b in zip(addresses[0::2], addresses[1::2])],
+                "expected": 4 * (PARAMS + N + 2 * N + next_size + 10 * N)}
+
+    # whether the kernel maps the next block on the bucket's pages depends on what else the process mapped (in
+    # make test's worker, after hundreds of tests, one try in a fresh clone did not): a few tries, each step's
+    # reuse checked by the test
+    for _ in range(5):
+        found = measured()
+        if found["reused"] == [reuse] * 3:
+            break
+    return found
 
 
 @pytest.mark.parametrize("reuse", [False, True], ids=["kept apart", "address reused"])
 def test_a_bucket_freed_out_of_the_profilers_sight_is_counted_freed_at_its_last_use(reuse):
     (found,) = run_ranks(lose_a_bucket_free, 1, reuse)
-    assert found["reused"] == reuse  # the case named is the case run
+    assert found["reused"] == [reuse] * 3  # the case named is the case run, in each of the three steps
     assert found["lost"] == [(8 * N, reuse)]  # the free was lost, and found
     # both readings: the allocations alone (the profiled steps' peaks) and torch's timeline (the peak by kind);
     # uncorrected, each read the bucket as live at the peak (+320,000 B)
