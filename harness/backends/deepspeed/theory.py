@@ -18,6 +18,11 @@ Transients (`phase_terms`):
   from forward to backward (p·Ψ beside the 1/N shards: why ZeRO-3 can hold more than ZeRO-2 on a model this
   size), and above it the last blocks do. The prefetch gathers up to stage3_prefetch_bucket_size parameters in
   one coalesced all-gather whose flat buffer lives until its last parameter is used.
+- ZeRO-3 under AutoEP: its experts run `torch._grouped_mm` on transposed views of their gathered 3-D weights
+  (deepspeed/moe/ep_experts.py), which autograd saves for backward. Releasing a parameter swaps its `.data`
+  and leaves a view's storage alone, so each block keeps its local experts' gathered weights from its forward
+  to its backward (`autoep_saved_experts`), whatever the reuse distance says: measured on tiny Mixtral at efsdp
+  2 x ep 2, three gathered weights a block (w1, w2, w3: 32,768 B each) live at the peak on every rank.
 - The step: DeepSpeed steps one flat fp32 partition and first flattens its fp32 gradient (4T/N);
   DeepSpeedCPUAdam steps in place.
 
@@ -184,14 +189,32 @@ def zero3_terms(s, phase: str, k: Optional[int]) -> Dict[str, float]:
     gathered = zero3_gathered(s)
     released = s.params - s.persistent_params - gathered  # let go of in forward (none below the reuse distance)
     if k is None:
-        out = {"gathered_params": s.p * gathered, "hpz_secondary_shards": hpz_secondary(s, released)}
+        out = {"gathered_params": s.p * gathered, "hpz_secondary_shards": hpz_secondary(s, released),
+               "autoep_saved_experts": autoep_saved_experts(s, gathered, None)}
         if phase == "forward_end":
             out["prefetch_buffer"] = s.p * min(s.params - s.persistent_params, s.prefetch_bucket, s.max_live_params)
         return out
     # a module's parameters are released once its backward is done (backward runs the kept ones first)
     done = s.head_params + (s.blocks - 1 - k) * s.block_params
     return {"gathered_params": s.p * max(gathered - done, s.block_params),
-            "hpz_secondary_shards": hpz_secondary(s, released + min(done, gathered))}
+            "hpz_secondary_shards": hpz_secondary(s, released + min(done, gathered)),
+            "autoep_saved_experts": autoep_saved_experts(s, max(gathered - done, 0), k)}
+
+
+def autoep_saved_experts(s, kept_gathered: float, k: Optional[int]) -> float:
+    """The gathered expert weights AutoEP's grouped matmuls saved for backward (module docstring): every block's
+    after forward (k None), blocks 0..k in block k's backward. A checkpointed block saves nothing in forward, and
+    the one being recomputed is counted (the checkpointed cells are not measured: a prediction). The blocks whose
+    parameters stay gathered from forward to backward anyway (`kept_gathered` elements, the head first), and the
+    expert tensors under the persistence threshold (never released), hold the same storage. Only under AutoEP
+    (its expert tensors are then ZeRO's MoE group)."""
+    released = sum(n for n in s.expert_trainable_sizes if n > s.persistence_threshold)
+    if not released or not s.block_params:
+        return 0.0
+    blocks = s.blocks if k is None else k + 1
+    saved = max(blocks - s.reissued_blocks, 0) + (1 if k is not None and s.reissued_blocks else 0)
+    still_gathered = max(kept_gathered - s.head_params, 0) // s.block_params
+    return s.p * released / s.blocks * max(min(saved, blocks) - still_gathered, 0)
 
 
 def hpz_secondary(s, elements: float) -> float:
