@@ -214,7 +214,7 @@ def autoep_saved_experts(s, kept_gathered: float, k: Optional[int]) -> float:
     blocks = s.blocks if k is None else k + 1
     saved = max(blocks - s.reissued_blocks, 0) + (1 if k is not None and s.reissued_blocks else 0)
     still_gathered = max(kept_gathered - s.head_params, 0) // s.block_params
-    return s.p * released / s.blocks * max(min(saved, blocks) - still_gathered, 0)
+    return s.p * released / s.blocks * max(saved - still_gathered, 0)  # saved <= blocks
 
 
 def hpz_secondary(s, elements: float) -> float:

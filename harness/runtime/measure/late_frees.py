@@ -4,6 +4,9 @@ finished collective's tensors until it moves on, at a moment that changes from r
 frees are not recorded."""
 from __future__ import annotations
 
+import bisect
+import itertools
+from collections import Counter
 from typing import Dict, NamedTuple, Optional
 
 
@@ -31,8 +34,6 @@ class _StepEvents:
     thread's collective calls in order, and when each storage was read by an op (the profile's record_shapes)."""
 
     def __init__(self, prof):
-        import itertools
-
         from torch._C._profiler import _EventType
         events = typed_events(prof)
         self.allocations = sorted(((e, fields) for e, kind, fields in events if kind == _EventType.Allocation),
@@ -61,13 +62,11 @@ class _StepEvents:
     def done_with(self, ptr: int, born: int, by: float) -> int | None:
         """When the training thread was last done with a storage born at `born`, by time `by`: the end of its last
         use by an op, and at least the end of the first collective call after its birth."""
-        import bisect
         after = [end for start, end, _ in self.calls[bisect.bisect_left(self.starts, born):] if end <= by]
         used = [u for u in self.uses.get(ptr, []) if born <= u <= by]
         return max(used + after[:1]) if used or after else None
 
     def collective_read(self, ptr: int, born: int) -> bool:
-        import bisect
         return any(ptr in used for _, _, used in self.calls[bisect.bisect_left(self.starts, born):])
 
 
@@ -80,8 +79,6 @@ def collective_frees(prof) -> Dict[tuple, int]:
     frees inside a collective call that does not use it, or that another thread frees, was held by the
     communication library; it is counted as freed when the training thread was last done with it
     (_StepEvents.done_with). Needs the profile's record_shapes (op inputs)."""
-    import bisect
-
     step = _StepEvents.of(prof)
     out, allocated_at = {}, {}
     for e, fields in step.allocations:
@@ -129,7 +126,6 @@ def lost_frees(prof, device_type: str) -> Dict[tuple, LostFree]:
     never freed, those beyond what the step found, size by size (the earliest first), lost their free. Each is
     counted as freed when the training thread was done with it (_StepEvents.done_with; by the address's reuse at
     the latest)."""
-    from collections import Counter
     cached = getattr(prof, "_shardbench_lost", {})  # each profiled step's peak reads it, and the lowest's kinds again
     if device_type in cached:
         return cached[device_type]
