@@ -14,6 +14,8 @@ from omegaconf import OmegaConf
 from harness.config import rules
 from harness.config.compose import compose
 from harness.config.mesh import mesh_of
+from harness.core.records import RankReport
+from harness.reporting import routed_memory
 from harness.runtime import models
 from harness.theory import communication
 from harness.theory.shape import shape_of
@@ -149,24 +151,26 @@ def test_expert_parallel_states_bytes_and_peak_are_the_theorys(ep_two_rank_runs,
                        else (c.op, round(c.size_bytes), mesh.size(c.group)))
                 expected[key] += c.count * (c.size_bytes if deepspeed else 1)
         assert measured == pytest.approx(expected), cell
-        peak = f["memory/tensor_peak_predicted_bytes"]
+        # each rank against the theory at the rows its experts received in its profiled step (reporting/
+        # routed_memory.py): tiny Mixtral's router sent ranks 0 and 2 1.22x to 1.52x the balanced rows, by launch
+        routed = routed_memory.routed_peaks(cfg, [RankReport.from_dict(r) for r in ranks])
         errors = []
-        for rank in ranks:
+        for rank, r in zip(ranks, routed):
             p = rank["tensor_peak"]
-            error, held = (100 * (p["peak"] - peak) / peak, 100 * (p["peak"] - p["unaccounted"] - peak) / peak)
-            # the raw peak, under AutoEP too: what DeepSpeed's ranks had "not released at the after-backward marker"
-            # (0.1 to 0.6 MB, one rank +27% raw, which the mean had read less) were buckets gloo freed out of the
-            # profiler's sight, now counted freed (runtime/measure/late_frees.lost_frees): AutoEP ZeRO-3 on Mixtral
-            # read +26 to +50% raw a rank before, +8 to +18% after
+            error, held = (100 * (p["peak"] - r["predicted"]) / r["predicted"],
+                           100 * (p["peak"] - p["unaccounted"] - r["predicted"]) / r["predicted"])
             errors.append(error)
-            print(f"EP {cell} rank {rank['rank']}: peak {error:+.1f}% against the theory ({held:+.1f}% less what "
-                  "it had not released at the after-backward marker)")
-            # a rank's experts keep the rows they were routed, which the theory takes as balanced (k x T): one
-            # rank's peak moves with the routing, which differs from launch to launch (why is not verified; gloo's
-            # summation order moving near-tied router scores is one candidate): -12% to +7% measured on tiny
-            # Mixtral until 2026-11-29, then -15.5% and
-            # +9.3% in two launches of the same commit on 2026-11-30, one rank receiving 1.48x the balanced rows.
-            # Each within 20%, a bound on what the theory does not model yet (issue 72's routing imbalance) ...
+            print(f"EP {cell} rank {rank['rank']}: received {r['share']:.3f}x the balanced rows, peak {error:+.1f}% "
+                  f"against the theory at them ({held:+.1f}% less what it had not released at the after-backward "
+                  "marker)")
+            if "AutoEP" not in cell:  # transformers' dispatch: what a rank keeps follows what it receives. Measured
+                # 2026-11-30: -1.4% to -9.8% a rank (-10.4% to +3.6% against the balanced theory at 4 ranks, -15.9% to
+                # +3.0% at 2), the ranks that received least lowest: at 2 micro-batches the theory is over by 3.4%
+                # at ep 1 too, and a launch at 1 micro-batch reads +3.1% and +0.3% at shares 1.60 and 0.34. What
+                # grows the miss at a low share under accumulation is not found: 12%, not 10%
+                assert abs(error) <= 12, (cell, rank["rank"], r["share"], error)
+            # AutoEP's dispatch is counted as at ep 1 (theory/moe.py): one rank's peak moves with the routing
+            # the theory does not follow (ZeRO-3 on tiny Mixtral: -1.5% to +10.2% on 2026-11-30); each within 20% ...
             assert -20 <= error and held <= 20, (cell, rank["rank"], error, held)
         # ... and their mean, over which the routed rows are the balanced ones, within 10%. AutoEP ZeRO-3's read
         # +12.9% and +13.0% in two launches on 2026-11-30 (ranks 0 and 2, whose experts the router favoured, +17.9%):

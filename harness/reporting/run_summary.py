@@ -19,6 +19,7 @@ from ..theory.memory import device_share
 from ..theory.peak import after_backward_buffers, explain_unaccounted
 from ..theory.shape import shape_of
 from ..theory.predict import predict
+from . import routed_memory
 from .checkpoint_figures import checkpoint, checkpoint_notes
 from .time_and_comm import communication, stragglers, time_breakdown, time_model, time_notes
 
@@ -193,6 +194,7 @@ def figures(cfg, ranks: List[RankReport], flop_counts: dict) -> dict:
     out.update(stragglers(ranks))
     out.update(communication(cfg, ranks))
     predicted = predict(cfg, None, ranks[0].params)
+    predicted.update(routed_memory.figures(cfg, ranks, predicted))  # expert parallelism: each rank's own routing
     out.update(predicted)
     out.update(errors(out, predicted))
     if "comm/measured_bytes_per_step" in out and predicted["comm/predicted_bytes_per_step"]:

@@ -182,12 +182,12 @@ def train(model, strategy, batches, cfg, device, sink, inject: Injector = no_fau
     result.device = probes.device_memory(device)
     result.host_peak_reset = timer.host_peak_reset
     result.model_states, result.unclassified = states.states, states.unclassified
-    after_the_window(train_step, strategy, batches, cfg, device, states, breakdown, result, snapshot_path)
+    after_the_window(train_step, strategy, batches, cfg, device, states, breakdown, result, snapshot_path, routing)
     return result
 
 
 def after_the_window(train_step: TrainStep, strategy, batches, cfg, device, states, breakdown, result: LoopResult,
-                     snapshot_path: Optional[str]) -> None:
+                     snapshot_path: Optional[str], routing: Optional[RouterLog] = None) -> None:
     """The measurements after the timed window, untimed and unlogged, on the data the next steps would take (the
     list in train's docstring), into `result`."""
     t = cfg.train
@@ -205,12 +205,18 @@ def after_the_window(train_step: TrainStep, strategy, batches, cfg, device, stat
     if t.profile_memory:
         memory = memory_profile.StepMemory(strategy, device, dataset=batches.tensors(), by_kind=t.peak_by_kind)
         steps = [next(extra) for _ in range(max(t.memory_steps, 1))]
+        routed = []  # a mixture of experts' routed rows per expert in each profiled step (runtime/routing.py)
+        if routing:
+            routing.take_rows()  # not the counted steps' rows
         for step in steps:
             with memory.profiled():
                 # no loss all-reduce: a collective after the optimizer moves when gloo frees the step's
                 # buffers, which the closure check at the marker reads (with it, the 5% check failed once in 3)
                 train_step(step, memory.marker, mean_loss=False)
+            routed += [routing.take_rows()] if routing else []
         result.memory_profile = memory.lowest()
+        if result.memory_profile and routed:
+            result.memory_profile["routed_rows"] = routed
         states.check_peak(result.memory_profile, steps[0])
     if snapshot_path:
         with probes.cuda_memory_history(snapshot_path):

@@ -13,6 +13,11 @@ those of the strategy):
   its mean router probability, over the step's tokens of every layer. 1·k when perfectly balanced.
 - `moe/imbalance`: the busiest expert's routed copies over the mean (1 = balanced), the worst layer's: what
   the compute of the busiest expert, and under expert parallelism its rank's all-to-all, scale with.
+
+For the memory profile's steps the rank keeps its routed copies per expert, over the layers, for each micro-batch
+(`take_rows`), so
+that the summary can say, from every rank's, what each rank's experts received under expert parallelism
+(theory/moe.received_shares): the rows a rank's activations keep (theory/moe.py).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ class RouterLog:
         self.counts = [None] * len(routers)  # routed copies per expert, per layer
         self.probs = [None] * len(routers)  # summed router probabilities per expert, per layer
         self.tokens = [0] * len(routers)
+        self.forwards: List[torch.Tensor] = []  # routed copies per expert over the layers, per forward (micro-batch)
         for index, router in enumerate(routers):
             router.register_forward_hook(self._hook(index, logits_keeper(router)))
 
@@ -51,7 +57,17 @@ class RouterLog:
             self.counts[index] = counts if self.counts[index] is None else self.counts[index] + counts
             self.probs[index] = probs if self.probs[index] is None else self.probs[index] + probs
             self.tokens[index] += logits.shape[0]
+            if index == 0 or not self.forwards:  # the first router: a micro-batch's forward begins
+                self.forwards.append(torch.zeros(self.num_experts, dtype=torch.double))
+            self.forwards[-1] += counts
         return record
+
+    def take_rows(self) -> List[List[int]]:
+        """The routed copies each expert received from this rank's tokens over the layers, for each micro-batch's
+        forward since the last take; and a fresh count."""
+        rows = [[int(n) for n in forward.tolist()] for forward in self.forwards]
+        self.step_metrics()
+        return rows
 
     def step_metrics(self) -> Dict[str, float]:
         """The step's figures (module docstring), and a fresh count for the next step."""
@@ -66,6 +82,7 @@ class RouterLog:
         self.counts = [None] * len(self.counts)
         self.probs = [None] * len(self.probs)
         self.tokens = [0] * len(self.tokens)
+        self.forwards = []
         return {"moe/aux_loss": aux, "moe/imbalance": imbalance}
 
 
@@ -80,3 +97,4 @@ def logits_keeper(router: torch.nn.Module):
     kept = {}
     gate.register_forward_hook(lambda module, args, output: kept.__setitem__("logits", output.detach()))
     return lambda output: (kept.pop("logits"), output[1])
+

@@ -85,7 +85,7 @@ def regime(backend, precision: str, master: str = "fp32") -> str:
     return families.of(backend).activation_regime(precision, master)
 
 
-def attention_mlp_bytes_per_token(model, reg: str, inner: float) -> float:
+def attention_mlp_bytes_per_token(model, reg: str, inner: float, dispatch=None) -> float:
     """What a Llama block's attention and MLP keep per token beyond the norms (module docstring): rotated q and
     k, v and the output, the log-sum-exp, and the SwiGLU's four tensors, or a mixture of experts'
     (theory/moe.py); with Qwen3's q/k norms, each keeps its fp32 input, its reciprocal RMS per head and its
@@ -97,16 +97,17 @@ def attention_mlp_bytes_per_token(model, reg: str, inner: float) -> float:
         kv = model.num_kv_heads or a
         out += ((4 + p) * (h_q + h_kv) + 4 * (a + kv)) / inner  # in the projections' dtype, 16-bit under autocast
     if moe.is_moe(model):
-        return out + moe.mlp_bytes_per_token(model, reg)
+        return out + moe.mlp_bytes_per_token(model, reg, dispatch)
     return out + 4 * p * i / inner
 
 
-def block_bytes_per_token(model, reg: str, mesh=None) -> float:
-    """Bytes one block keeps for backward, per token (the module docstring says what each term is)."""
+def block_bytes_per_token(model, reg: str, mesh=None, dispatch=None) -> float:
+    """Bytes one block keeps for backward, per token (the module docstring says what each term is); `dispatch`:
+    a mixture of experts' under expert parallelism (theory/moe.Dispatch)."""
     h, h_kv, i, a, _, _ = widths_of(model)
     inner, seq, _ = splits(mesh)
     if model.family == "llama":
-        rest = attention_mlp_bytes_per_token(model, reg, inner)
+        rest = attention_mlp_bytes_per_token(model, reg, inner, dispatch)
         if reg == "autocast":  # the five projections reading a norm keep a 16-bit copy of it (a mixture of
             # experts' gate and up are the experts', in fp32: theory/moe.py counts them and the router's copy)
             return 2 * (8 * h + 4) / seq + (3 if moe.is_moe(model) else 5) * 2 * h + rest
@@ -161,7 +162,7 @@ def masked_attention_bytes(model, par, reg: str) -> Dict[str, float]:
 
 
 def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
-          head_matmul_weights: int = 0, mesh=None, compiled=None) -> Dict[str, float]:
+          head_matmul_weights: int = 0, mesh=None, compiled=None, dispatch=None) -> Dict[str, float]:
     """The pieces of one micro-batch's activation memory on one rank, in bytes (module docstring):
 
     - `block`: what one block keeps (recomputed whole inside its backward when checkpointed);
@@ -178,6 +179,7 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
 
     `recompute`: the policy (config/recompute.Recompute).
     `mesh` (config/mesh.py): under tensor parallelism, one rank's part (module docstring).
+    `dispatch`: a mixture of experts' under expert parallelism, with the rank's received rows (theory/moe.py).
     `compiled`: under torch.compile, what a compiled block of each kind keeps (runtime/compiled/compiled_activations.py:
     {"plain"|"checkpointed": {"per_token", "per_block"}}, read from AOTAutograd's partition of the block's graph),
     which replaces the eager count of what the blocks keep through forward; where the whole module is compiled,
@@ -192,8 +194,8 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
     autocast = reg == "autocast"
     out = {
         "layers": model.num_layers, "recompute": recompute, "compiled": compiled, "tokens": tokens,
-        "block": tokens * block_bytes_per_token(model, reg, mesh) + (moe.mlp_bytes_per_block(model)
-                                                                      if moe.is_moe(model) else 0),
+        "block": tokens * block_bytes_per_token(model, reg, mesh, dispatch)
+                 + (moe.mlp_bytes_per_block(model, dispatch) if moe.is_moe(model) else 0),
         "block_input": tokens * residual_bytes(reg) * h / seq,
         "selective_block": (tokens * selective_bytes_per_token(model, reg, recompute.matmul_stride, mesh)
                             if recompute.selective else 0.0),
@@ -203,7 +205,8 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
         # loss parallel's cross-entropy backward (torch's DTensor handlers) holds a third V/tp-sized fp32 tensor
         # beside the two the plain one makes: its gradient of the log-softmax is built from a zeroed buffer
         "logits_grads": tokens * (12 if logits > 1 else 8) * vocab / logits,
-        "mlp_grads": tokens * (moe.mlp_grads_per_token(model, reg) if moe.is_moe(model) else 2 * a * i / inner),
+        "mlp_grads": tokens * (moe.mlp_grads_per_token(model, reg, dispatch) if moe.is_moe(model)
+                               else 2 * a * i / inner),
         "copies": 2 * matmul_weights if autocast else 0,
         "head_copy": 2 * head_matmul_weights if autocast else 0,
         "block_copies": 2 * (matmul_weights - head_matmul_weights) / model.num_layers if autocast else 0,

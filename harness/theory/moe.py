@@ -27,10 +27,46 @@ routing weights, are 16-bit.
 
 The backward's working set inside the MLP: the gated product's backward makes two i_e-sized gradients per
 routed copy while its inputs are kept (k·2p·i_e), the dense SwiGLU's 2p·i, k times wider.
+
+Under transformers' expert parallelism (AllToAllEP, transformers/distributed/expert_parallel.py) what a rank
+keeps splits in two (`Dispatch`), read off the saved-tensor hooks of two forked ranks whose router was pushed
+towards one rank's experts (tests/test_moe_routing.py):
+- per copy it sends (k per token of its own): the experts' output back from the combine, which the routing
+  weight multiplies (p·h), the sort's order, its token index and the router's top-k index (24), and the
+  routing weight (w);
+- per row its experts receive: the gathered input (p·h), the gate|up output, the SiLU output and the gated
+  product (4p·i_e), the unit weight the experts run top-1 with (p), its local expert id and the experts' sort
+  order (16) and the grouped kernel's one-byte mask (1): p·(h + 4i_e + 1) + 17; the gated product's backward
+  makes its two i_e-sized gradients per row received;
+- per block, the offsets of its E/ep experts (4E/ep).
+A rank receives what the router sent its experts: k·T rows times its `received_share`, 1 when the router is
+balanced, which a prediction assumes (runtime/routing.py measures each rank's). So one rank's activations move
+with the routing, by the received part, and their mean over the ep ranks does not. DeepSpeed's AutoEP is
+counted as at ep 1: its dispatch has not been read storage by storage.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """How this rank's routed rows reach the experts: the ep degree, whose expert parallelism runs it (Shape.plans:
+    "transformers" or "autoep"), and the rows this rank's experts receive over k·T (module docstring)."""
+    ep: int = 1
+    implementation: str = ""
+    received_share: float = 1.0
+
+    @property
+    def split(self) -> bool:
+        """Whether what a rank keeps splits into what it sends and what it receives (module docstring)."""
+        return self.ep > 1 and self.implementation == "transformers"
+
+
+def dispatch_of(s) -> Dispatch:
+    """A Shape's dispatch (theory/shape.py)."""
+    return Dispatch(s.mesh.ep, s.plan("ep"), s.received_share)
 
 
 def is_moe(model) -> bool:
@@ -46,12 +82,16 @@ def experts_precision(reg: str) -> int:
     return 2 if reg == "16-bit" else 4
 
 
-def mlp_bytes_per_token(model, reg: str) -> float:
-    """What a mixture-of-experts MLP keeps for backward per token (module docstring)."""
+def mlp_bytes_per_token(model, reg: str, dispatch: Optional[Dispatch] = None) -> float:
+    """What a mixture-of-experts MLP keeps for backward per token of this rank's (module docstring)."""
     h, e, k = model.hidden_size, model.num_experts, model.experts_per_token
     i = expert_width(model)
     p = experts_precision(reg)
-    routed = k * (p * (2 * h + 4 * i) + 32 + routing_weight_bytes(model, reg))
+    w = routing_weight_bytes(model, reg)
+    if dispatch and dispatch.split:
+        routed = k * (p * h + 24 + w + dispatch.received_share * (p * (h + 4 * i + 1) + 17))
+    else:
+        routed = k * (p * (2 * h + 4 * i) + 32 + w)
     router = 4 * e + (2 * h if reg == "autocast" else 0)
     if renormalises(model):
         router += 4 * k + 4
@@ -69,14 +109,30 @@ def routing_weight_bytes(model, reg: str) -> int:
     return 4 if model.model_type == "mixtral" or reg == "fp32" else 2
 
 
-def mlp_bytes_per_block(model) -> float:
-    """Kept once per micro-batch and block: the grouped matmul's int32 offsets."""
-    return 4 * model.num_experts
+def mlp_bytes_per_block(model, dispatch: Optional[Dispatch] = None) -> float:
+    """Kept once per micro-batch and block: the grouped matmul's int32 offsets, of this rank's experts."""
+    return 4 * model.num_experts // (dispatch.ep if dispatch and dispatch.split else 1)
 
 
-def mlp_grads_per_token(model, reg: str) -> float:
-    """The gated product's two gradients per routed copy, alive at its backward."""
-    return model.experts_per_token * 2 * experts_precision(reg) * expert_width(model)
+def mlp_grads_per_token(model, reg: str, dispatch: Optional[Dispatch] = None) -> float:
+    """The gated product's two gradients per routed copy (per row received, under expert parallelism), alive at
+    its backward."""
+    share = dispatch.received_share if dispatch and dispatch.split else 1.0
+    return share * model.experts_per_token * 2 * experts_precision(reg) * expert_width(model)
+
+
+def received_shares(rows: List[List[int]], groups: List[List[int]]) -> List[float]:
+    """Each rank's received rows over the rows it sent, from every rank's routed copies per expert (`rows`, by
+    global rank) and the expert-parallel groups (config/mesh.py's `ep` groups): the j-th rank of a group holds
+    experts j·E/ep to (j + 1)·E/ep - 1, as transformers' and DeepSpeed's expert parallelism place them, and
+    receives what every rank of its group routed to them. 1 for every rank when the router is balanced."""
+    shares = [1.0] * len(rows)
+    for group in groups:
+        local = len(rows[group[0]]) // len(group)
+        for j, rank in enumerate(group):
+            received = sum(sum(rows[q][j * local:(j + 1) * local]) for q in group)
+            shares[rank] = received / max(sum(rows[rank]), 1)
+    return shares
 
 
 # -- parameters: what every token uses, and the experts' -------------------------------------------------------

@@ -6,7 +6,7 @@ from typing import Dict, Optional
 from ..config.recompute import recompute_of
 from ..core.components import totals
 from .communication import comm_per_step
-from . import activations
+from . import activations, moe
 from .memory import layout, paper_bytes, paper_stage
 from .peak import phase_terms
 from .shape import Shape, shape_of
@@ -32,7 +32,7 @@ def predict(cfg, world: int, counts: Dict[str, int], shape: Optional[Shape] = No
     act = activations.parts(cfg.model, cfg.parallelism, activations.regime(cfg.backend, cfg.train.precision,
                                                                          cfg.train.master_weights),
                             recompute_of(cfg), s.matmul_weights, s.head_matmul_weights, s.mesh,
-                            compiled=counts.get("compiled_kept"))
+                            compiled=counts.get("compiled_kept"), dispatch=moe.dispatch_of(s))
     # what one micro-batch's forward keeps for backward (theory/activations.py)
     out["memory/activations_predicted_bytes"] = activations.saved(act)
     phases, out["memory/peak_block_predicted"] = phase_terms(cfg.backend, s, act)

@@ -101,6 +101,9 @@ class Shape:
     # the backward is one compiled graph (DeepSpeed ZeRO-1/2's engine compile of the whole module): every gradient
     # is that graph's output, so no gradient hook runs (and no bucket is made) until it returns
     one_graph_backward: bool = False
+    # a mixture of experts' rows this rank's experts receive under expert parallelism, over the k x T a balanced
+    # router sends them (theory/moe.py): 1 in a prediction; a run's summary predicts each rank at its measured share
+    received_share: float = 1.0
 
     @property
     def root_params(self) -> int:

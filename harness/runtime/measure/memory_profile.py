@@ -152,6 +152,7 @@ class StepMemory:
         if not found:
             return None
         low = min(found, key=lambda p: p["peak"])
+        index = next(i for i, p in enumerate(self.profiles) if p is low)  # which step: routed rows are by step
         if DEFERRED in low:
             analysed = self._analysed_later(low)
             found = [analysed if p is low else {k: v for k, v in p.items() if k != DEFERRED} for p in found]
@@ -159,7 +160,8 @@ class StepMemory:
         closures = [p for p in found if p.get("unaccounted") is not None]
         closest = min(closures, key=lambda p: abs(p["unaccounted"])) if closures else None
         closure = {"unaccounted": closest["unaccounted"], "at_marker": closest["at_marker"]} if closest else {}
-        return {**low, **closure, "peak_highest": max(p["peak"] for p in found), "steps": len(found)}
+        return {**low, **closure, "peak_highest": max(p["peak"] for p in found), "steps": len(found),
+                "step_index": index}
 
     def _analysed_later(self, deferred: dict) -> dict:
         """A step's categorised profile, from the states it saw (profiled() and marker() of that step)."""

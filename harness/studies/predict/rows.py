@@ -13,7 +13,7 @@ from ...config.derive import tokens_per_step, world_size
 from ...core.components import totals
 from ...runtime.compiled.compiled_activations import counts_for
 from ...runtime.measure.probes import count_flops_per_token
-from ...theory import activations, memory
+from ...theory import activations, memory, moe
 from ...theory.communication import comm_per_step
 from ...theory.predict import predict
 from ...theory.shape import shape_of
@@ -90,4 +90,5 @@ def saved_activations(cfg, par, shape, checkpointing: bool) -> float:
     reg = activations.regime(cfg.backend, shape.precision, shape.master_weights)
     policy = Recompute("full" if checkpointing else "none", 1, cfg.model.num_layers)
     return activations.saved(activations.parts(cfg.model, par, reg, policy, shape.matmul_weights,
-                                               shape.head_matmul_weights, shape.mesh))
+                                               shape.head_matmul_weights, shape.mesh,
+                                               dispatch=moe.dispatch_of(shape)))
