@@ -164,11 +164,10 @@ def test_expert_parallel_states_bytes_and_peak_are_the_theorys(ep_two_rank_runs,
                   f"against the theory at them ({held:+.1f}% less what it had not released at the after-backward "
                   "marker)")
             if "AutoEP" not in cell:  # transformers' dispatch: what a rank keeps follows what it receives. Measured
-                # 2026-11-30: -1.4% to -9.8% a rank (-10.4% to +3.6% against the balanced theory at 4 ranks, -15.9% to
-                # +3.0% at 2), the ranks that received least lowest: at 2 micro-batches the theory is over by 3.4%
-                # at ep 1 too, and a launch at 1 micro-batch reads +3.1% and +0.3% at shares 1.60 and 0.34. What
-                # grows the miss at a low share under accumulation is not found: 12%, not 10%
-                assert abs(error) <= 12, (cell, rank["rank"], r["share"], error)
+                # 2026-11-30, one launch of each cell: -1.5% to +5.8% a rank (-6.4% to +13.5% against the balanced theory);
+                # the ranks that received most read highest, by the experts' forward working set (not modelled:
+                # docs/moe.md), +5% at ep 1 too
+                assert abs(error) <= 10, (cell, rank["rank"], r["share"], error)
             # AutoEP's dispatch is counted as at ep 1 (theory/moe.py): one rank's peak moves with the routing
             # the theory does not follow (ZeRO-3 on tiny Mixtral: -1.5% to +10.2% on 2026-11-30); each within 20% ...
             assert -20 <= error and held <= 20, (cell, rank["rank"], error, held)

@@ -186,10 +186,10 @@ def test_at_2_ranks_too_each_states_dominated_peak_is_within_10_percent_and_the_
 
 def test_gradient_accumulation_is_within_10_percent_both_ways(accumulation):
     """parallelism.grad_sync=last holds every gradient unsharded (fp32) from the first micro-batch to the last,
-    =every holds the sharded ones from the first, and a block's unsharded ones at a time. Each peak within 10% of
-    its prediction (gloo's late buffer set aside, as for the matrix). At 2 ranks the two are 0.13 MiB apart in fp32
-    once `last`'s missing shards are counted (docs/strategies.md), less than one of gloo's late block buffers
-    (0.18 MiB), so their order is held where it is wide, in the advisor's plans (tests/test_advise.py)."""
+    and no shard until the last micro-batch's reduce-scatters; =every holds the sharded ones from the first, and a
+    block's unsharded ones at a time. Each peak within 10% of its prediction (gloo's late buffer set aside, as
+    for the matrix). At 2 ranks the two are predicted 0.13 MiB apart in fp32, less than one of gloo's late
+    block buffers (0.18 MiB), so their order is held where it is wide, in the advisor's plans (tests/test_advise.py)."""
     assert len(accumulation) == len(ACCUMULATION_CELLS) and all("error_pct" in r for r in accumulation), \
         [r.get("refused") for r in accumulation]
     # tiny_gpt2 in bf16 with full checkpointing under grad_sync=every holds up to 7 buffers of 100 KB late, each

@@ -186,10 +186,9 @@ class Family:
 
     def missing_grads(self, backend, s, persistent: bool = False) -> float:
         """Gradient state that does not exist before backward makes it (set to None after each step), with one
-        micro-batch a step: minus the layout's gradients. (Under FSDP's `grad_sync=last` no shard exists before the
-        last micro-batch's reduce-scatters either; counting that brought 4 grad_accum 2 cells inside 10% but moved
-        tiny Mixtral's expert-parallel peak check past its bound, so it waits: docs/strategies.md.)"""
-        if persistent or s.grad_accum > 1:
+        micro-batch a step, or until the last micro-batch's reductions where the backend shards gradients and
+        defers them (FSDP's `grad_sync=last`: no shard exists before): minus the layout's gradients."""
+        if persistent or (s.grad_accum > 1 and not (s.accumulates_unreduced and self.paper_stage(backend) == 3)):
             return 0.0
         layout = self.layout(backend, s)
         if "grads" in layout:
