@@ -195,7 +195,7 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
     out = {
         "layers": model.num_layers, "recompute": recompute, "compiled": compiled, "tokens": tokens,
         "block": tokens * block_bytes_per_token(model, reg, mesh, dispatch)
-                 + (moe.mlp_bytes_per_block(model, dispatch) if moe.is_moe(model) else 0),
+                 + (moe.mlp_bytes_per_block(model, dispatch, tokens, reg) if moe.is_moe(model) else 0),
         "block_input": tokens * residual_bytes(reg) * h / seq,
         "selective_block": (tokens * selective_bytes_per_token(model, reg, recompute.matmul_stride, mesh)
                             if recompute.selective else 0.0),
@@ -205,8 +205,8 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
         # loss parallel's cross-entropy backward (torch's DTensor handlers) holds a third V/tp-sized fp32 tensor
         # beside the two the plain one makes: its gradient of the log-softmax is built from a zeroed buffer
         "logits_grads": tokens * (12 if logits > 1 else 8) * vocab / logits,
-        "mlp_grads": tokens * (moe.mlp_grads_per_token(model, reg, dispatch) if moe.is_moe(model)
-                               else 2 * a * i / inner),
+        "mlp_grads": (moe.mlp_grads(model, reg, tokens, dispatch) if moe.is_moe(model)
+                      else tokens * 2 * a * i / inner),
         "copies": 2 * matmul_weights if autocast else 0,
         "head_copy": 2 * head_matmul_weights if autocast else 0,
         "block_copies": 2 * (matmul_weights - head_matmul_weights) / model.num_layers if autocast else 0,

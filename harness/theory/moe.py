@@ -41,11 +41,18 @@ towards one rank's experts (tests/test_moe_routing.py):
 - per block, the offsets of its E/ep experts (4E/ep).
 A rank receives what the router sent its experts: k·T rows times its `received_share`, 1 when the router is
 balanced, which a prediction assumes (runtime/routing.py measures each rank's). So one rank's activations move
-with the routing, by the received part, and their mean over the ep ranks does not. DeepSpeed's AutoEP is
-counted as at ep 1: its dispatch has not been read storage by storage.
+with the routing, by the received part, and their mean over the ep ranks does not.
+
+DeepSpeed's AutoEP (deepspeed/module_inject/auto_ep_layer.py, read the same way) keeps the same per copy sent.
+Its experts run on the received rows permuted into a buffer padded for the grouped kernel: R + 8·E/ep rows
+rounded up to 8 (`TOKEN_GROUP_ALIGN_SIZE_M`, deepspeed/moe/ep_kernels.py), whatever the routing. Per padded row
+it keeps the permuted input (p·h), gate, up, SiLU and product (4p·i_e) and the permutation's int32 index (4):
+p·(h + 4i_e) + 4. The padding is about 8·E/ep rows a block and micro-batch. Its router hands the routing
+weights on in float32 for every model (w = 4).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional
 
@@ -61,7 +68,30 @@ class Dispatch:
     @property
     def split(self) -> bool:
         """Whether what a rank keeps splits into what it sends and what it receives (module docstring)."""
-        return self.ep > 1 and self.implementation == "transformers"
+        return self.ep > 1 and self.implementation in ("transformers", "autoep")
+
+    @property
+    def padded(self) -> bool:
+        """AutoEP's experts run on an alignment-padded buffer of the received rows (module docstring)."""
+        return self.split and self.implementation == "autoep"
+
+
+ALIGN_ROWS = 8  # DeepSpeed's TOKEN_GROUP_ALIGN_SIZE_M
+
+
+def received_row_bytes(model, reg: str, dispatch: Dispatch) -> float:
+    """What a rank's experts keep per row they run on (module docstring)."""
+    p, h, i = experts_precision(reg), model.hidden_size, expert_width(model)
+    return p * (h + 4 * i) + 4 if dispatch.padded else p * (h + 4 * i + 1) + 17
+
+
+def padding_rows(model, dispatch: Optional[Dispatch], tokens: float) -> float:
+    """The rows AutoEP's buffer adds to the R received of one block and micro-batch: R + 8·E/ep rounded up to 8,
+    less R; none elsewhere."""
+    if not (dispatch and dispatch.padded):
+        return 0.0
+    received = dispatch.received_share * model.experts_per_token * tokens
+    return math.ceil((received + ALIGN_ROWS * model.num_experts // dispatch.ep) / ALIGN_ROWS) * ALIGN_ROWS - received
 
 
 def dispatch_of(s) -> Dispatch:
@@ -87,9 +117,9 @@ def mlp_bytes_per_token(model, reg: str, dispatch: Optional[Dispatch] = None) ->
     h, e, k = model.hidden_size, model.num_experts, model.experts_per_token
     i = expert_width(model)
     p = experts_precision(reg)
-    w = routing_weight_bytes(model, reg)
+    w = 4 if dispatch and dispatch.padded else routing_weight_bytes(model, reg)  # AutoEP's router: float32
     if dispatch and dispatch.split:
-        routed = k * (p * h + 24 + w + dispatch.received_share * (p * (h + 4 * i + 1) + 17))
+        routed = k * (p * h + 24 + w + dispatch.received_share * received_row_bytes(model, reg, dispatch))
     else:
         routed = k * (p * (2 * h + 4 * i) + 32 + w)
     router = 4 * e + (2 * h if reg == "autocast" else 0)
@@ -109,16 +139,22 @@ def routing_weight_bytes(model, reg: str) -> int:
     return 4 if model.model_type == "mixtral" or reg == "fp32" else 2
 
 
-def mlp_bytes_per_block(model, dispatch: Optional[Dispatch] = None) -> float:
-    """Kept once per micro-batch and block: the grouped matmul's int32 offsets, of this rank's experts."""
-    return 4 * model.num_experts // (dispatch.ep if dispatch and dispatch.split else 1)
+def mlp_bytes_per_block(model, dispatch: Optional[Dispatch] = None, tokens: float = 0.0,
+                        reg: str = "fp32") -> float:
+    """Kept once per micro-batch and block of `tokens` tokens: the grouped matmul's int32 offsets, of this rank's
+    experts, and AutoEP's padding rows."""
+    offsets = 4 * model.num_experts // (dispatch.ep if dispatch and dispatch.split else 1)
+    if not (dispatch and dispatch.padded):
+        return offsets
+    return offsets + padding_rows(model, dispatch, tokens) * received_row_bytes(model, reg, dispatch)
 
 
-def mlp_grads_per_token(model, reg: str, dispatch: Optional[Dispatch] = None) -> float:
-    """The gated product's two gradients per routed copy (per row received, under expert parallelism), alive at
-    its backward."""
-    share = dispatch.received_share if dispatch and dispatch.split else 1.0
-    return share * model.experts_per_token * 2 * experts_precision(reg) * expert_width(model)
+def mlp_grads(model, reg: str, tokens: float, dispatch: Optional[Dispatch] = None) -> float:
+    """The gated product's two gradients per routed copy (per row run, under expert parallelism: received and
+    AutoEP's padding), alive at its backward, for `tokens` tokens."""
+    k, share = model.experts_per_token, dispatch.received_share if dispatch and dispatch.split else 1.0
+    rows = share * k * tokens + padding_rows(model, dispatch, tokens)
+    return rows * 2 * experts_precision(reg) * expert_width(model)
 
 
 def received_shares(rows: List[List[int]], groups: List[List[int]]) -> List[float]:
