@@ -18,20 +18,25 @@ from ..theory.shape import shape_of
 def routed_peaks(cfg, ranks: List[RankReport]) -> Optional[List[dict]]:
     """Each rank's received share, measured peak and predicted peak at that share; None unless the run split its
     experts (parallelism.ep > 1) and every rank's profile kept its routed rows."""
+    return routed_predictions(cfg, [r.tensor_peak for r in sorted(ranks, key=lambda r: r.rank)], ranks[0].params)
+
+
+def routed_predictions(cfg, profiles: List[Optional[dict]], counts: dict) -> Optional[List[dict]]:
+    """routed_peaks from the ranks' memory profiles, by global rank (runtime/measure/memory_profile.StepMemory's,
+    with the routed rows the loop adds), and the model's parameter counts (the memory check's)."""
     mesh = mesh_of(cfg)
-    profiles = [r.tensor_peak for r in ranks]
     if mesh.ep == 1 or not all(p and p.get("routed_rows") for p in profiles):
         return None
-    base, groups = shape_of(cfg, None, ranks[0].params), mesh.groups("ep")
+    base, groups = shape_of(cfg, None, counts), mesh.groups("ep")
     out = []
-    for rank, profile in zip(ranks, profiles):
+    for rank, profile in enumerate(profiles):
         step = profile.get("step_index", 0)  # each rank's lowest profiled step is its own
         # a rank's share in each micro-batch, whose peak is one micro-batch's activations: the largest
-        micro_batches = [moe.received_shares([p["routed_rows"][step][m] for p in profiles], groups)[rank.rank]
+        micro_batches = [moe.received_shares([p["routed_rows"][step][m] for p in profiles], groups)[rank]
                          for m in range(len(profile["routed_rows"][step]))]
         share = max(micro_batches)
-        predicted = predict(cfg, None, ranks[0].params, dataclasses.replace(base, received_share=share))
-        out.append({"rank": rank.rank, "share": share, "micro_batches": micro_batches, "peak": profile["peak"],
+        predicted = predict(cfg, None, counts, dataclasses.replace(base, received_share=share))
+        out.append({"rank": rank, "share": share, "micro_batches": micro_batches, "peak": profile["peak"],
                     "predicted": predicted["memory/tensor_peak_predicted_bytes"]})
     return out
 

@@ -38,6 +38,7 @@ from ...config.derive import world_size
 from ...core.paths import REPO, results_dir
 from ...core.rundir import write_json, write_text
 from ...launcher.torchrun import die_with_parent, launch_config, rank_env, torchrun_cmd
+from ...reporting import routed_memory
 from ...runtime.compiled.compiled_activations import counts_for
 from ...theory.peak import PHASES, after_backward_buffers, explain_unaccounted
 from ...theory.shape import shape_of
@@ -176,6 +177,11 @@ def _row(r: dict, ranks) -> dict:
     peak = max(k["peak"] for k in ranks)
     phase = max(PHASES, key=lambda ph: pred.get(f"memory/peak_at_{ph}_predicted_bytes", 0))
     predicted = pred["memory/tensor_peak_predicted_bytes"]
+    # expert parallelism: the busiest rank against the theory at the rows its experts received (docs/moe.md)
+    routed = routed_memory.routed_predictions(cfg, sorted(ranks, key=lambda k: k["rank"]), counts)
+    if routed:
+        busiest = max(routed, key=lambda k: k["peak"])
+        peak, predicted = busiest["peak"], busiest["predicted"]
     candidates = after_backward_buffers(cfg.backend, shape_of(cfg, world_size(cfg), counts))
     held = max(candidates.values(), default=0.0)  # one communication buffer gloo may hold a phase late
     worst = max(ranks, key=lambda k: abs(k["unaccounted"] or 0))
