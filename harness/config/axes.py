@@ -73,6 +73,12 @@ class Axis:
         """The axis's own collectives of a step (theory/collective.Collective), each naming its mesh group."""
         return []
 
+    def routed_kept(self, model, reg: str, implementation: str) -> Optional[Dict[str, float]]:
+        """What a rank keeps of a mixture of experts' routed rows where the axis dispatches them to other ranks
+        (theory/moe.py): bytes a copy sent, bytes a row its experts run, the rows their buffer is rounded to; None
+        where the axis moves no rows."""
+        return None
+
     def apply(self, strategy, model) -> dict:
         """Inside a rank: split `model` over the axis's dimension of the strategy's device mesh, before any other
         wrapping (runtime/parallelize.py); the settings that ran."""

@@ -15,9 +15,8 @@ those of the strategy):
   the compute of the busiest expert, and under expert parallelism its rank's all-to-all, scale with.
 
 For the memory profile's steps the rank keeps its routed copies per expert, over the layers, for each micro-batch
-(`take_rows`), so
-that the summary can say, from every rank's, what each rank's experts received under expert parallelism
-(theory/moe.received_shares): the rows a rank's activations keep (theory/moe.py).
+(`take_rows`), so that the summary can say, from every rank's, what each rank's experts received under expert
+parallelism (theory/moe.received_shares): the rows a rank's activations keep (theory/moe.py).
 """
 from __future__ import annotations
 
@@ -97,4 +96,3 @@ def logits_keeper(router: torch.nn.Module):
     kept = {}
     gate.register_forward_hook(lambda module, args, output: kept.__setitem__("logits", output.detach()))
     return lambda output: (kept.pop("logits"), output[1])
-

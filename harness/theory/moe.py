@@ -28,33 +28,21 @@ routing weights, are 16-bit.
 The backward's working set inside the MLP: the gated product's backward makes two i_e-sized gradients per
 routed copy while its inputs are kept (k·2p·i_e), the dense SwiGLU's 2p·i, k times wider.
 
-Under transformers' expert parallelism (AllToAllEP, transformers/distributed/expert_parallel.py) what a rank
-keeps splits in two (`Dispatch`), read off the saved-tensor hooks of two forked ranks whose router was pushed
-towards one rank's experts (tests/test_moe_routing.py):
-- per copy it sends (k per token of its own): the experts' output back from the combine, which the routing
-  weight multiplies (p·h), the sort's order, its token index and the router's top-k index (24), and the
-  routing weight (w);
-- per row its experts receive: the gathered input (p·h), the gate|up output, the SiLU output and the gated
-  product (4p·i_e), the unit weight the experts run top-1 with (p), its local expert id and the experts' sort
-  order (16) and the grouped kernel's one-byte mask (1): p·(h + 4i_e + 1) + 17; the gated product's backward
-  makes its two i_e-sized gradients per row received;
-- per block, the offsets of its E/ep experts (4E/ep).
-A rank receives what the router sent its experts: k·T rows times its `received_share`, 1 when the router is
-balanced, which a prediction assumes (runtime/routing.py measures each rank's). So one rank's activations move
-with the routing, by the received part, and their mean over the ep ranks does not.
-
-DeepSpeed's AutoEP (deepspeed/module_inject/auto_ep_layer.py, read the same way) keeps the same per copy sent.
-Its experts run on the received rows permuted into a buffer padded for the grouped kernel: R + 8·E/ep rows
-rounded up to 8 (`TOKEN_GROUP_ALIGN_SIZE_M`, deepspeed/moe/ep_kernels.py), whatever the routing. Per padded row
-it keeps the permuted input (p·h), gate, up, SiLU and product (4p·i_e) and the permutation's int32 index (4):
-p·(h + 4i_e) + 4. The padding is about 8·E/ep rows a block and micro-batch. Its router hands the routing
-weights on in float32 for every model (w = 4).
+Under expert parallelism what a rank keeps splits in two (`Dispatch`): per copy it sends (k per token of its own)
+and per row its experts run, which the axis's implementation decides (Axis.routed_kept: parallel/ep/kept.py,
+transformers' all-to-all and DeepSpeed's AutoEP, whose buffer pads the rows). The gated product's backward makes
+its two i_e-sized gradients per row run; each block keeps the offsets of its E/ep experts (4E/ep). A rank
+receives what the router sent its experts: k·T rows times its `received_share`, 1 when the router is balanced,
+which a prediction assumes (runtime/routing.py measures each rank's). So one rank's activations move with the
+routing, by the received part, and their mean over the ep ranks does not.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional
+
+from ..config import axes
 
 
 @dataclass(frozen=True)
@@ -65,33 +53,11 @@ class Dispatch:
     implementation: str = ""
     received_share: float = 1.0
 
-    @property
-    def split(self) -> bool:
-        """Whether what a rank keeps splits into what it sends and what it receives (module docstring)."""
-        return self.ep > 1 and self.implementation in ("transformers", "autoep")
-
-    @property
-    def padded(self) -> bool:
-        """AutoEP's experts run on an alignment-padded buffer of the received rows (module docstring)."""
-        return self.split and self.implementation == "autoep"
-
-
-ALIGN_ROWS = 8  # DeepSpeed's TOKEN_GROUP_ALIGN_SIZE_M
-
-
-def received_row_bytes(model, reg: str, dispatch: Dispatch) -> float:
-    """What a rank's experts keep per row they run on (module docstring)."""
-    p, h, i = experts_precision(reg), model.hidden_size, expert_width(model)
-    return p * (h + 4 * i) + 4 if dispatch.padded else p * (h + 4 * i + 1) + 17
-
-
-def padding_rows(model, dispatch: Optional[Dispatch], tokens: float) -> float:
-    """The rows AutoEP's buffer adds to the R received of one block and micro-batch: R + 8·E/ep rounded up to 8,
-    less R; none elsewhere."""
-    if not (dispatch and dispatch.padded):
-        return 0.0
-    received = dispatch.received_share * model.experts_per_token * tokens
-    return math.ceil((received + ALIGN_ROWS * model.num_experts // dispatch.ep) / ALIGN_ROWS) * ALIGN_ROWS - received
+    def kept(self, model, reg: str) -> Optional[Dict[str, float]]:
+        """The axis's split of what a rank keeps (Axis.routed_kept), or None at ep 1: the ep-1 count."""
+        if self.ep == 1 or not self.implementation:
+            return None
+        return axes.get("ep").routed_kept(model, reg, self.implementation)
 
 
 def dispatch_of(s) -> Dispatch:
@@ -115,12 +81,11 @@ def experts_precision(reg: str) -> int:
 def mlp_bytes_per_token(model, reg: str, dispatch: Optional[Dispatch] = None) -> float:
     """What a mixture-of-experts MLP keeps for backward per token of this rank's (module docstring)."""
     h, e, k = model.hidden_size, model.num_experts, model.experts_per_token
-    i = expert_width(model)
-    p = experts_precision(reg)
-    w = 4 if dispatch and dispatch.padded else routing_weight_bytes(model, reg)  # AutoEP's router: float32
-    if dispatch and dispatch.split:
-        routed = k * (p * h + 24 + w + dispatch.received_share * received_row_bytes(model, reg, dispatch))
+    split = dispatch.kept(model, reg) if dispatch else None
+    if split:
+        routed = k * (split["sent"] + dispatch.received_share * split["received"])
     else:
+        p, i, w = experts_precision(reg), expert_width(model), routing_weight_bytes(model, reg)
         routed = k * (p * (2 * h + 4 * i) + 32 + w)
     router = 4 * e + (2 * h if reg == "autocast" else 0)
     if renormalises(model):
@@ -139,21 +104,31 @@ def routing_weight_bytes(model, reg: str) -> int:
     return 4 if model.model_type == "mixtral" or reg == "fp32" else 2
 
 
+def padding_rows(split: Optional[Dict[str, float]], model, dispatch: Optional[Dispatch], tokens: float) -> float:
+    """The rows an implementation's buffer adds to the R received of one block and micro-batch (AutoEP's: R plus
+    `align` a local expert, rounded up to `align`); none elsewhere."""
+    if not (split and split["align"]):
+        return 0.0
+    align, received = split["align"], dispatch.received_share * model.experts_per_token * tokens
+    return math.ceil((received + align * model.num_experts // dispatch.ep) / align) * align - received
+
+
 def mlp_bytes_per_block(model, dispatch: Optional[Dispatch] = None, tokens: float = 0.0,
                         reg: str = "fp32") -> float:
     """Kept once per micro-batch and block of `tokens` tokens: the grouped matmul's int32 offsets, of this rank's
-    experts, and AutoEP's padding rows."""
-    offsets = 4 * model.num_experts // (dispatch.ep if dispatch and dispatch.split else 1)
-    if not (dispatch and dispatch.padded):
-        return offsets
-    return offsets + padding_rows(model, dispatch, tokens) * received_row_bytes(model, reg, dispatch)
+    experts, and the padding rows of the experts' buffer."""
+    split = dispatch.kept(model, reg) if dispatch else None
+    if not split:
+        return 4 * model.num_experts
+    return 4 * model.num_experts // dispatch.ep + padding_rows(split, model, dispatch, tokens) * split["received"]
 
 
 def mlp_grads(model, reg: str, tokens: float, dispatch: Optional[Dispatch] = None) -> float:
     """The gated product's two gradients per routed copy (per row run, under expert parallelism: received and
-    AutoEP's padding), alive at its backward, for `tokens` tokens."""
-    k, share = model.experts_per_token, dispatch.received_share if dispatch and dispatch.split else 1.0
-    rows = share * k * tokens + padding_rows(model, dispatch, tokens)
+    padding), alive at its backward, for `tokens` tokens."""
+    split = dispatch.kept(model, reg) if dispatch else None
+    share = dispatch.received_share if split else 1.0
+    rows = share * model.experts_per_token * tokens + padding_rows(split, model, dispatch, tokens)
     return rows * 2 * experts_precision(reg) * expert_width(model)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import List
 
 from ...config.axes import Axis, with_degrees
-from . import comm, counts, rules
+from . import comm, counts, kept, rules
 
 
 class ExpertParallel(Axis):
@@ -44,6 +44,9 @@ class ExpertParallel(Axis):
 
     def collectives(self, backend, s) -> list:
         return comm.expert_parallel_collectives(backend, s)
+
+    def routed_kept(self, model, reg: str, implementation: str):
+        return kept.routed_kept(model, reg, implementation)
 
     def apply(self, strategy, model) -> dict:
         if strategy.axis_implementation(self.name) != "transformers":
