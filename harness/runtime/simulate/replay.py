@@ -99,7 +99,11 @@ def main(directory: Path, fake: bool = False) -> int:
                 out = {"ok": False, "error": f"{type(exc).__name__}: {first}", "traceback": traceback.format_exc()}
                 failed += 1
             path.with_suffix(".json").write_text(json.dumps(out))
+            # the config's garbage collected, and what outlives it (modules its framework imported, its caches)
+            # frozen too: each collection then walks one config's objects, not every earlier one's (tiny_llama's
+            # 24 replays a process collected in 1.9 s, 0.07 s so; the default dry run 3.5 s faster)
             gc.collect()
+            gc.freeze()
         dist.destroy_process_group()
     return 1 if failed else 0
 
