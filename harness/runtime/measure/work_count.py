@@ -94,12 +94,57 @@ def _nbytes(leaves) -> int:
     return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
 
 
+def tensors_in(tree, out: list) -> list:
+    """The tensors in an op's arguments or results, in pytree's leaf order (tuples and lists in order, dicts by
+    their values): what `pytree.tree_leaves` finds among them, at a fraction of its cost per op, which the counted
+    step pays for every op it dispatches."""
+    if isinstance(tree, torch.Tensor):
+        out.append(tree)
+    elif isinstance(tree, (tuple, list)):
+        for item in tree:
+            tensors_in(item, out)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            tensors_in(item, out)
+    return out
+
+
+def _localized(tree):
+    """pytree.tree_map(_local, tree) for what an op's arguments and results are made of (tuples, lists, dicts),
+    without pytree's cost per op; any other container mapped by pytree itself."""
+    kind = type(tree)
+    if kind is tuple:
+        return tuple(_localized(item) for item in tree)
+    if kind is list:
+        return [_localized(item) for item in tree]
+    if kind is dict:
+        return {key: _localized(item) for key, item in tree.items()}
+    if isinstance(tree, torch.Tensor):
+        return _local(tree)
+    return pytree.tree_map(_local, tree) if isinstance(tree, (tuple, list, dict)) else tree
+
+
+# per op, what does not change from call to call: (kind whatever the arguments, name, a collective or prim::,
+# a flop formula); asked once a process
+_STATIC: Dict[object, tuple] = {}
+
+
+def _static(func) -> tuple:
+    known = _STATIC.get(func)
+    if known is None:
+        quiet = is_collective(func) or func.namespace == "prim"
+        known = _STATIC[func] = (op_kind(func), str(func.name()), quiet, flop_registry.get(func._overloadpacket),
+                                 func.namespace == "aten" and func._opname.startswith("_scaled_dot_product"))
+    return known
+
+
 # a functional collective's handle ops: waiting on it (the collective's own time is the collective's) and
 # wrapping its result for autograd move no data, as a view does; a fake replay waits where a real one wraps
 HANDLES = ("wait_tensor", "_wrap_tensor_autograd")
 
 
-def kind_of(func, leaves) -> str:
+def op_kind(func) -> str:
+    """What the op is whatever its arguments: `marker`, `view` or `alloc`, else "" (kind_of reads its arguments)."""
     packet = func._overloadpacket
     if func.namespace == "profiler":
         return "marker"
@@ -107,6 +152,14 @@ def kind_of(func, leaves) -> str:
         return "view"
     if packet.__name__ in ALLOC_OPS:
         return "alloc"
+    return ""
+
+
+def kind_of(func, leaves) -> str:
+    """The op's kind (OpCounter's docstring) given `leaves`, the tensors among its arguments."""
+    static = op_kind(func)
+    if static:
+        return static
     if any(type(x).__name__ == "DTensor" for x in leaves):
         return "dtensor"
     if torch._C._current_autograd_node() is not None:
@@ -152,32 +205,38 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        ring = ring_handler(func, args)
+        static, name, quiet, formula, attention = _static(func)
+        ring = ring_handler(func, args) if attention else None
         if ring is not None:  # torch's ring (context parallelism): its chunks of attention, each counted, not the
             with self:  # op on DTensors that holds them (DTensor runs the ring with this mode off)
                 return ring(func, args, kwargs)
         out = func(*args, **kwargs)
-        if is_collective(func) or func.namespace == "prim":  # communication is priced as such (theory/time.py);
-            return out  # `prim::device` and its kind reach a mode only from a fake tensor's properties
-        leaves = pytree.tree_leaves((args, kwargs))
-        kind = kind_of(func, leaves)
+        if quiet:  # communication is priced as such (theory/time.py); `prim::device` and its kind reach a mode
+            return out  # only from a fake tensor's properties
+        leaves = tensors_in(kwargs, tensors_in(args, []))
+        kind = static or kind_of(func, leaves)
         flops = nbytes = elements = 0
         dtype, cold = "", (0,) * len(REUSE_DISTANCES)
         if kind in ("compute", "graph", "engine", "dtensor"):
-            local_args, local_kwargs, local_out = pytree.tree_map(_local, (args, kwargs, out))
-            if func._overloadpacket in flop_registry:
+            if kind == "dtensor":  # the local shards, what this rank computes on
+                local_args, local_kwargs, local_out = _localized((args, kwargs, out))
+                ins = tensors_in(local_kwargs, tensors_in(local_args, []))
+            else:
+                local_args, local_kwargs, local_out, ins = args, kwargs, out, leaves
+            if formula is not None:
                 try:
-                    flops = int(flop_registry[func._overloadpacket](*local_args, **local_kwargs, out_val=local_out))
+                    flops = int(formula(*local_args, **local_kwargs, out_val=local_out))
                 except Exception:  # noqa: BLE001 - a formula that cannot read these arguments counts no FLOPs
                     flops = 0
-            flops = flops or attention_flops(func, local_args)
-            ins = [t for t in pytree.tree_leaves((local_args, local_kwargs)) if isinstance(t, torch.Tensor)]
-            outs = [t for t in pytree.tree_leaves(local_out) if isinstance(t, torch.Tensor)]
+            flops = flops or (attention_flops(func, local_args) if attention else 0)
+            outs = [_local(t) for t in tensors_in(local_out, [])]
             nbytes = _nbytes(ins) + _nbytes(outs)
             elements = sum(t.numel() for t in outs)
             cold = self.cold_bytes(ins + outs)
             dtype = str(outs[0].dtype).replace("torch.", "") if outs else ""
-        self.calls[(current_phase(), kind, attention_name(func, args, kwargs), dtype, flops, nbytes, elements, cold)] += 1
+        if attention:
+            name = attention_name(func, args, kwargs)
+        self.calls[(_PHASE[0], kind, name, dtype, flops, nbytes, elements, cold)] += 1
         return out
 
 
@@ -202,11 +261,13 @@ class LineCounter:
     def __init__(self):
         self.lines: collections.Counter = collections.Counter()
         self._previous = None
+        lines, phase, uncounted = self.lines, _PHASE, _UNCOUNTED
 
-    def _local(self, frame, event, arg):
-        if event == "line" and not _UNCOUNTED[0]:
-            self.lines[_PHASE[0]] += 1  # time_profile.current_phase(), read without a call: once a line
-        return self._local
+        def local(frame, event, arg):  # called for every line: its names are the closure's, not looked up
+            if event == "line" and not uncounted[0]:
+                lines[phase[0]] += 1  # time_profile.current_phase(), read without a call
+            return local
+        self._local = local
 
     def _global(self, frame, event, arg):
         return None if frame.f_code.co_filename in _OWN_FILES else self._local
