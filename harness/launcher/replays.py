@@ -1,6 +1,6 @@
 """Count the work of runs nobody has started: each config's rank 0 replayed in one process over the mirror
-process group (runtime/simulate/replay.py), in `jobs` processes at once, each replaying its share of the configs one
-after another (a process costs its imports, about 8 s here; a replayed small model a second or two).
+process group (runtime/simulate/replay.py), in `jobs` processes at once, each taking the next config nobody has
+taken, the costliest first (a process costs its imports, about 8 s here; a replayed small model a second or two).
 
 The processes run `jobs` at a time. A config's result is kept in `<directory>/<slot>/<slot>.json` beside its
 `<slot>.yaml`, the slot being its name and a digest of its yaml: a config whose result is there already is not
@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List, Tuple
 
 from omegaconf import OmegaConf
 
@@ -23,6 +23,7 @@ from ..core.paths import REPO
 from .torchrun import rank_env
 
 MODULE = "harness.runtime.simulate.replay"
+ORDER = "order.txt"  # a batch's configs in the order its processes take them (costliest_first; replay.taken)
 
 
 def code_key() -> str:
@@ -38,22 +39,16 @@ def code_key() -> str:
     return digest.hexdigest()[:16]
 
 
-def balanced(names, configs, parts: int) -> list:
-    """`names` in up to `parts` shares of about equal cost, the costliest first, each to the share with the least
-    so far. The cost is a guess that only schedules (no count depends on it): a replay's steps run grad_accum
-    micro-batches, each split over the parallel axes' ranks (tensor parallelism's DTensors cost the host most:
-    tiny_llama's tp 2 replays took 2-3x their dp ones at a micro-batch)."""
+def costliest_first(names, configs) -> list:
+    """`names` in the order the replay processes take them: world by world (a fake batch holds several), the
+    costliest first, so that the last ones taken are short and the processes end together. The cost is a guess that only orders (no count depends on it): a
+    replay's steps run grad_accum micro-batches, each split over the parallel axes' ranks (tensor parallelism's
+    DTensors cost the host most: tiny_llama's tp 2 replays took 2-3x their dp ones at a micro-batch)."""
     def cost(name):
         cfg = configs[name]
         return cfg.parallelism.grad_accum * world_size(cfg) // max(dp_size(cfg), 1)
 
-    shares = [[] for _ in range(min(parts, len(names)))]
-    loads = [0] * len(shares)
-    for name in sorted(names, key=cost, reverse=True):
-        least = loads.index(min(loads))
-        shares[least].append(name)
-        loads[least] += cost(name)
-    return shares
+    return sorted(names, key=lambda name: (world_size(configs[name]), -cost(name)))
 
 
 def replay_env(cfg, index: int = 0, rank: int = 0) -> dict:
@@ -80,36 +75,41 @@ def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank
             todo[slot] = text
     configs = {slots[name]: cfg for name, cfg in configs.items()}
     if todo:
-        # one world size a process (runtime/simulate/replay.py), each world's configs split over up to `jobs` processes;
-        # a fake replay's process takes any worlds, so that `jobs` processes pay the imports once each
+        # one world size a process (runtime/simulate/replay.py): each world's configs in one batch, taken one at a
+        # time by up to `jobs` processes (replay.take); a fake replay's process takes any worlds, so that `jobs`
+        # processes pay the imports once each
         by_world: Dict[int, list] = {}
         for name in todo:
             by_world.setdefault(0 if fake else world_size(configs[name]), []).append(name)
         per_world = max(1, jobs // len(by_world))
-        shares = [share for names in by_world.values() for share in balanced(names, configs, per_world)]
         procs = []
-        for i, share in enumerate(shares):
-            batch = directory / f".batch{i}"
+        for w, names in enumerate(by_world.values()):
+            batch = directory / f".batch{w}"
             batch.mkdir(parents=True, exist_ok=True)
             for old in batch.glob("*"):
                 old.unlink()
-            for name in share:
+            for name in names:
                 (batch / f"{name}.yaml").write_text(todo[name])
-            env = replay_env(configs[share[0]], i, rank)
-            procs.append((batch, [sys.executable, "-m", MODULE, str(batch), *(["--fake"] if fake else [])], env))
-        started: Dict[Path, subprocess.Popen] = {}
+            (batch / ORDER).write_text("\n".join(costliest_first(names, configs)))
+            for _ in range(min(per_world, len(names))):
+                env = replay_env(configs[names[0]], len(procs), rank)
+                procs.append((batch, [sys.executable, "-m", MODULE, str(batch), *(["--fake"] if fake else [])], env))
+        started: List[Tuple[Path, subprocess.Popen]] = []
         for batch, cmd, env in procs:  # `jobs` at a time
-            while sum(p.poll() is None for p in started.values()) >= jobs:
-                next(p for p in started.values() if p.poll() is None).wait()
-            started[batch] = popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   stdin=subprocess.DEVNULL)
-        for batch, proc in started.items():
-            proc.wait()
+            while sum(p.poll() is None for _, p in started) >= jobs:
+                next(p for _, p in started if p.poll() is None).wait()
+            started.append((batch, popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)))
+        codes: Dict[Path, list] = {}
+        for batch, proc in started:
+            codes.setdefault(batch, []).append(proc.wait())
+        for batch, returned in codes.items():
             for yaml in batch.glob("*.yaml"):
                 out = batch / f"{yaml.stem}.json"
                 (directory / yaml.stem).mkdir(parents=True, exist_ok=True)
                 (directory / yaml.stem / yaml.name).write_text(yaml.read_text())
                 (directory / yaml.stem / out.name).write_text(
                     out.read_text() if out.exists() else json.dumps(
-                        {"ok": False, "error": f"the replay process ended ({proc.returncode}) before this config"}))
+                        {"ok": False, "error": f"the replay processes ended ({', '.join(map(str, returned))}) "
+                                               "before this config"}))
     return {name: json.loads((directory / slot / f"{slot}.json").read_text()) for name, slot in slots.items()}

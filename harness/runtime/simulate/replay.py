@@ -66,44 +66,60 @@ def replay(cfg) -> dict:
     return work_count.count(settled_step(cfg), mirror_group.CallLog()).to_dict()
 
 
+def taken(directory: Path):
+    """The configs of `directory` this process takes, one at a time, in the batch's order (launcher/replays.ORDER,
+    the costliest first): each is taken by the first process to create its `.taken` mark, so that the batch's
+    processes share it as they go and end together, whatever the parent guessed of the configs' costs."""
+    order = directory / "order.txt"
+    names = order.read_text().split() if order.exists() else sorted(p.stem for p in directory.glob("*.yaml"))
+    for name in names:
+        try:
+            os.close(os.open(directory / f"{name}.taken", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        yield directory / f"{name}.yaml"
+
+
 def main(directory: Path, fake: bool = False) -> int:
-    """Replay every config in `directory`, which must share one world size (launcher/replays.py groups them);
-    with `fake`, on fake tensors."""
+    """Replay the configs of `directory` this process takes (`taken`), which must share one world size unless
+    `fake` (launcher/replays.py groups them); with `fake`, on fake tensors."""
     from ...config.derive import world_size
     from .fake_replay import replay_fake
 
     torch.set_num_threads(1)  # as torchrun runs each rank here
     linear = torch.nn.functional.linear
-    failed = 0
-    paths = sorted(directory.glob("*.yaml"))
+    failed, world = 0, None
     schema_defaults = OmegaConf.structured(schema.RunConfig)  # made once (20 ms): merge copies it for each config
-    configs = [OmegaConf.merge(schema_defaults, OmegaConf.load(p)) for p in paths]
-    by_world: dict = {}
-    for path, cfg in zip(paths, configs):
-        by_world.setdefault(world_size(cfg), []).append((path, cfg))
-    # DeepSpeed keeps its groups for the process: a real replay is one world a process. A fake one is FSDP2's
-    # (studies/predict/counted_shapes.py), whose mesh is made anew by each config: the group is made again per world
-    if len(by_world) != 1 and not fake:
-        raise SystemExit(f"replay: the configs in {directory} ask {sorted(by_world)} ranks; one world a process")
     # what is alive now (the imports, ~1M objects) outlives every config: kept out of the collections between
     # configs, which otherwise walked it each time (0.28 s a config here, a third of a small replay)
     gc.freeze()
-    for world, items in by_world.items():
-        start(world, int(os.environ.get("SHARDBENCH_REPLAY_RANK", "0")))
-        for path, cfg in items:
-            torch.nn.functional.linear = linear  # ZeRO-3 replaces it for modules built after it (cells_worker.py)
-            try:
-                out = {"ok": True, "work": replay_fake(cfg, settled_step) if fake else replay(cfg)}
-            except Exception as exc:  # noqa: BLE001 - a config that cannot be replayed is a result, with its cause
-                first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-                out = {"ok": False, "error": f"{type(exc).__name__}: {first}", "traceback": traceback.format_exc()}
-                failed += 1
-            path.with_suffix(".json").write_text(json.dumps(out))
-            # the config's garbage collected, and what outlives it (modules its framework imported, its caches)
-            # frozen too: each collection then walks one config's objects, not every earlier one's (tiny_llama's
-            # 24 replays a process collected in 1.9 s, 0.07 s so; the default dry run 3.5 s faster)
-            gc.collect()
-            gc.freeze()
+    for path in taken(directory):
+        cfg = OmegaConf.merge(schema_defaults, OmegaConf.load(path))
+        if world_size(cfg) != world:
+            # DeepSpeed keeps its groups for the process: a real replay is one world a process. A fake one is
+            # FSDP2's (studies/predict/counted_shapes.py), whose mesh is made anew by each config: the group is made
+            # again for each world (the batch's order takes them world by world)
+            if world is not None and not fake:
+                raise SystemExit(f"replay: the configs in {directory} ask {world} and {world_size(cfg)} ranks; "
+                                 "one world a process")
+            if world is not None:
+                dist.destroy_process_group()
+            world = world_size(cfg)
+            start(world, int(os.environ.get("SHARDBENCH_REPLAY_RANK", "0")))
+        torch.nn.functional.linear = linear  # ZeRO-3 replaces it for modules built after it (cells_worker.py)
+        try:
+            out = {"ok": True, "work": replay_fake(cfg, settled_step) if fake else replay(cfg)}
+        except Exception as exc:  # noqa: BLE001 - a config that cannot be replayed is a result, with its cause
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+            out = {"ok": False, "error": f"{type(exc).__name__}: {first}", "traceback": traceback.format_exc()}
+            failed += 1
+        path.with_suffix(".json").write_text(json.dumps(out))
+        # the config's garbage collected, and what outlives it (modules its framework imported, its caches)
+        # frozen too: each collection then walks one config's objects, not every earlier one's (tiny_llama's
+        # 24 replays a process collected in 1.9 s, 0.07 s so; the default dry run 3.5 s faster)
+        gc.collect()
+        gc.freeze()
+    if world is not None:
         dist.destroy_process_group()
     return 1 if failed else 0
 
