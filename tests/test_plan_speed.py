@@ -1,6 +1,7 @@
 """What makes a plan fast must not change it: the advisor's candidates read a plain copy of their config
-(config/frozen.py), the peak's sums over blocks are running sums, and the planners' model counts come from the
-disk (runtime/model_counts.py). Each is held here to the slow way's answer, exactly."""
+(config/frozen.py), the peak's sums over blocks are running sums, the planners' model counts come from the
+disk (runtime/model_counts.py), counted once by whichever process starts first, and the op counter flattens
+each op's arguments itself. Each is held here to the slow way's answer, exactly."""
 from __future__ import annotations
 
 import copy
@@ -102,3 +103,116 @@ def test_the_planners_counts_are_the_runs_counts_and_the_second_ask_reads_the_di
     monkeypatch.setattr(models, "param_count", lambda *a: pytest.fail("built again"))
     assert model_counts.param_count(cfg.model, cfg.workload) == json.loads(json.dumps(runs))
     assert model_counts.flops_per_token(cfg.model, 64, cfg.workload) > 0
+
+
+def test_the_op_counters_own_flattening_finds_what_pytree_finds():
+    """The op counter walks every op's arguments with its own flattening (runtime/measure/work_count.tensors_in,
+    _localized), not pytree's: the same tensors, in pytree's order, and the same local shards in the same places."""
+    import collections
+
+    import torch
+    import torch.utils._pytree as pytree
+
+    from harness.runtime.measure import work_count
+
+    class DTensor(torch.Tensor):  # what the counter takes a DTensor by: its type's name and its local shard
+        pass
+
+    shard = torch.zeros(1)
+    dt = torch.ones(2).as_subclass(DTensor)
+    dt._local_tensor = shard
+    pair = collections.namedtuple("pair", "a b")
+    a, b = torch.ones(3), torch.ones(4, dtype=torch.int64)
+    trees = [((a, [b, None, 2.0], {"x": dt, "y": (a,)}), {"out": [b, a]}),
+             ((pair(a, dt), torch.Size([2, 3]), collections.OrderedDict(z=b, w=dt)), {}),
+             ((), {}), (dt, {"alpha": 1})]
+    for tree in trees:
+        theirs = [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+        ours = work_count.tensors_in(tree, [])
+        assert [id(t) for t in ours] == [id(t) for t in theirs]
+        mapped, own = pytree.tree_map(work_count._local, tree), work_count._localized(tree)
+        assert pytree.tree_structure(own) == pytree.tree_structure(mapped)
+        assert [id(t) for t in pytree.tree_leaves(own)] == [id(t) for t in pytree.tree_leaves(mapped)]
+    assert any(t is shard for t in pytree.tree_leaves(work_count._localized(trees[0])))  # the DTensor's shard
+
+
+def test_a_trace_another_process_is_tracing_is_waited_for_and_a_dead_ones_mark_passed_over(tmp_path, monkeypatch):
+    """runtime/compiled/trace_cache.on_disk: the advisor's replays' process counts the model while the search
+    composes its candidates; the search, asking for the counts meanwhile, reads what that process writes rather
+    than counting them too. A mark whose process ended without writing does not hold anyone up."""
+    import subprocess
+    import sys
+    import threading
+
+    from harness.runtime.compiled import trace_cache
+
+    monkeypatch.setattr(trace_cache, "traces_dir", lambda: tmp_path)
+    calls = []
+
+    @trace_cache.on_disk(__file__)
+    def traced(n):
+        calls.append(n)
+        return {"n": n, "by": "this process"}
+
+    traced(0)  # written: its path tells where another process would write
+    (written,) = tmp_path.glob("*.json")
+    assert calls == [0] and not list(tmp_path.glob("*.tracing"))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        # another process "tracing" 1: its mark, and its result written a moment later
+        traced.cache_clear()
+        key_of_1 = _path_of(trace_cache, traced, 1, tmp_path, written, calls)
+        key_of_1.with_suffix(".tracing").write_text(str(other.pid))
+
+        def finish():
+            key_of_1.write_text(json.dumps({"n": 1, "by": "the other process"}))
+            key_of_1.with_suffix(".tracing").unlink()
+        threading.Timer(0.3, finish).start()
+        assert traced(1) == {"n": 1, "by": "the other process"} and calls == [0]
+    finally:
+        other.kill()
+        other.wait()
+    # a mark left by a process that has ended: traced here, at once
+    key_of_2 = _path_of(trace_cache, traced, 2, tmp_path, written, calls)
+    key_of_2.with_suffix(".tracing").write_text(str(other.pid))
+    assert traced(2) == {"n": 2, "by": "this process"} and calls == [0, 2]
+    assert not list(tmp_path.glob("*.tracing"))
+
+
+def _path_of(trace_cache, traced, n, tmp_path, written, calls):
+    """Where `traced(n)` is kept: traced once in a scratch directory, which is then emptied."""
+    import shutil
+
+    scratch = tmp_path / f"scratch{n}"
+    scratch.mkdir()
+    before = list(calls)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trace_cache, "traces_dir", lambda: scratch)
+        traced.cache_clear()
+        traced(n)
+    traced.cache_clear()
+    (path,) = scratch.glob("*.json")
+    shutil.rmtree(scratch)
+    calls[:] = before
+    return tmp_path / path.name
+
+
+def test_the_replay_processes_of_a_batch_take_each_config_once_in_its_order(tmp_path):
+    """runtime/simulate/replay.taken: the processes of a batch share it as they go (launcher/replays.py): every
+    config taken by exactly one, the costliest first as the batch's order says."""
+    from harness.runtime.simulate.replay import taken
+
+    names = [f"c{i}" for i in range(7)]
+    for name in names:
+        (tmp_path / f"{name}.yaml").write_text("{}")
+    order = names[::-1]
+    (tmp_path / "order.txt").write_text("\n".join(order))
+    first, second = taken(tmp_path), taken(tmp_path)
+    took = {"first": [], "second": []}
+    for turn in ["first", "second", "second", "first", "first", "second", "first", "second", "first"]:
+        path = next(first if turn == "first" else second, None)
+        if path is not None:
+            took[turn].append(path.stem)
+    assert sorted(took["first"] + took["second"]) == sorted(names)
+    assert not set(took["first"]) & set(took["second"])
+    assert [n for n in order if n in took["first"]] == took["first"]

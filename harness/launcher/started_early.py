@@ -29,12 +29,13 @@ class StartedEarly:
     """The process, and the batches handed to it. A batch whose environment at import differs is started as
     Popen would start it. `close` ends the process, whether or not it was handed a batch (every count cached)."""
 
-    def __init__(self, env: dict, preload: Sequence[str] = ()):
+    def __init__(self, env: dict, preload: Sequence[str] = (), count: str = ""):
         """`preload`: the strategy families whose backends its batches replay, preloaded before it forks them
-        (Family.preload_replays)."""
+        (Family.preload_replays). `count`: a model it counts first (runtime/model_counts.asked)."""
         self.env, self.handed, self.ended = env, 0, {}
         self.proc: Optional[subprocess.Popen] = subprocess.Popen(
-            [sys.executable, "-m", EARLY, *(["--preload", ",".join(preload)] if preload else [])], cwd=REPO,
+            [sys.executable, "-m", EARLY, *(["--preload", ",".join(preload)] if preload else []),
+             *(["--count", count] if count else [])], cwd=REPO,
             env=env, text=True, bufsize=1, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
     def popen(self, cmd, env, **kwargs):

@@ -28,6 +28,18 @@ def flops_per_token(m, seq_len: int, workload=None) -> int:
     return _flops_per_token(_text(m), int(seq_len), _text(workload))
 
 
+def asked(m, seq_len: int, workload=None) -> str:
+    """The counts `count_asked` makes in another process (runtime/simulate/early.py's `--count`), in one argument."""
+    return json.dumps([_text(m), int(seq_len), _text(workload)])
+
+
+def count_asked(text: str) -> None:
+    """Count what `asked` names, onto the disk, where the asking process reads it (param_count, flops_per_token)."""
+    model_yaml, seq_len, workload_yaml = json.loads(text)
+    _param_count(model_yaml, workload_yaml)
+    _flops_per_token(model_yaml, seq_len, workload_yaml)
+
+
 def _text(node) -> str:
     return OmegaConf.to_yaml(node, resolve=True) if node is not None else ""
 

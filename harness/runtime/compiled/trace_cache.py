@@ -7,8 +7,10 @@ import functools
 import hashlib
 import json
 import os
+import time
 from functools import lru_cache
 from pathlib import Path
+from typing import Optional
 
 from ...core.paths import traces_dir
 
@@ -18,7 +20,12 @@ def on_disk(*code_files: str):
     when the same code (the `code_files`' bytes: a change to the tracing traces again), torch and transformers
     traced the same arguments before. The file is written whole, then renamed, so a reader never sees half of it.
     A trace that found nothing (None) is not written: the next process tries again. The versions are read from
-    the installed packages' metadata: a hit imports neither (transformers alone takes seconds)."""
+    the installed packages' metadata: a hit imports neither (transformers alone takes seconds).
+
+    A trace is counted once at a time: the process that starts it leaves a mark with its pid beside the file, and
+    another asking for it meanwhile waits for the file rather than tracing it too (the advisor's search asks for
+    the model's counts that its replays' process started counting as it began, runtime/simulate/early.py); a mark
+    whose process has ended without writing is passed over."""
     def decorate(trace):
         @lru_cache(maxsize=64)
         @functools.wraps(trace)
@@ -28,15 +35,70 @@ def on_disk(*code_files: str):
             code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in code_files)).hexdigest()
             key = json.dumps([code, version("torch"), version("transformers"), trace.__name__, *args])
             path = traces_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
-            if path.is_file():
+            if path.is_file() or _waited_for(path):
                 return json.loads(path.read_text())
-            out = trace(*args)
-            if out is None:
-                return None
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial_path = path.with_suffix(f".{os.getpid()}.tmp")
-            partial_path.write_text(json.dumps(out))
-            partial_path.replace(path)
+            mark = _marked(path)
+            try:
+                out = trace(*args)
+                if out is not None:
+                    partial_path = path.with_suffix(f".{os.getpid()}.tmp")
+                    partial_path.write_text(json.dumps(out))
+                    partial_path.replace(path)
+            finally:
+                if mark is not None:
+                    mark.unlink(missing_ok=True)
             return out
         return cached
     return decorate
+
+
+# the longest a process waits for another's trace before tracing it too: never forever, should two processes ever
+# each wait on a trace the other's trace asks for (a 70B block's compiles take about 15 s here)
+WAIT_S = 600
+
+
+def _mark_of(path: Path) -> Path:
+    return path.with_suffix(".tracing")
+
+
+def _marked(path: Path) -> Optional[Path]:
+    """The mark that this process is tracing `path`'s arguments, or None where another process's mark is there."""
+    mark = _mark_of(path)
+    try:
+        fd = os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return None
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return mark
+
+
+def _waited_for(path: Path) -> bool:
+    """Wait while another live process's mark says it is tracing `path`'s arguments: True once the file is there,
+    False at once where no live process is (no mark, or a mark left by a process that ended)."""
+    mark, since = _mark_of(path), time.monotonic()
+    while time.monotonic() - since < WAIT_S:
+        try:
+            pid = int(mark.read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return path.is_file()
+        if path.is_file():
+            return True
+        if not _alive(pid):
+            mark.unlink(missing_ok=True)
+            return path.is_file()
+        time.sleep(0.02)
+    return False
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -10,6 +10,7 @@ from ...config.compose import backends as all_backends, flat_backends
 from ...config.compose import compose
 from ...core.paths import REPO
 from ...core.rundir import write_json
+from ...reporting.plots import pyplot
 from . import counted as advise_counted
 from . import frontier as advise_frontier
 from . import kinds as advise_kinds
@@ -220,7 +221,9 @@ def planned(args, argv, overrides, budget, chosen, policies, early) -> int:
     started before the search (advise/counted.replays_started_early), or None."""
     popen = early.popen if early else None
     try:
-        p = plan(overrides, budget, args.global_batch, chosen, args.margin, policies, popen)
+        # a dry run's plot imports matplotlib (half a second) while the search waits for the model's counts
+        p = plan(overrides, budget, args.global_batch, chosen, args.margin, policies, popen,
+                 meanwhile=pyplot if args.dry_run else None)
     except _input_errors() as err:
         return _refused(err)
     if early and not args.dry_run:  # the probes replay nothing: its memory back before they run

@@ -73,7 +73,8 @@ def replays_started_early(cfg, dry_run: bool, backends=()):
     """The replays' process (launcher/started_early.StartedEarly, whose `popen` starts them), started now so that
     its imports overlap the search: for a CPU plan, whose search replays the candidates that fit on real tensors
     (advise/step_times.py), and for a GPU plan's dry run, whose pick `lines` counts on fake tensors; else None
-    (subprocess.Popen's own). `backends`: the plan's; a CPU plan's families are preloaded (Family.preload_replays)."""
+    (subprocess.Popen's own). `backends`: the plan's; a CPU plan's families are preloaded (Family.preload_replays).
+    It counts the model first, which the search asks for once its candidates are composed (search.plan)."""
     from ...config.compose import backend_preset
 
     cpu = cfg.parallelism.device == "cpu"
@@ -82,10 +83,12 @@ def replays_started_early(cfg, dry_run: bool, backends=()):
         return
     from ...launcher.replays import replay_env
     from ...launcher.started_early import StartedEarly
+    from ...runtime import model_counts
     from ..predict.counted_shapes import at_depth
 
     preload = sorted({backend_preset(b).family for b in backends}) if cpu else ()
-    with StartedEarly(replay_env(cfg if cpu else at_depth(cfg, 1)), preload) as early:
+    count = model_counts.asked(cfg.model, cfg.parallelism.seq_len, cfg.workload)  # the search's, counted meanwhile
+    with StartedEarly(replay_env(cfg if cpu else at_depth(cfg, 1)), preload, count) as early:
         yield early
 
 

@@ -172,9 +172,11 @@ def micro_batches(global_batch: int, dp: int) -> List[int]:
 
 
 def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Optional[int], backends: List[str],
-         margin: float, policies=("none", "full"), popen=None) -> Plan:
+         margin: float, policies=("none", "full"), popen=None, meanwhile=None) -> Plan:
     """Stage 1: every candidate with its predicted peak and step time, those that fit first, fastest first.
-    `popen`: how the replays that price them start (advise/counted.replays_started_early; None: their own)."""
+    `popen`: how the replays that price them start (advise/counted.replays_started_early; None: their own).
+    `meanwhile`: what the caller will need later, done before the search asks for the model's counts, which it
+    may have to wait for (a core idle otherwise)."""
     from ...runtime import model_counts  # from the disk where counted before: no transformers to import
 
     base = compose(overrides)
@@ -185,16 +187,12 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     if all(batch % data_parallel_ranks(base, point) for point in meshes):
         raise ValueError(f"--global-batch {batch}: not divisible by the {world} ranks (nor by the data-parallel "
                          f"ranks of any mesh); use a multiple of {world}")
-    counts = model_counts.param_count(base.model, base.workload)
     budget = budget_bytes or default_budget(base)
     rates = rates_for(base, world)
-    flops_per_token = model_counts.flops_per_token(base.model, par.seq_len, base.workload)
-    out = Plan(overrides, budget, margin, batch, world, base.model.name, base.train.precision, par.device, base.profile,
-               rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps, "rates_source": rates.source,
-                      "rates_committed": rates.committed,
-                      "collectives_measured": float(rates.comm.measured), "flops_per_token": flops_per_token,
-                      "links": links_words(rates.comm), "inter_gbps": rates.comm.links[True][1] / 1e9})
-    fitting = {}  # the candidates that fit, by name: their step times come from their counted work
+    # every candidate's config first, its theory after: the model's counts, where no process counted them before,
+    # are being counted meanwhile by the replays' process, which imports transformers for its replays anyway
+    # (advise/counted.replays_started_early; runtime/compiled/trace_cache.on_disk waits for them)
+    made, refused = [], {}  # each candidate's (config, backend, overrides, grad_sync, its own config's maker)
     for backend in backends:
         # one composition per backend (a config group); the candidates' batch and checkpointing are set on a
         # copy, as their overrides would set them (a composition costs about 0.5 s, and there are 6 a backend)
@@ -217,19 +215,33 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                 ga = batch // (mb * dp)
                 for policy in policies:
                     if refusals[policy]:
-                        out.refused[refusals[policy][0]] = out.refused.get(refusals[policy][0], 0) + 1
+                        refused[refusals[policy][0]] = refused.get(refusals[policy][0], 0) + 1
                 for policy, sync in ((p, y) for p in policies if not refusals[p] for y in grad_syncs(composed, ga)):
                     extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
                              f"parallelism.global_batch={batch}", *recompute_overrides(policy),
                              *axes.overrides_of(point, pinned), *([f"parallelism.grad_sync={sync}"] if sync else [])]
                     cfg = views[policy].updated("parallelism", micro_batch=mb, grad_accum=ga,
                                                 grad_sync=sync or composed.parallelism.grad_sync)
-                    out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin,
-                                                    grad_sync=sync))
-                    if out.candidates[-1].fits:  # kept for its counted work: its config made only if it is
-                        # replayed (a copy costs 25 ms at 70B, and a plan for GPUs on a CPU host replays none)
-                        fitting[out.candidates[-1].name] = functools.partial(
-                            materialized, at_point, policy, mb, ga, cfg.parallelism.grad_sync)
+                    # kept for its counted work if it fits: its config made only if it is replayed (a copy costs
+                    # 25 ms at 70B, and a plan for GPUs on a CPU host replays none)
+                    made.append((cfg, backend, extra, sync, functools.partial(
+                        materialized, at_point, policy, mb, ga, cfg.parallelism.grad_sync)))
+    if meanwhile is not None:
+        meanwhile()
+    counts = model_counts.param_count(base.model, base.workload)
+    flops_per_token = model_counts.flops_per_token(base.model, par.seq_len, base.workload)
+    out = Plan(overrides, budget, margin, batch, world, base.model.name, base.train.precision, par.device, base.profile,
+               rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps, "rates_source": rates.source,
+                      "rates_committed": rates.committed,
+                      "collectives_measured": float(rates.comm.measured), "flops_per_token": flops_per_token,
+                      "links": links_words(rates.comm), "inter_gbps": rates.comm.links[True][1] / 1e9},
+               refused=refused)
+    fitting = {}  # the candidates that fit, by name: their step times come from their counted work
+    for cfg, backend, extra, sync, make in made:
+        out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin,
+                                        grad_sync=sync))
+        if out.candidates[-1].fits:
+            fitting[out.candidates[-1].name] = make
     advise_time.price(out, fitting, base, counts, popen)
     # those that fit first, by their counted work's step; then the rest, by the roofline bound; among equal steps
     # (the roofline gives every micro-batch of a mesh the same one) the lower peak first, so that the pick and

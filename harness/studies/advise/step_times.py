@@ -5,7 +5,6 @@ device's costs (results/device_costs/). Where that cannot be done, the candidate
 machine does not have (a dry run for GPUs on a CPU host)."""
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 from typing import Callable, Dict
@@ -52,8 +51,8 @@ def price(plan, configs: Dict[str, Callable[[], object]], base, counts: dict, po
         if twin != name and twin in configs:
             twins[name] = twin  # its deferred twin's replay: see twin_work
             continue
-        replays[name] = copy.deepcopy(cfg)
-        replays[name].train.steps, replays[name].train.warmup_steps = REPLAY_STEPS, 1
+        cfg.train.steps, cfg.train.warmup_steps = REPLAY_STEPS, 1  # its own copy; the theory below reads neither
+        replays[name] = cfg
     # a replay process a core (each runs one thread, as torchrun's ranks do here), at least two
     jobs = max(2, min(8, len(os.sched_getaffinity(0))))
     counted = replay_work(replays, Path(base.paths.root) / "advise" / ".replays" / code_key(), jobs=jobs,
