@@ -41,9 +41,10 @@ def code_key() -> str:
 
 def costliest_first(names, configs) -> list:
     """`names` in the order the replay processes take them: world by world (a fake batch holds several), the
-    costliest first, so that the last ones taken are short and the processes end together. The cost is a guess that only orders (no count depends on it): a
-    replay's steps run grad_accum micro-batches, each split over the parallel axes' ranks (tensor parallelism's
-    DTensors cost the host most: tiny_llama's tp 2 replays took 2-3x their dp ones at a micro-batch)."""
+    costliest first, so that the last ones taken are short and the processes end together. The cost is a guess
+    that only orders (no count depends on it): a replay's steps run grad_accum micro-batches, each split over the
+    parallel axes' ranks (tensor parallelism's DTensors cost the host most: tiny_llama's tp 2 replays took 2-3x
+    their dp ones at a micro-batch)."""
     def cost(name):
         cfg = configs[name]
         return cfg.parallelism.grad_accum * world_size(cfg) // max(dp_size(cfg), 1)
@@ -76,7 +77,7 @@ def replay_work(configs: Dict[str, object], directory: Path, jobs: int = 2, rank
     configs = {slots[name]: cfg for name, cfg in configs.items()}
     if todo:
         # one world size a process (runtime/simulate/replay.py): each world's configs in one batch, taken one at a
-        # time by up to `jobs` processes (replay.take); a fake replay's process takes any worlds, so that `jobs`
+        # time by up to `jobs` processes (replay.taken); a fake replay's process takes any worlds, so that `jobs`
         # processes pay the imports once each
         by_world: Dict[int, list] = {}
         for name in todo:
