@@ -76,16 +76,16 @@ def _marked(path: Path) -> Optional[Path]:
 
 def _waited_for(path: Path) -> bool:
     """Wait while another live process's mark says it is tracing `path`'s arguments: True once the file is there,
-    False at once where no live process is (no mark, or a mark left by a process that ended)."""
+    False at once where no live process is (no mark, or a mark left by a process that ended or long ago)."""
     mark, since = _mark_of(path), time.monotonic()
     while time.monotonic() - since < WAIT_S:
         try:
-            pid = int(mark.read_text() or 0)
+            pid, age = int(mark.read_text() or 0), time.time() - mark.stat().st_mtime
         except (FileNotFoundError, ValueError):
             return path.is_file()
         if path.is_file():
             return True
-        if not _alive(pid):
+        if not _alive(pid) or age > WAIT_S:  # ended, or a mark older than any trace (its pid taken by another)
             mark.unlink(missing_ok=True)
             return path.is_file()
         time.sleep(0.02)
