@@ -154,47 +154,32 @@ def test_a_trace_another_process_is_tracing_is_waited_for_and_a_dead_ones_mark_p
         calls.append(n)
         return {"n": n, "by": "this process"}
 
-    traced(0)  # written: its path tells where another process would write
-    (written,) = tmp_path.glob("*.json")
-    assert calls == [0] and not list(tmp_path.glob("*.tracing"))
+    paths = {}
+    for n in (1, 2):  # where each is kept: traced once, then removed, so that the cache is empty again
+        traced(n)
+        (paths[n],) = set(tmp_path.glob("*.json")) - set(paths.values())
+    assert calls == [1, 2] and not list(tmp_path.glob("*.tracing"))
+    for path in paths.values():
+        path.unlink()
+    traced.cache_clear()
+    calls.clear()
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         # another process "tracing" 1: its mark, and its result written a moment later
-        traced.cache_clear()
-        key_of_1 = _path_of(trace_cache, traced, 1, tmp_path, written, calls)
-        key_of_1.with_suffix(".tracing").write_text(str(other.pid))
+        paths[1].with_suffix(".tracing").write_text(str(other.pid))
 
         def finish():
-            key_of_1.write_text(json.dumps({"n": 1, "by": "the other process"}))
-            key_of_1.with_suffix(".tracing").unlink()
+            paths[1].write_text(json.dumps({"n": 1, "by": "the other process"}))
+            paths[1].with_suffix(".tracing").unlink()
         threading.Timer(0.3, finish).start()
-        assert traced(1) == {"n": 1, "by": "the other process"} and calls == [0]
+        assert traced(1) == {"n": 1, "by": "the other process"} and calls == []
     finally:
         other.kill()
         other.wait()
     # a mark left by a process that has ended: traced here, at once
-    key_of_2 = _path_of(trace_cache, traced, 2, tmp_path, written, calls)
-    key_of_2.with_suffix(".tracing").write_text(str(other.pid))
-    assert traced(2) == {"n": 2, "by": "this process"} and calls == [0, 2]
+    paths[2].with_suffix(".tracing").write_text(str(other.pid))
+    assert traced(2) == {"n": 2, "by": "this process"} and calls == [2]
     assert not list(tmp_path.glob("*.tracing"))
-
-
-def _path_of(trace_cache, traced, n, tmp_path, written, calls):
-    """Where `traced(n)` is kept: traced once in a scratch directory, which is then emptied."""
-    import shutil
-
-    scratch = tmp_path / f"scratch{n}"
-    scratch.mkdir()
-    before = list(calls)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(trace_cache, "traces_dir", lambda: scratch)
-        traced.cache_clear()
-        traced(n)
-    traced.cache_clear()
-    (path,) = scratch.glob("*.json")
-    shutil.rmtree(scratch)
-    calls[:] = before
-    return tmp_path / path.name
 
 
 def test_the_replay_processes_of_a_batch_take_each_config_once_in_its_order(tmp_path):

@@ -42,7 +42,7 @@ from torch.utils.flop_counter import flop_registry
 
 from ...theory.op_costs import NON_CAUSAL, REUSE_DISTANCES
 from .collective_count import is_collective, ring_handler
-from .time_profile import CURRENT as _PHASE, current_phase
+from .time_profile import CURRENT as _PHASE
 
 ALLOC_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
 
@@ -144,7 +144,7 @@ HANDLES = ("wait_tensor", "_wrap_tensor_autograd")
 
 
 def op_kind(func) -> str:
-    """What the op is whatever its arguments: `marker`, `view` or `alloc`, else "" (kind_of reads its arguments)."""
+    """What the op is whatever its arguments: `marker`, `view` or `alloc`, else "" (argument_kind then says)."""
     packet = func._overloadpacket
     if func.namespace == "profiler":
         return "marker"
@@ -155,11 +155,9 @@ def op_kind(func) -> str:
     return ""
 
 
-def kind_of(func, leaves) -> str:
-    """The op's kind (OpCounter's docstring) given `leaves`, the tensors among its arguments."""
-    static = op_kind(func)
-    if static:
-        return static
+def argument_kind(leaves) -> str:
+    """The kind (OpCounter's docstring) of an op that op_kind leaves open, from `leaves`, the tensors among its
+    arguments."""
     if any(type(x).__name__ == "DTensor" for x in leaves):
         return "dtensor"
     if torch._C._current_autograd_node() is not None:
@@ -214,7 +212,7 @@ class OpCounter(TorchDispatchMode):
         if quiet:  # communication is priced as such (theory/time.py); `prim::device` and its kind reach a mode
             return out  # only from a fake tensor's properties
         leaves = tensors_in(kwargs, tensors_in(args, []))
-        kind = static or kind_of(func, leaves)
+        kind = static or argument_kind(leaves)
         flops = nbytes = elements = 0
         dtype, cold = "", (0,) * len(REUSE_DISTANCES)
         if kind in ("compute", "graph", "engine", "dtensor"):

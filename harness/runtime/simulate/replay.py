@@ -95,7 +95,7 @@ def main(directory: Path, fake: bool = False) -> int:
     gc.freeze()
     for path in taken(directory):
         cfg = OmegaConf.merge(schema_defaults, OmegaConf.load(path))
-        if world_size(cfg) != world:
+        if world_size(cfg) != world:  # the first config, or (a fake batch) the next world
             # DeepSpeed keeps its groups for the process: a real replay is one world a process. A fake one is
             # FSDP2's (studies/predict/counted_shapes.py), whose mesh is made anew by each config: the group is made
             # again for each world (the batch's order takes them world by world)
