@@ -27,12 +27,15 @@ def _collectives(work: dict) -> Counter:
     return Counter({(c["op"], c["size_bytes"], c["group"], c["phase"]): c["count"] for c in work["collectives"]})
 
 
-# the Python lines' tolerance: 5%, and 8% for the ring, whose optimizer lines extended from 1 and 2 blocks read
-# +4.3% to +5.9% against a real replay of 4 (the per-block increment falls from 9,038 lines between 1 and 2 blocks to
-# 8,190 between 2 and 4 as DTensor's sharding cache fills, and by how much depends on what the forking process
-# has already imported and cached: 2 of 6 runs beside other test files read over 5%)
+# the Python lines' tolerance: 5%, and 8% for FSDP2 at dp 2 and for the ring. Their optimizer steps run Adam on
+# DTensors, whose dispatch compares cached specs (DTensorSpec.__eq__, DeviceMesh.__eq__) a number of times that
+# differs from process to process on the same work (likely by hash: a DeviceMesh's holds its thread's id): at dp 2,
+# 2 blocks read 22,187 to 22,781 optimizer lines and 4 blocks 39,118 to 39,754 over 17 runs, and the extension from
+# 1 and 2 blocks to 4 triples the first spread (-0.4% to +3.5% here alone, +5.4% once in CI beside other test
+# files). The ring's per-block increment also falls from 9,038 lines between 1 and 2 blocks to 8,190 between 2 and 4 as
+# DTensor's sharding cache fills (+4.3% to +5.9% beside other test files). dp 2 x tp 2 read +0.1% to +1.4% (3 runs)
 @pytest.mark.parametrize("mesh, lines_pct", [
-    (["backend=fsdp"], 5), (["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.tp=2"], 5),
+    (["backend=fsdp"], 8), (["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.tp=2"], 5),
     (["backend=fsdp1"], 5), (["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.cp=2"], 8)],
     ids=["dp", "dp_x_tp", "fsdp1", "dp_x_cp"])
 def test_a_rank_replayed_on_fake_tensors_counts_what_a_real_replay_counts(tmp_path, mesh, lines_pct):
@@ -43,7 +46,8 @@ def test_a_rank_replayed_on_fake_tensors_counts_what_a_real_replay_counts(tmp_pa
     every phase with its FLOPs and bytes, and every collective, are the real replay's (transformers' causal mask
     is skipped as on real tensors; the functional collectives DTensor issues, tensor parallelism's, loss
     parallel's and FSDP2's gradient norm, are logged by the fake mode that answers them); the Python lines,
-    counted at a narrow width, within 5% (8% on the ring: above) (DTensor's sharding cache differs from run to run)."""
+    counted at a narrow width, within 5% (8% at dp 2 and on the ring: above; DTensor's dispatch differs from run
+    to run)."""
     from forked_ranks import ForkedPopen
     from harness.launcher.replays import replay_work
 
