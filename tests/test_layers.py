@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
+import pytest
 from conftest import REPO
 
 PACKAGE = REPO / "harness"
@@ -182,6 +183,24 @@ def test_the_parent_validates_without_importing_torch():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "False"
+
+
+def test_a_plan_for_a_named_card_is_priced_without_importing_torch_where_no_gpu_is():
+    """The advisor's dry run for GPUs on a host without one imported torch only to be told there is none (2.4 s
+    of its 15 here): its rates, its budget and its device costs' machine now ask core/gpus.py first."""
+    from harness.core.gpus import DRIVER_NODES
+
+    if any(Path(node).exists() for node in DRIVER_NODES):
+        pytest.skip("a GPU driver is here: torch is asked, as it should be")
+    code = ("import sys; from harness.config.compose import compose; from harness.studies.predict.rates import "
+            "rates_for; from harness.studies.advise.search import default_budget; "
+            "from harness.reporting.time_and_comm import machine; "
+            "cfg = compose(['model=llama_70b', 'parallelism=gpu8', 'parallelism.card=h100-sxm']); "
+            "rates = rates_for(cfg, 8); print(rates.source.split(',')[0], default_budget(cfg) // 2**30, "
+            "machine('cuda'), 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "H100 SXM 80GB 80 cuda (no GPU here) False", proc.stdout
 
 
 def test_the_strategy_registry_and_the_fault_kinds_are_complete():

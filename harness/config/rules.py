@@ -65,9 +65,13 @@ def _get(cfg, dotted: str):
 
 
 def cuda_device_count() -> int:
+    from ..core.gpus import cuda_available
+
+    if not cuda_available():  # without importing torch where no GPU driver is (core/gpus.py)
+        return 0
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.cuda.device_count()
 
 
 

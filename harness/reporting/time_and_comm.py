@@ -90,9 +90,13 @@ def collectives_table(cfg) -> list:
 def machine(device: str) -> str:
     """What a device-costs file was measured on: the CPU's model and cores, or the GPU's name."""
     if device == "cuda":
+        from ..core.gpus import cuda_available
+
+        if not cuda_available():  # without importing torch where no GPU driver is (core/gpus.py)
+            return "cuda (no GPU here)"
         import torch
 
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cuda (no GPU here)"
+        return torch.cuda.get_device_name(0)
     model = ""
     try:
         model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()

@@ -345,11 +345,12 @@ def default_budget(cfg) -> int:
     config on a machine without a GPU (a dry run for hardware you do not have) takes its named card's memory
     (parallelism.card, --card), else must say it."""
     if cfg.parallelism.device == "cuda":
-        import torch
-
         from ...config.cards import CARDS, card_named
+        from ...core.gpus import cuda_available
 
-        if torch.cuda.is_available():
+        if cuda_available():
+            import torch
+
             return torch.cuda.get_device_properties(0).total_memory
         if cfg.parallelism.card:
             # the datasheet's "80GB" is binary, as HBM stacks are built (5 x 16 GiB): torch reported 79.18 GiB on the
