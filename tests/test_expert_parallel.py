@@ -5,6 +5,7 @@ all-to-alls); held to DDP's losses and gradient norms at 2 ranks (ep 2, efsdp 1)
 on both tiny MoEs, to the memory theory, and resumed exactly from its checkpoint at ep 2 and at ep 1."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 
@@ -18,7 +19,7 @@ from harness.core.records import RankReport
 from harness.reporting import routed_memory
 from harness.studies.memory import check as memory_check
 from harness.runtime import models
-from harness.theory import communication
+from harness.theory import communication, moe
 from harness.theory.shape import shape_of
 
 from conftest import zero3_per_module
@@ -131,12 +132,28 @@ def test_expert_parallel_states_bytes_and_peak_are_the_theorys(ep_two_rank_runs,
         cfg = OmegaConf.load(run_dir / "config.yaml")  # the run's own config, composed
         predicted = communication.collectives(cfg.backend, shape_of(cfg, None, ranks[0]["params"]))
         mesh = mesh_of(cfg)
-        # the dispatch and combine rows are the router's: each rank receives what its experts were routed, so
-        # only their mean over the ranks is the theory's k x T rows (every row sent is received once)
-        tokens = [sum(c["size_bytes"] * c["count"] for c in r["collectives"]
-                      if c["op"] == "all_to_all" and c["size_bytes"] > 64) for r in ranks]
-        theory = sum(c.size_bytes * c.count for c in predicted if c.op == "all_to_all" and c.size_bytes > 64)
-        assert sum(tokens) / len(tokens) == pytest.approx(theory, rel=1e-3), (cell, tokens, theory)
+        # the dispatch and combine rows are the router's: half of a rank's all-to-alls send back what its experts
+        # received, so each rank sends the theory's bytes at its received share of the counted step
+        # (parallel/ep/comm.py), and their mean over the ranks is the balanced theory's (each row received once)
+        def all_to_all(rows) -> float:  # (op, size, count) rows: the token-carrying all-to-alls' bytes a step
+            return sum(size * count for op, size, count in rows if op == "all_to_all" and size > 64)
+
+        def theory_at(share: float) -> float:
+            shape = dataclasses.replace(shape_of(cfg, None, ranks[0]["params"]), received_share=share)
+            return all_to_all((c.op, c.size_bytes, c.count) for c in communication.collectives(cfg.backend, shape))
+
+        sent = [all_to_all((c["op"], c["size_bytes"], c["count"]) for c in r["collectives"]) for r in ranks]
+        micro_batches = [moe.received_shares([r["work"]["routed_rows"][m] for r in ranks], mesh.groups("ep"))
+                         for m in range(cfg.parallelism.grad_accum)]
+        for rank, bytes_sent in enumerate(sent):
+            share = sum(shares[rank] for shares in micro_batches) / len(micro_batches)
+            at_share = theory_at(share)
+            print(f"EP {cell} rank {rank}: received {share:.3f}x the balanced rows in the counted step, sent "
+                  f"{100 * (bytes_sent / at_share - 1):+.3f}% of the all-to-all bytes the theory sends at them")
+            assert bytes_sent == pytest.approx(at_share, rel=1e-3), (cell, rank, share, bytes_sent, at_share)
+        assert sum(sent) / len(sent) == pytest.approx(theory_at(1.0), rel=1e-3), (cell, sent)
+        # the summary compares the rank that sent most with itself
+        assert abs(f["comm/bytes_error_pct"]) <= 0.1, (cell, f["comm/bytes_error_pct"])
         # every other collective, by op, size and group, is the theory's (the 4-byte norms and losses aside); under
         # DeepSpeed by op and group, its bytes a step: ZeRO coalesces and buckets what the theory lists by tensor
         deepspeed = "AutoEP" in cell

@@ -1,8 +1,10 @@
-"""Under expert parallelism, each rank's peak against its own prediction: the rows its experts received (the
+"""Under expert parallelism, each rank against its own routing. Its peak: the rows its experts received (the
 largest share over the profiled step's micro-batches, against the k x T a balanced router sends them:
 theory/moe.received_shares, from every rank's routed rows, runtime/routing.py) move what the rank keeps
-(theory/moe.py). One rank's peak moves with the routing; the theory at the balanced share is the prediction a
-plan makes, and stays beside it (`memory/tensor_peak_balanced_predicted_bytes`)."""
+(theory/moe.py). Its bytes sent: half of its all-to-alls return what its experts received (parallel/ep/comm.py),
+at its mean share over the counted step's micro-batches. One rank's figures move with the routing; the theory at
+the balanced share is the prediction a plan makes, and stays beside it (`memory/tensor_peak_balanced_predicted_bytes`,
+`comm/balanced_predicted_bytes_per_step`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +13,7 @@ from typing import Dict, List, Optional
 from ..config.mesh import mesh_of
 from ..core.records import RankReport
 from ..theory import moe
+from ..theory.communication import comm_per_step
 from ..theory.predict import predict
 from ..theory.shape import shape_of
 
@@ -57,3 +60,26 @@ def figures(cfg, ranks: List[RankReport], predicted: Dict[str, float]) -> Dict[s
             "memory/tensor_peak_predicted_bytes": busiest["predicted"],
             "memory/device_peak_predicted_bytes": predicted["memory/device_peak_predicted_bytes"] + moved,
             "memory/tensor_peak_worst_rank_error_pct": 100 * (worst["peak"] / worst["predicted"] - 1)}
+
+
+def routed_comm(cfg, ranks: List[RankReport]) -> Dict[str, float]:
+    """The bytes the rank that sends most is predicted to send in the counted step, at its experts' received share
+    of that step (the mean over its micro-batches: the bytes add up over them), which replace the balanced
+    prediction (kept beside it), so that `comm/bytes_error_pct` compares that rank with itself; nothing unless
+    the run split its experts and every rank's counted work kept its routed rows (runtime/loop.py)."""
+    mesh = mesh_of(cfg)
+    works = [r.work or {} for r in sorted(ranks, key=lambda r: r.rank)]
+    if mesh.ep == 1 or not all(w.get("routed_rows") for w in works):
+        return {}
+    groups, base = mesh.groups("ep"), shape_of(cfg, None, ranks[0].params)
+    micro_batches = min(len(w["routed_rows"]) for w in works)
+    by_micro_batch = [moe.received_shares([w["routed_rows"][m] for w in works], groups) for m in range(micro_batches)]
+    shares = [sum(shares[rank] for shares in by_micro_batch) / micro_batches for rank in range(len(works))]
+    predicted = [comm_per_step(cfg.backend, dataclasses.replace(base, received_share=share)) for share in shares]
+    most = max(range(len(works)), key=lambda rank: predicted[rank]["bytes"])
+    balanced = comm_per_step(cfg.backend, base)["bytes"]
+    return {"moe/counted_received_share_max": max(shares), "moe/counted_received_share_min": min(shares),
+            "comm/balanced_predicted_bytes_per_step": balanced,
+            "comm/predicted_bytes_per_step": predicted[most]["bytes"],
+            "comm/predicted_intra_node_bytes_per_step": predicted[most]["intra_node_bytes"],
+            "comm/predicted_inter_node_bytes_per_step": predicted[most]["inter_node_bytes"]}

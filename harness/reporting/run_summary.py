@@ -195,6 +195,7 @@ def figures(cfg, ranks: List[RankReport], flop_counts: dict) -> dict:
     out.update(communication(cfg, ranks))
     predicted = predict(cfg, None, ranks[0].params)
     predicted.update(routed_memory.figures(cfg, ranks, predicted))  # expert parallelism: each rank's own routing
+    predicted.update(routed_memory.routed_comm(cfg, ranks))
     out.update(predicted)
     out.update(errors(out, predicted))
     if "comm/measured_bytes_per_step" in out and predicted["comm/predicted_bytes_per_step"]:

@@ -14,9 +14,10 @@ those of the strategy):
 - `moe/imbalance`: the busiest expert's routed copies over the mean (1 = balanced), the worst layer's: what
   the compute of the busiest expert, and under expert parallelism its rank's all-to-all, scale with.
 
-For the memory profile's steps the rank keeps its routed copies per expert, over the layers, for each micro-batch
-(`take_rows`), so that the summary can say, from every rank's, what each rank's experts received under expert
-parallelism (theory/moe.received_shares): the rows a rank's activations keep (theory/moe.py).
+For the memory profile's steps, and the step whose collectives are counted, the rank keeps its routed copies per
+expert, over the layers, for each micro-batch (`take_rows`), so that the summary can say, from every rank's, what
+each rank's experts received under expert parallelism (theory/moe.received_shares): the rows a rank's activations
+keep (theory/moe.py), and the rows half of its all-to-alls send back (parallel/ep/comm.py).
 """
 from __future__ import annotations
 

@@ -13,11 +13,15 @@ Each MoE layer, each micro-batch, for this rank's T tokens routed to k experts e
 - backward: the two big ones' gradients, the same sizes in reverse;
 - a block recomputed in backward (activation checkpointing) runs its forward's three again.
 
-The buffer sizes are the router's: k·T rows leave in all, a fraction (ep - 1)/ep of them to other ranks when the
-router is balanced, which is what nccl-tests' all-to-all bus bandwidth assumes. What a rank receives is what its
-experts were routed: `moe/imbalance` (runtime/routing.py) is the busiest expert over the mean, which the
-received side multiplies by and this model does not. The expert computation sits between the two all-to-alls
-and waits for them (no overlap: `collectives_hide`), as in transformers' implementation.
+The buffer a rank sends (what the harness counts of an all-to-all, runtime/measure/collective_count.py) is its
+own k·T rows in two of the four (the dispatch forward, the combine's gradient backward) and the R rows its
+experts received in the other two (the combine forward sends their outputs back, the dispatch's gradient
+returns theirs). R = k·T x the rank's received share (theory/moe.received_shares): 1 when the router is
+balanced, which a prediction assumes; a run's summary prices each rank at the share its experts received in
+the counted step (reporting/routed_memory.routed_comm), and the time model with it. Over the ranks of a group
+the shares average 1 (each row sent is received once), so the group's bytes do not move with the routing; one
+rank's do, by half its share's excess. The expert computation sits between the two all-to-alls and waits for
+them (no overlap: `collectives_hide`), as in transformers' implementation.
 """
 from __future__ import annotations
 
@@ -38,5 +42,8 @@ def expert_parallel_collectives(backend, s) -> List[Collective]:
     forwards = layers + again
     # the split sizes: transformers' are int64 (a bincount), AutoEP's int32 (deepspeed/moe/ep_router.py)
     count_bytes = 4 if s.plan("ep") == "autoep" else 8
+    # each forward's dispatch and each backward's combine gradient send the rank's own rows; each forward's
+    # combine and each backward's dispatch gradient send back what its experts received
     return [Collective("all_to_all", s.num_experts * count_bytes, forwards, None, "ep"),
-            Collective("all_to_all", rows * stream, 2 * (forwards + layers), None, "ep")]  # dispatch, combine
+            Collective("all_to_all", rows * stream, forwards + layers, None, "ep"),
+            Collective("all_to_all", s.received_share * rows * stream, forwards + layers, None, "ep")]
