@@ -238,7 +238,9 @@ class OpCounter(TorchDispatchMode):
         return out
 
 
-_OWN_FILES = (__file__, os.path.join(os.path.dirname(__file__), "mirror_group.py"))
+# this module's lines, and the replay's mirror group's (runtime/simulate/mirror_group.py: its wrappers' own lines
+# around `uncounted`, which no real rank runs), are never counted
+_OWN_FILES = (__file__, os.path.join(os.path.dirname(os.path.dirname(__file__)), "simulate", "mirror_group.py"))
 _UNCOUNTED = [0]  # > 0 while the replay's mirror group stands in for a peer: its Python is no rank's work
 
 
