@@ -18,10 +18,11 @@ own k·T rows in two of the four (the dispatch forward, the combine's gradient b
 experts received in the other two (the combine forward sends their outputs back, the dispatch's gradient
 returns theirs). R = k·T x the rank's received share (theory/moe.received_shares): 1 when the router is
 balanced, which a prediction assumes; a run's summary prices each rank at the share its experts received in
-the counted step (reporting/routed_memory.routed_comm), and the time model with it. Over the ranks of a group
-the shares average 1 (each row sent is received once), so the group's bytes do not move with the routing; one
-rank's do, by half its share's excess. The expert computation sits between the two all-to-alls and waits for
-them (no overlap: `collectives_hide`), as in transformers' implementation.
+the counted step (reporting/routed_memory.routed_comm), and the roofline's step (theory/time.predict_parts)
+prices the shape's share it is given. Over the ranks of a group the shares average 1 (each row sent is received
+once), so the group's bytes do not move with the routing; one rank's do, by half its share's excess. The expert
+computation sits between the two all-to-alls and waits for them (no overlap: `collectives_hide`), as in
+transformers' implementation.
 """
 from __future__ import annotations
 
