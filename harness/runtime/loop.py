@@ -194,12 +194,11 @@ def after_the_window(train_step: TrainStep, strategy, batches, cfg, device, stat
     extra = itertools.count(t.steps)
     if t.count_collectives:  # first: the counted steps are ordinary ones, with every collective of a step
         counter = counter_for(strategy.mesh)
-        if routing:
-            routing.take_rows()  # the timed window's last step's, if any were left
         result.work = work_count.count(lambda: train_step(next(extra)), counter).to_dict()
         result.collectives = counter.rows()
         if routing:  # the rows the collectives' step routed (its micro-batches: the first of the two counted
-            # steps is the one whose collectives were counted), which size its all-to-alls (parallel/ep/comm.py)
+            # steps is the one whose collectives were counted; each timed step's record took its own rows), which
+            # size its all-to-alls (parallel/ep/comm.py)
             result.work["routed_rows"] = routing.take_rows()[:cfg.parallelism.grad_accum]
     if t.breakdown_steps:
         with breakdown.profiled() as profiler:
