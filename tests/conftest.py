@@ -230,6 +230,13 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         "ep_resume": ep_resumed(ep_runs, 2, ("fsdp",)),
         # AutoEP's checkpoint (ZeRO-2, 4 ranks) at 2: DeepSpeed's universal conversion regroups the experts
         "ep_resume_autoep": ep_resumed(ep_runs, 2, ("ds_zero2",), "qwen3_moe_autoep_zero2"),
+        # and at ep 1, without AutoEP: its experts renamed to the model's (backends/deepspeed/autoep_checkpoint.py),
+        # ZeRO-2's on one MoE and ZeRO-3's (flat dense tensors, one step counter a sub-group) on the other
+        "ep_reshard_autoep": ep_resumed(ep_runs, 1, ("ds_zero2",), "qwen3_moe_autoep_zero2"),
+        # (at a sub_group_size that makes 3 sub-groups, as a model past it has: DeepSpeed's universal load gave them
+        # one step counter, which Adam then advanced 3 times a step; strategy.own_step_counters)
+        "ep_reshard_autoep_zero3": ep_resumed(ep_runs, 1, ("ds_zero3",), "mixtral_autoep_zero3", "tiny_mixtral",
+                                              "+backend.deepspeed.zero_optimization.sub_group_size=30000"),
         "ep_reshard": ep_resumed(ep_runs, 1, ("fsdp", "ddp")),
         # the states-dominated memory check's cells again at 2 ranks (tests/test_memory_check.py): at 4 ranks
         # the sharded states are a quarter, at 2 a half, and the buffers a backend gathers weigh differently
@@ -301,9 +308,12 @@ def _one_sweep(fixture: str, sweep: str):
 
 @pytest.fixture(scope="session")
 def ep_resume_runs(two_rank_sweeps):
-    """{"ep2/fsdp", "ep1/fsdp", "ep1/ddp": (summary, records, run dir)}: the 4-rank ep cell's checkpoint resumed."""
+    """{"ep2/fsdp", "ep1/fsdp", "ep1/ddp", "ep2/ds_zero2 (AutoEP)", "ep1/ds_zero2 (AutoEP)", "ep1/ds_zero3 (AutoEP)":
+    (summary, records, run dir)}: the 4-rank ep cells' checkpoints resumed."""
     return {**{f"ep2/{b}": r for b, r in two_rank_sweeps["ep_resume"].items()},
             **{f"ep2/{b} (AutoEP)": r for b, r in two_rank_sweeps["ep_resume_autoep"].items()},
+            **{f"ep1/{b} (AutoEP)": r for sweep in ("ep_reshard_autoep", "ep_reshard_autoep_zero3")
+               for b, r in two_rank_sweeps[sweep].items()},
             **{f"ep1/{b}": r for b, r in two_rank_sweeps["ep_reshard"].items()}}
 
 
@@ -421,20 +431,22 @@ def ep_cells(two_experts: Path) -> dict:
             # gathers (as at scale) on the other
             "qwen3_moe_autoep_zero2": [*base, "backend=ds_zero2", "model=tiny_qwen3_moe",
                                        f"train.checkpoint_every={SAVED_AT}"],
-            "mixtral_autoep_zero3": [*base, "backend=ds_zero3", "model=tiny_mixtral", *zero3_per_module()],
+            "mixtral_autoep_zero3": [*base, "backend=ds_zero3", "model=tiny_mixtral", *zero3_per_module(),
+                                     f"train.checkpoint_every={SAVED_AT}"],
             # 2 experts over 4 ranks at ep 1, and 1 a rank over efsdp 2 at ep 2: both on the second dimension
             "two_experts": [*shape, f"model.hf_config={two_experts}"],
             "two_experts_ep1": [*(o for o in shape if o != "parallelism.ep=2"), f"model.hf_config={two_experts}"]}
 
 
-def ep_resumed(runs, ep: int, backends: tuple, cell: str = "qwen3_moe"):
+def ep_resumed(runs, ep: int, backends: tuple, cell: str = "qwen3_moe", model: str = "tiny_qwen3_moe",
+               *extra: str):
     """2-rank cells resuming a 4-rank ep cell's checkpoint (efsdp 2 x ep 2, after step 3 of 5) at
     parallelism.ep=`ep`, 2 micro-batches of 2: the same 8 sequences a step. DCP reshards the experts' DTensors
     out of their (efsdp, ep) layout; DeepSpeed's universal conversion AutoEP's experts."""
     def overrides(backend: str) -> tuple:
         path = f"{runs[cell][2]}/checkpoints/step_{SAVED_AT:07d}"
-        return cheap(*MOE, "model=tiny_qwen3_moe", *([f"parallelism.ep={ep}"] if ep > 1 else []),
-                     f"train.resume='{path}'")
+        return cheap(*MOE, f"model={model}", *([f"parallelism.ep={ep}"] if ep > 1 else []),
+                     f"train.resume='{path}'", *extra)
     overrides.backends = list(backends)
     return overrides
 

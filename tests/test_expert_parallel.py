@@ -25,6 +25,9 @@ from harness.theory.shape import shape_of
 from conftest import zero3_per_module
 
 MOE4 = ["model=tiny_qwen3_moe", "backend=fsdp", "parallelism.nproc_per_node=4"]
+MOE_RUN = ["logger=none", "profile=parity", "parallelism.nproc_per_node=2", "parallelism.grad_accum=2", "train.steps=5",
+           "train.warmup_steps=2", "train.measure_flops=false", "train.breakdown_steps=0", "train.profile_memory=false",
+           "train.count_collectives=false"]
 
 
 @pytest.mark.parametrize("overrides, says", [
@@ -228,16 +231,22 @@ def test_zero3_under_autoep_keeps_each_blocks_gathered_local_experts_from_forwar
 def test_an_expert_parallel_checkpoint_resumes_exactly_at_ep_2_and_at_ep_1(ep_runs, ep_resume_runs):
     # saved after step 3 of 5 at efsdp 2 x ep 2 (DCP); resumed at ep 2 on 2 ranks (efsdp 1) and at ep 1 under
     # FSDP2 and DDP (the experts' shards joined); AutoEP's (ZeRO-2) at ep 2 on 2 ranks through DeepSpeed's
-    # universal conversion
-    assert set(ep_resume_runs) == {"ep2/fsdp", "ep1/fsdp", "ep1/ddp", "ep2/ds_zero2 (AutoEP)"}
+    # universal conversion, and at ep 1 without AutoEP, its experts renamed and regrouped to the model's
+    # (ZeRO-2's on tiny Qwen3-MoE, ZeRO-3's on tiny Mixtral, each with its step counters unshared: strategy.py)
+    assert set(ep_resume_runs) == {"ep2/fsdp", "ep1/fsdp", "ep1/ddp", "ep2/ds_zero2 (AutoEP)",
+                                   "ep1/ds_zero2 (AutoEP)", "ep1/ds_zero3 (AutoEP)"}
+    saved = {"ds_zero2 (AutoEP)": "qwen3_moe_autoep_zero2", "ds_zero3 (AutoEP)": "mixtral_autoep_zero3"}
     for cell, (summary, records, run_dir) in ep_resume_runs.items():
-        original = ep_runs["qwen3_moe_autoep_zero2" if "AutoEP" in cell else "qwen3_moe"][1][3:]
+        original = ep_runs[saved.get(cell.split("/", 1)[1], "qwen3_moe")][1][3:]
         assert summary["status"] == "ok", (cell, summary.get("reason"))
         assert [r["step"] for r in records] == [3, 4], cell
         if "AutoEP" in cell:
             report = json.loads((run_dir / "ranks" / "report.json").read_text())
             framework = report["ranks"][0]["checkpoint"]["resumed"]["framework"]
             assert framework["load_universal"] and framework["saved_world"] == 4, framework
+            assert framework["autoep_experts_renamed"] == cell.startswith("ep1/"), framework
+            if "zero3" in cell:  # its 3 sub-groups' one step counter given to each its own
+                assert framework["step_counters_unshared"] == 2, framework
         for key in ("loss/loss", "loss/grad_norm"):
             assert [r[key] for r in records] == pytest.approx([r[key] for r in original], rel=1e-5), (cell, key)
 
@@ -305,10 +314,74 @@ def test_transformers_registry_answers_deepspeeds_str_keys_and_its_own_model_key
     assert registry.get(model) == (dict.get(registry, str(model.__class__)) or {})  # transformers' own (model)
 
 
-def test_an_autoep_checkpoint_is_refused_at_ep_1_and_taken_at_another_ep():
+def test_an_autoep_checkpoint_is_no_layout_of_its_own():
+    """AutoEP's experts load at any ep, ep 1 included (their names and tensors converted:
+    backends/deepspeed/autoep_checkpoint.py), so ep is not in DeepSpeed's checkpoint layout; a checkpoint whose
+    marker named AutoEP in its layout (before this was so) loads as well, and another ZeRO stage still does not."""
     from harness.config import families
 
     configs = {ep: compose([*MOE4, "backend=ds_zero2", f"parallelism.ep={ep}"]) for ep in (1, 2, 4)}
-    layouts = {ep: families.of(cfg.backend).checkpoint_layout(cfg) for ep, cfg in configs.items()}
-    # another AutoEP degree loads through DeepSpeed's universal conversion; ep 1 (no AutoEP) cannot
-    assert layouts == {1: "ZeRO stage 2, fp32", 2: "ZeRO stage 2, fp32, AutoEP", 4: "ZeRO stage 2, fp32, AutoEP"}
+    family = families.of(configs[1].backend)
+    layouts = {ep: family.checkpoint_layout(cfg) for ep, cfg in configs.items()}
+    assert set(layouts.values()) == {"ZeRO stage 2, fp32"}
+    assert family.layout_loads("ZeRO stage 2, fp32, AutoEP", layouts[1])
+    assert not family.layout_loads("ZeRO stage 3, fp32, AutoEP", layouts[1])
+
+
+
+@pytest.mark.parametrize("layout", ["gate_up_first", "hidden_first"])
+def test_autoeps_experts_regroup_into_the_models_tensors_and_back(layout):
+    """A checkpoint moves between AutoEP and ep 1 by the inverse of AutoEP's own repacking
+    (deepspeed/moe/ep_repack.py): its gate, up and down from the model's fused gate|up and down, in both layouts
+    DeepSpeed knows, put back into the model's tensors to the bit (as_dense), and split again into AutoEP's
+    (as_autoep). h != i, so a transposition that should not be there changes the shape."""
+    from types import SimpleNamespace
+
+    import torch
+    from deepspeed.moe.ep_repack import _repack_fused_3d
+
+    from harness.backends.deepspeed import autoep_checkpoint
+
+    e, h, i = 4, 5, 3
+    gate_up, down = ((e, 2 * i, h), (e, h, i)) if layout == "gate_up_first" else ((e, h, 2 * i), (e, i, h))
+    experts = torch.nn.Module()
+    experts.gate_up_proj = torch.nn.Parameter(torch.randn(gate_up))
+    experts.down_proj = torch.nn.Parameter(torch.randn(down))
+    spec = SimpleNamespace(expert_w1_name="gate_up_proj", expert_w2_name="down_proj", expert_w3_name=None)
+    w1, w2, w3 = _repack_fused_3d(experts, spec, 0, e)  # what AutoEP holds: [E, i, h], [E, h, i], [E, i, h]
+    assert tuple(w1.shape) == (e, i, h) and tuple(w2.shape) == (e, h, i)
+    assert torch.equal(autoep_checkpoint.to_model([w1, w3], gate_up, down), experts.gate_up_proj.data)
+    assert torch.equal(autoep_checkpoint.to_model([w2], down, ()), experts.down_proj.data)
+    again = autoep_checkpoint.to_autoep(experts.gate_up_proj.data, 2, gate_up, down)
+    assert torch.equal(again[0], w1) and torch.equal(again[1], w3)
+    assert torch.equal(autoep_checkpoint.to_autoep(experts.down_proj.data, 1, gate_up, down)[0], w2)
+
+
+@pytest.mark.drill
+def test_a_checkpoint_saved_without_autoep_resumes_under_it(tmp_path):
+    """ZeRO-2 at ep 1 on 2 ranks saves after step 3; the same run at ep 2 (AutoEP) resumes it through DeepSpeed's
+    universal conversion, the model's fused experts split into AutoEP's and the optimizer's hyperparameters given
+    to AutoEP's expert group (autoep_checkpoint.as_autoep), and trains steps 3 and 4 as the saved run did."""
+    import subprocess
+
+    from conftest import REPO
+    from harness.core.spawn import train_command
+
+    run = ["model=tiny_qwen3_moe", "backend=ds_zero2", *MOE_RUN]
+
+    def train(run_dir, *overrides):
+        done = subprocess.run(train_command(*run, *overrides, run_dir=run_dir), cwd=REPO, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    saved = train(tmp_path / "ep1", "train.checkpoint_every=3")
+    resumed = train(tmp_path / "ep2", "parallelism.ep=2",
+                    f"train.resume='{tmp_path / 'ep1' / 'checkpoints' / 'step_0000003'}'")
+    original = {r["step"]: r for r in saved}
+    assert [r["step"] for r in resumed] == [3, 4]
+    for key in ("loss/loss", "loss/grad_norm"):
+        assert [r[key] for r in resumed] == pytest.approx([original[r["step"]][key] for r in resumed], rel=1e-5)
+    report = json.loads((tmp_path / "ep2" / "ranks" / "report.json").read_text())
+    framework = report["ranks"][0]["checkpoint"]["resumed"]["framework"]
+    assert framework["load_universal"] and framework["autoep_experts_renamed"], framework

@@ -128,6 +128,10 @@ class Family:
         (DeepSpeed's ZeRO stage and precision); "" where any run of the format loads it."""
         return ""
 
+    def layout_loads(self, saved: str, layout: str) -> bool:
+        """Whether a run of checkpoint_layout `layout` loads a checkpoint saved as `saved`."""
+        return saved == layout
+
     def resume_refusal(self, cfg, marker: dict) -> str:
         """Why a checkpoint of this family's layout, whose marker is `marker`, still cannot load on `cfg`'s mesh;
         "" where it can (config/resume_check.py)."""

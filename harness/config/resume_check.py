@@ -64,7 +64,7 @@ def resume_problems(cfg, path: Path, check_files: bool = True) -> List[str]:
                 f"reads {family.checkpoint_format} ones; resume it with a backend of family {marker['family']}"]
     out = []
     layout = family.checkpoint_layout(cfg)
-    if marker.get("layout", layout) != layout:
+    if not family.layout_loads(marker.get("layout", layout), layout):
         out.append(f"{key}: saved by {marker['backend']} ({marker['layout']}), and {cfg.backend.name} loads "
                    f"{layout}; {family.layout_fix or 'it cannot load there'}: resume it with {marker['backend']} "
                    f"as it was saved ({marker['layout']})")

@@ -29,11 +29,10 @@ class DeepSpeedFamily(Family):
     pass_through = ("deepspeed",)  # +backend.deepspeed.<key>=...: DeepSpeed's JSON keys, checked by check.py
     framework = "DeepSpeed"
     checkpoint_format = "DeepSpeed"  # engine.save_checkpoint: the module's states and each rank's ZeRO partitions
-    layout_fix = ("DeepSpeed loads a checkpoint at the ZeRO stage and precision that wrote it, and an AutoTP or "
-                  "AutoEP one only on the mesh that wrote it (its universal conversion asserts at another "
+    layout_fix = ("DeepSpeed loads a checkpoint at the ZeRO stage and precision that wrote it, and an AutoTP one "
+                  "only on the mesh that wrote it (its universal conversion asserts at another "
                   "tensor-parallel degree, and at another data-parallel degree loaded wrong weights here: a first "
-                  "resumed loss of 5.52 where the run had 5.23; an AutoEP checkpoint without AutoEP, at ep 1, "
-                  "fails in load_state_dict; at another ep or world it loads)")
+                  "resumed loss of 5.52 where the run had 5.23)")
     async_save_refusal = "DeepSpeed's asynchronous checkpoint engines (Nebula, FastPersist) need CUDA or Azure"
     float8_refusal = ("torchao's converted Linears hold the weights DeepSpeed's engine flattens and partitions, and "
                       "DeepSpeed has no float8 training path of its own")
@@ -141,13 +140,16 @@ class DeepSpeedFamily(Family):
         # under AutoTP each file holds a tensor-parallel slice, which ds_to_universal cannot join across degrees
         # (it asserts "full param numel != tensor slice numel * tp_world_size" on a tp 2 checkpoint at tp 1), nor
         # move to another data-parallel degree (dp 2 x tp 2 resumed at dp 1 x tp 2 started from wrong weights)
-        # Under AutoEP the experts are saved per expert (layer_<l>_expert_<e>_*.pt) in AutoEP's own tensors: a model
-        # without the replacement (ep 1) does not load them (load_state_dict, or the universal conversion, fails),
-        # while another AutoEP degree or world loads through the universal conversion (strategy.load_checkpoint)
+        # AutoEP's experts, saved per expert (layer_<l>_expert_<e>_*.pt) in AutoEP's own tensors, load at any ep
+        # through DeepSpeed's universal conversion, and at ep 1 renamed to the model's own (strategy.load_checkpoint,
+        # autoep_checkpoint.py): not a layout of their own
         mesh = mesh_of(cfg)
         autotp = f", AutoTP {mesh.tp} on {mesh.world} ranks" if mesh.tp > 1 else ""
-        autoep_ = ", AutoEP" if mesh.ep > 1 else ""
-        return f"ZeRO stage {cfg.backend.zero_stage}, {cfg.train.precision}{autotp}{autoep_}"
+        return f"ZeRO stage {cfg.backend.zero_stage}, {cfg.train.precision}{autotp}"
+
+    def layout_loads(self, saved, layout):
+        # checkpoints saved before AutoEP's loaded at ep 1 named it in their layout
+        return saved.removesuffix(", AutoEP") == layout
 
     def resume_refusal(self, cfg, marker):
         # Under Ulysses DeepSpeed 0.19.8 records the sequence-parallel degree as the checkpoint's tp_degree

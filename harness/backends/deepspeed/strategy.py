@@ -154,15 +154,20 @@ class DeepSpeedStrategy(Strategy):
             # DeepSpeed's ZeRO files load only at the world size that wrote them: its universal checkpoint
             # (ds_to_universal, arXiv 2406.18820) reshards them, and the engine loads that under the parsed form
             # of its `checkpoint.load_universal` key, which it reads when it loads. At the same world another
-            # mesh is another AutoEP degree (the layout check refuses any other change): the universal
-            # conversion regroups the experts too (deepspeed/checkpoint/autoep_universal.py)
+            # mesh is another ep (the layout check refuses any other change): the universal conversion regroups
+            # AutoEP's experts (deepspeed/checkpoint/autoep_universal.py), and between AutoEP and ep 1 they are
+            # renamed to the live model's (autoep_checkpoint.py)
             load_dir, tag = directory, self._universal(directory)
+            universal = tag
+            tag = self._experts_renamed(directory, tag)
             self.engine._config.load_universal_checkpoint = True
             self.settings["checkpoint"] = {"load_universal": True, "saved_world": saved_world,
-                                           "saved_mesh": saved_mesh}
+                                           "saved_mesh": saved_mesh, "autoep_experts_renamed": tag != universal}
         path, _ = self.engine.load_checkpoint(str(load_dir), tag=tag)
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint at {load_dir / tag}")
+        if self.engine._config.load_universal_checkpoint:
+            self.settings["checkpoint"]["step_counters_unshared"] = own_step_counters(self.engine.optimizer)
 
     @staticmethod
     @override
@@ -188,6 +193,28 @@ class DeepSpeedStrategy(Strategy):
             ds_to_universal.main(argparse.Namespace(
                 input_folder=str(directory), output_folder=str(out), num_extract_workers=1, num_merge_workers=1,
                 keep_temp_folder=False, strict=True, inject_missing_state=False))
+            done.write_text("")
+        dist.barrier()
+        return out.name
+
+    def _experts_renamed(self, directory, tag: str) -> str:
+        """The universal checkpoint `tag` with its experts under this run's names where it was saved with AutoEP
+        and the run has none (ep 1), or the other way (rank 0, once: autoep_checkpoint.py), into
+        <directory>/universal_<dense|autoep>; `tag` itself where both or neither ran AutoEP."""
+        import torch.distributed as dist
+
+        from . import autoep_checkpoint
+
+        saved, runs = bool(autoep_checkpoint.autoep_layers(directory / tag)), autoep.enabled(self.config)
+        if saved == runs:
+            return tag
+        out = directory / f"{tag}_{'autoep' if runs else 'dense'}"
+        done = out.with_name(out.name + ".done")
+        if dist.get_rank() == 0 and not done.exists():
+            if runs:
+                autoep_checkpoint.as_autoep(directory / tag, out, self.engine)
+            else:
+                autoep_checkpoint.as_dense(directory / tag, out, self.engine.module)
             done.write_text("")
         dist.barrier()
         return out.name
@@ -239,6 +266,27 @@ def fresh_parallel_groups() -> None:
                  "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK"):
         if hasattr(groups, name):
             setattr(groups, name, None)
+
+
+def own_step_counters(optimizer) -> int:
+    """Give each optimizer state its own step counter; returns how many were shared. DeepSpeed 0.19.8's ZeRO-3
+    universal load (stage3.load_hp_checkpoint_state_from_checkpoint_dir_stage3) sets every sub-group's `step` to
+    the one tensor it read, and torch's Adam adds 1 to it in place per sub-group: with two sub-groups (AutoEP's
+    experts are a group of their own; a model past sub_group_size has several) the step advanced by 2 a step.
+    Measured on tiny Mixtral, AutoEP ep 2 under ZeRO-3, resumed through the universal conversion on the mesh
+    that saved it: every state equal to the plain load's, and after one step 5 where it was 4; the losses
+    3.7e-5 and 8.1e-4 off the saved run's on the next two steps, 0 with each state its own counter."""
+    import torch
+
+    base = getattr(optimizer, "optimizer", optimizer)
+    seen, shared = set(), 0
+    for state in base.state.values():
+        step = state.get("step")
+        if torch.is_tensor(step):
+            if id(step) in seen:
+                state["step"], shared = step.clone(), shared + 1
+            seen.add(id(step))
+    return shared
 
 
 def zero_value(value):
