@@ -132,12 +132,14 @@ USER = ("model=tiny_qwen2", "data=files", "data.text_field=content", "optim.sche
         "optim.warmup_steps=2", "train.eval_every=3", "train.steps=8", "train.warmup_steps=2", "profile=parity")
 
 
-def axis_resumed(runs, llama_checkpoint, axis: str, degree: int, micro_batch: int, backends=("fsdp",)):
-    """Cells at 2 ranks that resume the 4-rank gqa/fsdp cell's checkpoint of `runs` (dp 2 x tp 2 or dp 2 x cp 2,
+def axis_resumed(runs, llama_checkpoint, axis: str, degree: int, micro_batch: int, backends=("fsdp",),
+                 cell: str = "gqa/fsdp"):
+    """Cells at 2 ranks that resume the 4-rank `cell`'s checkpoint of `runs` (dp 2 x tp 2 or dp 2 x cp 2,
     after step 3 of 5) at parallelism.<axis>=`degree`, the same 12 sequences a step: DCP reshards it, over the
-    data-parallel ranks and out of the axis's shards (tensor parallelism's), or FSDP2's dp_shard x cp ones."""
+    data-parallel ranks and out of the axis's shards (tensor parallelism's), or FSDP2's dp_shard x cp ones;
+    DeepSpeed's universal conversion Ulysses' (gqa/ds_zero3)."""
     def overrides(backend: str) -> tuple:
-        path = f"{runs['gqa/fsdp'][2]}/checkpoints/step_{SAVED_AT:07d}"
+        path = f"{runs[cell][2]}/checkpoints/step_{SAVED_AT:07d}"
         return cheap(*FINETUNE, "parallelism.nproc_per_node=2", f"parallelism.{axis}={degree}",
                      f"parallelism.micro_batch={micro_batch}", "parallelism.grad_accum=2", "model.init=meta",
                      f"model.pretrained_path={llama_checkpoint}", f"train.resume='{path}'")
@@ -210,6 +212,8 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         # tests/test_context_parallel.py
         "cp_resume": axis_resumed(cp_runs, llama_checkpoint, "cp", 2, 6),
         "cp_reshard": axis_resumed(cp_runs, llama_checkpoint, "cp", 1, 3, ("fsdp", "ddp")),
+        # Ulysses' (ZeRO-3) at cp 1: DeepSpeed's universal conversion, its sp degree not read as tp's
+        "cp_reshard_ulysses": axis_resumed(cp_runs, llama_checkpoint, "cp", 1, 3, ("ds_zero3",), "gqa/ds_zero3"),
         # a NaN in rank 1's loss at step 3 under train.on_nonfinite=continue: tests/test_environment_faults.py
         "nan": only(("ddp",), "fault.kind=nan", "fault.rank=1", "fault.step=3", "train.on_nonfinite=continue",
                     "train.steps=6", "train.warmup_steps=1", "train.measure_flops=false",
@@ -375,7 +379,8 @@ def cp_cells(llama_checkpoint) -> dict:
             "gqa/fsdp_tp": (*gqa, "backend=fsdp", "parallelism.tp=2", "parallelism.micro_batch=6",
                             "parallelism.loss_parallel=false"),
             # DeepSpeed's implementation of the axis: Ulysses' all-to-alls over the heads, under ZeRO-2 and ZeRO-3
-            "gqa/ds_zero2": (*gqa, "backend=ds_zero2"), "gqa/ds_zero3": (*gqa, "backend=ds_zero3")}
+            "gqa/ds_zero2": (*gqa, "backend=ds_zero2"),
+            "gqa/ds_zero3": (*gqa, "backend=ds_zero3", f"train.checkpoint_every={SAVED_AT}")}
 
 
 @pytest.fixture(scope="session")
@@ -474,7 +479,8 @@ def cp_runs(four_rank_runs) -> dict:
 @pytest.fixture(scope="session")
 def cp_resume_runs(two_rank_sweeps):
     return {**{f"cp2/{b}": r for b, r in two_rank_sweeps["cp_resume"].items()},
-            **{f"cp1/{b}": r for b, r in two_rank_sweeps["cp_reshard"].items()}}
+            **{f"cp1/{b}": r for b, r in two_rank_sweeps["cp_reshard"].items()},
+            **{f"cp1/{b} (Ulysses)": r for b, r in two_rank_sweeps["cp_reshard_ulysses"].items()}}
 
 
 @pytest.fixture(scope="session")

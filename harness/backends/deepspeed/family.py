@@ -151,18 +151,6 @@ class DeepSpeedFamily(Family):
         # checkpoints saved before AutoEP's loaded at ep 1 named it in their layout
         return saved.removesuffix(", AutoEP") == layout
 
-    def resume_refusal(self, cfg, marker):
-        # Under Ulysses DeepSpeed 0.19.8 records the sequence-parallel degree as the checkpoint's tp_degree
-        # (checkpoint_parallel_dimensions), and its universal conversion then counts one model-state file where it
-        # expects cp of them ("file count 1 does not match pp_degree=1 * tp_degree=2"). On the mesh that wrote it
-        # the checkpoint resumes exactly (dp 2 x cp 2: steps 3 and 4 to the bit); anywhere else the ranks failed
-        saved, mesh = marker.get("mesh", ""), mesh_of(cfg)
-        if "(Ulysses)" in saved and (saved != mesh.describe() or marker.get("world") != mesh.world):
-            return (f"saved under Ulysses at {saved} on {marker.get('world')} ranks, which DeepSpeed's universal "
-                    "conversion cannot move to another mesh (it reads Ulysses' degree as tensor parallelism's and "
-                    f"fails); resume it at {saved} on {marker.get('world')} ranks")
-        return ""
-
     def preload_replays(self):
         """py-cpuinfo asked from a thread at once (CPU Adam asks it: cpu_info.py), then, after the process's
         imports, DeepSpeed's Muon optimizer module (its first initialize imports it, and torch.compile runs at its

@@ -7,7 +7,9 @@ JIT-compiled FusedAdam on the CPU accelerator.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import shutil
 from typing import Dict, Iterable
 
 import torch
@@ -110,6 +112,8 @@ class DeepSpeedStrategy(Strategy):
             # the dtype its gradient reductions move: the run's 16-bit one unless the JSON sets it, whatever
             # grad_accum_dtype (parity's fp32) accumulates in
             "communication_data_type": str(self.engine.communication_data_type).removeprefix("torch."),
+            # under Ulysses, what each rank's loss is divided by (_ulysses_divisor): the harness's, not DeepSpeed's
+            **({"ulysses_loss_divisor": self._ulysses_divisor} if self.mesh.cp > 1 else {}),
         }, **({"expert_parallel": autoep.effective_settings(self.engine)} if autoep.enabled(self.config) else {})}
 
     @override
@@ -122,11 +126,24 @@ class DeepSpeedStrategy(Strategy):
 
     @override
     def backward(self, loss):
-        # divides by gradient_accumulation_steps itself. Under Ulysses its ZeRO reduction sums the sequence-parallel
-        # ranks' gradients and averages over the data-parallel ones only (stage_1_and_2 and stage3: divided by
-        # world / sequence_parallel_size): each rank's loss is the mean of its S/cp tokens, so it goes in over cp,
-        # as ALST averages its shards' losses, and the gradient is the whole sequence's mean's
-        self.engine.backward(loss / self.mesh.cp if self.mesh.cp > 1 else loss)
+        # divides by gradient_accumulation_steps itself. Each rank's loss is the mean of its S/cp tokens: the
+        # whole sequence's is their mean over the sequence-parallel ranks (ALST averages its shards' losses)
+        self.engine.backward(loss / self._ulysses_divisor)
+
+    @functools.cached_property
+    def _ulysses_divisor(self) -> int:
+        """What a rank's loss is divided by under Ulysses, so that the reduced gradient is the data-parallel mean of
+        each whole sequence's. ZeRO-1/2's reductions, and ZeRO-3's all-reduce path, sum the sequence-parallel ranks'
+        gradients and average over the data-parallel ones (divided by world / sequence_parallel_size): cp. ZeRO-3's
+        reduce-scatter path, its default (`reduce_scatter` true: stage3.__avg_scatter_grads), averages over every
+        rank, the sequence-parallel ones too: 1. Dividing by cp there (as before) halved every gradient at cp 2:
+        tiny Llama at dp 2 x cp 2 read a gradient norm of 1.570 at step 0 where DDP and ZeRO-2 read 3.140, hidden
+        from the losses by clipping to norm 1 and Adam's scale invariance (3.2e-4 off DDP's by step 2)."""
+        if self.mesh.cp == 1:
+            return 1
+        stage3_scatter = self.engine.zero_optimization_stage() == 3 and getattr(self.engine.optimizer,
+                                                                                 "reduce_scatter", False)
+        return 1 if stage3_scatter else self.mesh.cp
 
     @override
     def step(self):
@@ -163,7 +180,9 @@ class DeepSpeedStrategy(Strategy):
             self.engine._config.load_universal_checkpoint = True
             self.settings["checkpoint"] = {"load_universal": True, "saved_world": saved_world,
                                            "saved_mesh": saved_mesh, "autoep_experts_renamed": tag != universal}
-        path, _ = self.engine.load_checkpoint(str(load_dir), tag=tag)
+        with without_sequence_parallel_mpu(self.engine.optimizer, self.engine._config.load_universal_checkpoint
+                                           and self.mesh.cp > 1):
+            path, _ = self.engine.load_checkpoint(str(load_dir), tag=tag)
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint at {load_dir / tag}")
         if self.engine._config.load_universal_checkpoint:
@@ -190,9 +209,12 @@ class DeepSpeedStrategy(Strategy):
             from deepspeed.checkpoint import ds_to_universal
 
             shutil.rmtree(out, ignore_errors=True)
+            source = ulysses_as_data_parallel(directory)
             ds_to_universal.main(argparse.Namespace(
-                input_folder=str(directory), output_folder=str(out), num_extract_workers=1, num_merge_workers=1,
+                input_folder=str(source), output_folder=str(out), num_extract_workers=1, num_merge_workers=1,
                 keep_temp_folder=False, strict=True, inject_missing_state=False))
+            if source != directory:
+                shutil.rmtree(source)
             done.write_text("")
         dist.barrier()
         return out.name
@@ -266,6 +288,48 @@ def fresh_parallel_groups() -> None:
                  "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK"):
         if hasattr(groups, name):
             setattr(groups, name, None)
+
+
+def ulysses_as_data_parallel(directory):
+    """`directory` itself, or where Ulysses wrote it, a copy (links to its files) whose module-states file says
+    tensor-parallel degree 1. DeepSpeed 0.19.8 records Ulysses' sequence-parallel degree as the checkpoint's
+    tp_degree (checkpoint_parallel_dimensions), and ds_to_universal then looks for that many model-state files
+    ("file count 1 does not match pp_degree=1 * tp_degree=2"). Under Ulysses the module is whole on every rank
+    (mp_world_size 1) and ZeRO partitions its states over all dp x sp ranks (partition_count = world), so the
+    checkpoint is a data-parallel one of that world, which the conversion then reshards as any other."""
+    import torch
+
+    states = directory / "mp_rank_00_model_states.pt"
+    saved = torch.load(states, weights_only=False) if states.exists() else {}
+    dims = saved.get("checkpoint_parallel_dimensions") or {}
+    sp = (saved.get("ds_config") or {}).get("sequence_parallel_size", 1)
+    if sp <= 1 or dims.get("tp_degree", 1) != sp or saved.get("mp_world_size", 1) != 1:
+        return directory
+    copy = directory / "ulysses_as_dp"
+    shutil.rmtree(copy, ignore_errors=True)
+    copy.mkdir()
+    for f in directory.glob("*_states.pt"):
+        if f != states:
+            (copy / f.name).symlink_to(f.resolve())
+    torch.save({**saved, "checkpoint_parallel_dimensions": {**dims, "tp_degree": 1}}, copy / states.name)
+    return copy
+
+
+@contextlib.contextmanager
+def without_sequence_parallel_mpu(optimizer, needed: bool):
+    """The ZeRO optimizer without its `mpu` while it loads a universal checkpoint under Ulysses: DeepSpeed 0.19.8
+    hands it Ulysses' groups module (runtime/sequence_parallel/parallel_state_sp), which has no tensor-parallel
+    size, and its universal loader asks for one (base_optimizer.load_hp_checkpoint_state_from_checkpoint_dir:
+    AttributeError ... 'get_tensor_model_parallel_world_size'). Without an mpu the loader takes tensor-parallel
+    size 1, which is Ulysses' case: every rank holds the whole module."""
+    mpu = getattr(optimizer, "mpu", None)
+    if needed and mpu is not None:
+        optimizer.mpu = None
+    try:
+        yield
+    finally:
+        if needed and mpu is not None:
+            optimizer.mpu = mpu
 
 
 def own_step_counters(optimizer) -> int:
