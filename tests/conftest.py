@@ -238,7 +238,7 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         # ZeRO-2's on one MoE and ZeRO-3's (flat dense tensors, one step counter a sub-group) on the other
         "ep_reshard_autoep": ep_resumed(ep_runs, 1, ("ds_zero2",), "qwen3_moe_autoep_zero2"),
         # (at a sub_group_size that makes 3 sub-groups, as a model past it has: DeepSpeed's universal load gave them
-        # one step counter, which Adam then advanced 3 times a step; strategy.own_step_counters)
+        # one step counter, which Adam then advanced 3 times a step; universal.own_step_counters)
         "ep_reshard_autoep_zero3": ep_resumed(ep_runs, 1, ("ds_zero3",), "mixtral_autoep_zero3", "tiny_mixtral",
                                               "+backend.deepspeed.zero_optimization.sub_group_size=30000"),
         "ep_reshard": ep_resumed(ep_runs, 1, ("fsdp", "ddp")),

@@ -57,10 +57,10 @@ def test_an_ulysses_checkpoint_is_a_data_parallel_one_to_deepspeeds_conversion(t
     """DeepSpeed 0.19.8 records Ulysses' degree as its checkpoint's tensor-parallel degree, and its universal
     conversion then looked for that many model-state files. The module is whole on every rank under Ulysses and
     ZeRO partitions over every rank, so the conversion is handed a copy that says tensor-parallel degree 1
-    (strategy.ulysses_as_data_parallel); a checkpoint written without Ulysses is handed on as it is."""
+    (universal.ulysses_as_data_parallel); a checkpoint written without Ulysses is handed on as it is."""
     import torch
 
-    from harness.backends.deepspeed.strategy import ulysses_as_data_parallel
+    from harness.backends.deepspeed.universal import ulysses_as_data_parallel
 
     saved = {"checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 2}, "mp_world_size": 1,
              "ds_config": {"sequence_parallel_size": 2}, "module": {"w": torch.ones(2)}}

@@ -312,7 +312,8 @@ class DeepSpeedFamily(Family):
             return ""
         z, dtype = ds["zero_optimization"], ds["json"].get("data_types", {}).get("grad_accum_dtype", "default")
         out = [f"{ds['optimizer_wrapper']}", f"overlap_comm {z.get('overlap_comm')}",
-               f"reduce_bucket {z.get('reduce_bucket_size'):.3g}", f"allgather_bucket {z.get('allgather_bucket_size'):.3g}",
+               f"reduce_bucket {z.get('reduce_bucket_size'):.3g}",
+               f"allgather_bucket {z.get('allgather_bucket_size'):.3g}",
                f"grad_accum_dtype {dtype}", f"reduced in {ds.get('communication_data_type', 'its default dtype')}"]
         if z.get("stage") == 3:
             out += [f"prefetch_bucket {z.get('prefetch_bucket_size'):.3g}",

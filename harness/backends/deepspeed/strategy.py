@@ -7,15 +7,13 @@ JIT-compiled FusedAdam on the CPU accelerator.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import shutil
 from typing import Dict, Iterable
 
 import torch
 from typing_extensions import override
 
-from . import autoep, cpu_info
+from . import autoep, cpu_info, universal
 from .jit_ops import settle_arch_list
 from .json_config import ds_config
 from ...core.checkpoint_dirs import read_marker
@@ -174,19 +172,20 @@ class DeepSpeedStrategy(Strategy):
             # mesh is another ep (the layout check refuses any other change): the universal conversion regroups
             # AutoEP's experts (deepspeed/checkpoint/autoep_universal.py), and between AutoEP and ep 1 they are
             # renamed to the live model's (autoep_checkpoint.py)
-            load_dir, tag = directory, self._universal(directory)
-            universal = tag
-            tag = self._experts_renamed(directory, tag)
+            load_dir, tag = directory, universal.converted(directory)
+            converted = tag
+            tag = universal.experts_renamed(directory, tag, self.engine, autoep.enabled(self.config))
             self.engine._config.load_universal_checkpoint = True
             self.settings["checkpoint"] = {"load_universal": True, "saved_world": saved_world,
-                                           "saved_mesh": saved_mesh, "autoep_experts_renamed": tag != universal}
-        with without_sequence_parallel_mpu(self.engine.optimizer, self.engine._config.load_universal_checkpoint
-                                           and self.mesh.cp > 1):
+                                           "saved_mesh": saved_mesh, "autoep_experts_renamed": tag != converted}
+        reloaded = self.engine._config.load_universal_checkpoint
+        with universal.without_sequence_parallel_mpu(self.engine.optimizer, reloaded and self.mesh.cp > 1):
             path, _ = self.engine.load_checkpoint(str(load_dir), tag=tag)
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint at {load_dir / tag}")
-        if self.engine._config.load_universal_checkpoint:
-            self.settings["checkpoint"]["step_counters_unshared"] = own_step_counters(self.engine.optimizer)
+        if reloaded:  # (the JSON may ask for a universal load itself)
+            unshared = universal.own_step_counters(self.engine.optimizer)
+            self.settings.setdefault("checkpoint", {})["step_counters_unshared"] = unshared
 
     @staticmethod
     @override
@@ -195,51 +194,6 @@ class DeepSpeedStrategy(Strategy):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         return dict(get_fp32_state_dict_from_zero_checkpoint(str(directory.parent), tag=directory.name))
-
-    def _universal(self, directory) -> str:
-        """The checkpoint converted by DeepSpeed's ds_to_universal (rank 0, once, in this process: DeepSpeed is
-        loaded already) into <directory>/universal; returns that tag."""
-        import argparse
-        import shutil
-
-        import torch.distributed as dist
-
-        out, done = directory / "universal", directory / "universal.done"
-        if dist.get_rank() == 0 and not done.exists():
-            from deepspeed.checkpoint import ds_to_universal
-
-            shutil.rmtree(out, ignore_errors=True)
-            source = ulysses_as_data_parallel(directory)
-            ds_to_universal.main(argparse.Namespace(
-                input_folder=str(source), output_folder=str(out), num_extract_workers=1, num_merge_workers=1,
-                keep_temp_folder=False, strict=True, inject_missing_state=False))
-            if source != directory:
-                shutil.rmtree(source)
-            done.write_text("")
-        dist.barrier()
-        return out.name
-
-    def _experts_renamed(self, directory, tag: str) -> str:
-        """The universal checkpoint `tag` with its experts under this run's names where it was saved with AutoEP
-        and the run has none (ep 1), or the other way (rank 0, once: autoep_checkpoint.py), into
-        <directory>/universal_<dense|autoep>; `tag` itself where both or neither ran AutoEP."""
-        import torch.distributed as dist
-
-        from . import autoep_checkpoint
-
-        saved, runs = bool(autoep_checkpoint.autoep_layers(directory / tag)), autoep.enabled(self.config)
-        if saved == runs:
-            return tag
-        out = directory / f"{tag}_{'autoep' if runs else 'dense'}"
-        done = out.with_name(out.name + ".done")
-        if dist.get_rank() == 0 and not done.exists():
-            if runs:
-                autoep_checkpoint.as_autoep(directory / tag, out, self.engine)
-            else:
-                autoep_checkpoint.as_dense(directory / tag, out, self.engine.module)
-            done.write_text("")
-        dist.barrier()
-        return out.name
 
     @override
     def state_tensors(self) -> Dict[str, Iterable[torch.Tensor]]:
@@ -288,69 +242,6 @@ def fresh_parallel_groups() -> None:
                  "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK"):
         if hasattr(groups, name):
             setattr(groups, name, None)
-
-
-def ulysses_as_data_parallel(directory):
-    """`directory` itself, or where Ulysses wrote it, a copy (links to its files) whose module-states file says
-    tensor-parallel degree 1. DeepSpeed 0.19.8 records Ulysses' sequence-parallel degree as the checkpoint's
-    tp_degree (checkpoint_parallel_dimensions), and ds_to_universal then looks for that many model-state files
-    ("file count 1 does not match pp_degree=1 * tp_degree=2"). Under Ulysses the module is whole on every rank
-    (mp_world_size 1) and ZeRO partitions its states over all dp x sp ranks (partition_count = world), so the
-    checkpoint is a data-parallel one of that world, which the conversion then reshards as any other."""
-    import torch
-
-    states = directory / "mp_rank_00_model_states.pt"
-    saved = torch.load(states, weights_only=False) if states.exists() else {}
-    dims = saved.get("checkpoint_parallel_dimensions") or {}
-    sp = (saved.get("ds_config") or {}).get("sequence_parallel_size", 1)
-    if sp <= 1 or dims.get("tp_degree", 1) != sp or saved.get("mp_world_size", 1) != 1:
-        return directory
-    copy = directory / "ulysses_as_dp"
-    shutil.rmtree(copy, ignore_errors=True)
-    copy.mkdir()
-    for f in directory.glob("*_states.pt"):
-        if f != states:
-            (copy / f.name).symlink_to(f.resolve())
-    torch.save({**saved, "checkpoint_parallel_dimensions": {**dims, "tp_degree": 1}}, copy / states.name)
-    return copy
-
-
-@contextlib.contextmanager
-def without_sequence_parallel_mpu(optimizer, needed: bool):
-    """The ZeRO optimizer without its `mpu` while it loads a universal checkpoint under Ulysses: DeepSpeed 0.19.8
-    hands it Ulysses' groups module (runtime/sequence_parallel/parallel_state_sp), which has no tensor-parallel
-    size, and its universal loader asks for one (base_optimizer.load_hp_checkpoint_state_from_checkpoint_dir:
-    AttributeError ... 'get_tensor_model_parallel_world_size'). Without an mpu the loader takes tensor-parallel
-    size 1, which is Ulysses' case: every rank holds the whole module."""
-    mpu = getattr(optimizer, "mpu", None)
-    if needed and mpu is not None:
-        optimizer.mpu = None
-    try:
-        yield
-    finally:
-        if needed and mpu is not None:
-            optimizer.mpu = mpu
-
-
-def own_step_counters(optimizer) -> int:
-    """Give each optimizer state its own step counter; returns how many were shared. DeepSpeed 0.19.8's ZeRO-3
-    universal load (stage3.load_hp_checkpoint_state_from_checkpoint_dir_stage3) sets every sub-group's `step` to
-    the one tensor it read, and torch's Adam adds 1 to it in place per sub-group: with two sub-groups (AutoEP's
-    experts are a group of their own; a model past sub_group_size has several) the step advanced by 2 a step.
-    Measured on tiny Mixtral, AutoEP ep 2 under ZeRO-3, resumed through the universal conversion on the mesh
-    that saved it: every state equal to the plain load's, and after one step 5 where it was 4; the losses
-    3.7e-5 and 8.1e-4 off the saved run's on the next two steps, 0 with each state its own counter."""
-    import torch
-
-    base = getattr(optimizer, "optimizer", optimizer)
-    seen, shared = set(), 0
-    for state in base.state.values():
-        step = state.get("step")
-        if torch.is_tensor(step):
-            if id(step) in seen:
-                state["step"], shared = step.clone(), shared + 1
-            seen.add(id(step))
-    return shared
 
 
 def zero_value(value):
