@@ -132,11 +132,6 @@ class Family:
         """Whether a run of checkpoint_layout `layout` loads a checkpoint saved as `saved`."""
         return saved == layout
 
-    def resume_refusal(self, cfg, marker: dict) -> str:
-        """Why a checkpoint of this family's layout, whose marker is `marker`, still cannot load on `cfg`'s mesh;
-        "" where it can (config/resume_check.py)."""
-        return ""
-
     def preload_replays(self):
         """What a process about to replay this family's backends does once before it forks them
         (runtime/simulate/early.py): start now whatever can run beside its imports, and return the callable that

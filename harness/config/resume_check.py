@@ -68,8 +68,6 @@ def resume_problems(cfg, path: Path, check_files: bool = True) -> List[str]:
         out.append(f"{key}: saved by {marker['backend']} ({marker['layout']}), and {cfg.backend.name} loads "
                    f"{layout}; {family.layout_fix or 'it cannot load there'}: resume it with {marker['backend']} "
                    f"as it was saved ({marker['layout']})")
-    if refusal := family.resume_refusal(cfg, marker):
-        out.append(f"{key}: {refusal}")
     if marker["step"] >= cfg.train.steps:
         out.append(f"{key}: the checkpoint is at step {marker['step']}, and train.steps={cfg.train.steps} leaves "
                    "nothing to train; raise train.steps")
