@@ -145,7 +145,8 @@ class Family:
 
     def device_refusal(self, backend, device: str) -> str:
         """Why this backend cannot run on `device` (cpu | cuda), one line; "" where it can.
-        config/rules.backend_rules refuses such a run; `compose.flat_backends(device)` leaves it out of that device's sweeps."""
+        config/rules.backend_rules refuses such a run; `compose.flat_backends(device)` leaves it out of that
+        device's sweeps."""
         return ""
 
     def is_hybrid(self, backend) -> bool:

@@ -2,8 +2,9 @@
 checkpoint is found only in the run dir).
 
 A checkpoint resumes under a backend of a family that writes the same format (DCP: DDP and FSDP2 read each
-other's), at any world size (DCP reshards on load, and DeepSpeed's strategy converts its ZeRO files with ds_to_universal),
-in the layout that wrote it (DeepSpeed: the same ZeRO stage and precision), and only below train.steps.
+other's), at any world size (DCP reshards on load, and DeepSpeed's strategy converts its ZeRO files with
+ds_to_universal), in a layout that loads it (Family.layout_loads; DeepSpeed: the same ZeRO stage and precision),
+and only below train.steps.
 """
 from __future__ import annotations
 
