@@ -18,6 +18,13 @@ from ..theory.predict import predict
 from ..theory.shape import shape_of
 
 
+def shares_by_micro_batch(rows_by_rank: List[list], groups: List[List[int]]) -> List[List[float]]:
+    """Every rank's received share in each micro-batch ([micro-batch][rank]: theory/moe.received_shares), from
+    each rank's routed rows per micro-batch, by global rank; as many micro-batches as every rank recorded."""
+    count = min(len(rows) for rows in rows_by_rank)
+    return [moe.received_shares([rows[m] for rows in rows_by_rank], groups) for m in range(count)]
+
+
 def routed_peaks(cfg, ranks: List[RankReport]) -> Optional[List[dict]]:
     """Each rank's received share, measured peak and predicted peak at that share; None unless the run split its
     experts (parallelism.ep > 1) and every rank's profile kept its routed rows."""
@@ -31,12 +38,14 @@ def routed_predictions(cfg, profiles: List[Optional[dict]], counts: dict) -> Opt
     if mesh.ep == 1 or not all(p and p.get("routed_rows") for p in profiles):
         return None
     base, groups = shape_of(cfg, None, counts), mesh.groups("ep")
+    by_step: Dict[int, List[List[float]]] = {}
     out = []
     for rank, profile in enumerate(profiles):
         step = profile.get("step_index", 0)  # each rank's lowest profiled step is its own
+        if step not in by_step:
+            by_step[step] = shares_by_micro_batch([p["routed_rows"][step] for p in profiles], groups)
         # a rank's share in each micro-batch, whose peak is one micro-batch's activations: the largest
-        micro_batches = [moe.received_shares([p["routed_rows"][step][m] for p in profiles], groups)[rank]
-                         for m in range(len(profile["routed_rows"][step]))]
+        micro_batches = [shares[rank] for shares in by_step[step]]
         share = max(micro_batches)
         predicted = predict(cfg, None, counts, dataclasses.replace(base, received_share=share))
         out.append({"rank": rank, "share": share, "micro_batches": micro_batches, "peak": profile["peak"],
@@ -71,10 +80,9 @@ def routed_comm(cfg, ranks: List[RankReport]) -> Dict[str, float]:
     works = [r.work or {} for r in sorted(ranks, key=lambda r: r.rank)]
     if mesh.ep == 1 or not all(w.get("routed_rows") for w in works):
         return {}
-    groups, base = mesh.groups("ep"), shape_of(cfg, None, ranks[0].params)
-    micro_batches = min(len(w["routed_rows"]) for w in works)
-    by_micro_batch = [moe.received_shares([w["routed_rows"][m] for w in works], groups) for m in range(micro_batches)]
-    shares = [sum(shares[rank] for shares in by_micro_batch) / micro_batches for rank in range(len(works))]
+    base = shape_of(cfg, None, ranks[0].params)
+    by_micro_batch = shares_by_micro_batch([w["routed_rows"] for w in works], mesh.groups("ep"))
+    shares = [sum(s[rank] for s in by_micro_batch) / len(by_micro_batch) for rank in range(len(works))]
     predicted = [comm_per_step(cfg.backend, dataclasses.replace(base, received_share=share)) for share in shares]
     most = max(range(len(works)), key=lambda rank: predicted[rank]["bytes"])
     balanced = comm_per_step(cfg.backend, base)["bytes"]

@@ -15,7 +15,7 @@ The names come from AutoEP's own preset for the model type (`deepspeed/module_in
 the engine used when it replaced the blocks, and the fused layout from DeepSpeed's own classifier
 (`deepspeed.moe.fused_expert_layout`), applied to the live model's shapes: the inverse of what AutoEP did to the
 weights at start-up (`deepspeed/moe/ep_repack.py`), applied to the fp32 master and both Adam moments alike (each
-is elementwise in the weight, so it regroups as the weight does). Every other folder is copied as it is."""
+is elementwise in the weight, so it regroups as the weight does). Every other folder is linked as it is."""
 from __future__ import annotations
 
 import shutil
@@ -99,12 +99,15 @@ def to_autoep(tensor, count: int, gate_up_shape: Tuple[int, ...], down_shape: Tu
     return [tensor[:, :, :i].transpose(1, 2), tensor[:, :, i:].transpose(1, 2)]
 
 
-def copy_others(universal: Path, out: Path, taken: set) -> None:
+def link_others(universal: Path, out: Path, taken: set) -> None:
+    """`out/zero/` started with a link to each of `universal`'s folders and files that `taken` does not name:
+    the parameters the renaming leaves as they are are read in place, not copied (the model's whole dense part,
+    three fp32 tensors a parameter)."""
     shutil.rmtree(out, ignore_errors=True)
     (out / "zero").mkdir(parents=True)
-    for folder in (universal / "zero").iterdir():
-        if folder.name not in taken:
-            (shutil.copytree if folder.is_dir() else shutil.copy2)(folder, out / "zero" / folder.name)
+    for entry in (universal / "zero").iterdir():
+        if entry.name not in taken:
+            (out / "zero" / entry.name).symlink_to(entry.resolve())
 
 
 def copy_step(source: Path, target: Path) -> None:
@@ -148,7 +151,7 @@ def as_dense(universal: Path, out: Path, model) -> Path:
         raise RuntimeError(f"the model has no {missing[0]}, which AutoEP's checkpoint holds as "
                            f"{'+'.join(mapping[missing[0]][0])}")
     taken = {folder for folders, _ in mapping.values() for folder in folders}
-    copy_others(universal, out, taken | {f"{block}.gate.gate.weight" for block in blocks})  # the router's alias
+    link_others(universal, out, taken | {f"{block}.gate.gate.weight" for block in blocks})  # the router's alias
     for name, (folders, down) in mapping.items():
         target = out / "zero" / name
         target.mkdir()
@@ -184,7 +187,7 @@ def as_autoep(universal: Path, out: Path, engine) -> Path:
     if missing := [name for name in mapping if not (universal / "zero" / name).is_dir()]:
         raise RuntimeError(f"the checkpoint has no {missing[0]}, which AutoEP's {'+'.join(mapping[missing[0]][0])} "
                            "are made of")
-    copy_others(universal, out, set(mapping) | {"optimizer_state.pt"})
+    link_others(universal, out, set(mapping) | {"optimizer_state.pt"})
     fused = {down: name for name, (folders, down) in mapping.items() if down}
     shape = saved_shapes(universal)
     for name, (folders, down) in mapping.items():
