@@ -40,10 +40,15 @@ def test_the_cp_ranks_join_the_data_parallel_groups_of_the_mesh():
     (["parallelism.cp=2", "backend=fsdp1"], "composes with FSDP2 (torchtitan's), not FSDP1"),
     (["parallelism.cp=2", "parallelism.cp_rotate=ring"], "parallelism.cp_rotate=ring: expected one of allgather"),
     (["parallelism.cp=2", "parallelism.nproc_per_node=4", "parallelism.tp=2", "backend=ds_zero2"],
-     "not with parallelism.tp=2 under backend=ds_zero2 (DeepSpeed's Ulysses over AutoTP's heads"),
+     "not with parallelism.tp=2 under backend=ds_zero2 with Ulysses"),
     (["parallelism.cp=2", "parallelism.nproc_per_node=4", "parallelism.tp=2", "backend=ddp"],
      "parallelism.cp=2 with parallelism.tp=2: not under backend=ddp yet"),
     (["parallelism.cp=2", "train.compile=true"], "not with train.compile=true yet"),
+    (["parallelism.cp=2", "backend=ds_zero2", "parallelism.cp_method=ring"], "engine runs DeepSpeed-Ulysses, not"),
+    (["parallelism.cp=2", "parallelism.nproc_per_node=4", "parallelism.tp=2", "parallelism.cp_method=ulysses",
+      "backend=fsdp"],
+     "not with parallelism.tp=2 under backend=fsdp with Ulysses"),
+    (["parallelism.cp=2", "parallelism.cp_method=sideways"], "parallelism.cp_method=sideways"),
     (["parallelism.cp=2", "backend=fsdp_hsdp", "parallelism.nnodes=2"], "shards over a node's data-parallel"),
     (["parallelism.cp=3"], "pp x dp_replicate x cp x tp = 3 does not divide the 2 ranks"),
     (["parallelism.cp=0"], "parallelism.cp=0: must be positive"),
@@ -214,7 +219,7 @@ def test_the_ring_and_ulysses_send_and_hold_what_the_theory_says(cp_runs):
         assert f["comm/bytes_error_pct"] == pytest.approx(0, abs=0.1), (cell, f["comm/measured_bytes_per_step"],
                                                                        f["comm/predicted_bytes_per_step"])
         predicted = f["memory/tensor_peak_predicted_bytes"]
-        ulysses = "/ds_" in f"/{cell}"
+        ulysses = "/ds_" in f"/{cell}" or cell.endswith("_ulysses")
         for rank in json.loads((run_dir / "ranks" / "report.json").read_text())["ranks"]:
             p = rank["tensor_peak"]
             errors = [100 * (p["peak"] - predicted) / predicted,

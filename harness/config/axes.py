@@ -63,6 +63,11 @@ class Axis:
         `tokens`, every per-token term (the sequence: context parallelism)."""
         return {}
 
+    def implementation_for(self, cfg, own: str) -> str:
+        """The implementation `cfg` runs where the family's `own` is the default (context parallelism lets a
+        torch family run DeepSpeed's Ulysses): `own` for most axes."""
+        return own
+
     # why a step on the axis cannot be counted on fake tensors (studies/predict/counted_shapes.py); "" where it can
     uncounted = ""
     # whether the axis's collectives can run behind compute (the time model's overlap, theory/op_costs.py):
@@ -165,9 +170,11 @@ def words(point: Dict[str, int]) -> str:
     return " and ".join(get(n).title for n, d in point.items() if d > 1)
 
 
-def implementation(family, name: str) -> str:
-    """Whose implementation of axis `name` the family runs (Family.axes); "" where it does not compose with it."""
-    return family.axes.get(name, "")
+def implementation(family, name: str, cfg=None) -> str:
+    """Whose implementation of axis `name` the family runs (Family.axes), or the one `cfg` asks of the axis
+    where it offers a choice (Axis.implementation_for); "" where the family does not compose with it."""
+    own = family.axes.get(name, "")
+    return get(name).implementation_for(cfg, own) if own and cfg is not None else own
 
 
 def family_refusal(cfg, name: str) -> Optional[str]:

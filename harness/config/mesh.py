@@ -312,7 +312,7 @@ def mesh_of(cfg, world: Optional[int] = None) -> Mesh:
     layout = {}  # each active axis's switches as its implementation runs them (TP's SP and loss parallel, cp's method)
     for name, degree in (("tp", tp), ("cp", cp)):
         if degree > 1:
-            layout.update(axes.get(name).layout(cfg, axes.implementation(family, name)))
+            layout.update(axes.get(name).layout(cfg, axes.implementation(family, name, cfg)))
     return flat.replace(dp_replicate=flat.dp // shard, dp_shard=shard, post_forward=post, ep=ep, **layout)
 
 

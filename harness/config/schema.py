@@ -31,6 +31,7 @@ CHOICES = {
     "model.init": ("auto", "host", "meta"),
     "parallelism.device": ("cpu", "cuda"),
     "parallelism.grad_sync": ("", "last", "every"),  # families.Family.grad_syncs, defers_gradient_sync
+    "parallelism.cp_method": ("", "ring", "ulysses"),  # parallel/cp/axis.ContextParallel.implementation_for
     "train.precision": ("fp32", "bf16", "fp16"),
     "train.on_nonfinite": ("stop", "continue"),
     "train.float8": ("none", "tensorwise", "rowwise"),  # theory/float8.py
@@ -167,6 +168,10 @@ class ParallelismConfig:
     # cp > 1, torch's ring: causal load balancing (torch's default: head-tail chunks, so every rank has as much
     # of the causal triangle); needs a sequence divisible by 2 x cp
     cp_load_balance: bool = True
+    # cp > 1: which method splits the sequence, "" = the family's own (torch's ring under FSDP2 and DDP,
+    # DeepSpeed-Ulysses under DeepSpeed), "ring", or "ulysses": DeepSpeed's Ulysses attention under FSDP2 and DDP
+    # too, so that both methods are compared under one sharding (parallel/cp/ulysses.py)
+    cp_method: str = ""
     # expert parallelism (parallel/ep/): a mixture of experts' experts split over `ep` ranks, each token sent to
     # its experts' ranks and back by two all-to-alls a layer (transformers' expert parallelism under FSDP2).
     # It borrows its ranks from the data-parallel ones, as torchtitan does: dp_shard = efsdp x ep, the dense

@@ -240,7 +240,8 @@ CAPTIONS = {
                       "and the rest, measured beside the time model's prediction.",
     "loss_curves": "The reference run's loss per step, and every other run's difference from it (zero is parity).",
     "sequence_scaling": "Tokens/s and peak tensor memory per rank against the sequence length, a line per backend "
-                        "and mesh (the ring under FSDP2 and DDP, Ulysses under DeepSpeed).",
+                        "and mesh (the ring under FSDP2 and DDP; Ulysses under DeepSpeed, and under FSDP2 and DDP "
+                        "with parallelism.cp_method=ulysses).",
 }
 
 

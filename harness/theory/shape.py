@@ -191,7 +191,7 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
     whole = counts["total"]
     family = families.of(cfg.backend)
     for axis in axes.active(mesh):  # each axis cuts the model to one rank's part (parallel/<axis>/)
-        counts = axis.local_counts(counts, axes.implementation(family, axis.name), mesh.degree(axis.name))
+        counts = axis.local_counts(counts, axes.implementation(family, axis.name, cfg), mesh.degree(axis.name))
     params = counts["total"]
     recompute = recompute_of(cfg)
     fields = dict(params=params, mesh=mesh, precision=cfg.train.precision, master_weights=cfg.train.master_weights,
@@ -221,7 +221,7 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   # a selective policy's unsaved matmuls, in blocks' worth of forward (0 for the others)
                   recomputed_matmuls=recompute.layers * recomputed_matmul_share(
                       cfg.model, cfg.parallelism.seq_len, recompute.matmul_stride) if recompute.selective else 0.0,
-                  plans=tuple((a.name, axes.implementation(family, a.name)) for a in axes.active(mesh)),
+                  plans=tuple((a.name, axes.implementation(family, a.name, cfg)) for a in axes.active(mesh)),
                   tied_output=bool(cfg.model.tie_embeddings),
                   float8_weights=f8["weights"], float8_block_elements=f8["block_elements"],
                   float8_all_gather=float8.all_gathers_in_float8(recipe, cfg.backend))

@@ -6,7 +6,9 @@ The cp ranks of one data-parallel rank read the same micro-batches, each keeping
 rank's activations are those of S/cp tokens (`activation_splits`'s `tokens`), its parameters are the whole
 model's (no `local_counts`), and FSDP2 shards them over dp_shard x cp (config/mesh.py's `dp_shard_cp`), as
 torchtitan does. DeepSpeed's implementation is Ulysses (ulysses.py: all-to-alls over the heads, DeepSpeed's own
-`UlyssesSPAttentionHF`), whose groups the engine is built with, so that ZeRO partitions over dp x cp too."""
+`UlyssesSPAttentionHF`), whose groups the engine is built with, so that ZeRO partitions over dp x cp too.
+`parallelism.cp_method=ulysses` runs the same Ulysses attention under FSDP2 and DDP, so that the two methods are
+compared under one sharding (`implementation_for`)."""
 from __future__ import annotations
 
 from typing import ContextManager, Dict, List
@@ -37,6 +39,11 @@ class ContextParallel(Axis):
 
         return [cp for cp in choices or self.searched if not rules.degree_rules(with_degrees(cfg, {"cp": cp}))]
 
+    def implementation_for(self, cfg, own: str) -> str:
+        """`parallelism.cp_method`: "ring" is torch's, "ulysses" DeepSpeed's (under FSDP2 and DDP too, its
+        attention only), "" the family's own; what a family cannot run is its rule's to say (rules.py)."""
+        return "ulysses" if cfg.parallelism.cp_method == "ulysses" else own  # "ring" under DeepSpeed: refused
+
     def layout(self, cfg, implementation: str) -> Dict[str, str]:
         """The method, in the mesh's words: torch's ring, or DeepSpeed's Ulysses."""
         return {"cp_method": {"torch": "ring", "ulysses": "Ulysses"}.get(implementation, "")}
@@ -59,7 +66,8 @@ class ContextParallel(Axis):
         if strategy.axis_implementation(self.name) == "ulysses":  # DeepSpeed's: its engine takes the groups
             from . import ulysses
 
-            strategy.engine_groups, settings = ulysses.apply(model, strategy.cfg)
+            # DeepSpeed's engine is built with the groups; FSDP2 and DDP shard and reduce over the mesh's
+            strategy.engine_groups, settings = ulysses.apply(model, strategy.cfg, strategy.mesh)
             return settings
         from . import ring
 

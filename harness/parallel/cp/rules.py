@@ -1,6 +1,7 @@
 """What context parallelism cannot run, one line each, and the degrees the estimator and the advisor search."""
 from __future__ import annotations
 
+from importlib.util import find_spec
 from typing import List
 
 from ...config import families
@@ -24,8 +25,11 @@ def degree_rules(cfg) -> List[str]:
     if cp == 1:
         return []
     out = []
-    # head-tail load balancing cuts the sequence into 2 x cp chunks (torch's _HeadTailLoadBalancer)
-    chunks = 2 * cp if par.cp_load_balance else cp
+    refusal = family_refusal(cfg, "cp")
+    method = implementation(families.of(cfg.backend), "cp", cfg) if refusal == "" else ""
+    # head-tail load balancing cuts the sequence into 2 x cp chunks (torch's _HeadTailLoadBalancer); Ulysses
+    # cuts it into cp contiguous slices
+    chunks = 2 * cp if par.cp_load_balance and method != "ulysses" else cp
     if par.seq_len % chunks:
         out.append(f"parallelism.cp={cp}: parallelism.seq_len={par.seq_len} must divide into {chunks} equal chunks "
                    f"({'2 x cp, for causal load balancing' if par.cp_load_balance else 'one a rank'}); use a "
@@ -34,12 +38,14 @@ def degree_rules(cfg) -> List[str]:
         out.append(f"parallelism.cp={cp}: model {m.name} ({m.model_type or m.family}) is not run on the ring here: "
                    "its attention is not transformers' SDPA attention with rotary positions, which the ring's "
                    "slices keep; use a llama, mistral or qwen2 model, or parallelism.cp=1")
-    refusal = family_refusal(cfg, "cp")
     if refusal is None:
         return out  # an unknown family is backend_rules' to say
     if refusal:
         out.append(f"parallelism.cp={cp}: {refusal}")
-    if implementation(families.of(cfg.backend), "cp") == "ulysses":
+    if par.cp_method == "ring" and implementation(families.of(cfg.backend), "cp") != "torch":
+        out.append(f"parallelism.cp_method=ring: backend={cfg.backend.name}'s engine runs DeepSpeed-Ulysses, not "
+                   "torch's ring; use parallelism.cp_method=ulysses (its default), or an FSDP2 or DDP backend")
+    if method == "ulysses":
         heads, kv = m.num_heads, m.num_kv_heads or m.num_heads
         if heads % cp or (kv % cp and cp % kv):
             out.append(f"parallelism.cp={cp}: Ulysses gives each rank heads/cp of the {heads} attention heads and "
@@ -56,15 +62,18 @@ def composition_rules(cfg) -> List[str]:
     if cp == 1:
         return []
     out = []
+    if par.cp_method == "ulysses" and find_spec("deepspeed") is None:
+        out.append("parallelism.cp_method=ulysses: DeepSpeed-Ulysses' attention is DeepSpeed's, and deepspeed is not "
+                   "installed here; pip install deepspeed==0.19.8 (pyproject's pin), or use parallelism.cp_method=ring")
     if par.cp_rotate not in ROTATE_METHODS:
         out.append(f"parallelism.cp_rotate={par.cp_rotate}: expected one of {', '.join(ROTATE_METHODS)}")
     # torch's ring over PyTorch's plan (each rank's own heads) is held to DDP's losses (tests/test_context_parallel.py),
     # as torchtitan composes them (DDP's replicate refuses it in its family's rules); DeepSpeed's Ulysses with its
     # AutoTP is not
-    if par.tp > 1 and implementation(families.of(cfg.backend), "cp") != "torch":
-        out.append(f"parallelism.cp={cp}: not with parallelism.tp={par.tp} under backend={cfg.backend.name} (DeepSpeed's "
-                   "Ulysses over AutoTP's heads is not held to DDP's losses here; torch's ring with PyTorch's plan "
-                   "is, under FSDP2); set one of them to 1")
+    if par.tp > 1 and implementation(families.of(cfg.backend), "cp", cfg) != "torch":
+        out.append(f"parallelism.cp={cp}: not with parallelism.tp={par.tp} under backend={cfg.backend.name} with "
+                   "Ulysses (DeepSpeed-Ulysses over tensor-parallel heads is not held to DDP's losses here; torch's "
+                   "ring with PyTorch's plan is, under FSDP2); set one of them to 1")
     if t.compile:
         out.append(f"parallelism.cp={cp}: not with train.compile=true yet (dynamo would trace through the ring's "
                    "replaced SDPA); set train.compile=false")

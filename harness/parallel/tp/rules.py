@@ -33,7 +33,7 @@ def composition_rules(cfg) -> List[str]:
         return []
     out = []
     policy = parse(cfg.train.activation_checkpointing, cfg.train.activation_checkpointing_every)[0]
-    if policy in SELECTIVE and implementation(families.of(cfg.backend), "tp") != "torch":
+    if policy in SELECTIVE and implementation(families.of(cfg.backend), "tp", cfg) != "torch":
         out.append(f"train.activation_checkpointing={policy}: not with parallelism.tp>1 under {cfg.backend.name} yet; "
                    "DeepSpeed's AutoTP all-reduces in place inside the block, which a selective recompute would "
                    "reissue unmeasured. Use full or every_k, or a backend on PyTorch's tensor-parallel plan")

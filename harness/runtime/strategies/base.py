@@ -194,7 +194,7 @@ class Strategy(ABC):
         """Whose implementation of parallel axis `name` this family runs (Family.axes: "torch", "autotp")."""
         from ...config import axes
 
-        return axes.implementation(families.of(self.backend), name)
+        return axes.implementation(families.of(self.backend), name, self.cfg)
 
     def sync_context(self, last: bool) -> ContextManager:
         """Entered around forward and backward of each micro-batch; suppresses sync unless `last` (or
