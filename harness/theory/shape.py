@@ -61,6 +61,9 @@ class Shape:
     max_reuse_distance: int = 0
     blocks_reshard: bool = True  # FSDP2 reshards each block after forward (full shard), else keeps it (grad-op)
     device: str = "cpu"  # cpu (gloo) | cuda (NCCL): a few communication buffers exist on one and not the other
+    # traced on torch's fake process group (studies/predict/traced_cells.py), which allocates none of gloo's own
+    # buffers on a CPU run
+    fake_group: bool = False
     # FSDP2's elements on a rank, every parameter's first dimension padded to a multiple of the world (rank 0
     # holds full chunks), all and trainable; 0: Ψ/N and T/N
     shard_params: int = 0
@@ -121,6 +124,11 @@ class Shape:
         """The ranks each parameter, gradient and optimizer state is sharded over (every data-parallel rank, or
         HSDP's shard group; with the context-parallel ranks of each, as FSDP2 shards over dp_shard x cp)."""
         return self.mesh.dp_shard * self.mesh.cp
+
+    @property
+    def gloo_buffers(self) -> bool:
+        """Whether gloo's own copies of a collective's input or output exist (a real CPU run's group)."""
+        return self.device == "cpu" and not self.fake_group
 
     def plan(self, axis: str) -> str:
         """Whose implementation splits the model on `axis` (config/axes.py), "" where the axis is not active."""

@@ -122,7 +122,8 @@ class FSDPFamily(DCPCheckpoints, Family):
         gathered from the start of forward to the end of backward, except that a root resharded after forward
         (parity) is gathered again only when the output layer's backward needs it; a block is gathered for its
         forward and again for its backward, when the previous block's all-gather is already in flight (backward
-        prefetch): two blocks beside the root. Grad-op keeps every parameter gathered, p·Ψ. The head's and the
+        prefetch): two blocks beside the root, and on a CPU run gloo's own buffer for the one in flight
+        (gloo_allgather_buffer). Grad-op keeps every parameter gathered, p·Ψ. The head's and the
         block's last matmul's unsharded gradients (in the parameter dtype) wait for their reduce-scatter."""
         p, root, block = s.p, s.root_params, s.block_params
         out = {"grads_not_yet_allocated": self.missing_grads(backend, s), "offload_staging": offload_staging(backend, s)}
@@ -143,6 +144,7 @@ class FSDPFamily(DCPCheckpoints, Family):
             return out
         if s.blocks_reshard:  # the root, block k, and block k-1's all-gather already in flight
             out["gathered_params"] = p * (root + block * (2 if k >= 1 else 1))
+            out["gloo_allgather_buffer"] = gloo_allgather_buffer(s) if k >= 1 else 0.0
         else:  # every block not yet through its backward (resharded after it), and the root until the end
             out["gathered_params"] = p * (s.params - (s.blocks - 1 - k) * block)
         # without gradient sync (earlier micro-batches) FSDP2 accumulates every unsharded gradient in fp32
@@ -181,7 +183,7 @@ class FSDPFamily(DCPCheckpoints, Family):
         if s.accumulates_unreduced:
             return {}, None
         so_far = 1.0 if s.grad_accum == 1 else 0.0
-        clone = s.w * s.block_t if s.device == "cpu" else 0.0
+        clone = s.w * s.block_t if s.gloo_buffers else 0.0
 
         def at(j: int, moment: str) -> Dict[str, float]:
             below = activations.kept_below(act, j)
@@ -196,6 +198,7 @@ class FSDPFamily(DCPCheckpoints, Family):
                     "unsharded_grads": s.p * (s.head_trainable + (s.block_t if complete else 0)),
                     "reduce_scatter_input": s.w * s.block_t if (j < s.blocks - 1 or not complete) else 0.0,
                     "gloo_clone": 0.0 if complete else clone,
+                    "gloo_allgather_buffer": gloo_allgather_buffer(s) if s.blocks_reshard and j >= 1 else 0.0,
                     "sharded_grads_so_far": so_far * s.w * (s.blocks - j - (1 if complete else 0))
                     * (s.block_t + s.expert_spread) / s.shards,
                     "grads_not_yet_allocated": self.missing_grads(backend, s)}
@@ -203,7 +206,7 @@ class FSDPFamily(DCPCheckpoints, Family):
 
         def root() -> Dict[str, float]:
             # gloo's clone of the input is left out: where this moment is the worst (a large vocabulary at
-            # scale) the run is on NCCL, and the traced cells' fake group clones nothing
+            # scale) the run is on NCCL, and the traced cells' fake group clones nothing (Shape.gloo_buffers)
             return {"unsharded_grads": s.p * root_t, "reduce_scatter_input": s.w * root_t,
                     "sharded_grads_so_far": so_far * s.w * s.blocks * (s.block_t + s.expert_spread) / s.shards,
                     "grads_not_yet_allocated": self.missing_grads(backend, s)}
@@ -315,3 +318,12 @@ def post_forward_shard(s) -> float:
 
 
 FAMILY = FSDPFamily()
+
+
+def gloo_allgather_buffer(s) -> float:
+    """On a CPU run, the block all-gather in flight in backward (block k-1's, prefetched at block k's) also holds
+    gloo's own flat output: ProcessGroupGloo's `_allgather_base` allocates one of the gathered block's size and
+    keeps it until the work is waited on, at block k-1's pre-backward (seen at the peak of every FSDP2 cell traced
+    op by op on 2026-12-01: tiny Qwen3-MoE at dp 2 and at dp 2 x cp 2, tiny Llama at dp 2 x cp 2, 248,448 and
+    184,832 bytes, one block in fp32). NCCL gathers into FSDP2's buffer, and torch's fake group allocates nothing."""
+    return s.p * s.block_params if s.gloo_buffers else 0.0

@@ -3,6 +3,8 @@
 and the estimator's --traced."""
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import json
 import os
@@ -110,15 +112,13 @@ def compare(row: dict) -> dict:
     cfg = compose(row["overrides"])
     world = row["world"]
     counts = counts_for(cfg)
-    pred = predict(cfg, world, counts)
+    # as the trace runs it: on torch's fake process group, which allocates none of gloo's own buffers
+    pred = predict(cfg, world, counts, shape=dataclasses.replace(shape_of(cfg, world, counts), fake_group=True))
     states, states_pred = sum(row["states_traced"].values()), pred["memory/model_states_predicted_bytes"]
-    # each moment as the trace runs it: torch's fake process group clones nothing, where a real gloo
-    # reduce_scatter clones its input (the theory's `gloo_clone` on a CPU run); the worst moment is then re-taken
-    at = {p: pred[f"memory/peak_at_{p}_predicted_bytes"] - pred.get(f"memory/{p}_gloo_clone_predicted_bytes", 0)
-          for p in PHASES if f"memory/peak_at_{p}_predicted_bytes" in pred}
+    at = {p: pred[f"memory/peak_at_{p}_predicted_bytes"] for p in PHASES
+          if f"memory/peak_at_{p}_predicted_bytes" in pred}
     moment = max(at, key=at.get)
-    peak, peak_pred = row["peak_traced"].get("total", 0), pred["memory/tensor_peak_predicted_bytes"] - (
-        max(pred[f"memory/peak_at_{p}_predicted_bytes"] for p in at) - at[moment])
+    peak, peak_pred = row["peak_traced"].get("total", 0), pred["memory/tensor_peak_predicted_bytes"]
     sent, sent_pred = traced_bytes_per_step(row["collectives_traced"]), pred["comm/predicted_bytes_per_step"]
     by_link = counted_by_link(row["collectives_traced"], mesh_of(cfg, world))
     return {**row, "params": counts["total"],
@@ -128,8 +128,7 @@ def compare(row: dict) -> dict:
             "peak_bytes": peak, "peak_predicted_bytes": peak_pred, "peak_error_pct": pct(peak, peak_pred),
             "moment": moment,
             "peak_terms_predicted": {k.removeprefix(f"memory/{moment}_").removesuffix("_predicted_bytes"): v
-                                     for k, v in pred.items() if k.startswith(f"memory/{moment}_") and v
-                                     and not k.endswith("gloo_clone_predicted_bytes")},
+                                     for k, v in pred.items() if k.startswith(f"memory/{moment}_") and v},
             "collectives_predicted": [c._asdict() for c in collectives(cfg.backend, shape_of(cfg, world, counts))],
             "bytes_per_step": sent, "bytes_per_step_predicted": sent_pred, "bytes_error_pct": pct(sent, sent_pred),
             # by the link each group crosses (ranks numbered node by node), the traced against the theory's
