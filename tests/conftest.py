@@ -395,6 +395,8 @@ def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus, two_experts)
              for name, overrides in tp_cells(llama_checkpoint, user_corpus).items()]
     cells += [(f"cp/{name}", [*overrides, *CP_COMMON]) for name, overrides in cp_cells(llama_checkpoint).items()]
     cells += [(f"moe/{backend}", moe_four_ranks(backend)) for backend in ("fsdp", "ds_zero3")]
+    # dp 2 x cp 2: each cp rank routes its own half of every sequence (the ring under FSDP2, Ulysses under ZeRO-3)
+    cells += [(f"moe/{backend}_cp", moe_four_ranks(backend, cp=2)) for backend in ("fsdp", "ds_zero3")]
     cells += [(f"ep/{name}", overrides) for name, overrides in ep_cells(two_experts).items()]
     summaries = launched(root / "sweeps", cells, [f"paths.root={root}", *FAST])
     out = {}
@@ -406,12 +408,14 @@ def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus, two_experts)
     return out
 
 
-def moe_four_ranks(backend: str) -> list:
+def moe_four_ranks(backend: str, cp: int = 1) -> list:
     """The MoE sweep's tiny Qwen3-MoE at 4 ranks x 1 micro-batch: the same 8 sequences a step as its 2 ranks x 2,
-    so that its losses are the 2-rank DDP's (tests/test_moe.py)."""
+    so that its losses are the 2-rank DDP's (tests/test_moe.py); at cp 2, 2 data-parallel ranks x 2 micro-batches,
+    each sequence split over 2 ranks."""
     return [*(o for o in MOE if not o.startswith(("parallelism.nproc_per_node", "parallelism.grad_accum"))),
-            "model=tiny_qwen3_moe", "parallelism.nproc_per_node=4", "parallelism.grad_accum=1", f"backend={backend}",
-            *(zero3_per_module() if backend == "ds_zero3" else ())]
+            "model=tiny_qwen3_moe", "parallelism.nproc_per_node=4", f"parallelism.grad_accum={2 if cp > 1 else 1}",
+            f"backend={backend}", *(zero3_per_module() if backend == "ds_zero3" else ()),
+            *([f"parallelism.cp={cp}"] if cp > 1 else [])]
 
 
 @pytest.fixture(scope="session")

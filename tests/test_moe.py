@@ -90,6 +90,9 @@ def test_uncovered_moe_designs_are_refused_in_one_line(tmp_path, model_type, say
 @pytest.mark.parametrize("overrides, says", [
     (["parallelism.tp=2", "parallelism.nproc_per_node=2"], "parallelism.tp=2: not with a mixture of experts"),
     (["train.float8=rowwise"], "train.float8: not with a mixture of experts"),
+    (["parallelism.cp=2", "parallelism.ep=2", "parallelism.nproc_per_node=4"],
+     "parallelism.cp=2: not with a mixture of experts (model.num_experts=8): with expert parallelism"),
+    (["parallelism.cp=2", "model.router_aux_loss_trained=true"], "not with a trained load-balancing loss"),
     (["train.activation_checkpointing=selective_op"], "no grouped matmul"),
     (["model.experts_per_token=9"], "between 1 and model.num_experts=8"),
     (["backend=ds_zero2", "backend.leaf_moe_blocks=true"], "has no ZeRO-3"),
@@ -154,7 +157,7 @@ def test_every_data_parallel_family_trains_a_moe_as_ddp_does(moe_runs, moe_leaf_
 
 def test_four_ranks_train_a_moe_as_two_do(moe_runs, moe_four_rank_runs):
     reference = [r["loss/loss"] for r in moe_runs["ddp"][1]]  # 2 ranks x 2 micro-batches: the same 8 sequences
-    assert set(moe_four_rank_runs) == {"fsdp", "ds_zero3"}
+    assert set(moe_four_rank_runs) == {"fsdp", "ds_zero3", "fsdp_cp", "ds_zero3_cp"}  # _cp: dp 2 x cp 2
     for backend, (summary, records, _) in moe_four_rank_runs.items():
         assert summary["status"] == "ok", (backend, summary.get("reason"))
         assert [r["loss/loss"] for r in records] == pytest.approx(reference, rel=1e-4), backend

@@ -3,8 +3,9 @@ naming why a combination cannot run.
 
 What runs on a mixture of experts is what has been held to DDP's losses and to the memory theory here: every
 data-parallel family (DDP, FSDP2, FSDP1, ZeRO 1-3, with DeepSpeed's leaf-module setting for the MoE block or
-without it). The other axes are refused until they are: tensor and context parallelism (transformers' and
-DeepSpeed's plans shard the experts in ways the theory does not count yet), torch.compile (the experts' grouped
+without it), and context parallelism at ep 1 (each cp rank routes its own tokens). The other axes are refused
+until they are: tensor parallelism (transformers' and DeepSpeed's plans shard the experts in ways the theory does
+not count yet), context parallelism with expert parallelism, torch.compile (the experts' grouped
 matmul is an opaque op whose compiled activations are not traced here), the selective policies (their saved-op
 list has no grouped matmul) and float8 (torchao converts nn.Linear only, not the 3-D experts). DeepSpeed's leaf-module
 setting is its family's rule (backends/deepspeed/family.py).
@@ -17,7 +18,11 @@ from .recompute import is_selective
 
 
 WHY = {"parallelism.tp": "the experts' tensor-parallel split is not in the theory yet",
-       "parallelism.cp": "context parallelism is held to the theory for dense blocks only",
+       # each cp rank routes its own S/cp tokens to whole local experts (ep 1): the dense blocks' ring or Ulysses
+       # beside the experts, held to DDP's losses (tests/test_context_parallel.py); expert parallelism borrows
+       # its ranks from the data-parallel ones only here (torchtitan's dp_shard x cp = efsdp x ep is not built)
+       "parallelism.cp": "with expert parallelism, whose ranks are borrowed from the data-parallel ones only here "
+                         "(not from cp, as torchtitan's efsdp x ep = dp_shard x cp does); set parallelism.ep=1",
        "train.compile": "the experts' grouped matmul is opaque to the compiled-activation trace; set it false",
        "train.float8": "torchao converts nn.Linear only, not the 3-D expert weights; use train.float8=none",
        "train.activation_checkpointing": "its saved-op list has no grouped matmul; use full"}
@@ -36,7 +41,7 @@ def axis_problems(cfg) -> List[str]:
     par = cfg.parallelism
     return [f"parallelism.{axis}={par.get(axis)}: not with a mixture of experts (model.num_experts="
             f"{cfg.model.num_experts}): {WHY['parallelism.' + axis]}; use parallelism.{axis}=1"
-            for axis in ("tp", "cp") if (par.get(axis) or 1) > 1]
+            for axis in ("tp", "cp") if (par.get(axis) or 1) > 1 and (axis == "tp" or (par.ep or 1) > 1)]
 
 
 def problems(cfg) -> List[str]:
@@ -58,6 +63,10 @@ def problems(cfg) -> List[str]:
     refused = {"train.compile": train.compile, "train.float8": train.float8 != "none",
                "train.activation_checkpointing": is_selective(cfg)}
     out += axis_problems(cfg)
+    if (cfg.parallelism.cp or 1) > 1 and m.router_aux_loss_trained:
+        out.append(f"parallelism.cp={cfg.parallelism.cp}: not with a trained load-balancing loss "
+                   "(output_router_logits): each cp rank would compute it over its S/cp tokens, a different loss "
+                   "from the whole sequence's, which no test holds here; set parallelism.cp=1")
     out += [f"{key}{_value(cfg, key)}: not with a mixture of experts ({where}): {WHY[key]}"
             for key, on in refused.items() if on]
     return out
