@@ -378,6 +378,9 @@ def cp_cells(llama_checkpoint) -> dict:
             # collective counter is off (the tp cells hold their bytes to 5% for it), so that every byte is held
             "gqa/fsdp_tp": (*gqa, "backend=fsdp", "parallelism.tp=2", "parallelism.micro_batch=6",
                             "parallelism.loss_parallel=false"),
+            # and under DDP (torch's replicate under tp), which all-reduces over dp x cp
+            "gqa/ddp_tp": (*gqa, "backend=ddp", "parallelism.tp=2", "parallelism.micro_batch=6",
+                           "parallelism.loss_parallel=false"),
             # DeepSpeed's Ulysses attention under FSDP2: both methods under one sharding
             "gqa/fsdp_ulysses": (*gqa, "backend=fsdp", "parallelism.cp_method=ulysses"),
             # DeepSpeed's implementation of the axis: Ulysses' all-to-alls over the heads, under ZeRO-2 and ZeRO-3

@@ -41,8 +41,6 @@ def test_the_cp_ranks_join_the_data_parallel_groups_of_the_mesh():
     (["parallelism.cp=2", "parallelism.cp_rotate=ring"], "parallelism.cp_rotate=ring: expected one of allgather"),
     (["parallelism.cp=2", "parallelism.nproc_per_node=4", "parallelism.tp=2", "backend=ds_zero2"],
      "not with parallelism.tp=2 under backend=ds_zero2 with Ulysses"),
-    (["parallelism.cp=2", "parallelism.nproc_per_node=4", "parallelism.tp=2", "backend=ddp"],
-     "parallelism.cp=2 with parallelism.tp=2: not under backend=ddp yet"),
     (["parallelism.cp=2", "train.compile=true"], "not with train.compile=true yet"),
     (["parallelism.cp=2", "backend=ds_zero2", "parallelism.cp_method=ring"], "engine runs DeepSpeed-Ulysses, not"),
     (["parallelism.cp=2", "parallelism.nproc_per_node=4", "parallelism.tp=2", "parallelism.cp_method=ulysses",

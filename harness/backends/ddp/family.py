@@ -8,12 +8,13 @@ Under tensor parallelism the runtime is torch's replicate (strategy.py says why)
 a shard group of one rank, replicated over every data-parallel rank: each unit's parameters are copied into an
 unsharded fp32 copy at its forward and kept to its backward (FSDP2's grad-op: a second 4 bytes a parameter
 while the unit is in use), and its fp32 gradients all-reduced once backward is done with it. Its theory is then
-FSDP2's, for that mesh and those settings (`replicated`), measured as such on CPU (results/memory_check).
+FSDP2's, for that mesh and those settings (`replicated`), measured as such on CPU (results/memory_check). With
+context parallelism as well, every cp rank is one more replica: replicate all-reduces over dp x cp.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 from ...config.derive import bucket_elements, stored_bytes
 from ...core.identity_cache import IdentityCache
@@ -44,7 +45,9 @@ def replicated(backend, s):
 
     from ..fsdp.family import FAMILY as fsdp2
 
-    mesh = s.mesh.replace(dp_replicate=s.mesh.dp, dp_shard=1, post_forward=0)  # every dp rank a replica
+    # every data-parallel rank a replica, and with context parallelism every cp rank of each too: replicate runs
+    # over the data-parallel mesh, dp x cp, and all-reduces over all of it (nothing is sharded over cp)
+    mesh = s.mesh.replace(dp_replicate=s.mesh.dp * s.mesh.cp, dp_shard=1, cp=1, post_forward=0)
     view = dataclasses.replace(s, precision="fp32", mesh=mesh, blocks_reshard=False, root_reshards=False,
                                shard_params=s.params, shard_trainable=s.t)
     settings = _SETTINGS.get(backend, None, lambda: OmegaConf.merge(node_of(backend), {"reshard_after_forward": False,
@@ -68,16 +71,6 @@ class DDPFamily(DCPCheckpoints, Family):
                            "their own replicas only (efsdp), as torchtitan does with FSDP2; use backend=fsdp"}
     term_names = {"ddp_buckets": "DDP's gradient buckets"}
 
-    def rules(self, cfg) -> List[str]:
-        """torch's replicate under tensor parallelism with the ring: it runs and its losses are DDP's own, but it
-        all-reduces the gradients over dp x cp, where the theory's replica view reduces over dp only (16% of a
-        step's bytes missing at dp 1 x cp 2 x tp 2); refused until the theory holds it."""
-        par = cfg.parallelism
-        if par.tp > 1 and par.cp > 1:
-            return [f"parallelism.cp={par.cp} with parallelism.tp={par.tp}: not under backend={cfg.backend.name} yet "
-                    "(torch's replicate all-reduces over dp x cp, which the theory's bytes do not hold yet); use "
-                    "backend=fsdp, or set one of them to 1"]
-        return []
     differences = (
         Difference("ddp", "bucket_cap_mb", "25 (the default)", "backend.bucket_elements × 4 B: one bucket for a "
                    "model under 25M parameters", "torch DistributedDataParallel docs, `bucket_cap_mb`"),
