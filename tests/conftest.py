@@ -381,6 +381,10 @@ def cp_cells(llama_checkpoint) -> dict:
             # and under DDP (torch's replicate under tp), which all-reduces over dp x cp
             "gqa/ddp_tp": (*gqa, "backend=ddp", "parallelism.tp=2", "parallelism.micro_batch=6",
                            "parallelism.loss_parallel=false"),
+            # the selective policies: the ring keeps attention's output and is not run again in the recompute,
+            # Ulysses' all-to-alls are
+            "gqa/fsdp_selective": (*gqa, "backend=fsdp", "train.activation_checkpointing=selective_op"),
+            "gqa/ds_zero2_selective": (*gqa, "backend=ds_zero2", "train.activation_checkpointing=selective_op_half"),
             # DeepSpeed's Ulysses attention under FSDP2: both methods under one sharding
             "gqa/fsdp_ulysses": (*gqa, "backend=fsdp", "parallelism.cp_method=ulysses"),
             # DeepSpeed's implementation of the axis: Ulysses' all-to-alls over the heads, under ZeRO-2 and ZeRO-3

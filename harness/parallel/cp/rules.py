@@ -7,7 +7,6 @@ from typing import List
 from ...config import families
 from ...config.axes import family_refusal, implementation
 from ...config.mesh import mesh_of
-from ...config.recompute import SELECTIVE, parse
 from ...core.errors import ConfigError
 
 CP_DEGREES = (1, 2, 4, 8)  # the context-parallel degrees the estimator and the advisor search
@@ -77,10 +76,6 @@ def composition_rules(cfg) -> List[str]:
     if t.compile:
         out.append(f"parallelism.cp={cp}: not with train.compile=true yet (dynamo would trace through the ring's "
                    "replaced SDPA); set train.compile=false")
-    policy = parse(t.activation_checkpointing, t.activation_checkpointing_every)[0]
-    if policy in SELECTIVE:
-        out.append(f"parallelism.cp={cp}: train.activation_checkpointing={policy} is not measured with context "
-                   "parallelism; use full or every_k")
     if t.float8 != "none":
         out.append(f"parallelism.cp={cp}: train.float8={t.float8} is not measured with context parallelism")
     try:
