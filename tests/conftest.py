@@ -385,6 +385,8 @@ def cp_cells(llama_checkpoint) -> dict:
             # Ulysses' all-to-alls are
             "gqa/fsdp_selective": (*gqa, "backend=fsdp", "train.activation_checkpointing=selective_op"),
             "gqa/ds_zero2_selective": (*gqa, "backend=ds_zero2", "train.activation_checkpointing=selective_op_half"),
+            # compiled blocks: dynamo breaks the graph at the ring's DTensor dispatch and compiles around it
+            "gqa/fsdp_compile": (*gqa, "backend=fsdp", "train.compile=true"),
             # DeepSpeed's Ulysses attention under FSDP2: both methods under one sharding
             "gqa/fsdp_ulysses": (*gqa, "backend=fsdp", "parallelism.cp_method=ulysses"),
             # DeepSpeed's implementation of the axis: Ulysses' all-to-alls over the heads, under ZeRO-2 and ZeRO-3
