@@ -368,6 +368,9 @@ CP_COMMON = ("parallelism.nproc_per_node=4", "parallelism.cp=2", "train.memory_s
              "train.breakdown_steps=0")
 
 
+TILED = ("parallelism.cp_tiled_mlp=true",)
+
+
 def cp_cells(llama_checkpoint) -> dict:
     gqa = (*FINETUNE, "parallelism.micro_batch=3", "model.init=meta", f"model.pretrained_path={llama_checkpoint}",
            "train.peak_by_kind=false")
@@ -391,7 +394,12 @@ def cp_cells(llama_checkpoint) -> dict:
             "gqa/fsdp_ulysses": (*gqa, "backend=fsdp", "parallelism.cp_method=ulysses"),
             # DeepSpeed's implementation of the axis: Ulysses' all-to-alls over the heads, under ZeRO-2 and ZeRO-3
             "gqa/ds_zero2": (*gqa, "backend=ds_zero2"),
-            "gqa/ds_zero3": (*gqa, "backend=ds_zero3", f"train.checkpoint_every={SAVED_AT}")}
+            "gqa/ds_zero3": (*gqa, "backend=ds_zero3", f"train.checkpoint_every={SAVED_AT}"),
+            # ALST's tiled MLP (DeepSpeed's TiledMLP) beside Ulysses: under ZeRO-3, as ALST runs it, and under
+            # ZeRO-2 in checkpointed blocks, where each MLP runs three times a step
+            "gqa/ds_zero3_tiled": (*gqa, "backend=ds_zero3", *TILED, "parallelism.cp_mlp_tiles=2"),
+            "gqa/ds_zero2_tiled": (*gqa, "backend=ds_zero2", *TILED, "parallelism.cp_mlp_tiles=4",
+                                   "train.activation_checkpointing=full")}
 
 
 @pytest.fixture(scope="session")

@@ -172,6 +172,13 @@ class ParallelismConfig:
     # DeepSpeed-Ulysses under DeepSpeed), "ring", or "ulysses": DeepSpeed's Ulysses attention under FSDP2 and DDP
     # too, so that both methods are compared under one sharding (parallel/cp/ulysses.py)
     cp_method: str = ""
+    # cp > 1 under DeepSpeed: Arctic Long Sequence Training's tiled MLP (DeepSpeed's TiledMLP, parallel/cp/tiled.py):
+    # each block's MLP keeps only its input, and its backward runs it again a tile of the sequence at a time, so
+    # that the SwiGLU's i-wide tensors are kept for one tile, not the whole sequence
+    cp_tiled_mlp: bool = False
+    # cp_tiled_mlp: the tiles a rank's sequence is cut into; 0 = ALST's choice, one a model width's worth of
+    # tokens (ceil(S/cp / hidden_size))
+    cp_mlp_tiles: int = 0
     # expert parallelism (parallel/ep/): a mixture of experts' experts split over `ep` ranks, each token sent to
     # its experts' ranks and back by two all-to-alls a layer (transformers' expert parallelism under FSDP2).
     # It borrows its ranks from the data-parallel ones, as torchtitan does: dp_shard = efsdp x ep, the dense

@@ -73,7 +73,7 @@ from typing import Dict
 from ..config import axes
 from ..config.recompute import Recompute
 from ..core.identity_cache import IdentityCache
-from . import moe
+from . import moe, tiled_mlp
 from .selective import selective_bytes_per_token
 from .widths import head_dim, residual_bytes, splits, widths_of  # noqa: F401 (head_dim: the module's API)
 
@@ -172,7 +172,9 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
     - `logits_grads`: the loss backward's two fp32 V-sized gradients (three V/tp-sized ones under loss parallel);
     - `log_softmax`: the loss's kept output;
     - `per_sequence`: rotary cos/sin or position ids;
-    - `mlp_grads`: the two i-sized gradients of the MLP product's backward;
+    - `mlp_grads`: the two i-sized gradients of the MLP product's backward (a tile's under ALST's tiled MLP);
+    - `mlp_tile`: under ALST's tiled MLP, what its backward makes beyond the block's kept tensors: one tile's
+      SwiGLU again and the input's gradient (theory/tiled_mlp.py);
     - `copies`, `head_copy`, `block_copies`: autocast's 16-bit weight copies, all, the output layer's, one
       block's (`matmul_weights`: every Linear/Conv1D weight, the output layer's included, tied or not; under
       tensor parallelism the rank's shards of them).
@@ -214,6 +216,9 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
     }
     if compiled and "outside" in compiled["plain"]:  # the whole module compiled: what its graphs keep outside
         out["outside"] = compiled_terms(out, compiled["plain"]["outside"]) + out["log_softmax"]  # the loss's, eager
+    tiles = tiled_mlp.tiles(model, par)
+    if tiles:  # ALST's tiled MLP: the block keeps the MLP's input only, and makes one tile again in backward
+        tiled_mlp.apply(out, model, reg, tiles, mesh)
     return out
 
 
@@ -309,7 +314,7 @@ def in_block(a: Dict[str, float], k: int) -> float:
     if recomputed_eagerly:  # eager's block, handed the compiled module's mask (the mask's own bytes with it)
         whole = a["block"] + a["masked_attention"]["per_block"] + a["masked_attention"]["shared"]
     else:  # compiled, the backward's inputs: what the block's graph keeps, recomputed or not
-        whole = compiled_block(a, "plain") if compiled else a["block"]
+        whole = compiled_block(a, "plain") if compiled else a["block"] + a.get("mlp_tile", 0.0)
     blocks = kept_below(a, k) + whole
     copies = a["block_copies"] * (1 + plain_blocks(a, k))
     return blocks + a["per_sequence"] + a["block_input"] + a["mlp_grads"] + copies

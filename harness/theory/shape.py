@@ -8,6 +8,7 @@ from ..config import families
 from ..config.derive import bucket_elements, stored_bytes
 from ..config.mesh import Mesh, mesh_of
 from ..config.recompute import recompute_of
+from . import tiled_mlp
 from .selective import recomputed_matmul_share
 
 
@@ -53,6 +54,9 @@ class Shape:
     head_params: int = 0
     head_trainable: int = 0
     block_out_trainable: int = 0
+    # ALST's tiled MLP: its three weights' elements, whose gradients DeepSpeed holds back from its reduction until
+    # the last tile (theory/tiled_mlp.py); 0 where the MLP is not tiled
+    tiled_mlp_grads: int = 0
     matmul_weights: int = 0
     head_matmul_weights: int = 0
     # ZeRO-3's parameter fetching (DeepSpeed's defaults where the JSON is silent)
@@ -90,7 +94,8 @@ class Shape:
     # reissues: every one, a selective policy's too (it saves matmuls and attention, not collectives' outputs)
     reissued_blocks: int = 0
     # blocks' worth of forward FLOPs that a selective policy's recompute runs (selective_op_half's unsaved
-    # matmuls: theory/selective.recomputed_matmul_share); no collective is reissued by it
+    # matmuls: theory/selective.recomputed_matmul_share), and ALST's tiled MLP's backward (every MLP's forward
+    # again: theory/tiled_mlp.py); no collective is reissued by either
     recomputed_matmuls: float = 0.0
     plans: tuple = ()  # ((axis, implementation), ...): a tuple, so that a Shape stays hashable
     tied_output: bool = False  # the output layer is the input embedding
@@ -214,6 +219,7 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   largest_trainable=counts.get("largest_trainable"), head_params=counts.get("head", 0),
                   head_trainable=counts.get("head_trainable", counts.get("head", 0)),
                   block_out_trainable=counts.get("block_out_trainable", 0),
+                  tiled_mlp_grads=tiled_mlp.held_gradients(cfg.model, cfg.parallelism, counts),
                   matmul_weights=counts.get("matmul_weights", 0),
                   head_matmul_weights=counts.get("head_matmul_weights", 0), device=cfg.parallelism.device,
                   model_params=whole, hidden=cfg.model.hidden_size, vocab=cfg.model.vocab_size,
@@ -227,8 +233,11 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                   recomputed_blocks=recompute.fully_recomputed,
                   reissued_blocks=len(recompute.checkpointed_layers),
                   # a selective policy's unsaved matmuls, in blocks' worth of forward (0 for the others)
-                  recomputed_matmuls=recompute.layers * recomputed_matmul_share(
-                      cfg.model, cfg.parallelism.seq_len, recompute.matmul_stride) if recompute.selective else 0.0,
+                  recomputed_matmuls=(recompute.layers * recomputed_matmul_share(
+                      cfg.model, cfg.parallelism.seq_len, recompute.matmul_stride) if recompute.selective else 0.0)
+                  # ALST's tiled MLP runs each block's MLP forward again in its backward (theory/tiled_mlp.py)
+                  + (cfg.model.num_layers * tiled_mlp.forward_share(cfg.model, cfg.parallelism.seq_len)
+                     if tiled_mlp.tiles(cfg.model, cfg.parallelism) else 0.0),
                   plans=tuple((a.name, axes.implementation(family, a.name, cfg)) for a in axes.active(mesh)),
                   tied_output=bool(cfg.model.tie_embeddings),
                   float8_weights=f8["weights"], float8_block_elements=f8["block_elements"],

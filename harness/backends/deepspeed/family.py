@@ -236,9 +236,10 @@ class DeepSpeedFamily(Family):
         return theory.layout(backend, s)
 
     def phase_terms(self, backend, s, phase, k):
-        if backend.zero_stage == 3:
-            return theory.zero3_terms(s, phase, k)
-        return theory.zero12_terms(self, backend, s, k)
+        terms = theory.zero3_terms(s, phase, k) if backend.zero_stage == 3 else theory.zero12_terms(self, backend, s, k)
+        if k is not None and s.tiled_mlp_grads:  # ALST's tiled MLP: the MLP's gradients held to its last tile
+            terms["tiled_mlp_grads"] = s.p * theory.tiled_mlp_held(s, terms)
+        return terms
 
     def reduce_terms(self, backend, s, act):
         """ZeRO-1/2's boundary reduce after backward, activations gone: the bucket, a flattened copy of the last

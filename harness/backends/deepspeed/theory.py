@@ -217,6 +217,15 @@ def autoep_saved_experts(s, kept_gathered: float, k: Optional[int]) -> float:
     return s.p * released / s.blocks * max(saved - still_gathered, 0)  # saved <= blocks
 
 
+def tiled_mlp_held(s, terms: Dict[str, float]) -> float:
+    """Elements of ALST's tiled MLP's weight gradients that DeepSpeed holds back from its reduction until the last
+    tile (ds_grad_is_ready; theory/tiled_mlp.py), beyond those the block's terms keep anyway: every .grad where
+    several micro-batches keep them all, the down projection's where ZeRO-1 keeps those produced so far."""
+    if "grads_so_far" not in terms:
+        return s.tiled_mlp_grads
+    return 0.0 if s.grad_accum > 1 else max(s.tiled_mlp_grads - s.block_out_trainable, 0)
+
+
 def hpz_secondary(s, elements: float) -> float:
     """ZeRO++'s hpZ: a parameter released by its module keeps a secondary shard of 1/hpz of it, in the parameter
     dtype (DeepSpeed's _partition_param_sec), until the step rebuilds the partitions (invalidate_secondary_tensor);

@@ -8,12 +8,14 @@ model's (no `local_counts`), and FSDP2 shards them over dp_shard x cp (config/me
 torchtitan does. DeepSpeed's implementation is Ulysses (ulysses.py: all-to-alls over the heads, DeepSpeed's own
 `UlyssesSPAttentionHF`), whose groups the engine is built with, so that ZeRO partitions over dp x cp too.
 `parallelism.cp_method=ulysses` runs the same Ulysses attention under FSDP2 and DDP, so that the two methods are
-compared under one sharding (`implementation_for`)."""
+compared under one sharding (`implementation_for`). `parallelism.cp_tiled_mlp` adds ALST's tiled MLP (tiled.py)
+beside Ulysses under DeepSpeed, as ALST runs them."""
 from __future__ import annotations
 
 from typing import ContextManager, Dict, List
 
 from ...config.axes import Axis
+from ...theory import tiled_mlp
 from . import comm, rules
 
 
@@ -62,17 +64,24 @@ class ContextParallel(Axis):
         return comm.context_parallel_collectives(backend, s)
 
     def apply(self, strategy, model) -> dict:
-        par = strategy.cfg.parallelism
+        cfg = strategy.cfg
+        par = cfg.parallelism
         if strategy.axis_implementation(self.name) == "ulysses":  # DeepSpeed's: its engine takes the groups
             from . import ulysses
 
             # DeepSpeed's engine is built with the groups; FSDP2 and DDP shard and reduce over the mesh's
-            strategy.engine_groups, settings = ulysses.apply(model, strategy.cfg, strategy.mesh)
-            return settings
-        from . import ring
+            strategy.engine_groups, settings = ulysses.apply(model, cfg, strategy.mesh)
+        else:
+            from . import ring
 
-        return ring.apply(model, strategy.meshes.dimension(self.name), strategy.device.type, par.cp_rotate,
-                          bool(par.cp_load_balance))
+            settings = ring.apply(model, strategy.meshes.dimension(self.name), strategy.device.type,
+                                  par.cp_rotate, bool(par.cp_load_balance))
+        tiles = tiled_mlp.tiles(cfg.model, par)
+        if tiles:  # ALST's tiled MLP, beside Ulysses (DeepSpeed's only: rules.tiled_mlp_rules)
+            from . import tiled
+
+            settings["tiled_mlp"] = tiled.apply(model, tiles)
+        return settings
 
     def micro_batch(self, strategy, inputs, targets) -> ContextManager:
         if strategy.axis_implementation(self.name) == "ulysses":

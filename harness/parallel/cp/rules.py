@@ -7,6 +7,7 @@ from typing import List
 from ...config import families
 from ...config.axes import family_refusal, implementation
 from ...config.mesh import mesh_of
+from ...config.recompute import recompute_of
 from ...core.errors import ConfigError
 
 CP_DEGREES = (1, 2, 4, 8)  # the context-parallel degrees the estimator and the advisor search
@@ -59,8 +60,9 @@ def composition_rules(cfg) -> List[str]:
     par, t = cfg.parallelism, cfg.train
     cp = par.cp
     if cp == 1:
-        return []
-    out = []
+        return ["parallelism.cp_tiled_mlp=true: ALST's tiled MLP is an option of context parallelism here; set "
+                "parallelism.cp>1, or parallelism.cp_tiled_mlp=false"] if par.cp_tiled_mlp else []
+    out = tiled_mlp_rules(cfg) if par.cp_tiled_mlp else []
     if par.cp_method == "ulysses" and find_spec("deepspeed") is None:
         out.append("parallelism.cp_method=ulysses: DeepSpeed-Ulysses' attention is DeepSpeed's, and deepspeed is not "
                    "installed here; pip install deepspeed==0.19.8 (pyproject's pin), or use parallelism.cp_method=ring")
@@ -86,4 +88,48 @@ def composition_rules(cfg) -> List[str]:
         out.append(f"parallelism.cp={cp}: backend={cfg.backend.name} shards over a node's data-parallel ranks "
                    "(HSDP, partial resharding), whose groups with the cp ranks folded in are not held by a test "
                    "yet; use a backend that shards over every data-parallel rank")
+    return out
+
+
+def tiled_mlp_rules(cfg) -> List[str]:
+    """What ALST's tiled MLP (parallel/cp/tiled.py) is not run with: one line each."""
+    from ...theory import tiled_mlp
+
+    par, m, t = cfg.parallelism, cfg.model, cfg.train
+    head = "parallelism.cp_tiled_mlp=true"
+    out = []
+    if find_spec("deepspeed") is None:
+        out.append(f"{head}: the tiled MLP is DeepSpeed's (TiledMLP), and deepspeed is not installed here; pip "
+                   "install deepspeed==0.19.8 (pyproject's pin)")
+    if implementation(families.of(cfg.backend), "cp") != "ulysses":  # FSDP2 and DDP, whose own method is the ring
+        # measured: DDP fails in its reducer; FSDP2 trains (losses within 1.3e-7 of DDP's at dp 2 x cp 2), but at 512
+        # tokens its peak moved into the ring's attention backward (the all-gathered keys and values, the fp32
+        # gradient accumulators) beside the MLP's three gradients: +11.8% over the theory, whose moments are the MLP's
+        out.append(f"{head}: not under backend={cfg.backend.name}: the tiled MLP runs under DeepSpeed here, as in ALST "
+                   "(DDP's reducer takes each tile's gradient as the weight's one, \"Expected to mark a variable ready "
+                   "only once\"; under FSDP2 the peak moves into the ring's attention backward, a moment the theory "
+                   "does not hold: +11.8% at 512 tokens); use a DeepSpeed backend")
+    if getattr(m, "num_experts", 0):
+        out.append(f"{head}: model {m.name} is a mixture of experts, whose MLP is its experts; the tiled MLP "
+                   "tiles a dense SwiGLU here")
+    if par.tp > 1:
+        out.append(f"{head}: not with parallelism.tp={par.tp}: a tensor-parallel MLP's tiles are not held to "
+                   "DDP's losses here; set parallelism.tp=1")
+    if t.compile:
+        out.append(f"{head}: not with train.compile=true: the tiles run inside an autograd Function whose "
+                   "backward runs the MLP again, which the compiled activations do not trace")
+    if recompute_of(cfg).selective:
+        # measured at dp 2 x cp 2 under ZeRO-2 with selective_op_half: 2.28 MiB tiled against 2.33 untiled,
+        # where the tiled theory said 2.09: the policy's saved matmul outputs include the tiles' own
+        out.append(f"{head}: not with train.activation_checkpointing={t.activation_checkpointing}: the selective "
+                   "policy saves the tiles' matmul outputs too, so the tiled MLP saves little (2.28 MiB tiled "
+                   "against 2.33 untiled, measured); use full, every_k or no checkpointing")
+    tokens = par.seq_len // par.cp
+    tiles = tiled_mlp.tiles(m, par)
+    # DeepSpeed's TiledMLP releases the gradients for reduction at its last tile by count: torch.chunk must cut
+    # the rank's rows into exactly that many tiles, which a tile count that divides its sequence slice does
+    if tiles > 0 and (tiles > tokens or tokens % tiles):  # a negative count is range_rules' to say
+        out.append(f"{head}: {tiles} tiles (parallelism.cp_mlp_tiles={par.cp_mlp_tiles}) do not divide a rank's "
+                   f"{tokens} tokens (seq_len {par.seq_len} / cp {par.cp}) evenly; set parallelism.cp_mlp_tiles "
+                   f"to a divisor of {tokens}")
     return out
