@@ -15,8 +15,8 @@ under no_grad and keeps only its input; its backward runs each tile again, forwa
   MLP's gradient goes into the reduction as soon as it is made.
 - **Time** (theory/shape.py's `recomputed_matmuls`): each block's MLP runs forward once more in backward, its
   three projections' share of the block's forward FLOPs (`forward_share`), on top of a checkpointed block's
-  recompute ("so the forward occurs twice each iteration, and with activation checkpointing thrice": TiledMLP's
-  docstring, deepspeed/runtime/sequence_parallel/ulysses_sp.py).
+  recompute: twice a step, three times with activation checkpointing, as TiledMLP's docstring says
+  (deepspeed/runtime/sequence_parallel/ulysses_sp.py).
 
 The tiles, ALST's way: one a model width's worth of the rank's tokens, ceil(S/cp / h) (the example in TiledMLP's
 docstring, which patches LlamaMLP.forward), unless `parallelism.cp_mlp_tiles` says how many.
