@@ -146,9 +146,9 @@ docs: install ## the docs/ pages as a site in site/ (mkdocs build --strict: a br
 test: install warm browser ## the test suite (~4.5 min on 2 pytest-xdist workers): unit tests, in-process strategies, and every backend's real 3-rank fp32 run against DDP's losses (gloo, CPU); the other launches are make test-launches
 	$(PY) -m pytest -m "not drill and not launch" -n $(JOBS) $(ARGS)
 
+# test-launches' first test sets up the whole chain of session launches (fp32, 4 ranks, 2 ranks) inside
+# pytest-timeout's bound: over 600 s on a slower 2-core machine (2026-12-02), so the bound there is 30 min
 test-launches: install warm browser ## the tests that read the session's other launches (~9 min): every backend resumed, bf16, LoRA, resharding, user data, tp, cp, ep and MoE cells at 2 and 4 ranks, and the memory check's matrix
-	# its first test sets up the whole chain of session launches (fp32, 4 ranks, 2 ranks) inside pytest-timeout's
-	# bound: over 600 s on a slower 2-core machine (2026-12-02), so the bound here is 30 min
 	$(PY) -m pytest -m "launch and not drill" --timeout=1800 $(ARGS)
 
 test-drills: install warm ## the launcher drills (~40 min): faults, Ctrl-C, racing launches, killed launcher and op builds; the longest study runs
