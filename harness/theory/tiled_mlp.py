@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Dict
 
+from .selective import block_matmuls
 from .widths import residual_bytes, splits, widths_of
 
 
@@ -50,8 +51,6 @@ def apply(out: Dict[str, float], model, reg: str, count: int, mesh) -> None:
 def forward_share(model, seq_len: int) -> float:
     """Of a block's forward FLOPs, its MLP's three projections' share (over the block's matmuls and attention's
     two s x s products, as theory/selective.recomputed_matmul_share counts them)."""
-    from .selective import block_matmuls
-
     h, _, i, _, _, h_q = widths_of(model)
     weights = sum(w for _, w, _ in block_matmuls(model))
     return 3 * h * i / (weights + 2 * seq_len * h_q)

@@ -9,6 +9,7 @@ from ...config.axes import family_refusal, implementation
 from ...config.mesh import mesh_of
 from ...config.recompute import recompute_of
 from ...core.errors import ConfigError
+from ...theory import tiled_mlp
 
 CP_DEGREES = (1, 2, 4, 8)  # the context-parallel degrees the estimator and the advisor search
 # the shortest sequence at which they search them unasked: below it one rank's chunk of attention is too short
@@ -93,8 +94,6 @@ def composition_rules(cfg) -> List[str]:
 
 def tiled_mlp_rules(cfg) -> List[str]:
     """What ALST's tiled MLP (parallel/cp/tiled.py) is not run with: one line each."""
-    from ...theory import tiled_mlp
-
     par, m, t = cfg.parallelism, cfg.model, cfg.train
     head = "parallelism.cp_tiled_mlp=true"
     out = []
