@@ -1,6 +1,7 @@
 """The session's launches as the tests run them (imported by conftest.py): every backend on some shapes as the cells
 of one launch (`sweeps`), each cell that fails remembered, and named in the last lines of make test's output
-(a failed cell ends its launch, so every test that reads a later cell fails: the cause is this line)."""
+(every test that reads a failed cell fails: the cause is this line), and each cell run a second time after a
+native crash (launcher/cells.py), so that a crash that did not come back is still seen."""
 from __future__ import annotations
 
 import json
@@ -17,9 +18,10 @@ BACKENDS = flat_backends("cpu")  # every file in conf/backend/ but the hybrid on
 FAST = ["logger=none", "train.steps=5", "train.warmup_steps=2"]
 
 # the cells of the session's launches that did not end ok, or never ran because the checkpoint they resume was not
-# saved: a failed cell ends its launch, and every test that reads a later cell fails, so the last lines of
-# make test's output name the cause (pytest_terminal_summary below)
+# saved: every test that reads one fails, so the last lines of make test's output name the cause
+# (pytest_terminal_summary below); and the cells run again after a native crash, with the first attempt's reason
 FAILED_CELLS: list[str] = []
+RERUN_CELLS: list[str] = []
 
 
 def launched(launch_dir: Path, cells: list, common: list) -> dict:
@@ -29,6 +31,8 @@ def launched(launch_dir: Path, cells: list, common: list) -> dict:
 
     summaries = run_cells(launch_dir, cells, common, report=False)
     for cell, summary in summaries.items():
+        for attempt in summary.get("earlier_attempts", []):
+            RERUN_CELLS.append(f"{launch_dir.parent.name}/{cell}: {attempt['dir']}: {attempt['reason']}")
         if summary["status"] != "ok":
             tracebacks = sorted((launch_dir / cell / "ranks").glob("rank*.traceback.txt"))
             last = tracebacks[0].read_text().strip().splitlines()[-1:] if tracebacks else []
@@ -58,6 +62,10 @@ def pytest_terminal_summary(terminalreporter):
     if FAILED_CELLS:
         terminalreporter.section("cells of the session's launches that failed (the tests that read them fail)")
         for line in FAILED_CELLS:
+            terminalreporter.line(line)
+    if RERUN_CELLS:
+        terminalreporter.section("cells run a second time after a native crash in their first attempt")
+        for line in RERUN_CELLS:
             terminalreporter.line(line)
     return result
 

@@ -6,8 +6,13 @@ The tests' fixture sweeps (every backend on one shape) run as cells, as `make me
 keep what a sweep of single runs gives them: per cell config.yaml, env.json, settings.json and metrics.jsonl
 written by the same code (runtime/worker.run), summary.json by the launcher's (launcher/outcome.summarise),
 then the sweep's tables and report. Only the process is shared: each cell builds its model, strategy and data from its own config and seed.
-A cell that fails ends the launch (its peers would wait in a collective); it gets the failure summary a run
-would, from the rank outcome files, and each cell after it reads "not run: cell <name> failed first".
+A cell that fails ends its launch (its peers would wait in a collective); it gets the failure summary a run
+would, from the rank outcome files, and the cells after it go on in a new launch (sweep_dir/launcher.<n>.log),
+so that one failed row costs a start-up, never the rest of the sweep. A cell whose rank died of a native crash (a
+fatal signal, its stack in ranks/rank<R>.fatal.txt: a heap corruption inside a library, a segfault) is run once
+more in that new launch, from scratch: its first attempt moves to <cell>/attempts/<n>/ and the summary says so
+(`earlier_attempts`, a note, `launch/cell_reruns`), so that a crash that does not come back is a recorded
+event, not a lost row; one that comes back is the row's failure.
 On CUDA a cell leaves device memory behind for the next, so allocator peaks there are a run's own only in the
 first cell (results/gpu/nvidia-h100-80gb-hbm3/cells_vs_runs.md); `make gpu-check` runs each backend alone.
 """
@@ -24,6 +29,7 @@ from omegaconf import OmegaConf
 from ..config import derive, resume_check, rules
 from ..config.compose import compose
 from ..core.errors import ConfigError
+from ..core.fatal_dump import read_dump
 from ..core.paths import REPO
 from ..core.rundir import RunDir, write_json, write_text
 from ..reporting import sweep_report
@@ -60,7 +66,7 @@ def with_resume(cfg, resume: str):
 def run_cells(sweep_dir: Path, cells: Sequence[Tuple[str, List[str]]], common: Sequence[str] = (),
               report: bool = True) -> Dict[str, dict]:
     """Run every cell (a name, which is its run dir under `sweep_dir`, and its overrides after `common`) in one
-    launch; return each cell's summary by name, and write the sweep's tables and report (unless `report` is
+    launch (more after a failed cell: the module's docstring); return each cell's summary by name, and write the sweep's tables and report (unless `report` is
     off: `make report SWEEP=<sweep_dir>` writes them later). Every cell must have the first one's ranks per node
     and nodes; a config the rules refuse raises ConfigError before any launch. A cell may resume a checkpoint an
     earlier cell saves (`train.resume=<earlier cell's run dir>/checkpoints/step_<k>`): it is checked as a run's
@@ -75,28 +81,81 @@ def run_cells(sweep_dir: Path, cells: Sequence[Tuple[str, List[str]]], common: S
         # the cell's start (runtime/cells_worker.py), and every other rule is checked now
         later = from_earlier_cell(cfg, [d for d, _ in configs[:index]])
         rules.check(with_resume(cfg, "fresh") if later else cfg)
-    first = configs[0][1]
     for run_dir, cfg in configs:
         prepare(cfg, run_dir)
         blocked = ensure_ops(cfg, run_dir, rank_env(cfg))
         if blocked is not None:
             raise RuntimeError(blocked.reason)
-    cells_file = sweep_dir / "cells.json"
+    out: Dict[str, dict] = {}
+    earlier: Dict[str, List[dict]] = {}  # a rerun cell's earlier attempts
+    pending, launch = list(range(len(configs))), 0
+    while pending:
+        launch += 1
+        returncode = _launch(sweep_dir, [configs[i] for i in pending], launch)
+        done, rerun = 0, False
+        for i in pending:
+            (name, _), (run_dir, cfg) = cells[i], configs[i]
+            if not _reached(run_dir, cfg):
+                break  # the launch ended at an earlier cell (or never started one)
+            out[name] = _summary(cfg, run_dir, returncode, earlier.get(name, []))
+            done += 1
+            if out[name]["status"] == "ok":
+                continue
+            if _crashed(run_dir, cfg) and name not in earlier:  # once more, from scratch, in the next launch
+                moved = run_dir.archive_attempt(with_checkpoints=True)
+                earlier[name] = [{"reason": out.pop(name)["reason"], "dir": str(moved.relative_to(run_dir.root))}]
+                prepare(cfg, run_dir)
+                done, rerun = done - 1, True
+            break  # the cells after it go on in the next launch
+        if not done and not rerun:  # the launch started no cell: another would not either
+            for position, i in enumerate(pending):
+                (name, _), (run_dir, cfg) = cells[i], configs[i]
+                prefix = f"not run: its launch ended before it started a cell ({_log_name(launch)}); "
+                out[name] = _summary(cfg, run_dir, returncode, earlier.get(name, []), prefix if position else "")
+            break
+        pending = pending[done:]
+    if report:
+        sweep_report.build(sweep_dir)
+    return out
+
+
+def _log_name(launch: int) -> str:
+    return "launcher.log" if launch == 1 else f"launcher.{launch}.log"
+
+
+def _launch(sweep_dir: Path, configs: Sequence[Tuple[RunDir, object]], launch: int) -> int:
+    """One torchrun of the cells worker over these cells, in order; its exit code."""
+    cells_file = sweep_dir / ("cells.json" if launch == 1 else f"cells.{launch}.json")
     write_json(cells_file, [str(run_dir.root) for run_dir, _ in configs])
-    with open(sweep_dir / "launcher.log", "w") as log:
+    first = configs[0][1]
+    with open(sweep_dir / _log_name(launch), "w") as log:
         proc = subprocess.run(torchrun_cmd(first, sweep_dir, module=(WORKER, str(cells_file))), cwd=REPO,
                               env=rank_env(launch_config([cfg for _, cfg in configs])), stdout=log,
                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                               start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
-    # each cell's summary as a run's launcher writes it, with the notes a run would carry; a cell the launch
-    # never reached says which cell ended it, not only what its missing rank files would suggest (a kill)
-    out, ended_by = {}, None
-    for (name, _), (run_dir, cfg) in zip(cells, configs):
-        reached = any(run_dir.rank_outcome(rank).exists() for rank in range(derive.world_size(cfg)))
-        prefix = f"not run: cell {ended_by} failed first, which ends the launch; " if ended_by and not reached else ""
-        out[name] = summarise(cfg, run_dir, proc.returncode, rules.notes(cfg), reason_prefix=prefix)
-        if out[name]["status"] != "ok" and ended_by is None:
-            ended_by = name
-    if report:
-        sweep_report.build(sweep_dir)
-    return out
+    return proc.returncode
+
+
+def _reached(run_dir: RunDir, cfg) -> bool:
+    """Whether any rank started the cell (left its outcome)."""
+    return any(run_dir.rank_outcome(rank).exists() for rank in range(derive.world_size(cfg)))
+
+
+def _crashed(run_dir: RunDir, cfg) -> bool:
+    """Whether a rank of the cell died of a fatal signal (its faulthandler dump: core/fatal_dump.py)."""
+    return any(read_dump(run_dir.rank_fatal(rank)) for rank in range(derive.world_size(cfg)))
+
+
+def _summary(cfg, run_dir: RunDir, returncode: int, earlier: List[dict], reason_prefix: str = "") -> dict:
+    """The cell's summary as a run's launcher writes it, with the notes a run would carry, and a rerun cell's
+    earlier attempt."""
+    notes = rules.notes(cfg) + [f"run a second time after a native crash in its first attempt ({e['dir']}/): "
+                                f"{e['reason']}" for e in earlier]
+    summary = summarise(cfg, run_dir, returncode, notes, reason_prefix=reason_prefix)
+    if earlier:
+        summary["earlier_attempts"] = earlier
+        summary.setdefault("figures", {})["launch/cell_reruns"] = len(earlier)
+        if summary["status"] != "ok":
+            summary["reason"] += f" (and in its first attempt, {earlier[0]['dir']}/: {earlier[0]['reason']})"
+        write_json(run_dir.summary, summary)
+    return summary
