@@ -201,3 +201,28 @@ def test_the_replay_processes_of_a_batch_take_each_config_once_in_its_order(tmp_
     assert sorted(took["first"] + took["second"]) == sorted(names)
     assert not set(took["first"]) & set(took["second"])
     assert [n for n in order if n in took["first"]] == took["first"]
+
+
+def test_a_backend_swapped_into_a_composition_is_hydras_own_composition():
+    """compose() of `backend=<name>` beside other overrides is made from their composition with the backend's
+    preset in place of its `backend` node (config/compose._backend_swapped: one Hydra composition for 16
+    backends, the advisor's 8 s of compositions at 70B): exactly what Hydra's public compose() gives, on the
+    default config, a 70B multi-node preset, experiments and a backend's own keys set after it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from harness.config import schema
+    from harness.config.compose import CONF, _backend_written_by_others, _derived
+
+    schema.register()
+    bases = [[], ["model=llama_70b", "parallelism=gpu8", "parallelism.nnodes=8", "train.precision=bf16"],
+             ["experiment=tp"], ["experiment=bucket_size", "backend.bucket_elements=400000"]]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for index, backend in enumerate(backends()):  # each backend once, each base with 4 (a composition: 0.5 s)
+            base = bases[index % len(bases)]
+            overrides = [*base[:1], f"backend={backend}", *base[1:]]
+            theirs = _derived(hydra_compose(config_name="config", overrides=overrides), overrides)
+            assert OmegaConf.to_container(compose(overrides), resolve=True) == OmegaConf.to_container(
+                theirs, resolve=True), (base, backend)
+    assert not _backend_written_by_others(("experiment=tp",))  # the swap was taken, not Hydra's own
