@@ -93,7 +93,11 @@ def lose_a_bucket_free(reuse: bool) -> dict:
 
 @pytest.mark.parametrize("reuse", [False, True], ids=["kept apart", "address reused"])
 def test_a_bucket_freed_out_of_the_profilers_sight_is_counted_freed_at_its_last_use(reuse):
-    (found,) = run_ranks(lose_a_bucket_free, 1, reuse)
+    for _ in range(3):  # where the kernel maps the next block is its own choice: under load (make test's two
+        # workers) a step once mapped it elsewhere ([True, False, True]); the premise is retried, never the check
+        (found,) = run_ranks(lose_a_bucket_free, 1, reuse)
+        if found["reused"] == [reuse] * 3:
+            break
     assert found["reused"] == [reuse] * 3  # the case named is the case run, in each of the three steps
     assert found["lost"] == [(8 * N, reuse)]  # the free was lost, and found
     # both readings: the allocations alone (the profiled steps' peaks) and torch's timeline (the peak by kind);
