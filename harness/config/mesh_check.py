@@ -25,10 +25,10 @@ def mesh_points(cfg, asked: Optional[Dict[str, Sequence[int]]] = None) -> List[D
     for combination in itertools.product(*[list((asked or {}).get(n) or axes.get(n).searched_for(cfg))
                                            for n in names]):
         point = dict(zip(names, combination))
-        trial = axes.with_degrees(cfg, point)
-        if not mesh_rules(trial) and not any(axes.get(n).degree_rules(trial) for n in names) \
-                and not moe_check.axis_problems(trial):
-            out.append(point)
+        with axes.at_degrees(cfg, point) as trial:
+            if not mesh_rules(trial) and not any(axes.get(n).degree_rules(trial) for n in names) \
+                    and not moe_check.axis_problems(trial):
+                out.append(point)
     return out
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import List
 
+from ...core.identity_cache import IdentityCache
 from ..fsdp.family import FSDPFamily
 
 PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NONE")
@@ -82,10 +83,15 @@ def units(counts, trained_only: bool = False) -> List[List[int]]:
 def whole_units(s):
     """The shape as FSDP1's gradients see it: a unit with any trained parameter (LoRA's adapters in a frozen
     block) gets a gradient of its whole FlatParameter, reduce-scattered whole; a unit with none, no gradient."""
-    root_t = s.t - s.blocks * s.block_t
-    block = s.block_params if s.block_t else 0
-    return dataclasses.replace(s, trainable_params=s.blocks * block + (s.root_params if root_t > 0 else 0),
-                               block_trainable=block)
+    def view():
+        root_t = s.t - s.blocks * s.block_t
+        block = s.block_params if s.block_t else 0
+        return dataclasses.replace(s, trainable_params=s.blocks * block + (s.root_params if root_t > 0 else 0),
+                                   block_trainable=block)
+    return _WHOLE_UNITS.get(s, None, view)  # once a (frozen) shape, not once each of its blocks' terms
+
+
+_WHOLE_UNITS = IdentityCache()
 
 
 class FSDP1Family(FSDPFamily):

@@ -38,7 +38,6 @@ that close, the answer says the ranking is a tie.
 """
 from __future__ import annotations
 
-import copy
 import functools
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
@@ -202,15 +201,17 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
         asked = {n: [pinned[n]] if n in pinned else list(axes.get(n).searched_for(base)) for n in axes.AXES}
         for point in mesh_points(composed, asked):
             dp = data_parallel_ranks(composed, point)
-            at_point = axes.with_degrees(composed, point)  # one copy a mesh point, its batch and policy set below
             # what a run would refuse at this mesh (selective_op at tp > 1, or with a mixture of experts), which no
-            # micro-batch changes; and each policy's config as the candidates' theory reads it (config/frozen.py)
+            # micro-batch changes; and each policy's config as the candidates' theory reads it (config/frozen.py),
+            # read from the backend's config set to the point and policy in place (axes.at_degrees), not a copy
             refusals, views = {}, {}
             for policy in policies:
-                cfg = with_policy(at_point, policy)
-                refusals[policy] = axis_rules(cfg) + moe_check.problems(cfg)
-                if not refusals[policy]:
-                    views[policy] = Frozen.of(cfg)
+                checkpointing, every = parse_policy(policy)
+                with axes.at_degrees(composed, point, activation_checkpointing=checkpointing,
+                                     activation_checkpointing_every=every) as cfg:
+                    refusals[policy] = axis_rules(cfg) + moe_check.problems(cfg)
+                    if not refusals[policy]:
+                        views[policy] = Frozen.of(cfg)
             for mb in micro_batches(batch, dp) if batch % dp == 0 else []:
                 ga = batch // (mb * dp)
                 for policy in policies:
@@ -225,7 +226,7 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                     # kept for its counted work if it fits: its config made only if it is replayed (a copy costs
                     # 25 ms at 70B, and a plan for GPUs on a CPU host replays none)
                     made.append((cfg, backend, extra, sync, functools.partial(
-                        materialized, at_point, policy, mb, ga, cfg.parallelism.grad_sync)))
+                        materialized, composed, point, policy, mb, ga, cfg.parallelism.grad_sync)))
     if meanwhile is not None:
         meanwhile()
     counts = model_counts.param_count(base.model, base.workload)
@@ -267,10 +268,10 @@ def grad_syncs(cfg, grad_accum: int) -> tuple:
     return ("", "every")
 
 
-def materialized(at_point, policy: str, micro_batch: int, grad_accum: int, grad_sync: str):
-    """A candidate's own config: a copy of its mesh point's (which later candidates change) with its policy,
-    batch and way of accumulating set."""
-    cfg = with_policy(copy.deepcopy(at_point), policy)
+def materialized(composed, point: Dict[str, int], policy: str, micro_batch: int, grad_accum: int, grad_sync: str):
+    """A candidate's own config: a copy of its backend's config (which the search leaves as composed) at its mesh
+    point, with its policy, batch and way of accumulating set."""
+    cfg = with_policy(axes.with_degrees(composed, point), policy)
     par = cfg.parallelism
     par.micro_batch, par.grad_accum, par.grad_sync = micro_batch, grad_accum, grad_sync
     return cfg
