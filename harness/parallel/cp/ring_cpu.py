@@ -11,10 +11,22 @@ run here, the ring's code unchanged: DTensor's sharding strategy for the CPU op 
 sharded on the sequence, as torch's own CP rules do for the CUDA ops: `_sharding_rules.py`), and an entry in the
 ring's dispatch table (`_attention.custom_ops`) that calls the ring with the CPU op. Held by the dp x cp runs'
 per-step losses against DDP's (tests/test_context_parallel.py), under both of torch's rotations.
+
+The rotations themselves are torch's but for one thing: they block. torch's rotaters (`_AllToAllRotater`,
+`_AllGatherRotater`) issue functional collectives (`ft_c.permute_tensor`, `ft_c.all_gather_single`) and wait on
+them a ring step later. Over gloo, under FSDP2 at dp 2 x cp 2, that corrupted the heap: a rank aborted with
+glibc's "malloc(): unaligned tcache chunk detected" (or a SIGSEGV) in gloo's worker running the ring's all-to-all,
+in 4 runs of 4 of 500 steps, at steps 138 to 200 (the 2-rank FSDP2 ring and the 4-rank DDP ring ran 500 clean),
+and once in CI's 4-rank launch. With the same rotations on c10d's blocking collectives (`BlockingAllToAll`,
+`BlockingAllGather`, which `_attention._create_rotater` hands the ring here) two runs of 500 steps ran clean, at
+the same step time (290 ms) and final loss. On CPU nothing overlaps the ring's compute anyway. Compiled blocks
+keep torch's rotaters: dynamo traces the ring, and a graph takes only functional collectives.
 """
 from __future__ import annotations
 
 import torch
+
+from ...core.collective_labels import labelled
 
 aten = torch.ops.aten
 SEQ_DIM = 2  # (batch, heads, sequence, head dim), as torch's ring hard-codes it
@@ -95,4 +107,66 @@ def register() -> None:
     register_op_strategy(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)(
         _sequence_sharded(outputs=3, first_input=3))
     _attention.custom_ops.update({op: _handler for op in RING})
+    if hasattr(_attention, "_create_rotater"):  # the ring's rotations on blocking collectives (module docstring)
+        _TORCHS_ROTATER.append(_attention._create_rotater)
+        _attention._create_rotater = _blocking_rotater
     _registered = True
+
+
+class BlockingAllToAll:
+    """torch's `_AllToAllRotater` (each rank's buffer to the next rank of the ring) on c10d's blocking all-to-all."""
+
+    def __init__(self, group, seq_dim: int):
+        self.group, self.received = group, None
+
+    def exchange_buffers(self, current: torch.Tensor) -> None:
+        import torch.distributed as dist
+
+        current = current.contiguous()
+        size, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        sent = [current.numel() if peer == (rank + 1) % size else 0 for peer in range(size)]
+        taken = [current.numel() if peer == (rank - 1) % size else 0 for peer in range(size)]
+        self.received = torch.empty_like(current)
+        with labelled("permute"):  # what the collective counter books it as (torch's functional one says so itself)
+            dist.all_to_all_single(self.received, current, output_split_sizes=taken, input_split_sizes=sent,
+                                   group=self.group)
+
+    def next_buffer(self) -> torch.Tensor:
+        return self.received
+
+
+class BlockingAllGather:
+    """torch's `_AllGatherRotater` (every rank's buffer gathered once; the i-th rotation reads the buffer of the
+    rank i places back) on c10d's blocking all-gather."""
+
+    def __init__(self, group, seq_dim: int):
+        self.group, self.gathered, self.rotations = group, None, 0
+
+    def exchange_buffers(self, current: torch.Tensor) -> None:
+        import torch.distributed as dist
+
+        self.rotations += 1
+        if self.gathered is None:
+            current = current.contiguous()
+            self.gathered = current.new_empty(dist.get_world_size(self.group) * current.numel())
+            dist.all_gather_into_tensor(self.gathered, current, group=self.group)
+
+    def next_buffer(self) -> torch.Tensor:
+        import torch.distributed as dist
+
+        return self.gathered.chunk(dist.get_world_size(self.group))[dist.get_rank(self.group) - self.rotations]
+
+
+_TORCHS_ROTATER: list = []  # torch's own _create_rotater, once register() replaced it
+
+
+def _blocking_rotater(group, seq_dim: int, method=None):
+    """What `_attention._create_rotater` returns, for the rotation torch's options name; torch's own rotater
+    while dynamo traces the ring (compiled blocks: a graph takes functional collectives, not c10d's ops on a
+    ProcessGroup, which inductor refuses: "'__eq__' is not implemented for ...ProcessGroup")."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention
+
+    if torch.compiler.is_compiling():
+        return _TORCHS_ROTATER[0](group, seq_dim, method)
+    method = method or _attention._cp_options.rotate_method
+    return (BlockingAllToAll if method == _attention._RotateMethod.ALL_TO_ALL else BlockingAllGather)(group, seq_dim)

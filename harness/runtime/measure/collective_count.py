@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ...core import collective_labels as labels
 from .time_profile import current_phase
 
 # c10d's collectives (the dispatcher ops a ProcessGroup call becomes), by nccl-tests' names
@@ -120,7 +121,9 @@ class CollectiveCounter(TorchDispatchMode):
             tensors = [a for a in args[:2] if isinstance(a, (torch.Tensor, list, tuple))]
             named = tuple(a for a in args if isinstance(a, (torch.ScriptObject, str)))
             gathered = func.namespace == "_c10d_functional" and op == "all_gather"
-            op = "permute" if _is_permute(op, args) else op
+            # the ring's rotations: a functional all-to-all to one peer, or one its caller labels so (on CPU, c10d's
+            # blocking all-to-all: parallel/cp/ring_cpu.py)
+            op = "permute" if _is_permute(op, args) or (op == "all_to_all" and labels.current() == "permute") else op
             self.calls[(op, _buffer_bytes(func, op, args, tensors), named, gathered, current_phase())] += 1
         return func(*args, **kwargs)
 
