@@ -47,3 +47,19 @@ def test_a_cell_resumes_an_earlier_cells_save_and_a_failed_cell_costs_only_its_r
     assert out["after"]["status"] == "ok", out["after"]
     assert [p.name for p in sorted(tmp_path.glob("launcher*.log"))] == [
         "launcher.2.log", "launcher.3.log", "launcher.4.log", "launcher.log"]
+
+
+def test_a_cell_whose_every_rank_left_no_outcome_is_reached_and_crashed_if_one_left_its_dump(tmp_path):
+    # CI's crash (stop 92): every rank of cp/gqa/fsdp_selective died without an outcome file, the aborted one with
+    # its faulthandler dump; read as "never started", the launch would have stopped there with every later cell
+    from harness.config.compose import compose
+    from harness.core.rundir import RunDir
+    from harness.launcher.cells import _crashed, _reached
+
+    cfg, cell = compose(["logger=none"]), RunDir(tmp_path / "cell")
+    assert not _reached(cell, cfg) and not _crashed(cell, cfg)  # a cell its launch never started
+    cell.ranks.mkdir(parents=True)
+    cell.rank_fatal(0).write_text("")  # opened at the cell's start, empty: a rank SIGKILLed, not a crash
+    assert _reached(cell, cfg) and not _crashed(cell, cfg)
+    cell.rank_fatal(1).write_text("Fatal Python error: Aborted\n\nThread 0x1 (most recent call first):\n")
+    assert _reached(cell, cfg) and _crashed(cell, cfg)

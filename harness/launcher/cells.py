@@ -66,11 +66,12 @@ def with_resume(cfg, resume: str):
 def run_cells(sweep_dir: Path, cells: Sequence[Tuple[str, List[str]]], common: Sequence[str] = (),
               report: bool = True) -> Dict[str, dict]:
     """Run every cell (a name, which is its run dir under `sweep_dir`, and its overrides after `common`) in one
-    launch (more after a failed cell: the module's docstring); return each cell's summary by name, and write the sweep's tables and report (unless `report` is
-    off: `make report SWEEP=<sweep_dir>` writes them later). Every cell must have the first one's ranks per node
-    and nodes; a config the rules refuse raises ConfigError before any launch. A cell may resume a checkpoint an
-    earlier cell saves (`train.resume=<earlier cell's run dir>/checkpoints/step_<k>`): it is checked as a run's
-    parent checks it, at the cell's start, and refused there as that cell's failure."""
+    launch (more after a failed cell: the module's docstring); return each cell's summary by name, and write the
+    sweep's tables and report (unless `report` is off: `make report SWEEP=<sweep_dir>` writes them later). Every
+    cell must have the first one's ranks per node and nodes; a config the rules refuse raises ConfigError before
+    any launch. A cell may resume a checkpoint an earlier cell saves (`train.resume=<earlier cell's run
+    dir>/checkpoints/step_<k>`): it is checked as a run's parent checks it, at the cell's start, and refused
+    there as that cell's failure."""
     sweep_dir = Path(sweep_dir)
     configs = [(RunDir(sweep_dir / name), compose([*common, *overrides])) for name, overrides in cells]
     shape = {(c.parallelism.nproc_per_node, c.parallelism.nnodes) for _, c in configs}
@@ -137,8 +138,10 @@ def _launch(sweep_dir: Path, configs: Sequence[Tuple[RunDir, object]], launch: i
 
 
 def _reached(run_dir: RunDir, cfg) -> bool:
-    """Whether any rank started the cell (left its outcome)."""
-    return any(run_dir.rank_outcome(rank).exists() for rank in range(derive.world_size(cfg)))
+    """Whether any rank started the cell: left its outcome, or the dump file a rank opens at a cell's start and
+    writes on a fatal signal (in CI's crash every rank of the cell left no outcome, the crashed one its dump)."""
+    return any(run_dir.rank_outcome(rank).exists() or run_dir.rank_fatal(rank).exists()
+               for rank in range(derive.world_size(cfg)))
 
 
 def _crashed(run_dir: RunDir, cfg) -> bool:
