@@ -16,8 +16,8 @@ The rotations themselves are torch's but for one thing: they block. torch's rota
 `_AllGatherRotater`) issue functional collectives (`ft_c.permute_tensor`, `ft_c.all_gather_single`) and wait on
 them a ring step later. Over gloo, under FSDP2 at dp 2 x cp 2, that corrupted the heap: a rank aborted with
 glibc's "malloc(): unaligned tcache chunk detected" (or a SIGSEGV) in gloo's worker running the ring's all-to-all,
-in 4 runs of 4 of 500 steps, at steps 138 to 200 (the 2-rank FSDP2 ring and the 4-rank DDP ring ran 500 clean),
-and once in CI's 4-rank launch. With the same rotations on c10d's blocking collectives (`BlockingAllToAll`,
+in each of 3 runs (at steps 138, 145 and 200; the 2-rank FSDP2 ring and the 4-rank DDP ring ran 500 clean), and
+in two 4-rank launches of the tests (CI's and one here). With the same rotations on c10d's blocking collectives (`BlockingAllToAll`,
 `BlockingAllGather`, which `_attention._create_rotater` hands the ring here) two runs of 500 steps ran clean, at
 the same step time (290 ms) and final loss. On CPU nothing overlaps the ring's compute anyway. Compiled blocks
 keep torch's rotaters: dynamo traces the ring, and a graph takes only functional collectives.
