@@ -85,3 +85,7 @@ def test_the_launcher_removes_a_sigkilled_ranks_empty_dump(tmp_path):
 def test_without_a_dump_the_reason_is_the_signal_alone():
     assert RankOutcome.killed(0, -9, None, "").reason == "exited without a report (signal SIGKILL)"
     assert RankOutcome.killed(0, None, None, "").reason == "exited without a report (killed by a signal?)"
+    # no exit code (a cells launch's rank) but a dump: the dump names the signal, no question left
+    assert RankOutcome.killed(3, None, None, "Fatal Python error: Aborted\n\nThread 0x1 (most recent call first):\n"
+                              ).reason == ("exited without a report (a fatal signal): Aborted (every thread's stack: "
+                                           "ranks/rank3.fatal.txt)")

@@ -68,13 +68,13 @@ class RankOutcome:
                fatal_dump: str = "") -> "RankOutcome":
         """A rank with no outcome file; `fatal_dump` is its ranks/rank<R>.fatal.txt, if it died of a fatal
         signal with faulthandler on: the reason then names the Python frame the signal hit."""
-        if exit_code is None:
-            how = "killed by a signal?"
+        where = fatal_frame(fatal_dump)
+        if exit_code is None:  # a cells launch's rank (launcher/cells.py): torchrun reports the launch's ranks
+            how = "a fatal signal" if where else "killed by a signal?"
         elif exit_code < 0:
             how = f"signal {signal.Signals(-exit_code).name}"
         else:
             how = f"exit code {exit_code}"
-        where = fatal_frame(fatal_dump)
         return cls(rank=rank, status=Status.KILLED, node=node,
                    reason=f"exited without a report ({how})" +
                    (f": {where} (every thread's stack: ranks/rank{rank}.fatal.txt)" if where else ""))
