@@ -89,3 +89,9 @@ def test_without_a_dump_the_reason_is_the_signal_alone():
     assert RankOutcome.killed(3, None, None, "Fatal Python error: Aborted\n\nThread 0x1 (most recent call first):\n"
                               ).reason == ("exited without a report (a fatal signal): Aborted (every thread's stack: "
                                            "ranks/rank3.fatal.txt)")
+    # the crashed rank is named before one torchrun killed after it (test_cells' drill: rank 0 SIGTERMed mid-write
+    # of its outcome, rank 1 the SIGSEGV), whatever their order
+    crashed = RankOutcome.killed(1, None, None, "Fatal Python error: Segmentation fault\n")
+    assert min([RankOutcome.killed(0, None), crashed], key=RankOutcome.sort_key) is crashed
+    segfault = RankOutcome.killed(1, -11, None, "Fatal Python error: Segmentation fault\n")
+    assert min([RankOutcome.killed(0, -15), segfault], key=RankOutcome.sort_key) is segfault

@@ -57,6 +57,9 @@ class RankOutcome:
     elapsed_s: Optional[float] = None
     reached: Dict[str, Any] = field(default_factory=dict)  # memory high-water marks when it failed
     node: Optional[int] = None  # the node it ran on (torchrun's GROUP_RANK)
+    # True for a killed rank whose faulthandler dump names a fatal signal: the crash itself, named before the
+    # ranks killed after it (torchrun's SIGTERM to the others, which may catch one mid-write of its outcome)
+    fatal: bool = False
 
     @classmethod
     def from_dict(cls, d: dict) -> "RankOutcome":
@@ -75,12 +78,12 @@ class RankOutcome:
             how = f"signal {signal.Signals(-exit_code).name}"
         else:
             how = f"exit code {exit_code}"
-        return cls(rank=rank, status=Status.KILLED, node=node,
+        return cls(rank=rank, status=Status.KILLED, node=node, fatal=bool(where),
                    reason=f"exited without a report ({how})" +
                    (f": {where} (every thread's stack: ranks/rank{rank}.fatal.txt)" if where else ""))
 
     def sort_key(self) -> tuple:
-        return Status.SEVERITY.get(self.status, 2), self.peer
+        return Status.SEVERITY.get(self.status, 2), self.peer, not self.fatal
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
