@@ -139,6 +139,30 @@ def test_the_ops_a_run_needs_follow_its_backend():
     assert jit_ops(compose(["backend=ds_zero3_offload"])) == ["cpu_adam", "deepspeed_shm_comm"]
 
 
+def test_the_advisors_replays_have_their_ops_built_first_in_the_parent_or_keep_the_roofline(ext, tmp_path,
+                                                                                            monkeypatch):
+    """A CPU plan replays its candidates on real tensors: the ops they load are built before any replay starts,
+    in one build for all (not silently inside a replay, as CPU Adam was for the offload candidates of the default
+    dry run in a fresh clone); where that build fails, the candidates needing it are not replayed."""
+    from harness.config.derive import identity
+    from harness.core.records import RunSummary
+    from harness.launcher import ops
+    from harness.studies.advise.step_times import ops_first
+
+    configs = {b: compose([f"backend={b}", f"paths.root={tmp_path}"]) for b in ("ddp", "ds_zero2", "ds_zero3_offload")}
+    asked = []
+    monkeypatch.setattr(ops, "_build", lambda cfg, run_dir, env, missing, log_name: asked.append(missing))
+    replays = dict(configs)
+    assert ops_first(configs["ddp"], replays) == "" and replays == configs
+    assert [sorted(m) for m in asked] == [["cpu_adam", "deepspeed_shm_comm"]]  # none built in `ext`: both, once
+    failed = RunSummary.failed(identity(configs["ddp"]), "the JIT ops were not ready: no C++ compiler")
+    monkeypatch.setattr(ops, "_build", lambda cfg, run_dir, env, missing, log_name: failed)
+    said = ops_first(configs["ddp"], replays)
+    assert list(replays) == ["ddp"]
+    assert said == "2 not replayed, their ops not built (the JIT ops were not ready: no C++ compiler): at the " \
+                   "roofline lower bound"
+
+
 def test_a_wait_is_announced_with_its_start_and_bound_then_ends_at_the_bound():
     said, calls = [], []
     found = wait_for(lambda: (calls.append(1), "ready" if len(calls) > 3 else None)[1], "the thing", 30, "x.bound_s",

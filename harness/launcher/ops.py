@@ -33,13 +33,15 @@ def _pump(stream, log, lines: list) -> None:
         lines.append(line.rstrip())
 
 
-def ensure_ops(cfg, run_dir: RunDir, env: dict, log_name: str = "ops.log") -> Optional[RunSummary]:
+def ensure_ops(cfg, run_dir: RunDir, env: dict, log_name: str = "ops.log", also=()) -> Optional[RunSummary]:
     """None when every op the run needs is built (building the missing ones); else the run's failed or
     timeout summary, with the reason warm_ops gave. `log_name`: a multi-node follower's own log in the shared
-    run dir. A SIGTERM of the parent meanwhile goes the Ctrl-C way."""
-    missing = [op for op in derive.jit_ops(cfg) if not op_builds.is_built(op)]
+    run dir. `also`: other configs whose ops are built with `cfg`'s (the advisor's replays, one build for all).
+    A SIGTERM of the parent meanwhile goes the Ctrl-C way."""
+    missing = list(dict.fromkeys(op for c in (cfg, *also) for op in derive.jit_ops(c) if not op_builds.is_built(op)))
     if not missing:
         return None
+    run_dir.root.mkdir(parents=True, exist_ok=True)
     with sigterm_as_interrupt():
         return _build(cfg, run_dir, env, missing, log_name)
 

@@ -53,6 +53,7 @@ def price(plan, configs: Dict[str, Callable[[], object]], base, counts: dict, po
             continue
         cfg.train.steps, cfg.train.warmup_steps = REPLAY_STEPS, 1  # its own copy; the theory below reads neither
         replays[name] = cfg
+    unbuilt = ops_first(base, replays)
     # a replay process a core (each runs one thread, as torchrun's ranks do here), at least two
     jobs = max(2, min(8, len(os.sched_getaffinity(0))))
     counted = replay_work(replays, Path(base.paths.root) / "advise" / ".replays" / code_key(), jobs=jobs,
@@ -79,7 +80,31 @@ def price(plan, configs: Dict[str, Callable[[], object]], base, counts: dict, po
                                    "reductions as theory counts them)" if twins else "")
                                 + (f"; {len(bounded)} checkpointed ones not replayed, their twin without "
                                    "checkpointing fitting: at least its step (≥ in the table)" if bounded else "")
-                                + "; the rest (predicted not to fit) at the roofline lower bound")
+                                + "; the rest (predicted not to fit) at the roofline lower bound"
+                                + (f"; {unbuilt}" if unbuilt else ""))
+
+
+def ops_first(base, replays: Dict[str, object]) -> str:
+    """Build the DeepSpeed JIT ops the replays load (CPU Adam for the offload candidates) before any replay
+    starts, as a run's parent does (launcher/ops.py): its lines on the terminal, once per clone, not a silent
+    minute inside a replay. Where the build fails, the candidates that need it are not replayed (they keep the
+    roofline); returns what the plan says of them, or ""."""
+    from ...config.derive import jit_ops
+    from ...core.rundir import RunDir
+    from ...launcher import op_builds
+    from ...launcher.ops import ensure_ops
+    from ...launcher.torchrun import rank_env
+
+    if not replays:
+        return ""
+    first, *rest = replays.values()
+    blocked = ensure_ops(first, RunDir(Path(base.paths.root) / "advise"), rank_env(base), also=rest)
+    if blocked is None:
+        return ""
+    left_out = [n for n, cfg in replays.items() if not all(op_builds.is_built(op) for op in jit_ops(cfg))]
+    for name in left_out:
+        del replays[name]
+    return f"{len(left_out)} not replayed, their ops not built ({blocked.reason}): at the roofline lower bound"
 
 
 def bounded_by_twin(plan, names) -> Dict[str, str]:
