@@ -270,6 +270,32 @@ def test_the_advisor_offers_no_candidate_a_run_would_refuse(capsys):
     assert not torch_plan.refused
 
 
+def test_at_long_sequences_the_advisor_runs_each_fsdp2_context_parallel_mesh_by_the_ring_and_by_ulysses():
+    # issue 71: the method is a searched column. Under FSDP2 (and DDP) torch's ring and DeepSpeed's Ulysses run on
+    # one sharding (parallelism.cp_method=ulysses), each a candidate of its own; DeepSpeed's engine runs Ulysses
+    # only. The dry run says how the pick's mesh fares by the other method, and counts that one beside the pick.
+    from harness.studies.advise import counted, kinds, search as advise
+
+    p = advise.plan(["model=llama3_1_8b", "parallelism=gpu8", "parallelism.seq_len=131072", "train.precision=bf16"],
+                    80 * 2**30, 8, ["fsdp", "ds_zero3"], 0.1, policies=("full",))
+    split = [c for c in p.candidates if c.axes["cp"] > 1 and c.axes["tp"] == 1]
+    ring = {c.name for c in split if c.backend == "fsdp" and not c.method}
+    ulysses = [c for c in split if c.method]
+    assert ring and {c.name.replace("-ulysses", "") for c in ulysses} == ring
+    assert all(c.backend == "fsdp" and c.mesh.endswith("(Ulysses)") and "parallelism.cp_method=ulysses" in c.overrides
+               for c in ulysses)
+    assert all(not c.method and c.mesh.endswith("(Ulysses)") for c in split if c.backend == "ds_zero3")
+    for c in ulysses:  # the same shape, another method: its own bytes (all-to-alls over heads, not the ring's)
+        twin = kinds.by_other_method(p, c)
+        assert twin.name == c.name.replace("-ulysses", "") and twin.mesh.endswith("(ring)")
+        assert twin.predicted_intra_node_bytes != c.predicted_intra_node_bytes
+    pick, *others = counted.chosen(p)
+    assert pick.axes["cp"] > 1 and pick.backend == "fsdp" and others[0] is kinds.by_other_method(p, pick)
+    said = [line for line in kinds.sentences(p, None) if "by the other method" in line]
+    assert said == [f"  the pick's mesh by the other method: {others[0].name} on {others[0].mesh} "
+                    + kinds.reason(p, pick, others[0], None)]
+
+
 def test_selective_checkpointing_under_tensor_parallelism_keeps_less_than_none_and_more_than_full():
     # issue 73: at tp 8 the selective term was the whole block's matmul outputs, undivided (137.6 GiB against 62.8
     # with no checkpointing, for 70B at sequence 8192); a rank keeps its heads' and columns' share, and the two

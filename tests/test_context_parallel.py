@@ -188,6 +188,26 @@ def test_the_estimate_cuts_a_long_sequence_over_cp():
     assert mesh_of(ring).describe() == "dp 1 x cp 8 (ring)"
 
 
+def test_the_estimator_searching_cp_gives_fsdp2_a_row_by_the_ring_and_one_by_ulysses():
+    # issue 71: the method is a column. Searching (--cp), each FSDP2 and DDP mesh is estimated both ways, DeepSpeed's
+    # by Ulysses only; a method the config names, or the config's own mesh (a published row's), is the one row
+    from harness.studies.predict.rows import rows
+
+    shape = ["model=llama3_1_8b", "parallelism=gpu8", "parallelism.seq_len=131072", "parallelism.micro_batch=1",
+             "train.precision=bf16", "train.activation_checkpointing=full"]
+    table = rows(shape, names=["fsdp", "ddp", "ds_zero3"], asked={"cp": [8], "tp": [1], "ep": [1]})
+    by = {(r["backend"], r["cp_method"]): r for r in table}
+    assert sorted(by) == [("ddp", "Ulysses"), ("ddp", "ring"), ("ds_zero3", "Ulysses"), ("fsdp", "Ulysses"),
+                          ("fsdp", "ring")]
+    assert by["fsdp", "Ulysses"]["settings"] == {"cp_method": "ulysses"} and by["fsdp", "ring"]["settings"] == {}
+    # one sharding, two methods: the same states, the exchanges' bytes their own
+    assert by["fsdp", "Ulysses"]["device_bytes"] == by["fsdp", "ring"]["device_bytes"]
+    assert by["fsdp", "Ulysses"]["comm_bytes_per_step"] != by["fsdp", "ring"]["comm_bytes_per_step"]
+    named = rows([*shape, "parallelism.cp_method=ulysses"], names=["fsdp"], asked={"cp": [8], "tp": [1], "ep": [1]})
+    own = rows([*shape, "parallelism.cp=8"], names=["fsdp"])
+    assert [r["cp_method"] for r in named] == ["Ulysses"] and [r["cp_method"] for r in own] == ["ring"]
+
+
 def test_the_search_tries_cp_at_long_sequences_unless_asked():
     short, long = (compose(["model=llama3_8b", "parallelism=gpu8", f"parallelism.seq_len={n}",
                             "parallelism.micro_batch=1"]) for n in (4096, 131072))

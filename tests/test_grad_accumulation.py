@@ -202,5 +202,9 @@ def test_deepspeed_under_parity_in_bf16_reduces_in_bf16_into_a_compact_fp32_part
         assert abs(f["comm/bytes_error_pct"]) < 1, (backend, f["comm/bytes_error_pct"])
         assert abs(f["memory/model_states_error_pct"]) < 1, (backend, f["memory/model_states_error_pct"])
         # the peak too: ZeRO-1's BF16_Optimizer holds the .grad in its layout (theory had counted it twice: -7.8%),
-        # and a bucket gloo freed out of the profiler's sight is counted freed (late_frees.lost_frees: +15.3% once)
-        assert abs(f["memory/device_peak_error_pct"]) < 1, (backend, f["memory/device_peak_error_pct"])
+        # and a bucket gloo freed out of the profiler's sight is counted freed (late_frees.lost_frees: +15.3% once).
+        # Over it by at most what the rank had not released at the after-backward marker: under load gloo's worker
+        # releases the last reduce's flattened gradients a phase late (ZeRO-3 +8.9% once, 251,544 B unaccounted
+        # there, as the summary named them), as the cp and tp tests allow
+        error, late = f["memory/device_peak_error_pct"], max(f.get("memory/unaccounted_bytes", 0), 0)
+        assert -1 < error < 1 + 100 * late / f["memory/device_peak_predicted_bytes"], (backend, error, late)

@@ -68,6 +68,12 @@ class Axis:
         torch family run DeepSpeed's Ulysses): `own` for most axes."""
         return own
 
+    def alternatives(self, cfg, own: str) -> List[Dict[str, str]]:
+        """The parallelism settings that run another implementation of the axis where the family's `own` runs
+        by default and the config chose none (`implementation_for`'s choices), each a candidate of its own in the
+        advisor's search: [] for most axes."""
+        return []
+
     # why a step on the axis cannot be counted on fake tensors (studies/predict/counted_shapes.py); "" where it can
     uncounted = ""
     # whether the axis's collectives can run behind compute (the time model's overlap, theory/op_costs.py):
@@ -176,6 +182,16 @@ def at_degrees(cfg, degrees: Dict[str, int], **train: object):
     finally:
         for (section, name), value in before.items():
             setattr(getattr(cfg, section), name, value)
+
+
+def alternatives(cfg, point: Dict[str, int]) -> List[Dict[str, str]]:
+    """The ways of running `cfg`'s family at the mesh `point` that the advisor compares: its own ({}), then each
+    other implementation an axis above 1 offers it (Axis.alternatives), as the parallelism settings that ask it."""
+    from . import families
+
+    family = families.of(cfg.backend)
+    return [{}, *(settings for name, degree in point.items() if degree > 1 and family.axes.get(name)
+                  for settings in get(name).alternatives(cfg, family.axes[name]))]
 
 
 def overrides_of(point: Dict[str, int], pinned_names=()) -> List[str]:

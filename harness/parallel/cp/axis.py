@@ -46,6 +46,11 @@ class ContextParallel(Axis):
         attention only), "" the family's own; what a family cannot run is its rule's to say (rules.py)."""
         return "ulysses" if cfg.parallelism.cp_method == "ulysses" else own  # "ring" under DeepSpeed: refused
 
+    def alternatives(self, cfg, own: str) -> List[Dict[str, str]]:
+        """Ulysses beside torch's ring under FSDP2 and DDP, where the config names no method: the two methods
+        under one sharding, as accelerate offers both (DeepSpeed's engine runs Ulysses only)."""
+        return [{"cp_method": "ulysses"}] if own == "torch" and not cfg.parallelism.cp_method else []
+
     def layout(self, cfg, implementation: str) -> Dict[str, str]:
         """The method, in the mesh's words: torch's ring, or DeepSpeed's Ulysses."""
         return {"cp_method": {"torch": "ring", "ulysses": "Ulysses"}.get(implementation, "")}

@@ -22,6 +22,7 @@ from typing import List, Optional, Tuple
 from ...config.compose import compose
 from ...config.derive import world_size
 from ...core.paths import REPO
+from .kinds import by_other_method
 from .search import Candidate, Plan
 
 PUBLISHED = REPO / "results" / "published" / "published.json"
@@ -57,13 +58,18 @@ def ms(seconds: float) -> str:
 
 def chosen(p: Plan, counted: int = 2) -> List[Candidate]:
     """The pick, and after it the roofline's next candidates that fit and can be counted, until `counted` of them
-    can be: the roofline gives every micro-batch of a mesh one step, which counted work tells apart."""
+    can be: the roofline gives every micro-batch of a mesh one step, which counted work tells apart. The pick's
+    mesh by the other method comes first among them where it fits (kinds.by_other_method: the ring against
+    Ulysses, whose roofline steps tie where the ring hides its exchanges)."""
     from ..predict.counted_shapes import not_counted
 
     fitting = sorted(p.priced, key=lambda c: (c.predicted_step_s, c.predicted_peak_bytes))
     if not fitting:
         return []
     pick, rest = fitting[0], fitting[1:]
+    twin = by_other_method(p, pick)
+    if any(c is twin for c in rest):
+        rest = [twin, *(c for c in rest if c is not twin)]
     room = counted if not_counted(pick.backend, pick.axes) else counted - 1
     return [pick, *[c for c in rest if not not_counted(c.backend, c.axes)][:room]]
 
@@ -115,7 +121,8 @@ def lines(p: Plan, popen=None) -> List[str]:
            "published` prices published runs; the ranking above stays the roofline's):"]
     steps = {}
     for c in picks:
-        role = "the pick" if c is picks[0] else "the roofline's next countable candidate"
+        role = ("the pick" if c is picks[0] else "the pick's mesh by the other method"
+                if c is by_other_method(p, picks[0]) else "the roofline's next countable candidate")
         result = counted.get(c.name, {})
         if notes[c.name] or not result.get("ok"):
             out.append(f"  {role}, {c.name}: not counted, {notes[c.name] or result.get('error', 'its replay failed')}")

@@ -68,4 +68,28 @@ def sentences(p: Plan, band: Optional[Tuple[float, float, str]]) -> List[str]:
                        f"the {p.margin:.0%} margin")
         else:
             out.append(f"  {label}: {fits[0].name} {reason(p, pick, fits[0], band)}")
-    return out
+    return out + other_method(p, pick, band)
+
+
+def by_other_method(p: Plan, c: Candidate) -> Optional[Candidate]:
+    """`c`'s backend, mesh, batch, policy and way of accumulating, run by another implementation of an axis
+    (Candidate.method: Ulysses beside torch's ring), where the search made one."""
+    def setting(x):
+        return x.backend, x.axes, x.micro_batch, x.grad_accum, x.grad_sync, x.policy
+
+    return next((x for x in p.candidates if x is not c and x.method != c.method and setting(x) == setting(c)), None)
+
+
+def other_method(p: Plan, pick: Candidate, band: Optional[Tuple[float, float, str]]) -> List[str]:
+    """The pick's own mesh, batch and policy run by another implementation of an axis (search.Candidate.method:
+    DeepSpeed's Ulysses against torch's ring under FSDP2), and why it loses: the method is half of the answer at
+    long sequences, and the kinds above compare meshes, not methods."""
+    twin = by_other_method(p, pick)
+    if twin is None:
+        return []
+    if twin.fits and twin in p.priced:
+        why = reason(p, pick, twin, band)
+    else:
+        why = (f"does not fit: its predicted peak is {size(twin.predicted_peak_bytes)} against the pick's "
+               f"{size(pick.predicted_peak_bytes)}, over {size(p.budget_bytes)} less the {p.margin:.0%} margin")
+    return [f"  the pick's mesh by the other method: {twin.name} on {twin.mesh} {why}"]

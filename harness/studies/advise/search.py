@@ -7,7 +7,8 @@ measure the best ones, and the answer names the winner and why every other backe
 The candidates are every backend x mesh x micro-batch x activation-checkpointing policy (`--ac-policies`: none,
 full, every_2, selective_op by default, selective_op_half on request; config/recompute.py), and for FSDP1 and
 FSDP2 at grad_accum > 1 both ways of accumulating (parallelism.grad_sync: last, or every, the `-syncevery`
-candidates; grad_syncs), at the user's precision, with the global batch held fixed (`--global-batch`, else the
+candidates; grad_syncs), on a context-parallel mesh under FSDP2 and DDP both methods (torch's ring, and DeepSpeed's
+Ulysses: the `-ulysses` candidates; config/axes.alternatives), at the user's precision, with the global batch held fixed (`--global-batch`, else the
 config's micro_batch x grad_accum x data-parallel ranks), so that every candidate does the same optimizer work per
 step; grad_accum follows from the micro-batch and the data-parallel ranks. The meshes are every combination of the
 parallel axes' searched degrees (config/axes.points: each axis's, e.g. tensor parallelism's 1, 2, 4, 8) that the
@@ -92,6 +93,7 @@ class Candidate:
     # `axes`), dp only
     kind: str = ""
     grad_sync: str = ""  # parallelism.grad_sync: "" (the backend's own), or `every` (reduced each micro-batch)
+    method: str = ""  # another implementation of an axis than the family's own (axes.alternatives: `ulysses`)
     # the twin without checkpointing whose counted step bounds this one's from below, where that twin fits and this
     # one was not replayed (advise/step_times.bounded_by_twin): its step is at least the twin's, not a prediction
     step_from: str = ""
@@ -108,7 +110,7 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        mesh = "".join(f"-{n}{d}" for n, d in self.axes.items() if d > 1)
+        mesh = "".join(f"-{n}{d}" for n, d in self.axes.items() if d > 1) + (f"-{self.method}" if self.method else "")
         # ckptoff and ckpton (full) as before the policies were searched: probes recorded under those names stay
         ac = {"none": "off", "full": "on"}.get(self.ac, f"-{self.ac}")
         sync = f"-sync{self.grad_sync}" if self.grad_sync else ""
@@ -191,7 +193,7 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
     # every candidate's config first, its theory after: the model's counts, where no process counted them before,
     # are being counted meanwhile by the replays' process, which imports transformers for its replays anyway
     # (advise/counted.replays_started_early; runtime/compiled/trace_cache.on_disk waits for them)
-    made, refused = [], {}  # each candidate's (config, backend, overrides, grad_sync, its own config's maker)
+    made, refused = [], {}  # each candidate's (config, backend, overrides, grad_sync, method, its config's maker)
     for backend in backends:
         # one composition per backend (a config group); the candidates' batch and checkpointing are set on a
         # copy, as their overrides would set them (a composition costs about 0.5 s, and there are 6 a backend)
@@ -203,30 +205,38 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
             dp = data_parallel_ranks(composed, point)
             # what a run would refuse at this mesh (selective_op at tp > 1, or with a mixture of experts), which no
             # micro-batch changes; and each policy's config as the candidates' theory reads it (config/frozen.py),
-            # read from the backend's config set to the point and policy in place (axes.at_degrees), not a copy
+            # read from the backend's config set to the point and policy in place (axes.at_degrees), not a copy.
+            # Each way the family can run the mesh is a candidate of its own (axes.alternatives: Ulysses beside
+            # the ring under FSDP2 and DDP), its settings among the point's
+            ways = [(policy, i, {**point, **settings}) for i, settings in enumerate(axes.alternatives(composed, point))
+                    for policy in policies]
             refusals, views = {}, {}
-            for policy in policies:
+            for policy, i, at in ways:
                 checkpointing, every = parse_policy(policy)
-                with axes.at_degrees(composed, point, activation_checkpointing=checkpointing,
+                with axes.at_degrees(composed, at, activation_checkpointing=checkpointing,
                                      activation_checkpointing_every=every) as cfg:
-                    refusals[policy] = axis_rules(cfg) + moe_check.problems(cfg)
-                    if not refusals[policy]:
-                        views[policy] = Frozen.of(cfg)
+                    refusals[policy, i] = axis_rules(cfg) + moe_check.problems(cfg)
+                    if not refusals[policy, i]:
+                        views[policy, i] = Frozen.of(cfg)
             for mb in micro_batches(batch, dp) if batch % dp == 0 else []:
                 ga = batch // (mb * dp)
-                for policy in policies:
-                    if refusals[policy]:
-                        refused[refusals[policy][0]] = refused.get(refusals[policy][0], 0) + 1
-                for policy, sync in ((p, y) for p in policies if not refusals[p] for y in grad_syncs(composed, ga)):
+                for way in refusals.values():
+                    if way:
+                        refused[way[0]] = refused.get(way[0], 0) + 1
+                for (policy, i, at), sync in ((w, y) for w in ways if not refusals[w[:2]]
+                                              for y in grad_syncs(composed, ga)):
+                    method = [f"parallelism.{k}={v}" for k, v in at.items() if k not in point]
                     extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
                              f"parallelism.global_batch={batch}", *recompute_overrides(policy),
-                             *axes.overrides_of(point, pinned), *([f"parallelism.grad_sync={sync}"] if sync else [])]
-                    cfg = views[policy].updated("parallelism", micro_batch=mb, grad_accum=ga,
-                                                grad_sync=sync or composed.parallelism.grad_sync)
+                             *axes.overrides_of(point, pinned), *method,
+                             *([f"parallelism.grad_sync={sync}"] if sync else [])]
+                    cfg = views[policy, i].updated("parallelism", micro_batch=mb, grad_accum=ga,
+                                                   grad_sync=sync or composed.parallelism.grad_sync)
                     # kept for its counted work if it fits: its config made only if it is replayed (a copy costs
                     # 25 ms at 70B, and a plan for GPUs on a CPU host replays none)
-                    made.append((cfg, backend, extra, sync, functools.partial(
-                        materialized, composed, point, policy, mb, ga, cfg.parallelism.grad_sync)))
+                    made.append((cfg, backend, extra, sync, "-".join(v for k, v in at.items() if k not in point),
+                                 functools.partial(materialized, composed, at, policy, mb, ga,
+                                                   cfg.parallelism.grad_sync)))
     if meanwhile is not None:
         meanwhile()
     counts = model_counts.param_count(base.model, base.workload)
@@ -238,9 +248,9 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                       "links": links_words(rates.comm), "inter_gbps": rates.comm.links[True][1] / 1e9},
                refused=refused)
     fitting = {}  # the candidates that fit, by name: their step times come from their counted work
-    for cfg, backend, extra, sync, make in made:
+    for cfg, backend, extra, sync, method, make in made:
         out.candidates.append(candidate(cfg, backend, extra, counts, flops_per_token, rates, budget, margin,
-                                        grad_sync=sync))
+                                        grad_sync=sync, method=method))
         if out.candidates[-1].fits:
             fitting[out.candidates[-1].name] = make
     advise_time.price(out, fitting, base, counts, popen)
@@ -268,9 +278,11 @@ def grad_syncs(cfg, grad_accum: int) -> tuple:
     return ("", "every")
 
 
-def materialized(composed, point: Dict[str, int], policy: str, micro_batch: int, grad_accum: int, grad_sync: str):
+def materialized(composed, point: Dict[str, object], policy: str, micro_batch: int, grad_accum: int,
+                 grad_sync: str):
     """A candidate's own config: a copy of its backend's config (which the search leaves as composed) at its mesh
-    point, with its policy, batch and way of accumulating set."""
+    point (the axes' degrees, and any implementation's settings: axes.alternatives), with its policy, batch and
+    way of accumulating set."""
     cfg = with_policy(axes.with_degrees(composed, point), policy)
     par = cfg.parallelism
     par.micro_batch, par.grad_accum, par.grad_sync = micro_batch, grad_accum, grad_sync
@@ -284,10 +296,11 @@ def with_policy(cfg, policy: str):
 
 
 def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token: float, rates, budget: int,
-              margin: float, grad_sync: str = "") -> Candidate:
+              margin: float, grad_sync: str = "", method: str = "") -> Candidate:
     """One candidate's theory: its predicted device peak, its mesh's bytes by link, and its roofline step (the
     FLOPs of its data-parallel rank's tokens, split over its tensor-parallel ranks). `grad_sync` is the way of
-    accumulating the search added (grad_syncs: `every`), "" where it is the config's own."""
+    accumulating the search added (grad_syncs: `every`), "" where it is the config's own; `method`, the other
+    implementation of an axis it runs (axes.alternatives: `ulysses`), "" where it is the family's own."""
     from ...runtime.compiled.compiled_activations import with_compiled
     from ...theory.predict import predict
     from ...theory.shape import shape_of
@@ -305,7 +318,7 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
     step = predict_parts(cfg.backend, shape, rank_flops, rates)["step"]
     return Candidate(backend, par.micro_batch, par.grad_accum, recompute.any, extra, axes=axes.degrees_of(shape.mesh),
                      mesh=shape.mesh.describe(), policy=recompute.label,
-                     grad_sync=grad_sync,
+                     grad_sync=grad_sync, method=method,
                      predicted_intra_node_bytes=theory["comm/predicted_intra_node_bytes_per_step"],
                      predicted_inter_node_bytes=theory["comm/predicted_inter_node_bytes_per_step"],
                      predicted_peak_bytes=peak, predicted_step_s=step,

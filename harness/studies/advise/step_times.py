@@ -110,11 +110,12 @@ def ops_first(base, replays: Dict[str, object]) -> str:
 def bounded_by_twin(plan, names) -> Dict[str, str]:
     """{checkpointed candidate: its twin without checkpointing} among `names` (those that fit), where the twin is
     among them too. Recomputation adds forward work to the backward and removes none, so such a candidate's step is
-    at least its twin's at the same backend, mesh, micro-batch and way of accumulating: it cannot be the pick, and
-    is not replayed (a CPU plan's replays are its cost: tiny_llama's default plan replayed 181 candidates in 90 s,
-    132 of them checkpointed where nothing needed it). Where the twin does not fit, the candidate is replayed."""
+    at least its twin's at the same backend, mesh and method, micro-batch and way of accumulating: it cannot be the
+    pick, and is not replayed (a CPU plan's replays are its cost: tiny_llama's default plan replayed 181 candidates
+    in 90 s, 132 of them checkpointed where nothing needed it). Where the twin does not fit, the candidate is
+    replayed."""
     def key(c):
-        return c.backend, tuple(sorted(c.axes.items())), c.micro_batch, c.grad_accum, c.grad_sync
+        return c.backend, tuple(sorted(c.axes.items())), c.micro_batch, c.grad_accum, c.grad_sync, c.method
 
     plain = {key(c): c.name for c in plan.candidates if c.name in names and not c.checkpointing}
     return {c.name: plain[key(c)] for c in plan.candidates

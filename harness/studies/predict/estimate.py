@@ -67,14 +67,15 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
 
     t = Table(title=title)
     timed = "step_s" in table[0]
-    for col in ("backend", "dp", *axes.AXES, "paper", "device", "host", "buffers", "framework est.", "activations",
-                "act. (ckpt)", "comm/step", "intra-node", "inter-node", "peak", "peak GiB") + \
+    for col in ("backend", "dp", *axes.AXES, "cp by", "paper", "device", "host", "buffers", "framework est.",
+                "activations", "act. (ckpt)", "comm/step", "intra-node", "inter-node", "peak", "peak GiB") + \
             (("fits",) if device_gib else ()) + \
             (("step ms", "tokens/s") if timed else ()):
         t.add_column(col, justify="left" if col == "backend" else "right")
     fmt = lambda v: "-" if v is None else f"{v / GB:,.3f}"  # noqa: E731
     for r in table:
-        t.add_row(r["backend"], str(r["dp"]), *(str(r[n]) for n in axes.AXES), fmt(r["paper_bytes"]), fmt(r["device_bytes"]), fmt(r["host_bytes"] or None),
+        t.add_row(r["backend"], str(r["dp"]), *(str(r[n]) for n in axes.AXES), r["cp_method"] or "-",
+                  fmt(r["paper_bytes"]), fmt(r["device_bytes"]), fmt(r["host_bytes"] or None),
                   fmt(r["buffers_bytes"] or None), fmt(r["framework_estimate_gpu_bytes"]), fmt(r["activations_bytes"]),
                   fmt(r["activations_ckpt_bytes"]), fmt(r["comm_bytes_per_step"]),
                   fmt(r["comm_intra_node_bytes_per_step"]), fmt(r["comm_inter_node_bytes_per_step"]),
@@ -85,7 +86,8 @@ def render(table: List[dict], title: str, device_gib: float | None = None, rates
     Console(width=max(Console().width, 240 if timed else 200)).print(t)
     print("GB per rank (1e9 bytes, as the ZeRO paper counts), and the peak also in GiB (2^30 bytes, as --device-gib "
           "and the advisor count). dp x cp x tp = the mesh (config/mesh.py): data-parallel ranks, context-parallel "
-          "ranks (each 1/cp of every sequence: torch's ring under FSDP2 and DDP, Ulysses under DeepSpeed), and "
+          "ranks (each 1/cp of every sequence; `cp by`: torch's ring or DeepSpeed's Ulysses, both under FSDP2 and DDP "
+          "where parallelism.cp_method names neither, Ulysses only under DeepSpeed), and "
           "tensor-parallel ranks inside a node; under tensor parallelism each rank holds its shard of the model, and "
           "its states are that shard's. ep = the ranks each layer's experts are split over, borrowed from the "
           "data-parallel ones (each expert sharded over the other dp/ep: parallel/ep/). device+host = model states; buffers = comm/offload staging; activations per "
@@ -123,9 +125,10 @@ def print_counted(table: List[dict], overrides: List[str], cfg, hypothetical: bo
     if why:
         print(f"--counted: not counted here, {why}")
         return
-    keys = [f"{r['backend']} (dp {r['dp']}{''.join(f' x {n} {r[n]}' for n in axes.AXES)})" for r in table]
-    configs = compose_many([[*overrides, f"backend={r['backend']}", *(f"parallelism.{n}={r[n]}" for n in axes.AXES)]
-                            for r in table])
+    keys = [f"{r['backend']} (dp {r['dp']}{''.join(f' x {n} {r[n]}' for n in axes.AXES)}"
+            f"{''.join(f', {v}' for v in r.get('settings', {}).values())})" for r in table]
+    configs = compose_many([[*overrides, f"backend={r['backend']}", *(f"parallelism.{n}={r[n]}" for n in axes.AXES),
+                             *(f"parallelism.{k}={v}" for k, v in r.get("settings", {}).items())] for r in table])
     notes = {k: not_counted(r["backend"], {n: r[n] for n in axes.AXES}) for k, r in zip(keys, table)}
     counted = count_configs({k: (c, depths_for(c)) for k, c in zip(keys, configs) if not notes[k]})
     how = "as measured" if card == measured_card() else "scaled from"

@@ -8,7 +8,7 @@ from typing import Dict, List
 from ...config.compose import backends, compose, compose_many, flat_backends
 from ...config.recompute import Recompute
 from ...config import axes
-from ...config.mesh_check import mesh_points
+from ...config.mesh_check import axis_rules, mesh_points
 from ...config.derive import tokens_per_step, world_size
 from ...core.components import totals
 from ...runtime.compiled.compiled_activations import counts_for
@@ -39,14 +39,20 @@ def rows(overrides: List[str], params: float | None = None, world: int | None = 
     chosen = names or (backends() if base.parallelism.nnodes > 1 else flat_backends())
     for name, backend_cfg in zip(chosen, compose_many([[*overrides, f"backend={b}"] for b in chosen])):
         own = {n: [getattr(backend_cfg.parallelism, n)] for n in axes.AXES}
-        for point in mesh_points(backend_cfg, asked or own):
-            cfg = axes.with_degrees(backend_cfg, point)
+        # searching (`asked`), each way the family runs a mesh is a row (axes.alternatives: Ulysses beside torch's
+        # ring under FSDP2 and DDP, where the config names no method), kept where the axes' rules take it, as the
+        # advisor's search does; at the config's own mesh, its own way only
+        for point, settings in ((pt, st) for pt in mesh_points(backend_cfg, asked or own)
+                                for st in (axes.alternatives(backend_cfg, pt) if asked else [{}])):
+            cfg = axes.with_degrees(backend_cfg, {**point, **settings})
+            if settings and axis_rules(cfg):
+                continue
             reasons = backend_rules(cfg)  # as a run checks the backend (config/rules.py)
             if reasons:
                 if refused is not None:
                     refused.setdefault(name, reasons[0])
                 continue
-            out.append(row(cfg, name, params, world, flops_per_token, rates))
+            out.append({**row(cfg, name, params, world, flops_per_token, rates), "settings": settings})
     return out
 
 
@@ -65,7 +71,8 @@ def row(cfg, name: str, params: float | None, world: int | None, flops_per_token
     mesh = shape.mesh
     return {
         "backend": name, "params": shape.params, "world": n, "precision": shape.precision,
-        "dp": mesh.dp, **axes.degrees_of(mesh), "mesh": mesh.describe(), "model_params": shape.model_params or shape.params,
+        "dp": mesh.dp, **axes.degrees_of(mesh), "cp_method": mesh.cp_method if mesh.cp > 1 else "",
+        "mesh": mesh.describe(), "model_params": shape.model_params or shape.params,
         "paper_bytes": memory.paper_bytes(memory.paper_stage(cfg.backend), shape),
         "device_bytes": total["device"], "host_bytes": total["host"], "buffers_bytes": comps.get("buffers", 0),
         "framework_estimate_gpu_bytes": ds["gpu"] if ds else None,
