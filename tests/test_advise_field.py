@@ -32,6 +32,17 @@ def test_the_source_is_the_searched_candidate_with_the_theory_the_published_tabl
     assert field.source_candidate(p, wider) is None
 
 
+def test_a_row_that_ran_the_ring_is_the_ring_candidate_not_ulysses_on_its_mesh():
+    # the search sets Ulysses beside the ring on each FSDP2 context-parallel mesh (issue 71): what torchtitan ran is
+    # the ring, named so by the mesh's words
+    ring_row = {**ROW, "overrides": ["model=llama3_1_8b", "parallelism.micro_batch=1", "parallelism.seq_len=32768",
+                                     "train.activation_checkpointing=full", "train.precision=bf16", "parallelism.cp=2"]}
+    p = field.plan_for(ring_row)
+    mine = field.source_candidate(p, ring_row)
+    assert mine.name == "fsdp-cp2-mb1-ckpton" and mine.mesh == "dp 1 x cp 2 (ring)"
+    assert any(c.name == "fsdp-cp2-ulysses-mb1-ckpton" and c.mesh == "dp 1 x cp 2 (Ulysses)" for c in p.candidates)
+
+
 def candidate(name_mb: int, tokens: float, peak_gib: float, fits: bool = True) -> Candidate:
     return Candidate("fsdp", name_mb, 1, False, [], policy="none", predicted_tokens_per_s=tokens,
                      predicted_peak_bytes=peak_gib * GIB, predicted_step_s=1 / tokens, fits=fits)

@@ -81,7 +81,9 @@ def source_candidate(p: Plan, row: dict) -> Optional[Candidate]:
     for c in p.candidates:
         if (c.backend == backend_of(row) and c.micro_batch == ran.parallelism.micro_batch and not c.grad_sync
                 and {n: d for n, d in c.axes.items() if d > 1} == degrees
-                and c.ac == policy):
+                # not another implementation the search set beside the source's (axes.alternatives: Ulysses beside
+                # the ring), which the search adds only where the row names none
+                and c.ac == policy and not c.method):
             return c
     return None
 
