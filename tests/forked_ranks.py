@@ -16,10 +16,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(fn, world: int, *args, timeout_s: float = 120) -> list:
+def run_ranks(fn, world: int, *args, timeout_s: float = 120, fresh: bool = False) -> list:
     """fn(*args) on each of `world` forked ranks in one gloo group; the list of what each returned, by rank. A
-    rank that raises fails the test with its traceback; one that hangs, with the timeout."""
-    context, port = multiprocessing.get_context("fork"), free_port()
+    rank that raises fails the test with its traceback; one that hangs, with the timeout. `fresh`: each rank a
+    new interpreter instead (its imports paid again), for a test whose premise is the process's own address space:
+    a fork inherits the holes the session's earlier tests left in it (tests/test_late_frees.py)."""
+    context, port = multiprocessing.get_context("spawn" if fresh else "fork"), free_port()
     pipes = [context.Pipe(duplex=False) for _ in range(world)]
     children = [context.Process(target=_rank, args=(fn, rank, world, port, pipes[rank][1], args), daemon=True)
                 for rank in range(world)]
