@@ -208,6 +208,20 @@ def test_the_estimator_searching_cp_gives_fsdp2_a_row_by_the_ring_and_one_by_uly
     assert [r["cp_method"] for r in named] == ["Ulysses"] and [r["cp_method"] for r in own] == ["ring"]
 
 
+def test_the_time_model_hides_the_rings_exchanges_and_not_ulysses_all_to_alls():
+    # the ring's rotations sit between chunks of attention, which hide them; Ulysses' all-to-alls are blocking ops
+    # that attention (q, k, v) and the output projection wait for. Until 2026-12-02 the cp axis hid both, and the
+    # advisor's counted Ulysses step at 8B, 131k, cp 8 left out 2.25 s of exposed all-to-alls (238.9 s, now 241.1)
+    from harness.config.axes import collectives_hide
+
+    shape = ["model=llama3_1_8b", "parallelism=gpu8", "parallelism.seq_len=131072", "parallelism.cp=8"]
+    ring, ulysses = (mesh_of(compose([*shape, *extra])) for extra in ([], ["parallelism.cp_method=ulysses"]))
+    assert collectives_hide(ring, "cp", "permute") and collectives_hide(ring, "cp", "all_gather")
+    assert not collectives_hide(ulysses, "cp", "all_to_all")
+    # FSDP2's gathers over the same 8 ranks (dp 1 x cp 8 shards over dp_shard x cp) still hide behind compute
+    assert collectives_hide(ulysses, "cp", "all_gather") and collectives_hide(ulysses, "cp", "reduce_scatter")
+
+
 def test_the_search_tries_cp_at_long_sequences_unless_asked():
     short, long = (compose(["model=llama3_8b", "parallelism=gpu8", f"parallelism.seq_len={n}",
                             "parallelism.micro_batch=1"]) for n in (4096, 131072))

@@ -80,6 +80,11 @@ class Axis:
     # tensor parallelism's sit between a block's matmuls, which wait for them
     collectives_hide = True
 
+    def hides(self, mesh, op: str) -> bool:
+        """`collectives_hide` for a collective `op` of the implementation `mesh` runs (context parallelism: the
+        ring's hide, Ulysses' all-to-alls do not)."""
+        return self.collectives_hide
+
     def collectives(self, backend, s) -> list:
         """The axis's own collectives of a step (theory/collective.Collective), each naming its mesh group."""
         return []
@@ -136,9 +141,9 @@ def activation_splits(mesh) -> Dict[str, int]:
     return out
 
 
-def collectives_hide(mesh, group: str) -> bool:
-    """Whether a collective over `group` of `mesh` can run behind compute (an axis's group says; others can)."""
-    return group not in AXES or mesh.degree(group) == 1 or get(group).collectives_hide
+def collectives_hide(mesh, group: str, op: str = "") -> bool:
+    """Whether a collective `op` over `group` of `mesh` can run behind compute (an axis's group says; others can)."""
+    return group not in AXES or mesh.degree(group) == 1 or get(group).hides(mesh, op)
 
 
 # -- the axes' degrees in a config, a mesh and a command line (the search itself: config/mesh_check.mesh_points)

@@ -259,7 +259,7 @@ def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts) -> Dict[s
         one = costs.comm.seconds(c["op"], c["size_bytes"], c["group"], crosses, gaps.get(c.get("phase")))
         total += one * c["count"]
         # an axis's collectives may sit between a block's matmuls, which wait for them (Axis.collectives_hide)
-        hides = axes.collectives_hide(mesh, mesh.name_of(ranks))
+        hides = axes.collectives_hide(mesh, mesh.name_of(ranks), c["op"])
         hidden_by = (rule.get(c["op"]) if c.get("phase") in ("forward", "backward") and can_hide and hides
                      else None)
         if hidden_by is None or c["size_bytes"] <= 8:

@@ -61,6 +61,12 @@ class ContextParallel(Axis):
 
     # the ring's exchanges sit between chunks of attention, which hide them (torch's ring: async collectives)
     collectives_hide = True
+
+    def hides(self, mesh, op: str) -> bool:
+        """Ulysses' all-to-alls do not hide: attention waits for q, k and v, and the output projection for
+        attention's output (DeepSpeed's exchange is one blocking op each, deepspeed/sequence/layer.py). What else
+        runs over the same ranks (FSDP2's gathers at dp 1 x cp n) hides as it would."""
+        return not (mesh.cp_method == "Ulysses" and op == "all_to_all")
     # the ring is counted on fake tensors: the work counter calls its handler with the counter on
     # (runtime/measure/work_count.OpCounter); Ulysses runs under DeepSpeed, which is not (its own reason)
     uncounted = ""

@@ -26,6 +26,9 @@ Ulysses", arXiv 2309.14509, section 3) moves the heads instead, each attention l
 - backward: the four all-to-alls' gradients, the same sizes;
 - a recomputed block runs its forward's five again, a selectively checkpointed one too (the all-to-alls' outputs,
   attention's inputs, are not among the saved ops).
+
+Nothing hides them: attention waits for q, k and v, and the output projection for attention's output
+(`ContextParallel.hides`).
 """
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ from a real replay, each handled here:
 - a value read back (`.item()`: the loss, a data index) has no value. `StandIns` answers a stand-in (0, 1.0,
   True); the numbers are not the point, the work is. A framework that decides from values it reads back cannot
   be counted this way (DeepSpeed compares list lengths across ranks): the caller reports it as not counted;
-- a functional collective (DTensor's: tensor parallelism's, loss parallel's, FSDP2's gradient norm) is answered by
-  the fake mode without any process group: the fake mode logs it as the mirror group logs the call it would make
+- a functional collective (DTensor's: tensor parallelism's, loss parallel's, FSDP2's gradient norm), and
+  DeepSpeed-Ulysses' exchange (a custom op whose registered fake skips its all-to-all), is answered by the fake mode
+  without any process group: the fake mode logs it as the mirror group logs the call it would make
   (`logging_fake_mode`), and a DeviceMesh's own tensor ops run on real tensors (traced.real_meshes);
 - FakeTensorMode's own Python (its dispatch, for every op) is no rank's work, and reaching a Python mode costs
   every op Python lines of its own: so no line is counted on fake tensors. The step's lines are counted on real

@@ -219,6 +219,9 @@ def log_functional(func, args) -> None:
     """Log `func` where it is a functional collective, which fake tensors answer without any process group
     (fake_replay.logging_fake_mode), as the mirror group would have logged it on real tensors."""
     name = func.overloadpacket.__name__.rstrip("_")
+    if func.namespace == "deepspeed" and name == DEEPSPEED_ALL_TO_ALL and CallLog.active is not None:
+        _log_deepspeed_all_to_all(args)
+        return
     if func.namespace != "_c10d_functional" or name not in FUNCTIONAL or CallLog.active is None:
         return
     from torch.distributed.distributed_c10d import _resolve_process_group
@@ -230,6 +233,21 @@ def log_functional(func, args) -> None:
     nbytes = tensor.numel() * tensor.element_size() * (args[1] if scale == "group_size" else 1)
     ranks = tuple(dist.get_process_group_ranks(_resolve_process_group(group_name)))
     CallLog.active.calls[(op, nbytes, ranks, current_phase())] += 1
+
+
+# DeepSpeed-Ulysses' exchange (deepspeed/sequence/layer.py): a custom op whose registered fake answers it on fake
+# tensors without the collective, where on real ones its kernel calls dist.all_to_all_single, which the group logs
+DEEPSPEED_ALL_TO_ALL = "dim_zero_all_to_all"
+
+
+def _log_deepspeed_all_to_all(args) -> None:
+    """Log Ulysses' exchange as the group logs the all_to_all_single its kernel makes: its input's bytes, on the
+    group the op names (deepspeed.sequence.layer keeps them by name)."""
+    from deepspeed.sequence.layer import _all_to_all_groups
+
+    tensor, group = args[0], _all_to_all_groups[args[1]]
+    ranks = tuple(dist.get_process_group_ranks(group))
+    CallLog.active.calls[("all_to_all", tensor.numel() * tensor.element_size(), ranks, current_phase())] += 1
 
 
 def _create(store, rank, size, timeout):
