@@ -8,12 +8,12 @@ The candidates are every backend x mesh x micro-batch x activation-checkpointing
 full, every_2, selective_op by default, selective_op_half on request; config/recompute.py), and for FSDP1 and
 FSDP2 at grad_accum > 1 both ways of accumulating (parallelism.grad_sync: last, or every, the `-syncevery`
 candidates; grad_syncs), on a context-parallel mesh under FSDP2 and DDP both methods (torch's ring, and DeepSpeed's
-Ulysses: the `-ulysses` candidates; config/axes.alternatives), at the user's precision, with the global batch held fixed (`--global-batch`, else the
-config's micro_batch x grad_accum x data-parallel ranks), so that every candidate does the same optimizer work per
-step; grad_accum follows from the micro-batch and the data-parallel ranks. The meshes are every combination of the
-parallel axes' searched degrees (config/axes.points: each axis's, e.g. tensor parallelism's 1, 2, 4, 8) that the
-node, the model and the backend allow, or the degree the command line pins; each candidate's mesh says where its
-bytes go (inside a node or across nodes).
+Ulysses: the `-ulysses` candidates; config/axes.alternatives), at the user's precision, with the global batch held
+fixed (`--global-batch`, else the config's micro_batch x grad_accum x data-parallel ranks), so that every candidate
+does the same optimizer work per step; grad_accum follows from the micro-batch and the data-parallel ranks. The
+meshes are every combination of the parallel axes' searched degrees (config/axes.points: each axis's, e.g. tensor
+parallelism's 1, 2, 4, 8) that the node, the model and the backend allow, or the degree the command line pins; each
+candidate's mesh says where its bytes go (inside a node or across nodes).
 
 Stage 1, theory (nothing runs): each candidate's device peak (theory/predict.py: states, buffers, and the
 largest of the step's four moments' activations and transients, theory/peak.py) must fit the device with
