@@ -61,15 +61,16 @@ class ContextParallel(Axis):
 
     # the ring's exchanges sit between chunks of attention, which hide them (torch's ring: async collectives)
     collectives_hide = True
+    # counted on fake tensors: the ring (the work counter calls its handler with the counter on,
+    # runtime/measure/work_count.OpCounter), and Ulysses under FSDP2 and DDP (the fake mode logs DeepSpeed's
+    # exchange op, runtime/simulate/mirror_group.log_functional); under DeepSpeed it is not, for DeepSpeed's reason
+    uncounted = ""
 
     def hides(self, mesh, op: str) -> bool:
         """Ulysses' all-to-alls do not hide: attention waits for q, k and v, and the output projection for
         attention's output (DeepSpeed's exchange is one blocking op each, deepspeed/sequence/layer.py). What else
         runs over the same ranks (FSDP2's gathers at dp 1 x cp n) hides as it would."""
         return not (mesh.cp_method == "Ulysses" and op == "all_to_all")
-    # the ring is counted on fake tensors: the work counter calls its handler with the counter on
-    # (runtime/measure/work_count.OpCounter); Ulysses runs under DeepSpeed, which is not (its own reason)
-    uncounted = ""
 
     def collectives(self, backend, s) -> list:
         return comm.context_parallel_collectives(backend, s)

@@ -218,11 +218,13 @@ FUNCTIONAL = {"all_gather_into_tensor": ("all_gather", "group_size"), "reduce_sc
 def log_functional(func, args) -> None:
     """Log `func` where it is a functional collective, which fake tensors answer without any process group
     (fake_replay.logging_fake_mode), as the mirror group would have logged it on real tensors."""
+    if CallLog.active is None:
+        return
     name = func.overloadpacket.__name__.rstrip("_")
-    if func.namespace == "deepspeed" and name == DEEPSPEED_ALL_TO_ALL and CallLog.active is not None:
+    if func.namespace == "deepspeed" and name == DEEPSPEED_ALL_TO_ALL:
         _log_deepspeed_all_to_all(args)
         return
-    if func.namespace != "_c10d_functional" or name not in FUNCTIONAL or CallLog.active is None:
+    if func.namespace != "_c10d_functional" or name not in FUNCTIONAL:
         return
     from torch.distributed.distributed_c10d import _resolve_process_group
 

@@ -87,7 +87,7 @@ def other_method(p: Plan, pick: Candidate, band: Optional[Tuple[float, float, st
     twin = by_other_method(p, pick)
     if twin is None:
         return []
-    if twin.fits and twin in p.priced:
+    if twin.fits and not twin.step_from:  # priced (Plan.priced), not only bounded by a twin
         why = reason(p, pick, twin, band)
     else:
         why = (f"does not fit: its predicted peak is {size(twin.predicted_peak_bytes)} against the pick's "

@@ -208,12 +208,12 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
             # read from the backend's config set to the point and policy in place (axes.at_degrees), not a copy.
             # Each way the family can run the mesh is a candidate of its own (axes.alternatives: Ulysses beside
             # the ring under FSDP2 and DDP), its settings among the point's
-            ways = [(policy, i, {**point, **settings}) for i, settings in enumerate(axes.alternatives(composed, point))
+            ways = [(policy, i, settings) for i, settings in enumerate(axes.alternatives(composed, point))
                     for policy in policies]
             refusals, views = {}, {}
-            for policy, i, at in ways:
+            for policy, i, settings in ways:
                 checkpointing, every = parse_policy(policy)
-                with axes.at_degrees(composed, at, activation_checkpointing=checkpointing,
+                with axes.at_degrees(composed, {**point, **settings}, activation_checkpointing=checkpointing,
                                      activation_checkpointing_every=every) as cfg:
                     refusals[policy, i] = axis_rules(cfg) + moe_check.problems(cfg)
                     if not refusals[policy, i]:
@@ -223,19 +223,18 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                 for way in refusals.values():
                     if way:
                         refused[way[0]] = refused.get(way[0], 0) + 1
-                for (policy, i, at), sync in ((w, y) for w in ways if not refusals[w[:2]]
-                                              for y in grad_syncs(composed, ga)):
-                    method = [f"parallelism.{k}={v}" for k, v in at.items() if k not in point]
+                for (policy, i, settings), sync in ((w, y) for w in ways if not refusals[w[:2]]
+                                                    for y in grad_syncs(composed, ga)):
                     extra = [f"backend={backend}", f"parallelism.micro_batch={mb}", f"parallelism.grad_accum={ga}",
                              f"parallelism.global_batch={batch}", *recompute_overrides(policy),
-                             *axes.overrides_of(point, pinned), *method,
+                             *axes.overrides_of(point, pinned), *(f"parallelism.{k}={v}" for k, v in settings.items()),
                              *([f"parallelism.grad_sync={sync}"] if sync else [])]
                     cfg = views[policy, i].updated("parallelism", micro_batch=mb, grad_accum=ga,
                                                    grad_sync=sync or composed.parallelism.grad_sync)
                     # kept for its counted work if it fits: its config made only if it is replayed (a copy costs
                     # 25 ms at 70B, and a plan for GPUs on a CPU host replays none)
-                    made.append((cfg, backend, extra, sync, "-".join(v for k, v in at.items() if k not in point),
-                                 functools.partial(materialized, composed, at, policy, mb, ga,
+                    made.append((cfg, backend, extra, sync, "-".join(settings.values()),
+                                 functools.partial(materialized, composed, {**point, **settings}, policy, mb, ga,
                                                    cfg.parallelism.grad_sync)))
     if meanwhile is not None:
         meanwhile()

@@ -126,9 +126,9 @@ def print_counted(table: List[dict], overrides: List[str], cfg, hypothetical: bo
         print(f"--counted: not counted here, {why}")
         return
     keys = [f"{r['backend']} (dp {r['dp']}{''.join(f' x {n} {r[n]}' for n in axes.AXES)}"
-            f"{''.join(f', {v}' for v in r.get('settings', {}).values())})" for r in table]
+            f"{''.join(f', {v}' for v in r['settings'].values())})" for r in table]
     configs = compose_many([[*overrides, f"backend={r['backend']}", *(f"parallelism.{n}={r[n]}" for n in axes.AXES),
-                             *(f"parallelism.{k}={v}" for k, v in r.get("settings", {}).items())] for r in table])
+                             *(f"parallelism.{k}={v}" for k, v in r["settings"].items())] for r in table])
     notes = {k: not_counted(r["backend"], {n: r[n] for n in axes.AXES}) for k, r in zip(keys, table)}
     counted = count_configs({k: (c, depths_for(c)) for k, c in zip(keys, configs) if not notes[k]})
     how = "as measured" if card == measured_card() else "scaled from"
