@@ -91,10 +91,16 @@ def lines(p: Plan) -> List[str]:
            f"{per_gpu(c) / measured[0]:,.0f}") if measured else (lambda c: "")
     bounded = len(p.fitting) - len(p.priced)
     out = [f"Frontier ({len(points)} of {len(p.priced)} that fit and were priced; none of the others is faster at a "
-           "lower peak" + (f"; {bounded} checkpointed ones, only bounded by their twin without checkpointing, are left "
-                           "out" if bounded else "") + "):"]
+           "lower peak" + (f"; {bounded} only bounded by a twin doing no more work (step_times.bounded_by_twin) are "
+                           "left out" if bounded else "") + "):"]
     out += [f"  {c.name} ({c.mesh or 'dp'}): peak {size(c.predicted_peak_bytes)} a GPU, "
             f"{per_gpu(c):,.0f} tokens/s a GPU predicted{rng(c)}" for c in points]
+    # what a smaller budget could still run: checkpointing or a smaller micro-batch buys memory for time
+    lowest = min((c for c in p.fitting if c.step_from), key=lambda c: c.predicted_peak_bytes, default=None)
+    if lowest is not None and lowest.predicted_peak_bytes < points[0].predicted_peak_bytes:
+        out.append(f"  lower, not priced: {lowest.name} ({lowest.mesh or 'dp'}) peaks at "
+                   f"{size(lowest.predicted_peak_bytes)} a GPU, at most {per_gpu(lowest):,.0f} tokens/s a GPU (its "
+                   f"twin {lowest.step_from}'s); a budget below the frontier's replays it")
     out.append(f"Error band: measured / predicted {measured[0]:.2f} to {measured[1]:.2f}x on {measured[2]}."
                if measured else "Error band: none measured for this device and time model yet.")
     fastest = sorted(p.priced, key=lambda c: (-c.predicted_tokens_per_s, c.predicted_peak_bytes))  # the top point

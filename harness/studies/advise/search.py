@@ -20,8 +20,9 @@ largest of the step's four moments' activations and transients, theory/peak.py) 
 `--margin` to spare (default 10%, the memory model's tolerance), and the step time of each that fits comes
 from the time model (theory/op_costs.py: the candidate replayed for a few steps in one process, its counted
 work priced at this device's measured costs; studies/advise/step_times.py), else from the roofline lower bound
-(theory/time.py), as the plan says. A checkpointed candidate whose twin without checkpointing fits is bounded by
-the twin's step instead (≥ in the table; step_times.bounded_by_twin) and left out of the ranking (Plan.priced).
+(theory/time.py), as the plan says. A candidate with a twin that fits doing no more work (no checkpointing, a
+micro-batch as large or larger, on the same backend, mesh and method) is bounded by the twin's step instead (≥ in
+the table; step_times.bounded_by_twin) and left out of the ranking (Plan.priced).
 `--dry-run` prints that table and stops.
 
 Stage 2, measurement: each backend's fastest predicted candidate that fits is run for 10 steps (8 timed)
@@ -94,8 +95,8 @@ class Candidate:
     kind: str = ""
     grad_sync: str = ""  # parallelism.grad_sync: "" (the backend's own), or `every` (reduced each micro-batch)
     method: str = ""  # another implementation of an axis than the family's own (axes.alternatives: `ulysses`)
-    # the twin without checkpointing whose counted step bounds this one's from below, where that twin fits and this
-    # one was not replayed (advise/step_times.bounded_by_twin): its step is at least the twin's, not a prediction
+    # the twin doing no more work whose counted step bounds this one's from below, where that twin fits and this one
+    # was not replayed (advise/step_times.bounded_by_twin): its step is at least the twin's, not a prediction
     step_from: str = ""
 
     @property
@@ -151,7 +152,7 @@ class Plan:
     @property
     def priced(self) -> List[Candidate]:
         """Those that fit with a predicted step of their own: what the plan ranks (not those only bounded by a
-        twin without checkpointing, Candidate.step_from)."""
+        twin doing no more work, Candidate.step_from)."""
         return [c for c in self.candidates if c.fits and not c.step_from]
 
 

@@ -78,8 +78,9 @@ def price(plan, configs: Dict[str, Callable[[], object]], base, counts: dict, po
     plan.rates["time_model"] = (f"counted work of {len(priced)} replayed candidates at {costs.source}"
                                 + (f" ({len(twins)} `-syncevery` ones from their deferred twin's work, their "
                                    "reductions as theory counts them)" if twins else "")
-                                + (f"; {len(bounded)} checkpointed ones not replayed, their twin without "
-                                   "checkpointing fitting: at least its step (≥ in the table)" if bounded else "")
+                                + (f"; {len(bounded)} not replayed, a twin that fits doing no more work (no "
+                                   "checkpointing, a micro-batch as large or larger): at least its step (≥ in the "
+                                   "table)" if bounded else "")
                                 + "; the rest (predicted not to fit) at the roofline lower bound"
                                 + (f"; {unbuilt}" if unbuilt else ""))
 
@@ -108,18 +109,34 @@ def ops_first(base, replays: Dict[str, object]) -> str:
 
 
 def bounded_by_twin(plan, names) -> Dict[str, str]:
-    """{checkpointed candidate: its twin without checkpointing} among `names` (those that fit), where the twin is
-    among them too. Recomputation adds forward work to the backward and removes none, so such a candidate's step is
-    at least its twin's at the same backend, mesh and method, micro-batch and way of accumulating: it cannot be the
+    """{candidate: the twin whose step bounds its own from below} among `names` (those that fit), for each
+    candidate that some other one of them does no more work than (`no_more_work`): such a candidate cannot be the
     pick, and is not replayed (a CPU plan's replays are its cost: tiny_llama's default plan replayed 181 candidates
-    in 90 s, 132 of them checkpointed where nothing needed it). Where the twin does not fit, the candidate is
+    in 90 s, 132 of them checkpointed where nothing needed it; then 49, 30 of them at a smaller micro-batch than
+    their mesh could run, the costliest replays of all). Its twin is the nearest one that is itself replayed: the
+    smallest micro-batch above it, the same way of accumulating first. Where no twin fits, the candidate is
     replayed."""
-    def key(c):
-        return c.backend, tuple(sorted(c.axes.items())), c.micro_batch, c.grad_accum, c.grad_sync, c.method
+    fitting = [c for c in plan.candidates if c.name in names]
+    replayed = [c for c in fitting if not any(no_more_work(t, c) for t in fitting)]
+    bounded = {}
+    for c in fitting:
+        twins = [t for t in replayed if no_more_work(t, c)]
+        if twins:
+            bounded[c.name] = min(twins, key=lambda t: (t.micro_batch, t.grad_sync != c.grad_sync)).name
+    return bounded
 
-    plain = {key(c): c.name for c in plan.candidates if c.name in names and not c.checkpointing}
-    return {c.name: plain[key(c)] for c in plan.candidates
-            if c.name in names and c.checkpointing and key(c) in plain}
+
+def no_more_work(twin, c) -> bool:
+    """Whether `twin` asks for no more work than `c` and strictly less: the same backend, mesh and method, no
+    checkpointing, and either `c` checkpoints (recomputation adds forward work to the backward and removes none) or
+    `twin` runs a larger micro-batch (the same global batch in fewer micro-batches: the same FLOPs in fewer ops,
+    each weight read, and under FSDP and ZeRO-3 gathered, fewer times, fewer Python lines), reducing its gradients
+    no more often (a twin at grad_accum 1 reduces once; one deferring to the last micro-batch, its backend's own,
+    no more often than one that reduces each). Held where replayed: tests/test_advise_bounds.py."""
+    return (twin is not c and not twin.checkpointing
+            and (twin.backend, twin.axes, twin.method) == (c.backend, c.axes, c.method)
+            and (c.checkpointing and twin.micro_batch == c.micro_batch or twin.micro_batch > c.micro_batch)
+            and (twin.grad_accum == 1 or twin.grad_sync in ("", c.grad_sync)))
 
 
 def twin_work(work: dict, grad_accum: int) -> dict:
