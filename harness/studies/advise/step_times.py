@@ -112,9 +112,9 @@ def bounded_by_twin(plan, names) -> Dict[str, str]:
     """{candidate: the twin whose step bounds its own from below} among `names` (those that fit), for each
     candidate that some other one of them does no more work than (`no_more_work`): such a candidate cannot be the
     pick, and is not replayed (a CPU plan's replays are its cost: tiny_llama's default plan replayed 181 candidates
-    in 90 s, 132 of them checkpointed where nothing needed it; then 49, 30 of them at a smaller micro-batch than
+    in 90 s, 132 of them checkpointed where nothing needed it; then 49, 29 of them at a smaller micro-batch than
     their mesh could run, the costliest replays of all). Its twin is the nearest one that is itself replayed: the
-    smallest micro-batch above it, the same way of accumulating first. Where no twin fits, the candidate is
+    smallest micro-batch at or above its own, the same way of accumulating first. Where no twin fits, it is
     replayed."""
     fitting = [c for c in plan.candidates if c.name in names]
     replayed = [c for c in fitting if not any(no_more_work(t, c) for t in fitting)]
