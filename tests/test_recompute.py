@@ -123,16 +123,20 @@ def test_the_time_model_recomputes_the_checkpointed_blocks_forward_only():
     assert 2.2 < half < 2.5, half
 
 
-@pytest.mark.parametrize("policy", ["selective_op", "selective_op_half"])
-@pytest.mark.parametrize("model_name", ["tiny_llama", "tiny_gpt2"])
+@pytest.mark.parametrize("policy, model_name", [
+    *[(p, m) for p in ("selective_op", "selective_op_half") for m in ("tiny_llama", "tiny_gpt2")],
+    ("selective_op", "tiny_mixtral"), ("selective_op", "tiny_qwen3_moe")])
 def test_a_selectively_checkpointed_block_keeps_what_the_theory_counts(model_name, policy):
     """What one selectively checkpointed block keeps through forward, storage by storage: its input (the
     checkpoint's one saved tensor) and what the policy's cache holds (the saved matmuls' and attention's outputs),
     per token, is the theory's count within 1%. selective_op_half (torchtitan's) keeps every other matmul: on
-    the GQA Llama q, v, gate and down, not k, o and up."""
+    the GQA Llama q, v, gate and down, not k, o and up. A mixture of experts' block keeps its router's logits and
+    its two grouped matmuls' outputs for each routed copy instead of the dense MLP's three, and its backward
+    makes the gradients its uncheckpointed twin makes."""
     from harness.runtime.compiled.compiled_activations import _record_selective_caches, _tensors_in
 
-    cfg = compose([f"model={model_name}", "model.intermediate_size=512", f"train.activation_checkpointing={policy}"])
+    width = [] if "moe" in model_name or "mixtral" in model_name else ["model.intermediate_size=512"]
+    cfg = compose([f"model={model_name}", *width, f"train.activation_checkpointing={policy}"])
     model = models.build(cfg.model)
     model.train()
     r = recompute_of(cfg)
@@ -158,6 +162,17 @@ def test_a_selectively_checkpointed_block_keeps_what_the_theory_counts(model_nam
         (sum(kept.values()) / tokens, predicted)
     (out[0] if isinstance(out, tuple) else out).sum().backward()
     assert x.grad is not None
+    if cfg.model.num_experts:  # the recompute routes as the forward did: the gradients of no checkpointing
+        block.gradient_checkpointing = False
+        again = x.detach().clone().requires_grad_(True)
+        grads = [p.grad.clone() for p in block.parameters()]
+        for p in block.parameters():
+            p.grad = None
+        plain = block(again, **extra)
+        (plain[0] if isinstance(plain, tuple) else plain).sum().backward()
+        torch.testing.assert_close(again.grad, x.grad)
+        for p, g in zip(block.parameters(), grads):
+            torch.testing.assert_close(p.grad, g)
 
 
 def test_the_runs_settings_record_the_policy_that_ran():

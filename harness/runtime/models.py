@@ -152,9 +152,10 @@ def blocks(model: nn.Module) -> list[nn.Module]:
 
 
 # selective_op saves these ops' outputs (config/recompute.py): the matmuls (Linear without and with a bias,
-# GPT-2's Conv1D) and the attention kernels, whose recompute is most of a block's FLOPs; the elementwise rest
-# is recomputed. torchtitan's list, with the CPU attention kernel and without float8's amax
-SELECTIVE_SAVED_OPS = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
+# GPT-2's Conv1D, a mixture of experts' grouped matmuls) and the attention kernels, whose recompute is most of a
+# block's FLOPs; the elementwise rest is recomputed. torchtitan's list, with the CPU attention kernel, without
+# float8's amax, and with `_grouped_mm` as its graph trainer adds it for MoE models
+SELECTIVE_SAVED_OPS = ("mm", "addmm", "bmm", "_grouped_mm", "_scaled_dot_product_flash_attention",
                        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
                        "_scaled_dot_product_flash_attention_for_cpu")
 

@@ -93,6 +93,14 @@ def mlp_bytes_per_token(model, reg: str, dispatch: Optional[Dispatch] = None) ->
     return routed + router
 
 
+def selective_bytes_per_token(model, reg: str) -> float:
+    """What a mixture-of-experts MLP checkpointed with `selective_op` keeps per token beyond its router's matmul
+    (selective.block_matmuls): the outputs of its two grouped matmuls (runtime/models.SELECTIVE_SAVED_OPS, as
+    torchtitan's graph trainer adds `_grouped_mm` to its save list), gate|up and down, for each of the k routed
+    copies, in the experts' precision. The routing, the sort, the gathers and the SwiGLU are recomputed."""
+    return model.experts_per_token * experts_precision(reg) * (2 * expert_width(model) + model.hidden_size)
+
+
 def renormalises(model) -> bool:
     """Whether the router divides the chosen weights by their sum (Mixtral always does; Qwen3-MoE by config)."""
     return model.normalize_top_k or model.model_type == "mixtral"

@@ -4,19 +4,23 @@ of its forward the recompute runs again. theory/activations.py's `parts` reads t
 counts)."""
 from __future__ import annotations
 
+from . import moe
 from .widths import residual_bytes, splits, widths_of
 
 
 def block_matmuls(model) -> list:
     """A block's projections in the order its forward runs them, as (output width, weight elements, rowwise):
-    Llama's q, k, v, o, gate, up and down; GPT-2's fused q|k|v, attention's projection and the MLP's two. The
+    Llama's q, k, v, o, gate, up and down; GPT-2's fused q|k|v, attention's projection and the MLP's two; a
+    mixture of experts' q, k, v, o and its router (h x E; its experts' grouped matmuls are moe.py's). The
     selective policies save all of their outputs, or every other one from the first (runtime/models.py). Under
     tensor parallelism a columnwise projection's output is its heads' or columns' share, and a rowwise one's
     (o, down) is its partial sum, whole, before the collective that reduces it (parallel/tp/shard.py)."""
     h, h_kv, i, _, _, h_q = widths_of(model)
     if model.family == "llama":
-        return [(h_q, h * h_q, False), (h_kv, h * h_kv, False), (h_kv, h * h_kv, False), (h, h_q * h, True),
-                (i, h * i, False), (i, h * i, False), (h, i * h, True)]
+        attention = [(h_q, h * h_q, False), (h_kv, h * h_kv, False), (h_kv, h * h_kv, False), (h, h_q * h, True)]
+        if moe.is_moe(model):
+            return attention + [(model.num_experts, h * model.num_experts, False)]
+        return attention + [(i, h * i, False), (i, h * i, False), (h, i * h, True)]
     return [(3 * h, 3 * h * h, False), (h, h * h, True), (i, h * i, False), (h, i * h, True)]
 
 
@@ -31,7 +35,8 @@ def selective_bytes_per_token(model, reg: str, stride: int = 1, mesh=None) -> fl
     p = 4 if reg == "fp32" else 2
     kept_input = residual_bytes(reg) * model.hidden_size / seq
     saved = sum(width if rowwise else width / inner for width, _, rowwise in block_matmuls(model)[::stride])
-    return kept_input + p * saved + (p * h_q + 4 * a) / inner
+    experts = moe.selective_bytes_per_token(model, reg) if moe.is_moe(model) else 0.0
+    return kept_input + p * saved + experts + (p * h_q + 4 * a) / inner
 
 
 def recomputed_matmul_share(model, seq_len: int, stride: int) -> float:
