@@ -230,6 +230,9 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         # tests/test_expert_parallel.py
         "ep": only(("fsdp",), *MOE, "model=tiny_qwen3_moe", "parallelism.ep=2"),
         "ep_mixtral": only(("fsdp",), *MOE, "model=tiny_mixtral", "parallelism.ep=2"),
+        # and with selective_op, which saves the grouped matmuls' outputs of the rows each rank's experts ran
+        "ep_selective": only(("fsdp",), *MOE, "model=tiny_mixtral", "parallelism.ep=2",
+                             "train.activation_checkpointing=selective_op"),
         "ep_two_experts": only(("ddp",), *MOE, f"model.hf_config={two_experts}"),
         "ep_resume": ep_resumed(ep_runs, 2, ("fsdp",)),
         # AutoEP's checkpoint (ZeRO-2, 4 ranks) at 2: DeepSpeed's universal conversion regroups the experts
@@ -300,13 +303,14 @@ def _one_sweep(fixture: str, sweep: str):
 
 # each sweep of the two-rank launch by the name its tests take it under
 (reshard_runs, model_dtype_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks, user_runs, nan_runs,
- moe_runs, moe_leaf_runs, moe_mixtral_runs, ep_two_rank_runs, ep_mixtral_two_rank_runs, two_experts_ddp_runs,
+ moe_runs, moe_leaf_runs, moe_mixtral_runs, ep_two_rank_runs, ep_mixtral_two_rank_runs, ep_selective_runs,
+ two_experts_ddp_runs,
  parity_bf16_runs) = (
     _one_sweep(fixture, sweep) for fixture, sweep in (
         ("reshard_runs", "reshard"), ("model_dtype_runs", "model_dtype"), ("migrate_runs", "migrate"),
         ("lora_runs", "lora"), ("bf16_runs", "bf16"), ("states_two_ranks", "states"), ("user_runs", "user"),
         ("nan_runs", "nan"), ("moe_runs", "moe"), ("moe_leaf_runs", "moe_leaf"), ("moe_mixtral_runs", "moe_mixtral"),
-        ("ep_two_rank_runs", "ep"), ("ep_mixtral_two_rank_runs", "ep_mixtral"),
+        ("ep_two_rank_runs", "ep"), ("ep_mixtral_two_rank_runs", "ep_mixtral"), ("ep_selective_runs", "ep_selective"),
         ("two_experts_ddp_runs", "ep_two_experts"), ("parity_bf16_runs", "parity_bf16")))
 
 

@@ -7,11 +7,10 @@ without it), and context parallelism at ep 1 (each cp rank routes its own tokens
 until they are: tensor parallelism (transformers' and DeepSpeed's plans shard the experts in ways the theory does
 not count yet), context parallelism with expert parallelism, torch.compile (the experts' grouped
 matmul is an opaque op whose compiled activations are not traced here), selective_op_half (every other matmul of
-a block has no counterpart among an MoE block's grouped matmuls), selective_op under expert parallelism (what the
-received rows' grouped matmuls save is not counted yet) and float8 (torchao converts nn.Linear only, not the 3-D
-experts). selective_op at ep 1 saves the grouped matmuls' outputs beside the matmuls' (runtime/models.py,
-theory/moe.selective_bytes_per_token). DeepSpeed's leaf-module setting is its family's rule
-(backends/deepspeed/family.py).
+a block has no counterpart among an MoE block's grouped matmuls) and float8 (torchao converts nn.Linear only, not
+the 3-D experts). selective_op saves the grouped matmuls' outputs beside the matmuls', at any ep: of the rows a
+rank's experts run (runtime/models.py, theory/moe.selective_bytes_per_token). DeepSpeed's leaf-module setting is
+its family's rule (backends/deepspeed/family.py).
 """
 from __future__ import annotations
 
@@ -28,18 +27,8 @@ WHY = {"parallelism.tp": "the experts' tensor-parallel split is not in the theor
                          "(not from cp, as torchtitan's efsdp x ep = dp_shard x cp does); set parallelism.ep=1",
        "train.compile": "the experts' grouped matmul is opaque to the compiled-activation trace; set it false",
        "train.float8": "torchao converts nn.Linear only, not the 3-D expert weights; use train.float8=none",
-       # by policy (_why): selective_op_half anywhere, selective_op under expert parallelism
        "train.activation_checkpointing": ("its every other matmul has no counterpart among the experts' grouped "
-                                          "matmuls; use selective_op or full"),
-       "train.activation_checkpointing@ep": ("what it saves of the rows the experts receive is not counted yet; use "
-                                             "parallelism.ep=1, or full")}
-
-
-def _why(cfg, key: str) -> str:
-    """WHY's reason for `key`; selective_op's own under expert parallelism."""
-    if key == "train.activation_checkpointing" and recompute_of(cfg).matmul_stride == 1:
-        return WHY[key + "@ep"]
-    return WHY[key]
+                                          "matmuls; use selective_op or full")}
 
 
 def _value(cfg, key: str) -> str:
@@ -75,13 +64,12 @@ def problems(cfg) -> List[str]:
                    f"model.num_experts={m.num_experts} experts")
     train = cfg.train
     refused = {"train.compile": train.compile, "train.float8": train.float8 != "none",
-               "train.activation_checkpointing": is_selective(cfg) and (
-                   (cfg.parallelism.ep or 1) > 1 or recompute_of(cfg).matmul_stride != 1)}
+               "train.activation_checkpointing": is_selective(cfg) and recompute_of(cfg).matmul_stride != 1}
     out += axis_problems(cfg)
     if (cfg.parallelism.cp or 1) > 1 and m.router_aux_loss_trained:
         out.append(f"parallelism.cp={cfg.parallelism.cp}: not with a trained load-balancing loss "
                    "(output_router_logits): each cp rank would compute it over its S/cp tokens, a different loss "
                    "from the whole sequence's, which no test holds here; set parallelism.cp=1")
-    out += [f"{key}{_value(cfg, key)}: not with a mixture of experts ({where}): {_why(cfg, key)}"
+    out += [f"{key}{_value(cfg, key)}: not with a mixture of experts ({where}): {WHY[key]}"
             for key, on in refused.items() if on]
     return out

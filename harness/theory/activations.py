@@ -199,7 +199,8 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
         "block": tokens * block_bytes_per_token(model, reg, mesh, dispatch)
                  + (moe.mlp_bytes_per_block(model, dispatch, tokens, reg) if moe.is_moe(model) else 0),
         "block_input": tokens * residual_bytes(reg) * h / seq,
-        "selective_block": (tokens * selective_bytes_per_token(model, reg, recompute.matmul_stride, mesh)
+        "selective_block": (tokens * selective_bytes_per_token(model, reg, recompute.matmul_stride, mesh, dispatch)
+                            + (moe.selective_bytes_per_block(model, reg, dispatch, tokens) if moe.is_moe(model) else 0)
                             if recompute.selective else 0.0),
         "outside": tokens * outside_bytes_per_token(model, reg, mesh) + per_sequence_bytes(model, par, reg) / cut,
         "per_sequence": per_sequence_bytes(model, par, reg) / cut,

@@ -93,12 +93,27 @@ def mlp_bytes_per_token(model, reg: str, dispatch: Optional[Dispatch] = None) ->
     return routed + router
 
 
-def selective_bytes_per_token(model, reg: str) -> float:
+def selective_bytes_per_token(model, reg: str, dispatch: Optional[Dispatch] = None) -> float:
     """What a mixture-of-experts MLP checkpointed with `selective_op` keeps per token beyond its router's matmul
     (selective.block_matmuls): the outputs of its two grouped matmuls (runtime/models.SELECTIVE_SAVED_OPS, as
-    torchtitan's graph trainer adds `_grouped_mm` to its save list), gate|up and down, for each of the k routed
-    copies, in the experts' precision. The routing, the sort, the gathers and the SwiGLU are recomputed."""
-    return model.experts_per_token * experts_precision(reg) * (2 * expert_width(model) + model.hidden_size)
+    torchtitan's graph trainer adds `_grouped_mm` to its save list), gate|up and down, for each row its experts
+    run, in the experts' precision: k rows a token, times the received share under expert parallelism (the
+    rows run are the received ones; AutoEP's padding rows are `selective_bytes_per_block`'s). The routing, the
+    sort, the gathers, the all-to-alls and the SwiGLU are recomputed."""
+    share = dispatch.received_share if dispatch and dispatch.kept(model, reg) else 1.0
+    return share * model.experts_per_token * _grouped_outputs(model, reg)
+
+
+def selective_bytes_per_block(model, reg: str, dispatch: Optional[Dispatch], tokens: float) -> float:
+    """Kept once per micro-batch and block under `selective_op`: the grouped matmuls' outputs of the padding rows
+    an implementation's buffer adds (AutoEP's; none elsewhere)."""
+    split = dispatch.kept(model, reg) if dispatch else None
+    return padding_rows(split, model, dispatch, tokens) * _grouped_outputs(model, reg)
+
+
+def _grouped_outputs(model, reg: str) -> float:
+    """One row's gate|up and down outputs: p_e·(2i_e + h)."""
+    return experts_precision(reg) * (2 * expert_width(model) + model.hidden_size)
 
 
 def renormalises(model) -> bool:

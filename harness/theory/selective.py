@@ -24,18 +24,19 @@ def block_matmuls(model) -> list:
     return [(3 * h, 3 * h * h, False), (h, h * h, True), (i, h * i, False), (h, i * h, True)]
 
 
-def selective_bytes_per_token(model, reg: str, stride: int = 1, mesh=None) -> float:
+def selective_bytes_per_token(model, reg: str, stride: int = 1, mesh=None, dispatch=None) -> float:
     """Bytes a block checkpointed with a selective policy keeps per token: its input, the saved matmuls' outputs
     (every one, or every other one at `stride` 2: selective_op_half) and the attention kernel's output and fp32
     log-sum-exp (module docstring). Under tensor parallelism (`mesh`) the input is its sequence shard, the
     columnwise outputs and attention the rank's heads, and a rowwise output its whole partial sum: the policy
-    saves the matmul's output, not the reduce-scatter or all-reduce after it, which the recompute reissues."""
+    saves the matmul's output, not the reduce-scatter or all-reduce after it, which the recompute reissues. A
+    mixture of experts' grouped matmuls keep the rows its experts run (`dispatch`: under expert parallelism)."""
     _, _, _, a, _, h_q = widths_of(model)
     inner, seq, _ = splits(mesh)
     p = 4 if reg == "fp32" else 2
     kept_input = residual_bytes(reg) * model.hidden_size / seq
     saved = sum(width if rowwise else width / inner for width, _, rowwise in block_matmuls(model)[::stride])
-    experts = moe.selective_bytes_per_token(model, reg) if moe.is_moe(model) else 0.0
+    experts = moe.selective_bytes_per_token(model, reg, dispatch) if moe.is_moe(model) else 0.0
     return kept_input + p * saved + experts + (p * h_q + 4 * a) / inner
 
 
