@@ -93,7 +93,6 @@ def test_uncovered_moe_designs_are_refused_in_one_line(tmp_path, model_type, say
     (["parallelism.cp=2", "parallelism.ep=2", "parallelism.nproc_per_node=4"],
      "parallelism.cp=2: not with a mixture of experts (model.num_experts=8): with expert parallelism"),
     (["parallelism.cp=2", "model.router_aux_loss_trained=true"], "not with a trained load-balancing loss"),
-    (["train.activation_checkpointing=selective_op_half"], "no counterpart among the experts' grouped matmuls"),
     (["model.experts_per_token=9"], "between 1 and model.num_experts=8"),
     (["backend=ds_zero2", "backend.leaf_moe_blocks=true"], "has no ZeRO-3"),
 ])
@@ -102,16 +101,17 @@ def test_what_a_mixture_of_experts_cannot_run_is_refused(overrides, says):
     assert any(says in line for line in found), found
 
 
-def test_selective_op_is_not_refused_at_ep_1_or_2():
-    """selective_op saves the experts' grouped matmuls' outputs (runtime/models.SELECTIVE_SAVED_OPS): a MoE runs it
-    at ep 1 and under expert parallelism, the block's count held by tests/test_recompute.py and, a rank's received
-    rows, by tests/test_moe_routing.py."""
+def test_the_selective_policies_are_not_refused_at_ep_1_or_2():
+    """The selective policies save the experts' grouped matmuls' outputs (runtime/models.SELECTIVE_SAVED_OPS): a MoE
+    runs them at ep 1 and under expert parallelism, the block's count held by tests/test_recompute.py and, a rank's
+    received rows, by tests/test_moe_routing.py."""
     for model in ("tiny_mixtral", "tiny_qwen3_moe"):
         for backend in ("fsdp", "ds_zero2"):
             for ep in ("parallelism.ep=1", "parallelism.ep=2"):
-                cfg = compose([f"model={model}", f"backend={backend}", ep, "parallelism.nproc_per_node=2",
-                               "train.activation_checkpointing=selective_op"])
-                assert not problems(cfg, cuda_devices=lambda: 0), (model, backend, ep)
+                for policy in ("selective_op", "selective_op_half"):
+                    cfg = compose([f"model={model}", f"backend={backend}", ep, "parallelism.nproc_per_node=2",
+                                   f"train.activation_checkpointing={policy}"])
+                    assert not problems(cfg, cuda_devices=lambda: 0), (model, backend, ep, policy)
 
 
 def test_dense_layers_among_the_experts_are_refused(tmp_path):

@@ -139,50 +139,58 @@ def test_a_ranks_activations_are_what_it_sends_and_what_its_experts_receive(impl
                                   - (TOKENS * 4 * m.hidden_size if reg != "16-bit" else 0)) < got[0]["saved"]
 
 
-def selective_under_push(blocks, implementation: str, push: float) -> list:
-    """`blocks`'s cases with block 0 checkpointed by selective_op: what its policy's cache holds on this rank (the
+def selective_under_push(blocks, implementation: str, push: float) -> dict:
+    """{policy: `blocks`'s cases with block 0 checkpointed by it}: what the policy's cache holds on this rank (the
     saved matmuls', attention's and grouped matmuls' outputs), with the rows sent and received."""
     from harness.config.recompute import Recompute
     from harness.runtime.compiled.compiled_activations import _record_selective_caches, _tensors_in
 
     measured = saved_under_push
 
+    policy = ""
+
     def checkpointed(m, model, reg, router, chosen_of, push):
         model.train()
-        models.enable_activation_checkpointing(model, Recompute("selective_op", 1, m.num_layers))
+        models.enable_activation_checkpointing(model, Recompute(policy, 1, m.num_layers))
         caches = _record_selective_caches(models.blocks(model))
         out = measured(m, model, reg, router, chosen_of, push)
         kept = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _tensors_in(caches)}
         return {**out, "cached": sum(kept.values())}
 
     globals()["saved_under_push"] = checkpointed
+    out = {}
     try:
-        return blocks(push)
+        for policy in POLICIES:
+            out[policy] = blocks(push)
     finally:
         globals()["saved_under_push"] = measured
+    return out
+
+
+POLICIES = ("selective_op", "selective_op_half")
 
 
 @pytest.mark.parametrize("implementation, blocks", [("transformers", transformers_blocks), ("autoep", autoep_blocks)])
-def test_selective_op_keeps_the_grouped_matmuls_outputs_of_the_rows_a_ranks_experts_run(implementation, blocks):
-    """Under expert parallelism selective_op's grouped matmuls run on the rows a rank's experts received (and, under
-    AutoEP, its buffer's padding rows): what the policy's cache holds moves with the routing, as the theory counts
-    it (theory/moe.selective_bytes_per_token and selective_bytes_per_block), byte for byte; the block's input is
-    all autograd saves besides."""
+def test_the_selective_policies_keep_the_grouped_matmuls_outputs_of_the_rows_a_ranks_experts_run(implementation, blocks):
+    """Under expert parallelism the selective policies' grouped matmuls run on the rows a rank's experts received
+    (and, under AutoEP, its buffer's padding rows): what the policy's cache holds moves with the routing, as the
+    theory counts it (theory/moe.selective_bytes_per_token and selective_bytes_per_block), byte for byte, under
+    selective_op and under selective_op_half (every other mm); the block's input is all autograd saves besides."""
     from harness.config.recompute import Recompute
     from harness.theory.widths import residual_bytes
 
     ranks = run_ranks(selective_under_push, 2, blocks, implementation, 3.0)
-    for c, (name, reg) in enumerate(CASES[implementation]):
-        m = model_cfg(name)
-        got = [r[c] for r in ranks]
-        assert got[0]["received"] > 3 * got[1]["received"] > 0, (name, got)
-        for r in got:
-            assert r["saved"] == 0, (name, reg, r["saved"])  # under the checkpoint only its input, set aside
-            dispatch = moe.Dispatch(2, implementation, r["received"] / r["sent"])
-            a = activations.parts(m, _par(TOKENS), reg, Recompute("selective_op", 1, m.num_layers),
-                                  dispatch=dispatch)
-            predicted = a["selective_block"] - TOKENS * residual_bytes(reg) * m.hidden_size
-            assert r["cached"] == pytest.approx(predicted, abs=1e-6), (name, reg, r["cached"] - predicted)
+    for policy in POLICIES:
+        for c, (name, reg) in enumerate(CASES[implementation]):
+            m = model_cfg(name)
+            got = [r[policy][c] for r in ranks]
+            assert got[0]["received"] > 3 * got[1]["received"] > 0, (name, got)
+            for r in got:
+                assert r["saved"] == 0, (name, reg, r["saved"])  # under the checkpoint only its input, set aside
+                dispatch = moe.Dispatch(2, implementation, r["received"] / r["sent"])
+                a = activations.parts(m, _par(TOKENS), reg, Recompute(policy, 1, m.num_layers), dispatch=dispatch)
+                predicted = a["selective_block"] - TOKENS * residual_bytes(reg) * m.hidden_size
+                assert r["cached"] == pytest.approx(predicted, abs=1e-6), (policy, name, reg, r["cached"] - predicted)
 
 
 def _par(tokens: int):

@@ -6,18 +6,15 @@ data-parallel family (DDP, FSDP2, FSDP1, ZeRO 1-3, with DeepSpeed's leaf-module 
 without it), and context parallelism at ep 1 (each cp rank routes its own tokens). The other axes are refused
 until they are: tensor parallelism (transformers' and DeepSpeed's plans shard the experts in ways the theory does
 not count yet), context parallelism with expert parallelism, torch.compile (the experts' grouped
-matmul is an opaque op whose compiled activations are not traced here), selective_op_half (every other matmul of
-a block has no counterpart among an MoE block's grouped matmuls) and float8 (torchao converts nn.Linear only, not
-the 3-D experts). selective_op saves the grouped matmuls' outputs beside the matmuls', at any ep: of the rows a
-rank's experts run (runtime/models.py, theory/moe.selective_bytes_per_token). DeepSpeed's leaf-module setting is
-its family's rule (backends/deepspeed/family.py).
+matmul is an opaque op whose compiled activations are not traced here) and float8 (torchao converts nn.Linear
+only, not the 3-D experts). The selective policies save the grouped matmuls' outputs beside the matmuls', at any
+ep: of the rows a rank's experts run (runtime/models.py, theory/moe.selective_bytes_per_token); selective_op_half
+alternates the matmuls alone, as torchtitan's op policy counts mm only. DeepSpeed's leaf-module setting is its
+family's rule (backends/deepspeed/family.py).
 """
 from __future__ import annotations
 
 from typing import List
-
-from .recompute import is_selective, recompute_of
-
 
 WHY = {"parallelism.tp": "the experts' tensor-parallel split is not in the theory yet",
        # each cp rank routes its own S/cp tokens to whole local experts (ep 1): the dense blocks' ring or Ulysses
@@ -26,14 +23,7 @@ WHY = {"parallelism.tp": "the experts' tensor-parallel split is not in the theor
        "parallelism.cp": "with expert parallelism, whose ranks are borrowed from the data-parallel ones only here "
                          "(not from cp, as torchtitan's efsdp x ep = dp_shard x cp does); set parallelism.ep=1",
        "train.compile": "the experts' grouped matmul is opaque to the compiled-activation trace; set it false",
-       "train.float8": "torchao converts nn.Linear only, not the 3-D expert weights; use train.float8=none",
-       "train.activation_checkpointing": ("its every other matmul has no counterpart among the experts' grouped "
-                                          "matmuls; use selective_op or full")}
-
-
-def _value(cfg, key: str) -> str:
-    """`=<policy>` after the checkpointing key, whose refusal is for some of its values only."""
-    return f"={cfg.train.activation_checkpointing}" if key == "train.activation_checkpointing" else ""
+       "train.float8": "torchao converts nn.Linear only, not the 3-D expert weights; use train.float8=none"}
 
 
 def axis_problems(cfg) -> List[str]:
@@ -63,13 +53,12 @@ def problems(cfg) -> List[str]:
         out.append(f"model.experts_per_token={m.experts_per_token}: each token is routed to between 1 and "
                    f"model.num_experts={m.num_experts} experts")
     train = cfg.train
-    refused = {"train.compile": train.compile, "train.float8": train.float8 != "none",
-               "train.activation_checkpointing": is_selective(cfg) and recompute_of(cfg).matmul_stride != 1}
+    refused = {"train.compile": train.compile, "train.float8": train.float8 != "none"}
     out += axis_problems(cfg)
     if (cfg.parallelism.cp or 1) > 1 and m.router_aux_loss_trained:
         out.append(f"parallelism.cp={cfg.parallelism.cp}: not with a trained load-balancing loss "
                    "(output_router_logits): each cp rank would compute it over its S/cp tokens, a different loss "
                    "from the whole sequence's, which no test holds here; set parallelism.cp=1")
-    out += [f"{key}{_value(cfg, key)}: not with a mixture of experts ({where}): {WHY[key]}"
+    out += [f"{key}: not with a mixture of experts ({where}): {WHY[key]}"
             for key, on in refused.items() if on]
     return out

@@ -42,10 +42,14 @@ def selective_bytes_per_token(model, reg: str, stride: int = 1, mesh=None, dispa
 
 def recomputed_matmul_share(model, seq_len: int, stride: int) -> float:
     """Of a selectively checkpointed block's forward FLOPs, the share its recompute runs again: the matmuls it
-    did not save (none at `stride` 1), over the block's matmuls and its attention's two s x s products (4·s·h_q
-    FLOPs a token, the full square, as the counted work counts it). The time model's backward adds it."""
+    did not save (none at `stride` 1), over the block's matmuls (a mixture of experts' active experts among them)
+    and its attention's two s x s products (4·s·h_q FLOPs a token, the full square, as the counted work counts
+    it). The time model's backward adds it."""
     if stride == 1:
         return 0.0
     weights = [w for _, w, _ in block_matmuls(model)]
     again = sum(w for j, w in enumerate(weights) if j % stride)
-    return again / (sum(weights) + 2 * seq_len * widths_of(model)[5])
+    # a mixture of experts' grouped matmuls, saved by both policies: each token's k routed copies through
+    # gate, up and down
+    experts = 3 * model.experts_per_token * model.hidden_size * moe.expert_width(model) if moe.is_moe(model) else 0
+    return again / (sum(weights) + experts + 2 * seq_len * widths_of(model)[5])
