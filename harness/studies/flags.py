@@ -81,8 +81,10 @@ def advise_parser() -> argparse.ArgumentParser:
                              f"{','.join(ADVISE_POLICIES)})")
     card_flag(parser)
     parser.add_argument("--dry-run", action="store_true",
-                        help="no probe runs: the table from theory, priced by counted work (a CPU plan replays each "
-                             "candidate that fits on this host, a GPU plan its pick on fake tensors), then stop")
+                        help="no probe runs: the table from theory, priced by counted work (a CPU plan replays on "
+                             "this host each candidate that fits and that no other fitting one bounds: no "
+                             "checkpointing, a micro-batch as large or larger, ≥ in the table; a GPU plan counts its "
+                             "pick on fake tensors), then stop")
     parser.add_argument("--force", action="store_true", help="re-run probes that already have a result")
     parser.add_argument("--name", help="<out>/<name> (default: from the model, ranks, batch, budget)")
     parser.add_argument("--out", default=str(results_dir("advise")),
