@@ -171,7 +171,8 @@ POLICIES = ("selective_op", "selective_op_half")
 
 
 @pytest.mark.parametrize("implementation, blocks", [("transformers", transformers_blocks), ("autoep", autoep_blocks)])
-def test_the_selective_policies_keep_the_grouped_matmuls_outputs_of_the_rows_a_ranks_experts_run(implementation, blocks):
+def test_the_selective_policies_keep_the_grouped_matmuls_outputs_of_the_rows_a_ranks_experts_run(
+        implementation, blocks):
     """Under expert parallelism the selective policies' grouped matmuls run on the rows a rank's experts received
     (and, under AutoEP, its buffer's padding rows): what the policy's cache holds moves with the routing, as the
     theory counts it (theory/moe.selective_bytes_per_token and selective_bytes_per_block), byte for byte, under
