@@ -6,9 +6,12 @@ the other's rows; and the share of the balanced rows each rank received, as the 
 rank's routed rows (runtime/routing.py)."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
+from harness.config.compose import compose
 from harness.runtime import models
 from harness.theory import activations, moe
 
@@ -67,8 +70,9 @@ def built(name: str, reg: str):
     return m, (model.to(torch.bfloat16) if reg == "16-bit" else model)
 
 
-def transformers_blocks(push: float) -> list:
-    """Each case's block under transformers' apply_expert_parallelism (all_to_all) over the two ranks."""
+def transformers_blocks(push: float, measure=None) -> list:
+    """Each case's block under transformers' apply_expert_parallelism (all_to_all) over the two ranks, measured by
+    `measure` (saved_under_push's arguments; default saved_under_push)."""
     from torch.distributed.device_mesh import init_device_mesh
     from transformers.distributed.expert_parallel import apply_expert_parallelism
 
@@ -79,13 +83,13 @@ def transformers_blocks(push: float) -> list:
         apply_expert_parallelism(model, mesh["ep"], mesh["etp"], model._expand_parallel_plan(model.ep_plan),
                                  "all_to_all")
         router = next(mod for n, mod in model.model.layers[0].named_modules() if n.endswith("mlp.gate"))
-        out.append(saved_under_push(m, model, reg, router, lambda output: output[2], push))
+        out.append((measure or saved_under_push)(m, model, reg, router, lambda output: output[2], push))
     return out
 
 
-def autoep_blocks(push: float) -> list:
+def autoep_blocks(push: float, measure=None) -> list:
     """Each case's block under DeepSpeed's AutoEP: its groups and its replaced MoE layers, as the engine builds
-    them (deepspeed/runtime/engine.py), without the engine."""
+    them (deepspeed/runtime/engine.py), without the engine; measured as transformers_blocks measures."""
     import torch.distributed as dist
     import deepspeed.comm
     from deepspeed.module_inject.auto_ep import AutoEP
@@ -104,7 +108,7 @@ def autoep_blocks(push: float) -> list:
         autoep.replace_moe_layers(autoep.ep_parser(), ep_size=2, ep_rank=dist.get_rank())
         gate = next(mod for n, mod in model.model.layers[0].named_modules()
                     if n.endswith("gate") and isinstance(mod, torch.nn.Linear))  # AutoEP's router's own Linear
-        out.append(saved_under_push(m, model, reg, gate, lambda logits: torch.topk(
+        out.append((measure or saved_under_push)(m, model, reg, gate, lambda logits: torch.topk(
             logits.float(), m.experts_per_token, dim=-1).indices, push))
     return out
 
@@ -145,26 +149,15 @@ def selective_under_push(blocks, implementation: str, push: float) -> dict:
     from harness.config.recompute import Recompute
     from harness.runtime.compiled.compiled_activations import _record_selective_caches, _tensors_in
 
-    measured = saved_under_push
-
-    policy = ""
-
-    def checkpointed(m, model, reg, router, chosen_of, push):
+    def checkpointed(policy, m, model, reg, router, chosen_of, push):
         model.train()
         models.enable_activation_checkpointing(model, Recompute(policy, 1, m.num_layers))
         caches = _record_selective_caches(models.blocks(model))
-        out = measured(m, model, reg, router, chosen_of, push)
+        out = saved_under_push(m, model, reg, router, chosen_of, push)
         kept = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _tensors_in(caches)}
         return {**out, "cached": sum(kept.values())}
 
-    globals()["saved_under_push"] = checkpointed
-    out = {}
-    try:
-        for policy in POLICIES:
-            out[policy] = blocks(push)
-    finally:
-        globals()["saved_under_push"] = measured
-    return out
+    return {policy: blocks(push, functools.partial(checkpointed, policy)) for policy in POLICIES}
 
 
 POLICIES = ("selective_op", "selective_op_half")
@@ -181,6 +174,7 @@ def test_the_selective_policies_keep_the_grouped_matmuls_outputs_of_the_rows_a_r
     from harness.theory.widths import residual_bytes
 
     ranks = run_ranks(selective_under_push, 2, blocks, implementation, 3.0)
+    par = compose([f"parallelism.seq_len={TOKENS}", "parallelism.micro_batch=1"]).parallelism
     for policy in POLICIES:
         for c, (name, reg) in enumerate(CASES[implementation]):
             m = model_cfg(name)
@@ -189,16 +183,7 @@ def test_the_selective_policies_keep_the_grouped_matmuls_outputs_of_the_rows_a_r
             for r in got:
                 assert r["saved"] == 0, (name, reg, r["saved"])  # under the checkpoint only its input, set aside
                 dispatch = moe.Dispatch(2, implementation, r["received"] / r["sent"])
-                a = activations.parts(m, _par(TOKENS), reg, Recompute(policy, 1, m.num_layers), dispatch=dispatch)
+                a = activations.parts(m, par, reg, Recompute(policy, 1, m.num_layers), dispatch=dispatch)
                 predicted = a["selective_block"] - TOKENS * residual_bytes(reg) * m.hidden_size
                 assert r["cached"] == pytest.approx(predicted, abs=1e-6), (policy, name, reg, r["cached"] - predicted)
 
-
-def _par(tokens: int):
-    from omegaconf import OmegaConf
-
-    from harness.config import schema
-
-    par = OmegaConf.structured(schema.ParallelismConfig)
-    par.seq_len, par.micro_batch = tokens, 1
-    return par

@@ -100,8 +100,7 @@ def selective_bytes_per_token(model, reg: str, dispatch: Optional[Dispatch] = No
     run, in the experts' precision: k rows a token, times the received share under expert parallelism (the
     rows run are the received ones; AutoEP's padding rows are `selective_bytes_per_block`'s). The routing, the
     sort, the gathers, the all-to-alls and the SwiGLU are recomputed."""
-    share = dispatch.received_share if dispatch and dispatch.kept(model, reg) else 1.0
-    return share * model.experts_per_token * _grouped_outputs(model, reg)
+    return rows_per_token(model, reg, dispatch) * _grouped_outputs(model, reg)
 
 
 def selective_bytes_per_block(model, reg: str, dispatch: Optional[Dispatch], tokens: float) -> float:
@@ -146,12 +145,18 @@ def mlp_bytes_per_block(model, dispatch: Optional[Dispatch] = None, tokens: floa
     return 4 * model.num_experts // dispatch.ep + padding_rows(split, model, dispatch, tokens) * split["received"]
 
 
+def rows_per_token(model, reg: str, dispatch: Optional[Dispatch] = None) -> float:
+    """The rows a rank's experts run per token of its own: its k copies, under expert parallelism the received
+    share of them (AutoEP's padding rows, once a block, are padding_rows')."""
+    share = dispatch.received_share if dispatch and dispatch.kept(model, reg) else 1.0
+    return share * model.experts_per_token
+
+
 def mlp_grads(model, reg: str, tokens: float, dispatch: Optional[Dispatch] = None) -> float:
     """The gated product's two gradients per routed copy (per row run, under expert parallelism: received and
     padding), alive at its backward, for `tokens` tokens."""
     split = dispatch.kept(model, reg) if dispatch else None
-    share = dispatch.received_share if split else 1.0
-    rows = share * model.experts_per_token * tokens + padding_rows(split, model, dispatch, tokens)
+    rows = rows_per_token(model, reg, dispatch) * tokens + padding_rows(split, model, dispatch, tokens)
     return rows * 2 * experts_precision(reg) * expert_width(model)
 
 
