@@ -43,6 +43,7 @@ _STAGE_3 = {
     "fp16_groups": "params", "fp16_partitioned_groups": "params", "fp16_partitioned_groups_flat": "params",
     "lp_param_buffer": "params", "param_groups_fp16_flat_cpu_memory": "params", "trainable_param_groups": "params",
     "param_dict": "params", "persistent_parameters": "params",
+    "leaf_parameters": "params",  # the parameters of each ZeRO-3 leaf module (a MoE block), by module
     "fp32_partitioned_groups_flat": "master", "hp_params_pin_buffers": "master",
     "grad_partitions_flat_buffer": "grads", "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition": "grads",
     "averaged_gradients": "grads",

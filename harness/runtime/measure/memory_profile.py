@@ -52,7 +52,12 @@ def _category_kinds():
 
 def state_tensors_on(strategy, device: torch.device):
     """(kind, local tensor) for every model-state and unclassified tensor this rank holds on `device`."""
-    groups = {**strategy.state_tensors(), **{"buffers": t for t in strategy.unclassified_tensors().values()}}
+    # unclassified tensors join the strategy's own buffers: replacing them (a dict merge under one key) dropped
+    # ZeRO-3's reduce bucket from the states on a mixture of experts, the one model with an unclassified attribute,
+    # and its allocation-replayed peak read one bucket low (-12.5%)
+    groups = dict(strategy.state_tensors())
+    groups["buffers"] = [*groups.get("buffers", ()), *(t for ts in strategy.unclassified_tensors().values()
+                                                        for t in ts)]
     for component, tensors in groups.items():
         kind = COMPONENT_KIND.get(component.removeprefix("host_"), "temporaries")
         for t in (inner for t in tensors if t is not None for inner in stored_tensors(t)):
