@@ -148,7 +148,7 @@ def test_moe_flops_are_counted_on_the_active_experts():
     assert counted == pytest.approx(formula, rel=0.01) and counted < 0.7 * dense
 
 
-def test_every_data_parallel_family_trains_a_moe_as_ddp_does(moe_runs, moe_leaf_runs, moe_mixtral_runs):
+def test_every_data_parallel_family_trains_a_moe_as_ddp_does(moe_runs, moe_no_leaf_runs, moe_mixtral_runs):
     for runs in (moe_runs, moe_mixtral_runs):
         reference = runs["ddp"][1]
         for backend, (summary, records, _) in runs.items():
@@ -163,8 +163,8 @@ def test_every_data_parallel_family_trains_a_moe_as_ddp_does(moe_runs, moe_leaf_
         assert summary["figures"]["moe/aux_loss_mean"] == pytest.approx(
             sum(r["moe/aux_loss"] for r in timed) / len(timed))
         assert summary["figures"]["moe/imbalance_max"] == max(r["moe/imbalance"] for r in timed) >= 1
-    leaf = moe_leaf_runs["ds_zero3"][1]
-    assert [r["loss/loss"] for r in leaf] == pytest.approx([r["loss/loss"] for r in moe_runs["ddp"][1]], rel=1e-4)
+    no_leaf = moe_no_leaf_runs["ds_zero3"][1]
+    assert [r["loss/loss"] for r in no_leaf] == pytest.approx([r["loss/loss"] for r in moe_runs["ddp"][1]], rel=1e-4)
 
 
 def test_four_ranks_train_a_moe_as_two_do(moe_runs, moe_four_rank_runs):
@@ -175,9 +175,9 @@ def test_four_ranks_train_a_moe_as_two_do(moe_runs, moe_four_rank_runs):
         assert [r["loss/loss"] for r in records] == pytest.approx(reference, rel=1e-4), backend
 
 
-def test_moe_states_bytes_and_peak_are_the_theorys(moe_runs, moe_leaf_runs, moe_mixtral_runs, moe_four_rank_runs):
+def test_moe_states_bytes_and_peak_are_the_theorys(moe_runs, moe_no_leaf_runs, moe_mixtral_runs, moe_four_rank_runs):
     every = {**{f"qwen3_moe/{b}": r for b, r in moe_runs.items()},
-             **{f"qwen3_moe/{b}+leaf": r for b, r in moe_leaf_runs.items()},
+             **{f"qwen3_moe/{b} without leaves": r for b, r in moe_no_leaf_runs.items()},
              **{f"mixtral/{b}": r for b, r in moe_mixtral_runs.items()},
              **{f"qwen3_moe/{b} at 4 ranks": r for b, r in moe_four_rank_runs.items()}}
     for cell, (summary, _, run_dir) in every.items():
@@ -198,23 +198,29 @@ def test_moe_states_bytes_and_peak_are_the_theorys(moe_runs, moe_leaf_runs, moe_
             assert -10 <= error and held <= 10, (cell, rank["rank"], error, held)
 
 
-def test_zero3_gathers_a_moe_blocks_router_and_experts_together_with_or_without_leaf_modules(moe_runs,
-                                                                                             moe_leaf_runs):
-    """transformers 5 holds a block's experts as two 3-D tensors, not a ModuleList of experts: ZeRO-3 then gathers
-    the router's and the experts' weights in one all-gather a block, and DeepSpeed's leaf-module setting (the
-    remedy for one gather per expert, DeepSpeed #5047) changes no collective."""
+def test_zero3_gathers_a_moe_blocks_router_and_experts_together_where_deepspeed_makes_the_block_a_leaf(
+        moe_runs, moe_no_leaf_runs):
+    """DeepSpeed 0.19.8 makes the Mixtral, Qwen2-MoE and Qwen3-MoE blocks ZeRO-3 leaves by default (its
+    zero_optimization.leaf_module classes): the router's and the experts' weights are gathered in one all-gather
+    a block. Without (backend.leaf_moe_blocks=false) ZeRO-3 gathers module by module: the router, then the
+    experts, whose weights transformers 5 holds as two 3-D tensors of one module, so two all-gathers a block of
+    the same bytes, never DeepSpeed #5047's one an expert. The run records which classes were leaves."""
     def gathers(run_dir):
         rank0 = json.loads((run_dir / "ranks" / "report.json").read_text())["ranks"][0]
         return sorted((c["size_bytes"], c["phase"], c["count"]) for c in rank0["collectives"]
                       if c["op"] == "all_gather")
-    plain, leaf = moe_runs["ds_zero3"][2], moe_leaf_runs["ds_zero3"][2]
+    leaf, no_leaf = moe_runs["ds_zero3"][2], moe_no_leaf_runs["ds_zero3"][2]
     m = model_cfg("tiny_qwen3_moe")
-    block = 4 * (m.num_experts * 3 * m.expert_intermediate_size * m.hidden_size + m.num_experts * m.hidden_size)
+    router = 4 * m.num_experts * m.hidden_size
+    experts = 4 * m.num_experts * 3 * m.expert_intermediate_size * m.hidden_size
     # fp32, 2 ranks: each rank's half, gathered once a block a micro-batch forward and once backward
-    assert (block, "forward", m.num_layers * 2) in gathers(plain)
-    assert gathers(plain) == gathers(leaf)
-    settings = json.loads((leaf / "settings.json").read_text())
-    assert settings["z3_leaf_modules"] == ["Qwen3MoeSparseMoeBlock"]
+    for phase in ("forward", "backward"):
+        assert (router + experts, phase, m.num_layers * 2) in gathers(leaf)
+        assert {(router, phase, m.num_layers * 2), (experts, phase, m.num_layers * 2)} <= set(gathers(no_leaf))
+    others = [g for g in gathers(leaf) if g[0] != router + experts]
+    assert others == [g for g in gathers(no_leaf) if g[0] not in (router, experts)]
+    assert json.loads((leaf / "settings.json").read_text())["z3_leaf_modules"] == ["Qwen3MoeSparseMoeBlock"]
+    assert json.loads((no_leaf / "settings.json").read_text())["z3_leaf_modules"] == []
 
 
 def test_a_moe_config_json_is_estimated_without_tensor_or_context_parallelism(capsys):

@@ -98,10 +98,11 @@ class DeepSpeedFamily(Family):
         if b.offload_optimizer and b.zero_stage == 0:
             out.append("backend.offload_optimizer=true: optimizer offload needs ZeRO stage 1-3")
         out += deepcompile_rules(cfg)
-        if b.leaf_moe_blocks and (b.zero_stage != 3 or not cfg.model.num_experts):
-            out.append(f"backend.leaf_moe_blocks=true: marks a mixture of experts' blocks as ZeRO-3 leaves "
-                       f"(deepspeed.utils.set_z3_leaf_modules); {b.name} with model {cfg.model.name} has "
-                       f"{'no ZeRO-3' if b.zero_stage != 3 else 'no such block'}. Set it false")
+        if b.leaf_moe_blocks is not None and (b.zero_stage != 3 or not cfg.model.num_experts):
+            out.append(f"backend.leaf_moe_blocks={str(b.leaf_moe_blocks).lower()}: says whether a mixture of "
+                       f"experts' blocks are ZeRO-3 leaves (deepspeed.utils.set_z3_leaf_modules); {b.name} with "
+                       f"model {cfg.model.name} has {'no ZeRO-3' if b.zero_stage != 3 else 'no such block'}. "
+                       f"Leave it unset")
         asked = cfg.parallelism.grad_sync
         if asked and asked not in self.grad_syncs(b):
             out.append(f"parallelism.grad_sync={asked}: DeepSpeed ZeRO-{b.zero_stage} reduces "

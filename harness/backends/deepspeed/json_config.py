@@ -81,7 +81,7 @@ def harness_keys(cfg, mesh: Mesh | int) -> Dict[str, Any]:
         "gradient_clipping": cfg.optim.grad_clip,
         "bf16": {"enabled": t.precision == "bf16"},
         "fp16": {"enabled": t.precision == "fp16"},
-        "zero_optimization": {"stage": b.zero_stage, **zeropp_keys(cfg, mesh)},
+        "zero_optimization": {"stage": b.zero_stage, **zeropp_keys(cfg, mesh), **leaf_keys(cfg)},
         **tensor_parallel_keys(cfg, mesh),
         **autoep.json_keys(mesh.ep),  # AutoEP (backends/deepspeed/autoep.py)
         # Ulysses (parallel/cp/ulysses.py): DeepSpeed's key for the sequence-parallel degree, which its config
@@ -89,6 +89,12 @@ def harness_keys(cfg, mesh: Mesh | int) -> Dict[str, Any]:
         **({"sequence_parallel_size": mesh.cp} if mesh.cp > 1 else {}),
         **({"compile": {"deepcompile": True}} if b.deepcompile else {}),
     }
+
+
+def leaf_keys(cfg) -> Dict[str, Any]:
+    """backend.leaf_moe_blocks=false: no ZeRO-3 leaf modules, where DeepSpeed 0.19.8's default leaf_module
+    classes make the Mixtral, Qwen2-MoE and Qwen3-MoE blocks leaves (deepspeed/runtime/zero/leaf_module_config.py)."""
+    return {"leaf_module": {"classes": []}} if cfg.backend.leaf_moe_blocks is False else {}
 
 
 def profile_zero(cfg, params: int) -> Dict[str, Any]:

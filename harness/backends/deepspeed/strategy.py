@@ -80,11 +80,13 @@ class DeepSpeedStrategy(Strategy):
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
             apply_axes(self, model)  # AutoTP applies from the JSON; Ulysses wraps attention, hands its groups
         if self.cfg.backend.leaf_moe_blocks:  # before initialize, which registers ZeRO-3's module hooks
-            self.settings = {**self.settings, "z3_leaf_modules": mark_moe_leaves(model)}
+            mark_moe_leaves(model)
         extra = {"mpu": self.engine_groups} if self.engine_groups is not None else {}
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.config, dist_init_required=False, **extra
         )
+        if self.cfg.backend.zero_stage == 3:  # what ran: the harness's marks and DeepSpeed's default classes'
+            self.settings = {**self.settings, "z3_leaf_modules": leaf_classes(model)}
         if self.cfg.train.compile or self.cfg.backend.deepcompile:
             # DeepSpeed's own compile support: the engine compiles its wrapped module (DeepSpeedEngine.compile);
             # with compile.deepcompile in the JSON, through DeepCompile's ZeRO passes, whose op loads here
@@ -212,6 +214,13 @@ class DeepSpeedStrategy(Strategy):
     @override
     def unclassified_tensors(self):
         return self._unclassified
+
+
+def leaf_classes(model) -> list:
+    """The classes of the model's ZeRO-3 leaf modules, however they were marked."""
+    from deepspeed.utils import z3_leaf_module
+
+    return sorted({type(m).__name__ for m in model.modules() if z3_leaf_module(m)})
 
 
 def mark_moe_leaves(model) -> list:
