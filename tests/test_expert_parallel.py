@@ -194,7 +194,7 @@ def test_expert_parallel_states_bytes_and_peak_are_the_theorys(ep_two_rank_runs,
             assert abs(error) <= 10, (cell, rank["rank"], r["share"], error)
         # their mean within 10% too. AutoEP ZeRO-3's had read +12.9% and +13.0% (2026-11-30): each block kept its
         # local experts' gathered weights from forward to backward, saved by AutoEP's grouped matmuls
-        # (backends/deepspeed/theory.autoep_saved_experts, 196,608 B here), now in the theory
+        # (backends/deepspeed/theory.saved_experts, 196,608 B here), now in the theory
         assert abs(sum(errors) / len(errors)) <= 10, (cell, errors)
         # the summary and `shardbench memory-check` judge the busiest rank against its own share's prediction
         busiest = max(routed, key=lambda r: r["peak"])
@@ -203,11 +203,12 @@ def test_expert_parallel_states_bytes_and_peak_are_the_theorys(ep_two_rank_runs,
         assert row["error_pct"] == pytest.approx(100 * (busiest["peak"] / busiest["predicted"] - 1)), cell
 
 
-def test_zero3_under_autoep_keeps_each_blocks_gathered_local_experts_from_forward_to_backward():
+def test_zero3_keeps_each_blocks_gathered_experts_from_forward_to_backward_at_every_ep():
     """AutoEP's grouped matmuls save transposed views of the gathered expert weights, which ZeRO-3's release does
-    not free (backends/deepspeed/theory.autoep_saved_experts): after forward every block's E/ep experts, in block
-    k's backward blocks 0..k's. Not under ZeRO-2 (its parameters are whole: the views are their storage), nor
-    without AutoEP, nor for a block whose parameters stay gathered anyway (a reuse distance covering the step)."""
+    not free (backends/deepspeed/theory.saved_experts): after forward every block's E/ep experts, in block
+    k's backward blocks 0..k's; at ep 1 transformers' grouped matmuls, every expert. Not under ZeRO-2 (its
+    parameters are whole: the views are their storage), nor for a block whose parameters stay gathered anyway (a
+    reuse distance covering the step)."""
     from harness.config.derive import world_size
     from harness.theory.predict import predict
 
@@ -216,7 +217,7 @@ def test_zero3_under_autoep_keeps_each_blocks_gathered_local_experts_from_forwar
                        "parallelism.grad_accum=2", *overrides])
         counts = models.param_count(cfg.model)
         f = predict(cfg, world_size(cfg), counts)
-        saved = {phase: f.get(f"memory/{phase}_autoep_saved_experts_predicted_bytes", 0)
+        saved = {phase: f.get(f"memory/{phase}_saved_experts_predicted_bytes", 0)
                  for phase in ("forward_end", "backward_start", "block_backward")}
         return shape_of(cfg, None, counts), saved, f["memory/peak_block_predicted"]
 
@@ -227,7 +228,12 @@ def test_zero3_under_autoep_keeps_each_blocks_gathered_local_experts_from_forwar
     assert saved["forward_end"] == saved["backward_start"] == every_block
     assert saved["block_backward"] == 4 * s.block_experts * (k + 1)
     assert set(terms("backend=ds_zero2", "parallelism.ep=2")[1].values()) == {0}
-    assert set(terms("backend=ds_zero3", *released)[1].values()) == {0}  # ep 1: transformers' experts
+    # ep 1: transformers' grouped matmuls save views of every expert weight the same way (all 8 experts a block)
+    s1, saved1, k1 = terms("backend=ds_zero3", *released)
+    assert s1.block_experts == 2 * s.block_experts
+    assert saved1["forward_end"] == saved1["backward_start"] == 4 * s1.block_experts * s1.blocks == 393_216
+    assert saved1["block_backward"] == 4 * s1.block_experts * (k1 + 1)
+    assert set(terms("backend=ds_zero3")[1].values()) == {0}  # the whole model gathered, forward to backward
     assert set(terms("backend=ds_zero3", "parallelism.ep=2")[1].values()) == {0}  # DeepSpeed's reuse distance
 
 

@@ -43,6 +43,9 @@ class Shape:
     # (parallel/ep/counts.py), flattened apart from the rest (trainable_sizes then the dense ones) over the
     # expert-data-parallel ranks (backends/deepspeed/theory.moe_groups)
     expert_trainable_sizes: tuple = ()
+    # ZeRO-3 on a mixture of experts: this rank's trained 3-D expert weights, whose gathered storage the experts'
+    # matmuls save views of for backward (backends/deepspeed/theory.saved_experts); AutoEP's, or every one at ep 1
+    saved_expert_sizes: tuple = ()
     persistence_threshold: int = 0  # ZeRO-3 keeps tensors of at most this many elements whole on every rank
     # LoRA (workload=lora): only these parameters train; the frozen rest keep no gradient or optimizer state.
     # None = all of them (full training), and the fields below follow the whole model's.

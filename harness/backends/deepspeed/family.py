@@ -54,7 +54,8 @@ class DeepSpeedFamily(Family):
     native_buffers_note = "DeepSpeed's default 5e8-element buckets under profile=native; profile=parity sizes them"
     term_names = {"reduce_bucket": "DeepSpeed's reduce bucket, allocated whole at reduce_bucket_size elements",
                   "prefetch_buffer": "ZeRO-3's prefetch buffer", "flat_fp32_grad": "the step's flat fp32 gradient",
-                  "hpz_secondary_shards": "ZeRO++ hpZ's secondary shards of released parameters"}
+                  "hpz_secondary_shards": "ZeRO++ hpZ's secondary shards of released parameters",
+                  "saved_experts": "ZeRO-3's gathered expert weights a MoE block's matmuls keep for backward"}
     differences = (
         Difference("deepspeed", "zero_optimization.overlap_comm", "unset: DeepSpeed's default, on for stage 3 and "
                    "off for stages 1-2", "false", SOURCE),
@@ -217,7 +218,7 @@ class DeepSpeedFamily(Family):
                # reduce_scatter all-reduce the whole gradient
                "grad_all_reduce": bool(zero["use_multi_rank_bucket_allreduce"] or not zero["reduce_scatter"]),
                "one_graph_backward": bool(cfg.train.compile) and self.compile_scope(cfg.backend) == "module",
-               **theory.moe_groups(mesh, counts)}
+               **theory.moe_groups(mesh, counts), "saved_expert_sizes": theory.trained_expert_sizes(counts)}
         if cfg.backend.zero_stage == 3:
             out["quantized_weights"], out["quantized_gradients"] = (cfg.backend.quantized_weights,
                                                                     cfg.backend.quantized_gradients)

@@ -18,11 +18,13 @@ Transients (`phase_terms`):
   from forward to backward (p·Ψ beside the 1/N shards: why ZeRO-3 can hold more than ZeRO-2 on a model this
   size), and above it the last blocks do. The prefetch gathers up to stage3_prefetch_bucket_size parameters in
   one coalesced all-gather whose flat buffer lives until its last parameter is used.
-- ZeRO-3 under AutoEP: its experts run `torch._grouped_mm` on transposed views of their gathered 3-D weights
-  (deepspeed/moe/ep_experts.py), which autograd saves for backward. Releasing a parameter swaps its `.data`
-  and leaves a view's storage alone, so each block keeps its local experts' gathered weights from its forward
-  to its backward (`autoep_saved_experts`), whatever the reuse distance says: measured on tiny Mixtral at efsdp
-  2 x ep 2, three gathered weights a block (w1, w2, w3: 32,768 B each) live at the peak on every rank.
+- ZeRO-3 on a mixture of experts: the experts run `torch._grouped_mm` on transposed views of their gathered
+  3-D weights (AutoEP's deepspeed/moe/ep_experts.py; at ep 1 transformers' grouped_mm_experts_forward), which
+  autograd saves for backward. Releasing a parameter swaps its `.data` and leaves a view's storage alone, so
+  each block keeps its experts' gathered weights from its forward to its backward (`saved_experts`), whatever
+  the reuse distance says: measured on tiny Mixtral at efsdp 2 x ep 2, three gathered weights a block (w1, w2,
+  w3: 32,768 B each) live at the peak on every rank; at ep 1, module by module, tiny Qwen3-MoE's two a block
+  (196,608 B), the peak 9.7% over the theory without them.
 - The step: DeepSpeed steps one flat fp32 partition and first flattens its fp32 gradient (4T/N);
   DeepSpeedCPUAdam steps in place.
 
@@ -190,7 +192,7 @@ def zero3_terms(s, phase: str, k: Optional[int]) -> Dict[str, float]:
     released = s.params - s.persistent_params - gathered  # let go of in forward (none below the reuse distance)
     if k is None:
         out = {"gathered_params": s.p * gathered, "hpz_secondary_shards": hpz_secondary(s, released),
-               "autoep_saved_experts": autoep_saved_experts(s, gathered, None)}
+               "saved_experts": saved_experts(s, gathered, None)}
         if phase == "forward_end":
             out["prefetch_buffer"] = s.p * min(s.params - s.persistent_params, s.prefetch_bucket, s.max_live_params)
         return out
@@ -198,17 +200,16 @@ def zero3_terms(s, phase: str, k: Optional[int]) -> Dict[str, float]:
     done = s.head_params + (s.blocks - 1 - k) * s.block_params
     return {"gathered_params": s.p * max(gathered - done, s.block_params),
             "hpz_secondary_shards": hpz_secondary(s, released + min(done, gathered)),
-            "autoep_saved_experts": autoep_saved_experts(s, max(gathered - done, 0), k)}
+            "saved_experts": saved_experts(s, max(gathered - done, 0), k)}
 
 
-def autoep_saved_experts(s, kept_gathered: float, k: Optional[int]) -> float:
-    """The gathered expert weights AutoEP's grouped matmuls saved for backward (module docstring): every block's
-    after forward (k None), blocks 0..k in block k's backward. A checkpointed block saves nothing in forward, and
-    the one being recomputed is counted (the checkpointed cells are not measured: a prediction). The blocks whose
-    parameters stay gathered from forward to backward anyway (`kept_gathered` elements, the head first), and the
-    expert tensors under the persistence threshold (never released), hold the same storage. Only under AutoEP
-    (its expert tensors are then ZeRO's MoE group)."""
-    released = sum(n for n in s.expert_trainable_sizes if n > s.persistence_threshold)
+def saved_experts(s, kept_gathered: float, k: Optional[int]) -> float:
+    """The gathered expert weights the experts' grouped matmuls saved for backward (module docstring): every
+    block's after forward (k None), blocks 0..k in block k's backward. A checkpointed block saves nothing in
+    forward, and the one being recomputed is counted (the checkpointed cells are not measured: a prediction). The
+    blocks whose parameters stay gathered from forward to backward anyway (`kept_gathered` elements, the head
+    first), and the expert tensors under the persistence threshold (never released), hold the same storage."""
+    released = sum(n for n in s.saved_expert_sizes if n > s.persistence_threshold)
     if not released or not s.block_params:
         return 0.0
     blocks = s.blocks if k is None else k + 1
@@ -302,6 +303,12 @@ def moe_groups(mesh, counts: dict) -> dict:
              for (_, _, trains, tags), (first, per_row, _) in zip(counts["tensors"], counts["rows"]) if trains]
     return {"trainable_sizes": tuple(n for n, expert in sizes if not expert),
             "expert_trainable_sizes": tuple(n for n, expert in sizes if expert)}
+
+
+def trained_expert_sizes(counts: dict) -> tuple:
+    """This rank's trained 3-D expert weights, in elements (the counts are already cut by expert parallelism)."""
+    return tuple(first * per_row for (_, _, trains, tags), (first, per_row, _)
+                 in zip(counts.get("tensors", ()), counts.get("rows", ())) if trains and "expert" in tags)
 
 
 def expert_elements(s) -> int:
