@@ -13,7 +13,9 @@ from ..core.paths import REPO
 ENV_WHITELIST = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TORCH_EXTENSIONS_DIR", "WANDB_MODE",
                  "WANDB_PROJECT", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_NNODES",
                  "SLURM_NTASKS", "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "SLURM_NODEID", "SLURM_RESTART_COUNT",
-                 "NCCL_DEBUG", "SHARDBENCH_NODE_RANK", "SHARDBENCH_MASTER_ADDR", "SHARDBENCH_RDZV_ID")
+                 "NCCL_DEBUG", "SHARDBENCH_NODE_RANK", "SHARDBENCH_MASTER_ADDR", "SHARDBENCH_RDZV_ID",
+                 # the caching allocator's settings: a run's reserved bytes depend on them (theory/allocator.py)
+                 "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
 def device_name(cfg) -> str:

@@ -104,6 +104,13 @@ class FSDPStrategy(NativeStrategy):
         return {f"host_{k}": v for k, v in states.items()} if self.backend.cpu_offload else states
 
     @override
+    def allocator_streams(self):
+        # FSDP2 allocates an all-gather's output on its all-gather copy-in stream and the new sharded gradients
+        # (the reduce-scatter's output, or its cast) on its reduce-scatter stream
+        # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
+        return {"All Gather": "fsdp_all_gather", "Sharded Grad": "fsdp_reduce_scatter"}
+
+    @override
     def memory_tracker(self):
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 

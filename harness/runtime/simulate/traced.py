@@ -39,7 +39,9 @@ import torch.distributed as dist
 
 from ...config import families
 from .. import schedule
+from ...theory import allocator
 from ..measure.collective_count import counter_for
+from .allocations import AllocationLog
 
 # the tracker's kinds, mapped onto the theory's (theory/memory.layout's components, and the transients)
 KINDS = {"Sharded Param": "params", "Parameter": "params", "Sharded Grad": "grads", "Gradient": "grads",
@@ -68,6 +70,9 @@ class Trace:
     states: Dict[str, int] = field(default_factory=dict)  # after the last step's backward, by kind
     collectives: List[dict] = field(default_factory=list)  # one optimizer step's (the last one's)
     settings: dict = field(default_factory=dict)
+    # the caching allocator replayed over the last step's allocations (theory/allocator.py): peak allocated,
+    # and peak reserved with native and with expandable segments
+    allocator: dict = field(default_factory=dict)
     error: Optional[str] = None  # the exception's type and first line, where the trace failed
     where: Optional[str] = None  # the innermost frame of the harness or the framework it came from
 
@@ -114,6 +119,33 @@ def real_meshes():
 
 
 @contextlib.contextmanager
+def propagation_untracked(tracker):
+    """DTensor learns an op's output shape by running the op on fake tensors of the global, unsharded shapes
+    (ShardingPropagator._propagate_tensor_meta_non_cached), in the active fake mode, which here is the trace's own,
+    and without its cache while a fake mode is active. torch's tracker skips only the propagation run in another
+    fake mode than the one it was entered in, so it counted those global tensors: under loss parallel the whole
+    vocabulary's logits, 160 GiB of "activations" on the published 70B 2-D row (tp 8, micro-batch 16), which
+    ran in 71.9 GiB. While DTensor propagates, the tracker is told it was entered elsewhere."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+    elsewhere = object()
+
+    def propagate(self, op_schema):
+        entered, tracker._fake_mode_on_entry = tracker._fake_mode_on_entry, elsewhere
+        try:
+            return original(self, op_schema)
+        finally:
+            tracker._fake_mode_on_entry = entered
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original
+
+
+@contextlib.contextmanager
 def balanced_routing(cfg):
     """Expert parallelism reads its all-to-all's split sizes from the routing (transformers' AllToAllEP:
     `torch.stack([send, recv]).tolist()`), which a fake tensor does not hold. Answered here as the balanced
@@ -140,6 +172,15 @@ def balanced_routing(cfg):
         yield
     finally:
         FakeTensor.tolist = original
+
+
+def allocator_peaks(events) -> Dict[str, int]:
+    """The allocator's peaks over a step's events: allocated (blocks, rounded), reserved natively and with
+    expandable segments, and the bytes in use as the tracker counts them (unrounded)."""
+    native, grown = allocator.replay(events), allocator.replay(events, expandable=True)
+    return {"live": allocator.live_peak(events), "allocated": native.peak_allocated, "reserved": native.peak_reserved,
+            "reserved_expandable": grown.peak_reserved, "segments": native.segments,
+            "reserved_by_stream": native.by_stream}
 
 
 def trace(cfg, world: int, steps: int = 2) -> Trace:
@@ -172,12 +213,13 @@ def trace(cfg, world: int, steps: int = 2) -> Trace:
             for i in range(steps - 1):  # untracked: creates the optimizer state and warms DTensor's caches
                 step(i, mean_loss=False)
             tracker, counter, states = ready.strategy.memory_tracker(), counter_for(ready.strategy.mesh), {}
-            with tracker, counter:
+            log = AllocationLog(ready.strategy.allocator_streams())
+            with log.on(tracker), tracker, propagation_untracked(tracker), counter:
                 step(steps - 1, lambda: states.update(by_kind(tracker.get_tracker_snapshot("current"))),
                      mean_loss=False)
             return Trace(True, time.perf_counter() - start, peak=by_kind(tracker.get_tracker_snapshot("peak")),
                          states={k: states.get(k, 0) for k in STATES}, collectives=counter.rows(),
-                         settings=ready.strategy.effective_settings())
+                         settings=ready.strategy.effective_settings(), allocator=allocator_peaks(log.events))
     except Exception as exc:  # noqa: BLE001 - a backend that cannot run on fake tensors is a result, with its cause
         error, where = _cause(exc, families.of(cfg.backend).packages)
         return Trace(False, time.perf_counter() - start, error=error, where=where)

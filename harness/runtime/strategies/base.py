@@ -253,6 +253,12 @@ class Strategy(ABC):
         """Tensors the strategy holds but cannot attribute to a component, by where it found them."""
         return {}
 
+    def allocator_streams(self) -> Dict[str, str]:
+        """The streams other than the default one this strategy allocates on, by the memory tracker's kind of
+        what it allocates there (runtime/simulate/allocations.py): the caching allocator keeps each stream's
+        freed blocks for that stream alone. None here."""
+        return {}
+
     def memory_tracker(self):
         """torch's tracker of this rank's storages by kind (parameters, gradients, optimizer state, activations,
         temporaries), for a step on fake tensors (runtime/simulate/traced.py); FSDP2's own tracker splits further."""
