@@ -47,12 +47,9 @@ from ...core.rundir import write_json, write_text
 from . import time_model as gpu_time
 from ...core.spawn import command_argv
 from .machine import offloading, prepare_jit_ops, slug, environment
+from .sweeps import COMMON, SWEEPS
 
 
-COMMON = ["parallelism=gpu1", "train.precision=bf16", "logger=none", "train.steps=10", "train.warmup_steps=3",
-          "train.breakdown_steps=1"]
-SWEEPS = {"gpu_gpt2": ["model=gpt2_124m", "parallelism.micro_batch=8"],  # gpu1's seq_len is capped to 1024
-          "gpu_llama": ["model=llama_1b", "parallelism.micro_batch=2", "parallelism.seq_len=2048"]}
 OOM = ["model=gpt2_124m", "fault.kind=oom", "fault.step=4", "train.profile_memory=false"]
 FIRST_LOSS_RTOL = 0.02  # bf16: autocast over fp32 weights (DDP) against 16-bit weights (FSDP2, DeepSpeed)
 PEAK_TOLERANCE_PCT = 10  # the memory model's tolerance (make memory-check)

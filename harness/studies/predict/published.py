@@ -2,7 +2,8 @@
 config and predicted by the same theory `shardbench estimate` prints, set beside the published figure.
 
 Theory only, no step runs. For each row:
-- its peak of live tensors per GPU (theory/peak.py);
+- its peak of live tensors per GPU (theory/peak.py), and where the source states the allocator's reserved
+  bytes, those (studies/predict/reserved.py);
 - its tokens/s per GPU from the time model's roofline at the row's card (card_rates: the matmul and copy rates a
   lent GPU measured where it is this card, else the card's datasheet scaled by measured ÷ datasheet on the
   measured card; its links' stated bandwidths, each in studies/predict/cards.py with its source): compute at
@@ -12,7 +13,8 @@ Theory only, no step runs. For each row:
   op on fake tensors and priced at the card's costs, the time model the runs' own summaries use.
 MFU stays against the datasheet's peak, as the sources count it.
 Nothing is fitted to a row. `make published` (`shardbench published`) writes results/published/published.{md,json}
-and the table inside experiments/published/README.md (between its markers), in under a minute.
+and the table inside experiments/published/README.md (between its markers), in under a minute once the traces
+are kept (the first run after a code change traces 13 rows and 4 GPU runs: studies/predict/reserved.py).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from ...core.rundir import write_json, write_text
 from .counted_shapes import TIME_TARGET_PCT
 from .cards import CARDS, card_rates, rates
 from .published_rows import EAGER_ONLY, GPUS_PER_NODE, ROWS, backend_of, base_of, write_readme_section
+from .reserved import gpu_pair_lines, gpu_pairs, reserved_rows
 
 GIB = 2**30
 MARKERS = ("<!-- table: written by `make published` -->", "<!-- /table -->")
@@ -59,19 +62,30 @@ def predict_row(row: dict) -> dict:
     out["flops_per_token"] = est["flops_per_token"]
     out["published_mfu_pct"] = row.get("mfu_pct")
     out["counted_mfu_pct"] = 100 * est["flops_per_token"] * row["tokens_per_s_per_gpu"] / (card["tflops"] * 1e12)
-    if out["published_memory_gib"]:
-        out["memory_error_pct"] = 100 * (out["predicted_peak_gib"] / out["published_memory_gib"] - 1)
     return out
+
+
+def memory_errors(r: dict) -> None:
+    """A row's memory error against the kind its source states: the allocator's reserved bytes where it states
+    those and the row was traced (studies/predict/reserved.py), else the theory's live tensors."""
+    if not r.get("published_memory_gib"):
+        return
+    r["live_error_pct"] = 100 * (r["predicted_peak_gib"] / r["published_memory_gib"] - 1)
+    r["memory_kind"] = "reserved" if r.get("predicted_reserved_gib") else "live"
+    predicted = r.get("predicted_reserved_gib") or r["predicted_peak_gib"]
+    r["memory_error_pct"] = 100 * (predicted / r["published_memory_gib"] - 1)
 
 
 def table(results: List[dict]) -> List[str]:
     lines = ["| row | source, table | card | GPUs | backend, mesh | published tokens/s/GPU | roofline | roofline / "
              "published | counted work | counted / published | published MFU % | counted MFU % | published GiB | "
-             "predicted peak GiB | error |",
-             "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "predicted live GiB | predicted reserved GiB | error |",
+             "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        memory = (f"{r['published_memory_gib']:.1f} | {r['predicted_peak_gib']:.1f} | {r['memory_error_pct']:+.1f}%"
-                  if r.get("published_memory_gib") else f"- | {r['predicted_peak_gib']:.1f} | -")
+        reserved = f"{r['predicted_reserved_gib']:.1f}" if r.get("predicted_reserved_gib") else "-"
+        memory = (f"{r['published_memory_gib']:.1f} | {r['predicted_peak_gib']:.1f} | {reserved} | "
+                  f"{r['memory_error_pct']:+.1f}% ({r['memory_kind']})"
+                  if r.get("published_memory_gib") else f"- | {r['predicted_peak_gib']:.1f} | {reserved} | -")
         mfu = f"{r['published_mfu_pct']:.1f}" if r.get("published_mfu_pct") else "-"
         lines.append(f"| {r['id']} | {r['source']}, {r['table']} | {r['card']} | {r['gpus']} | {r['backend']}, "
                      f"{r['mesh']} | {r['published_tokens_per_s_per_gpu']:,} | "
@@ -83,9 +97,14 @@ def table(results: List[dict]) -> List[str]:
     ratios = [r["roofline_over_published"] for r in results]
     close = [x for x in ratios if abs(x - 1) * 100 <= TIME_TARGET_PCT]
     under = [r["id"] for r in results if r["roofline_over_published"] < 1]
+    live = [r for r in with_memory if abs(r["live_error_pct"]) <= MEMORY_TARGET_PCT]
     lines += ["", f"Memory: {len(within)} of {len(with_memory)} published peaks within {MEMORY_TARGET_PCT}% of the "
-              f"prediction. Time: the roofline estimate is {min(ratios):.2f}x to {max(ratios):.2f}x the published "
-              f"tokens/s; {len(close)} of {len(results)} rows within {TIME_TARGET_PCT}%. It prices compute at the "
+              "prediction of the kind their source states: the allocator's reserved bytes (the caching allocator's "
+              "rules replayed over the row's traced step, with the allocator setting its source ran: "
+              "harness/studies/predict/reserved.py) or live tensors (the theory); against live tensors alone, "
+              f"{len(live)} of {len(with_memory)}. Time: the roofline estimate is {min(ratios):.2f}x to "
+              f"{max(ratios):.2f}x the published tokens/s; {len(close)} of {len(results)} rows within "
+              f"{TIME_TARGET_PCT}%. It prices compute at the "
               f"card's measured matmul rate and the collectives at the stated links, so it should lie above what ran; "
               + (f"it lies below on {', '.join(under)}, where its collectives cost more than the run's did."
                  if under else "it does on every row.")]
@@ -139,6 +158,23 @@ def price_rows(rows: List[dict]) -> Dict[str, dict]:
     return out
 
 
+def reserved_lines(results: List[dict], kinds: Dict[str, dict]) -> List[str]:
+    """What each reserved prediction replayed, and what each source's memory figure counts."""
+    traced = [r for r in results if r.get("predicted_reserved_gib")]
+    if not traced:
+        return []
+    return ["", "Reserved: each row whose source states the allocator's reserved bytes is traced at its full size "
+            "and world on fake tensors and the caching allocator's rules replayed over its step "
+            "(harness/theory/allocator.py), with native and with expandable segments; the prediction takes the "
+            "setting its source ran:", ""] + [
+        f"- {r['id']}: {r['predicted_reserved_gib']:.1f} GiB ({r['reserved_note']}); native "
+        f"{r['reserved_native_gib']:.1f}, expandable {r['reserved_expandable_gib']:.1f}, blocks allocated "
+        f"{r['traced_allocated_gib']:.1f} against the theory's {r['predicted_peak_gib']:.1f} live"
+        for r in traced] + ["", "What each source's memory figure counts:", ""] + [
+        f"- {name}: {k['kind']}, {'expandable' if k.get('expandable_segments') else 'native'} segments: {k['stated']}"
+        for name, k in kinds.items()]
+
+
 def counted_cells(r: dict) -> str:
     if not r.get("counted_tokens_per_s_per_gpu"):
         return "- | -"
@@ -168,8 +204,8 @@ def counted_summary(results: List[dict]) -> List[str]:
     return out
 
 
-def write(results: List[dict], out: Path, sources: Dict[str, str]) -> None:
-    lines = table(results)
+def write(results: List[dict], out: Path, sources: Dict[str, str], kinds: Dict[str, dict], pairs: List[dict]) -> None:
+    lines = table(results) + reserved_lines(results, kinds) + gpu_pair_lines(pairs)
     used = {n for n, c in CARDS.items() if c["label"] in {r["card"] for r in results}}  # the cards the rows ran on
     cards = ["", "The cards' rates and links:", ""] + [
         f"- {c['label']}: {c['tflops']} TFLOP/s bf16 dense, {c['mem_gbps']:,} GB/s, {c['intra_gbps']} GB/s in a node "
@@ -179,8 +215,8 @@ def write(results: List[dict], out: Path, sources: Dict[str, str]) -> None:
     sourced = ["", "Sources:", ""] + [f"- {name}: {text}" for name, text in sources.items()]
     write_text(out / "published.md", "\n".join(["# Published runs against the theory", "", *lines, *cards, *sourced])
                + "\n")
-    write_json(out / "published.json",
-               {"rows": results, "cards": {n: c for n, c in CARDS.items() if n in used}, "sources": sources})
+    write_json(out / "published.json", {"rows": results, "cards": {n: c for n, c in CARDS.items() if n in used},
+                                        "sources": sources, "memory_kinds": kinds, "gpu_pairs": pairs})
     write_readme_section(out, MARKERS, [*lines, *cards, *sourced])
 
 
@@ -198,11 +234,14 @@ def main(argv=None) -> int:
         replays = pool.submit(price_rows, spec["rows"])
         results = [predict_row(row) for row in spec["rows"]]
         counted = replays.result()
+    reserved = reserved_rows(spec["rows"], spec.get("memory_kinds", {}))
     for r in results:
         r.update(counted.get(r["id"], {}))
+        r.update(reserved.get(r["id"], {}))
+        memory_errors(r)
         if r.get("counted_tokens_per_s_per_gpu"):
             r["counted_over_published"] = r["counted_tokens_per_s_per_gpu"] / r["published_tokens_per_s_per_gpu"]
-    write(results, REPO / args.out, spec["sources"])
+    write(results, REPO / args.out, spec["sources"], spec.get("memory_kinds", {}), gpu_pairs())
     print("\n".join(table(results)))
     print(json.dumps({"rows": len(results)}))
     return 0
