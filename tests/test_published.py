@@ -44,12 +44,13 @@ def test_the_local_readme_copy_keeps_the_advisors_section_when_the_table_is_rewr
     from harness.core.paths import REPO
 
     committed = json.loads((REPO / "results" / "published" / "published.json").read_text())
-    published.write(committed["rows"][:2], tmp_path, committed["sources"])  # the copy, from the committed README
+    kinds = committed["memory_kinds"]
+    published.write(committed["rows"][:2], tmp_path, committed["sources"], kinds, [])  # the copy, from the committed README
     text = (tmp_path / "README.md").read_text()
     start = text.index(field.MARKERS[0]) + len(field.MARKERS[0])
     mine = text[:start] + "\nthe advisor's local table\n" + text[text.index(field.MARKERS[1]):]
     (tmp_path / "README.md").write_text(mine)
-    published.write(committed["rows"][:3], tmp_path, committed["sources"])
+    published.write(committed["rows"][:3], tmp_path, committed["sources"], kinds, [])
     again = (tmp_path / "README.md").read_text()
     assert "the advisor's local table" in again
     table = again[again.index(published.MARKERS[0]):again.index(published.MARKERS[1])]
