@@ -45,7 +45,8 @@ def test_the_local_readme_copy_keeps_the_advisors_section_when_the_table_is_rewr
 
     committed = json.loads((REPO / "results" / "published" / "published.json").read_text())
     kinds = committed["memory_kinds"]
-    published.write(committed["rows"][:2], tmp_path, committed["sources"], kinds, [])  # the copy, from the committed README
+    # the copy, from the committed README
+    published.write(committed["rows"][:2], tmp_path, committed["sources"], kinds, [])
     text = (tmp_path / "README.md").read_text()
     start = text.index(field.MARKERS[0]) + len(field.MARKERS[0])
     mine = text[:start] + "\nthe advisor's local table\n" + text[text.index(field.MARKERS[1]):]
