@@ -121,3 +121,17 @@ def test_a_published_peak_is_held_against_the_kind_its_source_states(monkeypatch
         published.memory_errors(r)
     assert [(r["memory_kind"], round(r["memory_error_pct"], 1)) for r in results] == \
         [("reserved", -2.8), ("reserved", 0.0), ("live", -9.1)]
+
+
+@pytest.mark.slow
+@pytest.mark.drill
+def test_a_traced_step_under_loss_parallel_counts_the_sharded_logits_not_dtensors_global_shapes():
+    """DTensor propagates an op's shapes by running it on global-shape fake tensors, in the trace's own fake mode:
+    counted, loss parallel's cross-entropy held the whole vocabulary's logits (160 GiB on the published 70B 2-D
+    row). With the logits dominating (32,000 entries, 1,024 tokens a rank), sharding them over tp 2 must lower
+    the traced peak against replicated logits, as it does on a real run."""
+    cell = ["model=tiny_llama", "model.vocab_size=32000", "backend=fsdp", "parallelism.nproc_per_node=4",
+            "parallelism.tp=2", "parallelism.micro_batch=4", "parallelism.seq_len=256", "logger=none"]
+    sharded, replicated = (_trace([*cell, f"parallelism.loss_parallel={on}"]) for on in ("true", "false"))
+    assert sharded["ok"] and replicated["ok"], (sharded["error"], replicated["error"])
+    assert sharded["live"] < 0.75 * replicated["live"], (sharded["live"], replicated["live"])

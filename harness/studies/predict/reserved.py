@@ -46,7 +46,8 @@ def traced(wanted: Dict[str, List[str]], jobs: int = 2) -> Dict[str, dict]:
     cache = REPO / ".cache" / "published_reserved" / code_key()
     cache.mkdir(parents=True, exist_ok=True)
     path = {k: cache / (hashlib.sha256(json.dumps(v).encode()).hexdigest()[:16] + ".json") for k, v in wanted.items()}
-    todo = [k for k in wanted if not path[k].exists()]
+    # one trace a config: a compiled or float8 row and its eager twin trace the same step
+    todo = list({path[k]: k for k in wanted if not path[k].exists()}.values())
     if todo:
         print(f"tracing {len(todo)} configs for their allocator peaks (kept in {cache})", flush=True)
         # a process per trace: what one leaves in torch's global state must not reach the next
