@@ -64,13 +64,13 @@ GRID = {"models": "llama_1b,llama_7b,llama_13b,llama_70b", "worlds": "8,64,512",
 WIDE = GRID["models"]  # the models traced under every traceable backend and in fp32 as well
 # 2-D cells (data parallelism x tensor parallelism, TP inside a node of 8): (model, world, tp degrees,
 # checkpointing), bf16, under every backend that traces at tp > 1; those that do not tried once, with the cause.
-# Loss parallel is off in them: its cross-entropy handlers make global-shape fake tensors in every traced step (4
-# bytes a token and vocabulary entry that no real run holds; the memory check measures it on real runs)
+# Loss parallel on, as torchtitan runs it (the config's default): DTensor's shape propagation for its cross-entropy
+# runs on global-shape fake tensors in every traced step, which the trace leaves out of the count
+# (runtime/simulate/traced.propagation_untracked; it had counted 4 bytes a token and vocabulary entry)
 # 70B at 64 ranks (8 nodes x 8, the advisor's 70B plan) holds the selective policies' tensor-parallel term (issue 73)
 TP_GRID = (("llama_70b", 256, (8,), ("off", "on")), ("llama_70b", 512, (8,), ("off", "on")),
            ("llama_7b", 64, (2, 4, 8), ("off",)), ("llama_13b", 64, (2, 4, 8), ("off",)),
            ("llama_70b", 64, (8,), ("off", "selective_op", "selective_op_half")))
-TP_COMMON = ["parallelism.loss_parallel=false"]
 # long-sequence cells: (model, world, sequence, cp degrees, tp, the ring's rotation), under CP_BACKENDS (the ring's
 # backend that traces, conf/studies.yaml), full checkpointing, bf16
 CP_GRID = (("llama3_1_8b", 8, 32768, (2, 4, 8), 1, "allgather"), ("llama3_1_8b", 8, 65536, (2, 4, 8), 1, "allgather"),
@@ -105,7 +105,7 @@ def cell_overrides(model: str, backend: str, world: int, precision: str, checkpo
                    common: List[str], tp: int = 1) -> List[str]:
     return ["parallelism=gpu8", *common, f"model={model}", f"backend={backend}", f"train.precision={precision}",
             f"train.activation_checkpointing={str(checkpointing).lower()}", *world_overrides(world),
-            "parallelism.device=cpu", "logger=none", *([f"parallelism.tp={tp}", *TP_COMMON] if tp > 1 else [])]
+            "parallelism.device=cpu", "logger=none", *([f"parallelism.tp={tp}"] if tp > 1 else [])]
 
 
 def tp_cells(grid, common: List[str], backends: List[str]) -> List[List[str]]:
