@@ -50,6 +50,10 @@ def test_fsdp2_at_64_ranks_allocates_and_sends_what_theory_says(grid):
     gathers = sum(c["count"] for c in r["collectives_traced"] if c["op"] == "all_gather")
     assert gathers == 2 * 16 + 1 and {c["group"] for c in r["collectives_traced"]} == {64}, r["collectives_traced"]
     assert "| llama_1b | fsdp | 64 | 1 | bf16 | off |" in (out / "scale_check.md").read_text()
+    # the caching allocator replayed over the traced step (theory/allocator.py): the log saw what the tracker
+    # counted, and the blocks handed out and the segments reserved lie above it
+    held = r["allocator_traced"]
+    assert held["live"] == r["peak_traced"]["total"] <= held["allocated"] <= held["reserved"], held
 
 
 def test_hsdp_at_64_ranks_shards_inside_the_node_and_sends_only_the_gradient_shards_across(grid):

@@ -95,7 +95,7 @@ def trace_cell(overrides: List[str]) -> dict:
     if not got.ok:
         return {**row, "error": got.error, "where": got.where}
     return {**row, "settings": got.settings, "states_traced": got.states, "peak_traced": got.peak,
-            "collectives_traced": got.collectives}
+            "collectives_traced": got.collectives, "allocator_traced": got.allocator}
 
 
 def compare(row: dict) -> dict:
@@ -204,21 +204,28 @@ def render_traced(overrides: List[str], world: int | None = None) -> List[dict]:
         rows = run_grid(cells, Path(tmp), jobs=2)
     t = Table(title="traced on fake tensors (rank 0) against theory, GiB per rank and GB sent per step")
     for col in ("backend", "states traced", "predicted", "error", "peak traced", "predicted", "error",
-                "GB/step traced", "predicted", "error", "inter-node traced", "predicted", "s"):
+                "reserved / expandable", "GB/step traced", "predicted", "error", "inter-node traced",
+                "predicted", "s"):
         t.add_column(col, justify="left" if col == "backend" else "right")
     for r in rows:
         if not r["ok"]:
-            t.add_row(r["backend"], f"not traced: {r['error']}", *[""] * 10, str(r["seconds"]))
+            t.add_row(r["backend"], f"not traced: {r['error']}", *[""] * 11, str(r["seconds"]))
             continue
-        t.add_row(r["backend"], gib_text(r["states_bytes"]), gib_text(r["states_predicted_bytes"]), pct_text(r["states_error_pct"]),
-                  gib_text(r["peak_bytes"]), gib_text(r["peak_predicted_bytes"]), pct_text(r["peak_error_pct"]),
+        held = r.get("allocator_traced") or {}
+        reserved = (f"{gib_text(held['reserved'])} / {gib_text(held['reserved_expandable'])}"
+                    if held.get("reserved") else "-")
+        t.add_row(r["backend"], gib_text(r["states_bytes"]), gib_text(r["states_predicted_bytes"]),
+                  pct_text(r["states_error_pct"]), gib_text(r["peak_bytes"]), gib_text(r["peak_predicted_bytes"]),
+                  pct_text(r["peak_error_pct"]), reserved,
                   f"{r['bytes_per_step'] / 1e9:,.3f}", f"{r['bytes_per_step_predicted'] / 1e9:,.3f}",
                   pct_text(r["bytes_error_pct"]), f"{r['inter_node_bytes'] / 1e9:,.3f}",
                   f"{r['inter_node_bytes_predicted'] / 1e9:,.3f}", str(r["seconds"]))
     Console(width=max(Console().width, 160)).print(t)
     print("Traced: the real strategy code's allocations on fake tensors over a fake process group, on the CPU code "
-          "path, set against the theory for that path (AdamW single-tensor). It counts tensors, not the CUDA caching "
-          "allocator's reserve or fragmentation, and it times nothing (docs/memory.md, \"Right at scale without the hardware\").")
+          "path, set against the theory for that path (AdamW single-tensor). Reserved: the CUDA caching allocator's "
+          "rules replayed over the traced step's allocations, with its default segments and with "
+          "expandable_segments:True (theory/allocator.py; docs/memory.md, \"Reserved, not only allocated\"). It "
+          "times nothing.")
     for name, why in others.items():
         print(f"  {name}: not traced: {why}")
     return rows
