@@ -86,7 +86,6 @@ class Replay:
     segments: int = 0  # taken from the driver over the replay (cudaMalloc calls, or expansions)
     alloc_retries: int = 0
     ooms: int = 0
-    reserved_at_peak_allocated: int = 0
     by_stream: Dict[str, int] = field(default_factory=dict)  # each stream's reserved bytes at the reserved peak
 
 
@@ -202,7 +201,7 @@ class CachingAllocator:
         s = self.stats
         s.allocated += block.size
         if s.allocated > s.peak_allocated:
-            s.peak_allocated, s.reserved_at_peak_allocated = s.allocated, s.reserved
+            s.peak_allocated = s.allocated
         if s.reserved > s.peak_reserved:
             s.peak_reserved = s.reserved
             s.by_stream = self.reserved_by_stream()

@@ -27,15 +27,13 @@ GIB = 2**30
 
 
 def trace_reserved(overrides: List[str]) -> dict:
-    """One row traced (in a worker process): the allocator's peaks over its step, and the tracker's live peak."""
-    from ...config.compose import compose
-    from ...config.derive import world_size
-    from ...runtime.simulate.traced import trace
+    """One row traced (in a worker process) as scale-check traces a cell (traced_cells.trace_cell): the
+    allocator's peaks over its step, and the tracker's live peak."""
+    from .traced_cells import trace_cell
 
-    cfg = compose(overrides)
-    got = trace(cfg, world_size(cfg))
-    return {"ok": got.ok, "error": got.error, "where": got.where, "seconds": round(got.seconds, 1),
-            "live_peak": got.peak.get("total", 0), **got.allocator}
+    row = trace_cell(overrides)
+    return {"ok": row["ok"], "error": row.get("error"), "where": row.get("where"), "seconds": row["seconds"],
+            "live_peak": row.get("peak_traced", {}).get("total", 0), **row.get("allocator_traced", {})}
 
 
 def traced(wanted: Dict[str, List[str]], jobs: int = 2) -> Dict[str, dict]:
