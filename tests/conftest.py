@@ -386,6 +386,9 @@ def cp_cells(llama_checkpoint) -> dict:
             # collective counter is off (the tp cells hold their bytes to 5% for it), so that every byte is held
             "gqa/fsdp_tp": (*gqa, "backend=fsdp", "parallelism.tp=2", "parallelism.micro_batch=6",
                             "parallelism.loss_parallel=false"),
+            # HSDP's replicas beside the ring (dp_replicate 2 x dp_shard 1 x cp 2): each replica's shard group is
+            # its cp pair (torchtitan's dp_shard_cp), the gradient shards all-reduced across the replicas
+            "gqa/fsdp_hsdp": (*gqa, "backend=fsdp_hsdp", "backend.shard_degree=1"),
             # and under DDP (torch's replicate under tp), which all-reduces over dp x cp
             "gqa/ddp_tp": (*gqa, "backend=ddp", "parallelism.tp=2", "parallelism.micro_batch=6",
                            "parallelism.loss_parallel=false"),
@@ -460,6 +463,8 @@ def ep_cells(two_experts: Path) -> dict:
     shape = [*base, "backend=fsdp"]
     return {"qwen3_moe": [*shape, "model=tiny_qwen3_moe", f"train.checkpoint_every={SAVED_AT}"],
             "mixtral": [*shape, "model=tiny_mixtral"],
+            # HSDP on one node (backend.shard_degree=2): 2 replicas of dp_shard 2, each its own ep 2 x efsdp 1
+            "qwen3_moe_hsdp": [*base, "backend=fsdp_hsdp", "backend.shard_degree=2", "model=tiny_qwen3_moe"],
             # DeepSpeed's AutoEP (backends/deepspeed/autoep.py): ZeRO-2 on one MoE, ZeRO-3 releasing what it
             # gathers (as at scale) on the other
             "qwen3_moe_autoep_zero2": [*base, "backend=ds_zero2", "model=tiny_qwen3_moe",

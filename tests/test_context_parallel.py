@@ -48,7 +48,7 @@ def test_the_cp_ranks_join_the_data_parallel_groups_of_the_mesh():
       "backend=fsdp"],
      "not with parallelism.tp=2 under backend=fsdp with Ulysses"),
     (["parallelism.cp=2", "parallelism.cp_method=sideways"], "parallelism.cp_method=sideways"),
-    (["parallelism.cp=2", "backend=fsdp_hsdp", "parallelism.nnodes=2"], "shards over a node's data-parallel"),
+    (["parallelism.cp=2", "backend=fsdp_partial", "parallelism.nnodes=2"], "(partial resharding, ZeRO++'s hpZ)"),
     (["parallelism.cp=3"], "pp x dp_replicate x cp x tp = 3 does not divide the 2 ranks"),
     (["parallelism.cp=0"], "parallelism.cp=0: must be positive"),
     (["parallelism.cp_tiled_mlp=true"], "ALST's tiled MLP is an option of context parallelism here"),
@@ -276,6 +276,7 @@ def test_the_ring_and_ulysses_send_and_hold_what_the_theory_says(cp_runs):
         settings = json.loads((run_dir / "settings.json").read_text())
         assert settings["mesh"]["describe"] == (
             "dp 1 x cp 2 (ring) x tp 2 (SP)" if cell.endswith("_tp") else
+            "dp 2 (replicate 2 x shard 1) x cp 2 (ring)" if cell.endswith("_hsdp") else
             "dp 2 x cp 2 (" + ("Ulysses" if ulysses else "ring") + ")")
         ran = settings["context_parallel"]
         if ulysses:

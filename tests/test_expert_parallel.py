@@ -37,7 +37,8 @@ MOE_RUN = ["logger=none", "profile=parity", "parallelism.nproc_per_node=2", "par
     ([*MOE4, "backend=ddp", "parallelism.ep=2"], "DDP all-reduces every gradient over every rank"),
     ([*MOE4, "backend=fsdp1", "parallelism.ep=2"], "FSDP1's one flat parameter a unit cannot"),
     ([*MOE4, "backend=ds_zeropp", "parallelism.ep=2"], "AutoEP under ZeRO-3 does not support hpZ's secondary"),
-    ([*MOE4, "backend=fsdp_hsdp", "backend.shard_degree=2", "parallelism.ep=2"], "(HSDP, partial resharding)"),
+    ([*MOE4, "backend=fsdp_partial", "parallelism.nnodes=2", "parallelism.ep=2"],
+     "(partial resharding, ZeRO++'s hpZ)"),
     ([*MOE4, "workload=lora", "parallelism.ep=2"], "workload=lora is not split by expert parallelism"),
     ([*MOE4, "parallelism.ep=0"], "parallelism.ep=0: must be positive"),
 ])
@@ -100,6 +101,9 @@ def _launch_cells(ep_two_rank_runs, ep_mixtral_two_rank_runs, ep_runs, ep_select
             # selective_op: its recompute sends the forward's all-to-alls again, as full checkpointing's does
             "mixtral at 2 ranks, selective_op": ep_selective_runs["fsdp"],
             "qwen3_moe at 4 ranks": ep_runs["qwen3_moe"], "mixtral at 4 ranks": ep_runs["mixtral"],
+            # HSDP's 2 replicas of dp_shard 2, each holding ep 2 x efsdp 1 (the experts' shards all-reduced
+            # across the replicas)
+            "qwen3_moe at 4 ranks, HSDP": ep_runs["qwen3_moe_hsdp"],
             "qwen3_moe at 4 ranks, AutoEP ZeRO-2": ep_runs["qwen3_moe_autoep_zero2"],
             "mixtral at 4 ranks, AutoEP ZeRO-3": ep_runs["mixtral_autoep_zero3"]}
 
@@ -124,7 +128,8 @@ def test_expert_parallelism_trains_as_ddp_does(moe_runs, moe_mixtral_runs, ep_tw
             assert settings["ep_group"] == mesh.groups("ep")[0] == [0, 1], cell
             assert settings["expert_data_parallel_group"] == mesh.groups("efsdp")[0] == [0, 2], cell
             continue
-        assert (settings["ep"], settings["efsdp"], settings["local_experts"]) == (2, ranks // 2, 4), cell
+        efsdp = 1 if "HSDP" in cell else ranks // 2  # HSDP: each replica's dp_shard 2 is its ep 2
+        assert (settings["ep"], settings["efsdp"], settings["local_experts"]) == (2, efsdp, 4), cell
         assert settings["gradient_divide_factor"] == ranks
 
 

@@ -197,12 +197,14 @@ def test_tensor_parallelism_inside_each_of_two_nodes_trains_as_ddp_and_keeps_its
 
 
 @DRILL
-@pytest.mark.parametrize("backend, port", [("fsdp", 29693), ("ds_zero2", 29695)])
+@pytest.mark.parametrize("backend, port", [("fsdp", 29693), ("ds_zero2", 29695), ("fsdp_hsdp", 29697)])
 def test_context_parallelism_inside_each_of_two_nodes_trains_as_ddp_and_keeps_its_bytes_in_the_node(tmp_path,
                                                                                                   backend, port):
     # 2 emulated nodes x 2 ranks as dp 2 x cp 2 (issue 71's cell): each node's two ranks are a context-parallel
     # group (consecutive ranks) running torch's ring under FSDP2 or Ulysses under ZeRO-2, the data-parallel groups
-    # cross the nodes; the same 4 sequences a step as DDP at 4 ranks (micro-batch 2 on 2 data-parallel ranks)
+    # cross the nodes; the same 4 sequences a step as DDP at 4 ranks (micro-batch 2 on 2 data-parallel ranks).
+    # Under HSDP (fsdp_hsdp) the node's cp ranks are also its shard group (dp_shard 1 x cp 2, torchtitan's
+    # dp_shard_cp), and the nodes are its replicas: only the all-reduce of each gradient shard crosses them
     two_nodes(tmp_path / "two", port, f"backend={backend}", "parallelism.nproc_per_node=2", "parallelism.cp=2",
               *FAST)
     one = one_node(tmp_path / "ref", 4, ("ddp",), "parallelism.micro_batch=1")
@@ -218,6 +220,7 @@ def test_context_parallelism_inside_each_of_two_nodes_trains_as_ddp_and_keeps_it
         assert measured == pytest.approx(predicted, rel=0.01), (backend, link, measured, predicted)
     # the ring's rotations (Ulysses' all-to-alls) stay inside each node; the gradients' reduction crosses them
     assert f["comm/measured_intra_node_bytes_per_step"] > 0 and f["comm/measured_inter_node_bytes_per_step"] > 0
+    assert abs(f["memory/model_states_error_pct"]) <= 1, (backend, f["memory/model_states_error_pct"])
 
 
 @pytest.mark.drill
@@ -262,3 +265,24 @@ def test_a_lost_node_is_named_with_its_step_and_a_relaunch_resumes_with_the_same
     redone = losses(run_dir)  # the steps from the checkpoint on, which the lost attempt ran too up to `done`
     overlap = min(len(redone), done - resumed_from)
     assert overlap >= 1 and redone[:overlap] == pytest.approx(first[resumed_from:resumed_from + overlap], abs=1e-6)
+
+
+@DRILL
+def test_expert_parallelism_under_hsdp_keeps_the_experts_in_each_node_and_trains_as_ddp(tmp_path):
+    # 2 emulated nodes x 2 ranks, HSDP (a node's ranks its shard group, the nodes its replicas) at ep 2: each
+    # node's two ranks split the experts (ep 2 x efsdp 1), the dispatch and combine stay inside the node, and only
+    # the replicas' all-reduce of each gradient shard crosses the nodes; the same 8 sequences a step as DDP's
+    moe = ("model=tiny_qwen3_moe", "parallelism.micro_batch=1", "parallelism.grad_accum=2")
+    two_nodes(tmp_path / "two", 29699, "backend=fsdp_hsdp", "parallelism.nproc_per_node=2", "parallelism.ep=2",
+              *moe, *FAST)
+    one = one_node(tmp_path / "ref", 4, ("ddp",), *moe)
+    assert losses(tmp_path / "two") == pytest.approx(losses(one["ddp"]), rel=1e-4)
+    f = json.loads((tmp_path / "two" / "summary.json").read_text())["figures"]
+    print(f"EP UNDER HSDP ON 2 NODES: bytes a step intra {f['comm/measured_intra_node_bytes_per_step']:,.0f} "
+          f"({f['comm/predicted_intra_node_bytes_per_step']:,.0f}), inter "
+          f"{f['comm/measured_inter_node_bytes_per_step']:,.0f} ({f['comm/predicted_inter_node_bytes_per_step']:,.0f})")
+    # across the nodes only the replicas' all-reduces, which the routing does not size; inside them the all-to-alls
+    # follow what the router sent (the theory's balanced rows: tests/test_expert_parallel.py holds them per rank)
+    inter = (f["comm/measured_inter_node_bytes_per_step"], f["comm/predicted_inter_node_bytes_per_step"])
+    assert inter[0] == pytest.approx(inter[1], rel=0.01), inter
+    assert abs(f["memory/model_states_error_pct"]) <= 1, f["memory/model_states_error_pct"]

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..core.errors import ConfigError
 from . import (axes, cards, data_check, derive, families, finetune_check, float8_check, hf_models, master_weights_check,
                moe_check, recompute, resume_check, schema)
+from .mesh import mesh_of
 from .mesh_check import axis_rules, mesh_points, mesh_rules  # noqa: F401 - their callers import them from here
 from .schema import CHOICES
 
@@ -191,11 +192,21 @@ def notes(cfg) -> List[str]:
     if par.device == "cpu" and par.nproc_per_node > cores:
         out.append(f"parallelism.nproc_per_node={par.nproc_per_node} ranks share {cores} cores: step times and "
                    "throughput measure time-slicing as well as the strategy; losses and memory are unaffected")
-    if par.nnodes == 1 and families.of(cfg.backend).is_hybrid(cfg.backend):
+    if par.nnodes == 1 and families.of(cfg.backend).is_hybrid(cfg.backend) and _flat_on_one_node(cfg):
         out.append(f"backend={cfg.backend.name} groups ranks by node; on one node its node-sized groups are the "
                    "whole world, and it gains nothing over its flat form; set parallelism.nnodes>1 (2 emulated "
                    "nodes: parallelism.nnodes=2 parallelism.nproc_per_node=2)")
     return out + resume_check.notes(cfg)
+
+
+def _flat_on_one_node(cfg) -> bool:
+    """Whether a hybrid backend's groups are the whole world here (no replicas, no smaller post-forward group):
+    a shard degree below the node's ranks (backend.shard_degree) makes replicas on one node too."""
+    try:
+        mesh = mesh_of(cfg)
+    except ConfigError:
+        return True
+    return mesh.dp_replicate == 1 and not mesh.post_forward_group
 
 
 def batch_rules(cfg) -> List[str]:

@@ -41,6 +41,14 @@ class Meshes:
         shard = "dp_shard_cp" if "cp" in names else "dp_shard"  # flattened by build()
         return self.whole["dp_replicate", shard] if "dp_replicate" in names else self.whole[shard]
 
+    @property
+    def experts_data_parallel(self) -> DeviceMesh:
+        """What fully_shard takes for the experts under expert parallelism: (dp_replicate, efsdp) under HSDP (each
+        replica shards its experts over the ranks that hold the same ones, and the replicas all-reduce the shards),
+        else efsdp."""
+        names = self.experts.mesh_dim_names
+        return self.experts["dp_replicate", "efsdp"] if "dp_replicate" in names else self.experts["efsdp"]
+
     def dimension(self, name: str) -> Optional[DeviceMesh]:
         """One dimension of the mesh (a parallel axis's: config/axes.py), None where its degree is 1; `ep`,
         `efsdp` and `etp` are the experts' mesh's."""

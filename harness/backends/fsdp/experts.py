@@ -29,18 +29,22 @@ def sharded_elements(shape, ranks: int, expert: bool) -> int:
 def expert_units(s) -> list:
     """Under expert parallelism each block's experts are a unit of their own (parallel/ep/dispatch.py), sharded
     over the efsdp ranks that hold the same E/ep experts, padded on the experts' dimension to a multiple of them:
-    their all-gathers (forward, and backward again when resharded) and reduce-scatter, over `efsdp`, then the
+    their all-gathers (forward, and backward again when resharded) and reduce-scatter, over `efsdp` (under HSDP
+    each reduced shard all-reduced across the replicas), then the
     Shape with them taken out of the blocks and the padded shards, for the dense rest's collectives. [] without."""
     if s.mesh.ep == 1 or not s.block_experts:
         return []
     efsdp, taken = s.mesh.efsdp, s.blocks * s.block_experts
     padded = s.shard_experts * efsdp / taken if s.shard_experts else 1.0  # torch.chunk's padding over efsdp
     out = []
+    reduces = s.blocks * (s.grad_accum if s.reduce_every_micro_batch else 1)
     if efsdp > 1:
         gathers = s.grad_accum * s.blocks * (2 if s.blocks_reshard else 1)
         out = [Collective("all_gather", s.block_experts * s.p * padded, gathers, "forward+backward", "efsdp"),
-               Collective("reduce_scatter", s.block_experts * s.w * padded,
-                          s.blocks * (s.grad_accum if s.reduce_every_micro_batch else 1), "forward+backward", "efsdp")]
+               Collective("reduce_scatter", s.block_experts * s.w * padded, reduces, "forward+backward", "efsdp")]
+    if s.mesh.dp_replicate > 1:  # HSDP: each replica's reduced expert shard all-reduced across the replicas
+        out.append(Collective("all_reduce", s.block_experts * s.w * padded / efsdp, reduces, "backward",
+                              "dp_replicate"))
     dense = dataclasses.replace(
         s, params=s.params - taken, trainable_params=None if s.trainable_params is None else s.trainable_params - taken,
         block_params=s.block_params - s.block_experts,

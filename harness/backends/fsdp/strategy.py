@@ -48,14 +48,15 @@ class FSDPStrategy(NativeStrategy):
         # experts over efsdp, their gradients divided by every data-parallel rank: parallel/ep/dispatch.py)
         placements = []  # the shard_placement_fn of each unit with expert weights (None: FSDP2's dim 0)
         for unit, unit_mesh, divide in self.shard_units:
-            placements.append(experts_placement(unit_mesh.size(), {id(p) for p in unit.parameters()},
+            shards = unit_mesh.size(unit_mesh.ndim - 1)  # the shard dimension (HSDP's replicas outside it)
+            placements.append(experts_placement(shards, {id(p) for p in unit.parameters()},
                                                 getattr(unit, "num_experts", 0)))
             fully_shard(unit, mesh=unit_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard,
                         shard_placement_fn=placements[-1])
             unit.set_gradient_divide_factor(divide)
             # gloo has no PREMUL_SUM: divide around a SUM. Not over one rank (efsdp 1), where no reduce-scatter
             # runs and torch 2.13 then divides the gradient by the factor twice (a half of DDP's, measured)
-            if self.device.type == "cpu" and unit_mesh.size() > 1:
+            if self.device.type == "cpu" and shards > 1:
                 unit.set_force_sum_reduction_for_comms(True)
         # a mixture of experts' 3-D weights inside the blocks (no expert parallelism), on their second dimension
         # where the shard group outnumbers the experts

@@ -85,10 +85,13 @@ def composition_rules(cfg) -> List[str]:
         mesh = mesh_of(cfg)
     except ConfigError:
         return out  # the mesh's own refusal says why (config/mesh_check.mesh_rules)
-    if mesh.dp_replicate > 1 or mesh.post_forward_group:
-        out.append(f"parallelism.cp={cp}: backend={cfg.backend.name} shards over a node's data-parallel ranks "
-                   "(HSDP, partial resharding), whose groups with the cp ranks folded in are not held by a test "
-                   "yet; use a backend that shards over every data-parallel rank")
+    # HSDP (replicas of a shard group) folds the cp ranks into each replica's shard group, as torchtitan's
+    # dp_replicate x dp_shard_cp mesh does: held to DDP's losses and bytes on 2 emulated nodes (tests/test_multinode.py)
+    if mesh.post_forward_group:
+        out.append(f"parallelism.cp={cp}: backend={cfg.backend.name} keeps each block over a smaller group between "
+                   "forward and backward (partial resharding, ZeRO++'s hpZ), whose group with the cp ranks folded in "
+                   "is not held by a test yet; use a backend that reshards over its whole shard group (fsdp_hsdp "
+                   "for replicas across nodes)")
     return out
 
 

@@ -54,9 +54,10 @@ class ExpertParallel(Axis):
         from . import dispatch
 
         settings, experts = dispatch.apply(model, strategy.meshes)
-        # each expert's gradient sums every ep rank's tokens: divided by every data-parallel rank, as DDP's mean
-        divide = float(strategy.mesh.dp_shard * strategy.mesh.cp)
-        efsdp = strategy.meshes.dimension("efsdp")
-        strategy.shard_units.extend((module, efsdp, divide) for module in experts)
+        # each expert's gradient sums every ep rank's tokens: divided by every data-parallel rank (the replicas'
+        # too under HSDP, whose all-reduce sums theirs), as DDP's mean
+        divide = float(strategy.mesh.dp * strategy.mesh.cp)
+        shard_over = strategy.meshes.experts_data_parallel
+        strategy.shard_units.extend((module, shard_over, divide) for module in experts)
         settings["gradient_divide_factor"] = divide
         return settings

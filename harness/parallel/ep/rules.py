@@ -33,10 +33,12 @@ def degree_rules(cfg) -> List[str]:
         mesh = mesh_of(cfg)
     except ConfigError:
         return out  # the mesh's own refusal says why ep does not divide the ranks (config/mesh_check.mesh_rules)
-    if mesh.dp_replicate > 1 or mesh.post_forward_group:
-        out.append(f"parallelism.ep={ep}: backend={cfg.backend.name} shards over part of the data-parallel ranks "
-                   "(HSDP, partial resharding), whose expert groups are not held by a test yet; use a backend "
-                   "that shards over every data-parallel rank")
+    # HSDP's replicas hold the experts' layout each, ep x efsdp inside a replica (runtime/device_mesh.py)
+    if mesh.post_forward_group:
+        out.append(f"parallelism.ep={ep}: backend={cfg.backend.name} keeps each block over a smaller group between "
+                   "forward and backward (partial resharding, ZeRO++'s hpZ), whose expert groups are not held by a "
+                   "test yet; use a backend that reshards over its whole shard group (fsdp_hsdp for replicas "
+                   "across nodes)")
     return out
 
 
