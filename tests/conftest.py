@@ -374,6 +374,7 @@ CP_COMMON = ("parallelism.nproc_per_node=4", "parallelism.cp=2", "train.memory_s
 
 
 TILED = ("parallelism.cp_tiled_mlp=true",)
+TILED_LOSS = ("parallelism.cp_tiled_loss=true", "parallelism.cp_loss_tiles=4")
 
 
 def cp_cells(llama_checkpoint) -> dict:
@@ -407,7 +408,11 @@ def cp_cells(llama_checkpoint) -> dict:
             # ZeRO-2 in checkpointed blocks, where each MLP runs three times a step
             "gqa/ds_zero3_tiled": (*gqa, "backend=ds_zero3", *TILED, "parallelism.cp_mlp_tiles=2"),
             "gqa/ds_zero2_tiled": (*gqa, "backend=ds_zero2", *TILED, "parallelism.cp_mlp_tiles=4",
-                                   "train.activation_checkpointing=full")}
+                                   "train.activation_checkpointing=full"),
+            # ALST's tiled loss (DeepSpeed's sequence_tiled_compute around the output layer and the loss): beside
+            # Ulysses under ZeRO-3, as ALST runs it, and beside torch's ring under FSDP2
+            "gqa/ds_zero3_tiled_loss": (*gqa, "backend=ds_zero3", *TILED_LOSS),
+            "gqa/fsdp_tiled_loss": (*gqa, "backend=fsdp", *TILED_LOSS)}
 
 
 @pytest.fixture(scope="session")

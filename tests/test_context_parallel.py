@@ -16,7 +16,7 @@ from harness.config.mesh import Mesh, mesh_of
 from harness.config.mesh_check import mesh_points
 from harness.config.recompute import recompute_of
 from harness.runtime import models
-from harness.theory import activations
+from harness.theory import activations, tiled_loss
 from harness.theory.communication import collectives, comm_per_step
 from harness.theory.predict import predict
 from harness.theory.shape import shape_of
@@ -60,6 +60,14 @@ def test_the_cp_ranks_join_the_data_parallel_groups_of_the_mesh():
      "3 tiles (parallelism.cp_mlp_tiles=3) do not divide a rank's 32 tokens"),
     (["parallelism.cp=2", "backend=ds_zero3", "model=tiny_qwen3_moe", "parallelism.cp_tiled_mlp=true"],
      "is a mixture of experts, whose MLP is its experts"),
+    (["parallelism.cp_tiled_loss=true"], "ALST's tiled loss is an option of context parallelism here"),
+    (["parallelism.cp=2", "backend=ddp", "parallelism.cp_tiled_loss=true"], "Expected to mark a variable ready"),
+    (["parallelism.cp=2", "backend=ds_zero3", "model.tie_embeddings=true", "parallelism.cp_tiled_loss=true"],
+     "ties its output layer to the input embedding"),
+    (["parallelism.cp=2", "backend=fsdp", "train.compile=true", "parallelism.cp_tiled_loss=true"],
+     "runs the output layer again, which the compiled activations do not trace"),
+    (["parallelism.cp=2", "backend=ds_zero3", "parallelism.cp_tiled_loss=true", "parallelism.cp_loss_tiles=33"],
+     "33 tiles (parallelism.cp_loss_tiles) are more than a rank's 32 positions"),
 ])
 def test_what_context_parallelism_cannot_run_is_refused_in_one_line(overrides, says):
     found = rules.problems(compose(["model=tiny_llama", *overrides]))
@@ -188,6 +196,31 @@ def test_the_estimate_cuts_a_long_sequence_over_cp():
     assert mesh_of(ring).describe() == "dp 1 x cp 8 (ring)"
 
 
+def test_alsts_tiled_loss_keeps_no_log_softmax_and_makes_one_tiles_vocabulary_wide_tensors():
+    """Llama-3.1-8B at 131,072 tokens on cp 8 under ZeRO-3 with Ulysses: ALST's choice cuts a rank's 16,384 tokens
+    into ceil(16,384 x 128,256 x 4 B / 1 GiB) = 8 tiles; forward keeps no fp32 log-softmax (8.4 GB), and the
+    loss's backward makes the output layer input's bf16 gradient and one tile's fp32 log-softmax and two
+    gradients, not the whole slice's (theory/tiled_loss.py). The output layer runs forward once more."""
+    shape = ["model=llama3_1_8b", "parallelism=gpu8", "parallelism.seq_len=131072", "parallelism.micro_batch=1",
+             "train.precision=bf16", "backend=ds_zero3", "parallelism.cp=8"]
+    plain, tiled = compose(shape), compose([*shape, "parallelism.cp_tiled_loss=true"])
+    m = plain.model
+    assert tiled_loss.tiles(m, tiled.parallelism) == 8 and tiled_loss.tiles(m, plain.parallelism) == 0
+    a, b = (activations.parts(c.model, c.parallelism, "16-bit", recompute_of(c), mesh=mesh_of(c))
+            for c in (plain, tiled))
+    tokens, vocab, h = 16384, m.vocab_size, m.hidden_size
+    assert a["outside"] - b["outside"] == pytest.approx(tokens * 4 * vocab)  # the log-softmax
+    assert a["logits_grads"] == pytest.approx(tokens * 8 * vocab)
+    assert b["logits_grads"] == pytest.approx(tokens * 2 * h + tokens / 8 * 12 * vocab)
+    counts = models.param_count(m)
+    recomputed = [shape_of(c, None, counts).recomputed_matmuls for c in (plain, tiled)]
+    assert recomputed[1] - recomputed[0] == pytest.approx(tiled_loss.forward_share(m, 131072))
+    # the peak falls by GiBs: 8.4 GB of log-softmax and 16.8 GB of gradients, less 2.1 GB of tiles
+    fall = predict(plain, None, counts)["memory/tensor_peak_predicted_bytes"] - predict(
+        tiled, None, counts)["memory/tensor_peak_predicted_bytes"]
+    assert fall > 20e9, fall
+
+
 def test_the_estimator_searching_cp_gives_fsdp2_a_row_by_the_ring_and_one_by_ulysses():
     # issue 71: the method is a column. Searching (--cp), each FSDP2 and DDP mesh is estimated both ways, DeepSpeed's
     # by Ulysses only; a method the config names, or the config's own mesh (a published row's), is the one row
@@ -305,6 +338,27 @@ def test_alsts_tiled_mlp_holds_less_by_what_the_theory_says(cp_runs):
     for cell, tiles in (("gqa/ds_zero3_tiled", 2), ("gqa/ds_zero2_tiled", 4)):
         ran = json.loads((cp_runs[cell][2] / "settings.json").read_text())["context_parallel"]["tiled_mlp"]
         assert ran["api"].endswith("ulysses_sp.TiledMLP") and (ran["tiles"], ran["mlps"]) == (tiles, 2), cell
+
+
+@pytest.mark.slow
+def test_alsts_tiled_loss_holds_less_by_what_the_theory_says(cp_runs):
+    """The output layer and the loss in 4 tiles (DeepSpeed's sequence_tiled_compute), beside Ulysses under ZeRO-3
+    and the ring under FSDP2, against the same cells untiled: no log-softmax is kept through forward, and the loss's
+    backward makes one tile's V-wide tensors and the output layer input's gradient (theory/tiled_loss.py). The
+    parity test holds its losses and gradient norms to DDP's, the bytes test its collectives and peak."""
+    for plain_cell, tiled_cell in (("gqa/ds_zero3", "gqa/ds_zero3_tiled_loss"), ("gqa/fsdp", "gqa/fsdp_tiled_loss")):
+        def peak(cell):  # the ranks' median, as the tiled MLP's test takes it
+            ranks = json.loads((cp_runs[cell][2] / "ranks" / "report.json").read_text())["ranks"]
+            return statistics.median(rank["tensor_peak"]["peak"] for rank in ranks)
+
+        plain, tiled = (cp_runs[cell][0]["figures"] for cell in (plain_cell, tiled_cell))
+        measured = peak(plain_cell) - peak(tiled_cell)
+        predicted = plain["memory/tensor_peak_predicted_bytes"] - tiled["memory/tensor_peak_predicted_bytes"]
+        print(f"TILED LOSS {plain_cell}: the peak falls {measured:,} B measured, {predicted:,.0f} B predicted "
+              f"({100 * (measured - predicted) / predicted:+.1f}%)")
+        assert predicted > 0 and measured == pytest.approx(predicted, rel=0.25), plain_cell
+        ran = json.loads((cp_runs[tiled_cell][2] / "settings.json").read_text())["context_parallel"]["tiled_loss"]
+        assert ran["api"].endswith("sequence_tiled_compute") and ran["tiles"] == 4, tiled_cell
 
 
 @pytest.mark.slow

@@ -44,7 +44,8 @@ NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_
                 "train.eval_every": "0 = no eval loss", "optim.warmup_steps": "0 = no learning-rate warm-up",
                 "optim.min_lr_ratio": "0 = decay to zero", "model.num_experts": "0 = a dense model",
                 "model.experts_per_token": "0 = a dense model", "model.router_aux_loss_coef": "0 = none",
-                "parallelism.cp_mlp_tiles": "0 = ALST's choice, ceil(seq_len / cp / hidden_size)"}
+                "parallelism.cp_mlp_tiles": "0 = ALST's choice, ceil(seq_len / cp / hidden_size)",
+                "parallelism.cp_loss_tiles": "0 = ALST's choice, about 1 GiB of fp32 logits a tile"}
 BELOW_ONE = ("optim.beta1", "optim.beta2")  # Adam's decay rates: in [0, 1)
 POSITIVE_WHEN_SET = ("model.num_kv_heads", "model.intermediate_size", "model.head_dim",
                      "model.expert_intermediate_size")  # None = the family's default

@@ -179,6 +179,13 @@ class ParallelismConfig:
     # cp_tiled_mlp: the tiles a rank's sequence is cut into; 0 = ALST's choice, one a model width's worth of
     # tokens (ceil(S/cp / hidden_size))
     cp_mlp_tiles: int = 0
+    # cp > 1 under DeepSpeed: ALST's tiled loss (DeepSpeed's sequence_tiled_compute around the output layer and the
+    # cross-entropy, parallel/cp/tiled_loss.py): no V-wide tensor is kept for the whole sequence, and the loss's
+    # backward makes one tile's at a time
+    cp_tiled_loss: bool = False
+    # cp_tiled_loss: the tiles a rank's micro-batch is cut into; 0 = ALST's choice, about 1 GiB of fp32 logits a
+    # tile (ceil(tokens x vocab x 4 / 2^30))
+    cp_loss_tiles: int = 0
     # expert parallelism (parallel/ep/): a mixture of experts' experts split over `ep` ranks, each token sent to
     # its experts' ranks and back by two all-to-alls a layer (transformers' expert parallelism under FSDP2).
     # It borrows its ranks from the data-parallel ones, as torchtitan does: dp_shard = efsdp x ep, the dense

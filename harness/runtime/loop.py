@@ -85,10 +85,11 @@ class TrainStep:
     def loss_of(self, inputs: torch.Tensor, targets: torch.Tensor, positions=None) -> torch.Tensor:
         # positions: None (the model's own), or a context-parallel rank's of its slice of each sequence
         extra = {} if positions is None else {"position_ids": positions}
-        with self.strategy.autocast():
+        head = self.strategy.loss_head  # runtime/loss_head.py; an axis may compute the loss inside the model
+        with self.strategy.autocast(), head.targets(targets):
             out = self.model(input_ids=inputs, **extra)
         with self.strategy.loss_context():  # loss parallel: the logits sharded on the vocabulary
-            loss = F.cross_entropy(out.logits.float().flatten(0, 1), targets.flatten())
+            loss = head.loss(out, targets)
         aux = getattr(out, "aux_loss", None)  # transformers computes it when output_router_logits is set
         return loss + self.aux_loss_coef * aux if aux is not None and self.aux_loss_coef else loss
 

@@ -73,7 +73,7 @@ from typing import Dict
 from ..config import axes
 from ..config.recompute import Recompute
 from ..core.identity_cache import IdentityCache
-from . import moe, tiled_mlp
+from . import moe, tiled_loss, tiled_mlp
 from .selective import selective_bytes_per_token
 from .widths import head_dim, residual_bytes, splits, widths_of  # noqa: F401 (head_dim: the module's API)
 
@@ -220,6 +220,9 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
     tiles = tiled_mlp.tiles(model, par)
     if tiles:  # ALST's tiled MLP: the block keeps the MLP's input only, and makes one tile again in backward
         tiled_mlp.apply(out, model, reg, tiles, mesh)
+    loss_tiles = tiled_loss.tiles(model, par)
+    if loss_tiles:  # ALST's tiled loss: no log-softmax kept, one tile's V-wide tensors in the loss's backward
+        tiled_loss.apply(out, model, par, reg, loss_tiles, mesh)
     return out
 
 

@@ -8,7 +8,7 @@ from ..config import families
 from ..config.derive import bucket_elements, stored_bytes
 from ..config.mesh import Mesh, mesh_of
 from ..config.recompute import recompute_of
-from . import tiled_mlp
+from . import tiled_loss, tiled_mlp
 from .selective import recomputed_matmul_share
 
 
@@ -240,7 +240,10 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
                       cfg.model, cfg.parallelism.seq_len, recompute.matmul_stride) if recompute.selective else 0.0)
                   # ALST's tiled MLP runs each block's MLP forward again in its backward (theory/tiled_mlp.py)
                   + (cfg.model.num_layers * tiled_mlp.forward_share(cfg.model, cfg.parallelism.seq_len)
-                     if tiled_mlp.tiles(cfg.model, cfg.parallelism) else 0.0),
+                     if tiled_mlp.tiles(cfg.model, cfg.parallelism) else 0.0)
+                  # and ALST's tiled loss the output layer's forward again in the loss's (theory/tiled_loss.py)
+                  + (tiled_loss.forward_share(cfg.model, cfg.parallelism.seq_len)
+                     if tiled_loss.tiles(cfg.model, cfg.parallelism) else 0.0),
                   plans=tuple((a.name, axes.implementation(family, a.name, cfg)) for a in axes.active(mesh)),
                   tied_output=bool(cfg.model.tie_embeddings),
                   float8_weights=f8["weights"], float8_block_elements=f8["block_elements"],

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import ContextManager, Dict, List
 
 from ...config.axes import Axis
-from ...theory import tiled_mlp
+from ...theory import tiled_loss, tiled_mlp
 from . import comm, rules
 
 
@@ -93,6 +93,12 @@ class ContextParallel(Axis):
             from . import tiled
 
             settings["tiled_mlp"] = tiled.apply(model, tiles)
+        loss_tiles = tiled_loss.tiles(cfg.model, par)
+        if loss_tiles:  # ALST's tiled loss: the loop's loss head computes it inside the output layer
+            from .tiled_loss import TiledLossHead
+
+            strategy.loss_head = TiledLossHead(model, loss_tiles)
+            settings["tiled_loss"] = strategy.loss_head.settings()
         return settings
 
     def micro_batch(self, strategy, inputs, targets) -> ContextManager:

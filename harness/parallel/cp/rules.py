@@ -61,9 +61,11 @@ def composition_rules(cfg) -> List[str]:
     par, t = cfg.parallelism, cfg.train
     cp = par.cp
     if cp == 1:
-        return ["parallelism.cp_tiled_mlp=true: ALST's tiled MLP is an option of context parallelism here; set "
-                "parallelism.cp>1, or parallelism.cp_tiled_mlp=false"] if par.cp_tiled_mlp else []
+        return [f"parallelism.cp_tiled_{part}=true: ALST's tiled {part.upper() if part == 'mlp' else part} is an "
+                f"option of context parallelism here; set parallelism.cp>1, or parallelism.cp_tiled_{part}=false"
+                for part in ("mlp", "loss") if par.get(f"cp_tiled_{part}")]
     out = tiled_mlp_rules(cfg) if par.cp_tiled_mlp else []
+    out += tiled_loss_rules(cfg) if par.cp_tiled_loss else []
     if par.cp_method == "ulysses" and find_spec("deepspeed") is None:
         out.append("parallelism.cp_method=ulysses: DeepSpeed-Ulysses' attention is DeepSpeed's, and deepspeed is not "
                    "installed here; pip install deepspeed==0.19.8 (pyproject's pin), or use parallelism.cp_method=ring")
@@ -135,3 +137,35 @@ def tiled_mlp_rules(cfg) -> List[str]:
                    f"{tokens} tokens (seq_len {par.seq_len} / cp {par.cp}) evenly; set parallelism.cp_mlp_tiles "
                    f"to a divisor of {tokens}")
     return out
+
+
+def tiled_loss_rules(cfg) -> List[str]:
+    """What ALST's tiled loss (parallel/cp/tiled_loss.py) is not run with: one line each."""
+    par, m, t = cfg.parallelism, cfg.model, cfg.train
+    head = "parallelism.cp_tiled_loss=true"
+    out = []
+    if find_spec("deepspeed") is None:
+        out.append(f"{head}: the tiled loss is DeepSpeed's (sequence_tiled_compute), and deepspeed is not installed "
+                   "here; pip install deepspeed==0.19.8 (pyproject's pin)")
+    if families.of(cfg.backend).name == "ddp":
+        # each tile's backward adds to the output layer's weight gradient: DDP's reducer takes the first as the
+        # weight's one, as it does the tiled MLP's (measured 2026-12-03 at dp 2 x cp 2: every rank fails so)
+        out.append(f"{head}: not under backend={cfg.backend.name}: DDP's reducer takes each tile's gradient of the "
+                   "output layer as the weight's one (\"Expected to mark a variable ready only once\"); use a "
+                   "DeepSpeed or FSDP2 backend")
+    if m.tie_embeddings:
+        out.append(f"{head}: model {m.name} ties its output layer to the input embedding, whose gradient the "
+                   "tiles would release for reduction before the embedding's backward adds to it; use an untied "
+                   "model (model.tie_embeddings=false)")
+    if par.tp > 1:
+        out.append(f"{head}: not with parallelism.tp={par.tp}: a tensor-parallel output layer's tiles are not held "
+                   "to DDP's losses here; set parallelism.tp=1")
+    if t.compile:
+        out.append(f"{head}: not with train.compile=true: the tiles run inside an autograd Function whose backward "
+                   "runs the output layer again, which the compiled activations do not trace")
+    tokens = par.seq_len // par.cp
+    if par.cp_loss_tiles > tokens:  # a negative count is range_rules' to say
+        out.append(f"{head}: {par.cp_loss_tiles} tiles (parallelism.cp_loss_tiles) are more than a rank's {tokens} "
+                   f"positions of each sequence (seq_len {par.seq_len} / cp {par.cp}); set at most {tokens}")
+    return out
+

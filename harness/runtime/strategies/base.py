@@ -22,6 +22,7 @@ from ...config import families
 from ...config.mesh import mesh_of
 from ...core.components import totals
 from .. import initial_weights
+from ..loss_head import CrossEntropyHead
 from ..pretrained import Checkpoint
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -100,6 +101,9 @@ class Strategy(ABC):
         # modules an axis asks the data-parallel wrapper to shard over a mesh of their own, before the blocks:
         # (module, DeviceMesh, gradient divide factor); expert parallelism's experts over `efsdp` (parallel/ep/)
         self.shard_units: list = []
+        # how the loop turns the model's output into the loss (runtime/loss_head.py): the cross-entropy of its
+        # logits, unless an axis computes it inside the model (ALST's tiled loss: parallel/cp/tiled_loss.py)
+        self.loss_head = CrossEntropyHead()
 
     # -- the mesh -----------------------------------------------------------------------------------------
     @property
