@@ -375,6 +375,8 @@ CP_COMMON = ("parallelism.nproc_per_node=4", "parallelism.cp=2", "train.memory_s
 
 TILED = ("parallelism.cp_tiled_mlp=true",)
 TILED_LOSS = ("parallelism.cp_tiled_loss=true", "parallelism.cp_loss_tiles=4")
+CP_LONG = ("model=tiny_llama", "profile=parity", "backend=ds_zero3", "parallelism.seq_len=512",
+           "parallelism.micro_batch=2", "parallelism.grad_accum=2", "train.peak_by_kind=false")
 
 
 def cp_cells(llama_checkpoint) -> dict:
@@ -424,6 +426,9 @@ def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus, two_experts)
     cells = [(f"tp/{name}", [*overrides, *TP_COMMON])
              for name, overrides in tp_cells(llama_checkpoint, user_corpus).items()]
     cells += [(f"cp/{name}", [*overrides, *CP_COMMON]) for name, overrides in cp_cells(llama_checkpoint).items()]
+    # a shape whose loss sets the peak (512 tokens, V = 256): ZeRO-3 with Ulysses, its loss tiled and not
+    cells += [(f"cp_long/{name}", [*CP_LONG, *extra, *CP_COMMON])
+              for name, extra in (("ds_zero3", ()), ("ds_zero3_tiled_loss", TILED_LOSS))]
     cells += [(f"moe/{backend}", moe_four_ranks(backend)) for backend in ("fsdp", "ds_zero3")]
     # dp 2 x cp 2: each cp rank routes its own half of every sequence (the ring under FSDP2, Ulysses under ZeRO-3)
     cells += [(f"moe/{backend}_cp", moe_four_ranks(backend, cp=2)) for backend in ("fsdp", "ds_zero3")]
@@ -512,6 +517,11 @@ def tp_runs(four_rank_runs) -> dict:
 @pytest.fixture(scope="session")
 def cp_runs(four_rank_runs) -> dict:
     return {cell.removeprefix("cp/"): run for cell, run in four_rank_runs.items() if cell.startswith("cp/")}
+
+
+@pytest.fixture(scope="session")
+def cp_long_runs(four_rank_runs) -> dict:
+    return {cell.removeprefix("cp_long/"): run for cell, run in four_rank_runs.items() if cell.startswith("cp_long/")}
 
 
 @pytest.fixture(scope="session")
