@@ -89,6 +89,9 @@ class Family:
     # keep them so, "" where it can
     master_weights_refusal = ""
     float8_all_gather = False
+    # why a weight whose gradient several backward passes of one step add to (ALST's tiles: parallel/cp/) cannot
+    # train under this family, "" where it can
+    tiled_gradients_refusal = ""
 
     THEORY = ("paper_stage", "layout", "phase_terms", "step_transients", "after_backward_buffers", "collectives",
               "paper_comm_elements", "optimizer_bytes", "checkpoint_bytes")

@@ -74,6 +74,9 @@ class DDPFamily(DCPCheckpoints, Family):
     axis_refusals = {"ep": "DDP all-reduces every gradient over every rank, while split experts are reduced over "
                            "their own replicas only (efsdp), as torchtitan does with FSDP2; use backend=fsdp"}
     term_names = {"ddp_buckets": "DDP's gradient buckets"}
+    # measured 2026-12-03 at dp 2 x cp 2, ALST's tiled MLP and tiled loss alike: every rank fails so
+    tiled_gradients_refusal = ("DDP's reducer takes each tile's gradient as the weight's one (\"Expected to mark a "
+                               "variable ready only once\")")
 
     differences = (
         Difference("ddp", "bucket_cap_mb", "25 (the default)", "backend.bucket_elements × 4 B: one bucket for a "

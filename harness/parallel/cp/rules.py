@@ -92,8 +92,8 @@ def composition_rules(cfg) -> List[str]:
     if mesh.post_forward_group:
         out.append(f"parallelism.cp={cp}: backend={cfg.backend.name} keeps each block over a smaller group between "
                    "forward and backward (partial resharding, ZeRO++'s hpZ), whose group with the cp ranks folded in "
-                   "is not held by a test yet; use a backend that reshards over its whole shard group (fsdp_hsdp "
-                   "for replicas across nodes)")
+                   "is not held by a test yet; use a backend that reshards over its whole shard group (HSDP for "
+                   "replicas across nodes)")
     return out
 
 
@@ -147,12 +147,9 @@ def tiled_loss_rules(cfg) -> List[str]:
     if find_spec("deepspeed") is None:
         out.append(f"{head}: the tiled loss is DeepSpeed's (sequence_tiled_compute), and deepspeed is not installed "
                    "here; pip install deepspeed==0.19.8 (pyproject's pin)")
-    if families.of(cfg.backend).name == "ddp":
-        # each tile's backward adds to the output layer's weight gradient: DDP's reducer takes the first as the
-        # weight's one, as it does the tiled MLP's (measured 2026-12-03 at dp 2 x cp 2: every rank fails so)
-        out.append(f"{head}: not under backend={cfg.backend.name}: DDP's reducer takes each tile's gradient of the "
-                   "output layer as the weight's one (\"Expected to mark a variable ready only once\"); use a "
-                   "DeepSpeed or FSDP2 backend")
+    refusal = families.of(cfg.backend).tiled_gradients_refusal  # each tile's backward adds to the output layer's
+    if refusal:
+        out.append(f"{head}: not under backend={cfg.backend.name}: {refusal}; use a DeepSpeed or FSDP2 backend")
     if m.tie_embeddings:
         out.append(f"{head}: model {m.name} ties its output layer to the input embedding, whose gradient the "
                    "tiles would release for reduction before the embedding's backward adds to it; use an untied "

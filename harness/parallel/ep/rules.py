@@ -37,7 +37,7 @@ def degree_rules(cfg) -> List[str]:
     if mesh.post_forward_group:
         out.append(f"parallelism.ep={ep}: backend={cfg.backend.name} keeps each block over a smaller group between "
                    "forward and backward (partial resharding, ZeRO++'s hpZ), whose expert groups are not held by a "
-                   "test yet; use a backend that reshards over its whole shard group (fsdp_hsdp for replicas "
+                   "test yet; use a backend that reshards over its whole shard group (HSDP for replicas "
                    "across nodes)")
     return out
 
