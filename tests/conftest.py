@@ -225,6 +225,8 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         "moe_no_leaf": only(("ds_zero3",), *MOE, "model=tiny_qwen3_moe", "backend.leaf_moe_blocks=false",
                             *zero3_per_module()),
         "moe_mixtral": only(("ddp", "fsdp", "ds_zero2"), *MOE, "model=tiny_mixtral"),
+        # compiled blocks on the MoE (FSDP2, DDP): the routers' log runs eagerly between the graphs
+        "moe_compile": only(("fsdp", "ddp"), *MOE, "model=tiny_qwen3_moe", "train.compile=true"),
         # expert parallelism at 2 ranks (ep 2, efsdp 1: every expert on one rank), both MoEs, and the 4-rank
         # ep cell's checkpoint (efsdp 2 x ep 2) resumed at ep 2 on 2 ranks and at ep 1 under FSDP2 and DDP:
         # tests/test_expert_parallel.py
@@ -303,14 +305,14 @@ def _one_sweep(fixture: str, sweep: str):
 
 # each sweep of the two-rank launch by the name its tests take it under
 (reshard_runs, model_dtype_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks, user_runs, nan_runs,
- moe_runs, moe_no_leaf_runs, moe_mixtral_runs, ep_two_rank_runs, ep_mixtral_two_rank_runs, ep_selective_runs,
+ moe_runs, moe_no_leaf_runs, moe_mixtral_runs, moe_compile_runs, ep_two_rank_runs, ep_mixtral_two_rank_runs, ep_selective_runs,
  two_experts_ddp_runs,
  parity_bf16_runs) = (
     _one_sweep(fixture, sweep) for fixture, sweep in (
         ("reshard_runs", "reshard"), ("model_dtype_runs", "model_dtype"), ("migrate_runs", "migrate"),
         ("lora_runs", "lora"), ("bf16_runs", "bf16"), ("states_two_ranks", "states"), ("user_runs", "user"),
         ("nan_runs", "nan"), ("moe_runs", "moe"), ("moe_no_leaf_runs", "moe_no_leaf"),
-        ("moe_mixtral_runs", "moe_mixtral"),
+        ("moe_mixtral_runs", "moe_mixtral"), ("moe_compile_runs", "moe_compile"),
         ("ep_two_rank_runs", "ep"), ("ep_mixtral_two_rank_runs", "ep_mixtral"), ("ep_selective_runs", "ep_selective"),
         ("two_experts_ddp_runs", "ep_two_experts"), ("parity_bf16_runs", "parity_bf16")))
 

@@ -95,6 +95,8 @@ def test_uncovered_moe_designs_are_refused_in_one_line(tmp_path, model_type, say
     (["parallelism.cp=2", "model.router_aux_loss_trained=true"], "not with a trained load-balancing loss"),
     (["model.experts_per_token=9"], "between 1 and model.num_experts=8"),
     (["backend=ds_zero2", "backend.leaf_moe_blocks=true"], "has no ZeRO-3"),
+    (["backend=ds_zero2", "train.compile=true"], "its engine compiles the whole module"),
+    (["backend=fsdp", "train.compile=true", "parallelism.ep=2"], "train.compile=true: not with a mixture of experts"),
 ])
 def test_what_a_mixture_of_experts_cannot_run_is_refused(overrides, says):
     found = problems(compose(["model=tiny_mixtral", *overrides]), cuda_devices=lambda: 0)
@@ -148,9 +150,12 @@ def test_moe_flops_are_counted_on_the_active_experts():
     assert counted == pytest.approx(formula, rel=0.01) and counted < 0.7 * dense
 
 
-def test_every_data_parallel_family_trains_a_moe_as_ddp_does(moe_runs, moe_no_leaf_runs, moe_mixtral_runs):
-    for runs in (moe_runs, moe_mixtral_runs):
-        reference = runs["ddp"][1]
+def test_every_data_parallel_family_trains_a_moe_as_ddp_does(moe_runs, moe_no_leaf_runs, moe_mixtral_runs,
+                                                             moe_compile_runs):
+    # compiled blocks against eager DDP: the routers' log (runtime/routing.py) runs eagerly between the graphs; traced
+    # into a block's graph, which both layers reuse, it had counted both layers' routing under the first's
+    for runs, reference in ((moe_runs, moe_runs["ddp"][1]), (moe_mixtral_runs, moe_mixtral_runs["ddp"][1]),
+                            (moe_compile_runs, moe_runs["ddp"][1])):
         for backend, (summary, records, _) in runs.items():
             assert summary["status"] == "ok", (backend, summary.get("reason"))
             assert [r["loss/loss"] for r in records] == pytest.approx([r["loss/loss"] for r in reference],
@@ -158,6 +163,9 @@ def test_every_data_parallel_family_trains_a_moe_as_ddp_does(moe_runs, moe_no_le
             # the same tokens reach the same experts under every family
             assert [r["moe/aux_loss"] for r in records] == pytest.approx([r["moe/aux_loss"] for r in reference],
                                                                           rel=1e-4), backend
+            if runs is moe_compile_runs:  # and the gradients, which the losses of 5 steps could hide
+                assert [r["loss/grad_norm"] for r in records] == pytest.approx(
+                    [r["loss/grad_norm"] for r in reference], rel=1e-4), backend
     for summary, records, _ in moe_runs.values():  # the run's figures: the timed steps' (warm-up excluded)
         timed = [r for r in records if not r["warmup"]]
         assert summary["figures"]["moe/aux_loss_mean"] == pytest.approx(
@@ -175,8 +183,10 @@ def test_four_ranks_train_a_moe_as_two_do(moe_runs, moe_four_rank_runs):
         assert [r["loss/loss"] for r in records] == pytest.approx(reference, rel=1e-4), backend
 
 
-def test_moe_states_bytes_and_peak_are_the_theorys(moe_runs, moe_no_leaf_runs, moe_mixtral_runs, moe_four_rank_runs):
+def test_moe_states_bytes_and_peak_are_the_theorys(moe_runs, moe_no_leaf_runs, moe_mixtral_runs, moe_four_rank_runs,
+                                                   moe_compile_runs):
     every = {**{f"qwen3_moe/{b}": r for b, r in moe_runs.items()},
+             **{f"qwen3_moe/{b} compiled": r for b, r in moe_compile_runs.items()},
              **{f"qwen3_moe/{b} without leaves": r for b, r in moe_no_leaf_runs.items()},
              **{f"mixtral/{b}": r for b, r in moe_mixtral_runs.items()},
              **{f"qwen3_moe/{b} at 4 ranks": r for b, r in moe_four_rank_runs.items()}}

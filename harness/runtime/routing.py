@@ -47,6 +47,10 @@ class RouterLog:
         return cls(routers, model_cfg.num_experts) if routers else None
 
     def _hook(self, index: int, read):
+        # run eagerly under torch.compile: traced into a block's graph, which every layer reuses, its side effects
+        # were replayed under the first layer's index (layer 0 counted both layers' copies: measured 2026-12-03).
+        # The cost is a graph break at each router call of a compiled block
+        @torch.compiler.disable
         def record(module, args, output) -> None:
             if not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
                 return  # an eval forward, or activation checkpointing's recompute inside the backward
@@ -97,3 +101,10 @@ def logits_keeper(router: torch.nn.Module):
     kept = {}
     gate.register_forward_hook(lambda module, args, output: kept.__setitem__("logits", output.detach()))
     return lambda output: (kept.pop("logits"), output[1])
+
+
+def break_at_routers(model: torch.nn.Module) -> None:
+    """The graph breaks RouterLog's hooks make in a compiled block (each router's hook runs eagerly), as no-op
+    hooks: so that the compiled traces (runtime/compiled/) split a mixture of experts' graphs where the run does."""
+    for router in moe_modules(model, ROUTER_CLASS_SUFFIX):
+        router.register_forward_hook(torch.compiler.disable(lambda module, args, output: None))
