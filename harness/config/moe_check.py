@@ -8,8 +8,9 @@ the families that compile block by block and ZeRO-3's split module (compile_prob
 until they are: tensor parallelism (transformers' and DeepSpeed's plans shard the experts in ways the theory does
 not count yet), context parallelism with expert parallelism, compile with expert parallelism or ZeRO-1/2's whole
 compiled module, and float8 (torchao converts nn.Linear only, not the 3-D experts). The selective policies save
-the grouped matmuls' outputs beside the matmuls', at any ep: of the rows a rank's experts run (runtime/models.py, theory/moe.selective_bytes_per_token); selective_op_half
-alternates the matmuls alone, as torchtitan's op policy counts mm only. DeepSpeed's leaf-module setting is its
+the grouped matmuls' outputs beside the matmuls', at any ep: of the rows a rank's experts run (runtime/models.py,
+theory/moe.selective_bytes_per_token); selective_op_half alternates the matmuls alone, as torchtitan's op policy
+counts mm only. DeepSpeed's leaf-module setting is its
 family's rule (backends/deepspeed/family.py).
 """
 from __future__ import annotations

@@ -179,7 +179,7 @@ class ParallelismConfig:
     # cp_tiled_mlp: the tiles a rank's sequence is cut into; 0 = ALST's choice, one a model width's worth of
     # tokens (ceil(S/cp / hidden_size))
     cp_mlp_tiles: int = 0
-    # cp > 1 under DeepSpeed: ALST's tiled loss (DeepSpeed's sequence_tiled_compute around the output layer and the
+    # cp > 1 under DeepSpeed or FSDP2: ALST's tiled loss (DeepSpeed's sequence_tiled_compute around the output layer and the
     # cross-entropy, parallel/cp/tiled_loss.py): no V-wide tensor is kept for the whole sequence, and the loss's
     # backward makes one tile's at a time
     cp_tiled_loss: bool = False

@@ -15,7 +15,6 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ..config import derive
 from .measure import memory_profile, probes, time_profile, work_count

@@ -101,27 +101,18 @@ def tiled_mlp_rules(cfg) -> List[str]:
     """What ALST's tiled MLP (parallel/cp/tiled.py) is not run with: one line each."""
     par, m, t = cfg.parallelism, cfg.model, cfg.train
     head = "parallelism.cp_tiled_mlp=true"
-    out = []
-    if find_spec("deepspeed") is None:
-        out.append(f"{head}: the tiled MLP is DeepSpeed's (TiledMLP), and deepspeed is not installed here; pip "
-                   "install deepspeed==0.19.8 (pyproject's pin)")
-    if implementation(families.of(cfg.backend), "cp") != "ulysses":  # FSDP2 and DDP, whose own method is the ring
-        # measured: DDP fails in its reducer; FSDP2 trains (losses within 1.3e-7 of DDP's at dp 2 x cp 2), but at 512
-        # tokens its peak moved into the ring's attention backward (the all-gathered keys and values, the fp32
-        # gradient accumulators) beside the MLP's three gradients: +11.8% over the theory, whose moments are the MLP's
+    out = _tiled_rules(cfg, head, "MLP", "the MLP", "TiledMLP", "a DeepSpeed backend")
+    family = families.of(cfg.backend)
+    if not family.tiled_gradients_refusal and implementation(family, "cp") != "ulysses":  # FSDP2: its own is the ring
+        # measured: FSDP2 trains (losses within 1.3e-7 of DDP's at dp 2 x cp 2), but at 512 tokens its peak moved
+        # into the ring's attention backward (the all-gathered keys and values, the fp32 gradient accumulators)
+        # beside the MLP's three gradients: +11.8% over the theory, whose moments are the MLP's
         out.append(f"{head}: not under backend={cfg.backend.name}: the tiled MLP runs under DeepSpeed here, as in ALST "
-                   "(DDP's reducer takes each tile's gradient as the weight's one, \"Expected to mark a variable ready "
-                   "only once\"; under FSDP2 the peak moves into the ring's attention backward, a moment the theory "
-                   "does not hold: +11.8% at 512 tokens); use a DeepSpeed backend")
+                   "(under FSDP2 the peak moves into the ring's attention backward, a moment the theory does not "
+                   "hold: +11.8% at 512 tokens); use a DeepSpeed backend")
     if getattr(m, "num_experts", 0):
         out.append(f"{head}: model {m.name} is a mixture of experts, whose MLP is its experts; the tiled MLP "
                    "tiles a dense SwiGLU here")
-    if par.tp > 1:
-        out.append(f"{head}: not with parallelism.tp={par.tp}: a tensor-parallel MLP's tiles are not held to "
-                   "DDP's losses here; set parallelism.tp=1")
-    if t.compile:
-        out.append(f"{head}: not with train.compile=true: the tiles run inside an autograd Function whose "
-                   "backward runs the MLP again, which the compiled activations do not trace")
     if recompute_of(cfg).selective:
         # measured at dp 2 x cp 2 under ZeRO-2 with selective_op_half: 2.28 MiB tiled against 2.33 untiled,
         # where the tiled theory said 2.09: the policy's saved matmul outputs include the tiles' own
@@ -141,28 +132,35 @@ def tiled_mlp_rules(cfg) -> List[str]:
 
 def tiled_loss_rules(cfg) -> List[str]:
     """What ALST's tiled loss (parallel/cp/tiled_loss.py) is not run with: one line each."""
-    par, m, t = cfg.parallelism, cfg.model, cfg.train
+    par, m = cfg.parallelism, cfg.model
     head = "parallelism.cp_tiled_loss=true"
-    out = []
-    if find_spec("deepspeed") is None:
-        out.append(f"{head}: the tiled loss is DeepSpeed's (sequence_tiled_compute), and deepspeed is not installed "
-                   "here; pip install deepspeed==0.19.8 (pyproject's pin)")
-    refusal = families.of(cfg.backend).tiled_gradients_refusal  # each tile's backward adds to the output layer's
-    if refusal:
-        out.append(f"{head}: not under backend={cfg.backend.name}: {refusal}; use a DeepSpeed or FSDP2 backend")
+    out = _tiled_rules(cfg, head, "loss", "the output layer", "sequence_tiled_compute", "a DeepSpeed or FSDP2 backend")
     if m.tie_embeddings:
         out.append(f"{head}: model {m.name} ties its output layer to the input embedding, whose gradient the "
                    "tiles would release for reduction before the embedding's backward adds to it; use an untied "
                    "model (model.tie_embeddings=false)")
-    if par.tp > 1:
-        out.append(f"{head}: not with parallelism.tp={par.tp}: a tensor-parallel output layer's tiles are not held "
-                   "to DDP's losses here; set parallelism.tp=1")
-    if t.compile:
-        out.append(f"{head}: not with train.compile=true: the tiles run inside an autograd Function whose backward "
-                   "runs the output layer again, which the compiled activations do not trace")
     tokens = par.seq_len // par.cp
     if par.cp_loss_tiles > tokens:  # a negative count is range_rules' to say
         out.append(f"{head}: {par.cp_loss_tiles} tiles (parallelism.cp_loss_tiles) are more than a rank's {tokens} "
                    f"positions of each sequence (seq_len {par.seq_len} / cp {par.cp}); set at most {tokens}")
     return out
 
+
+def _tiled_rules(cfg, head: str, part: str, layer: str, api: str, use: str) -> List[str]:
+    """What both of ALST's tiled parts refuse: DeepSpeed's code missing, a family whose gradient hooks cannot take
+    one weight's gradient in several backward passes (Family.tiled_gradients_refusal), tensor parallelism and
+    compile. `layer` is what the tiles run again in backward, `use` the backends to name instead."""
+    out = []
+    if find_spec("deepspeed") is None:
+        out.append(f"{head}: the tiled {part} is DeepSpeed's ({api}), and deepspeed is not installed here; pip "
+                   "install deepspeed==0.19.8 (pyproject's pin)")
+    refusal = families.of(cfg.backend).tiled_gradients_refusal
+    if refusal:
+        out.append(f"{head}: not under backend={cfg.backend.name}: {refusal}; use {use}")
+    if cfg.parallelism.tp > 1:
+        out.append(f"{head}: not with parallelism.tp={cfg.parallelism.tp}: a tensor-parallel {part}'s tiles are not "
+                   "held to DDP's losses here; set parallelism.tp=1")
+    if cfg.train.compile:
+        out.append(f"{head}: not with train.compile=true: the tiles run inside an autograd Function whose backward "
+                   f"runs {layer} again, which the compiled activations do not trace")
+    return out
