@@ -201,6 +201,7 @@ def enable_activation_checkpointing(model: nn.Module, recompute) -> dict:
 
     kwargs = {"use_reentrant": False}  # non-reentrant works under DDP, FSDP2 and ZeRO-3 alike (it re-runs hooks)
     if recompute.selective:
+        _sac_ignores_profiler_ranges()
         kwargs["context_fn"] = (_every_other_matmul_contexts if recompute.matmul_stride == 2 else
                                 partial(create_selective_checkpoint_contexts, _selective_policy))
     found = blocks(model)
@@ -217,6 +218,22 @@ def enable_activation_checkpointing(model: nn.Module, recompute) -> dict:
             "saved_matmuls": ("every other" if recompute.matmul_stride == 2 else "all") if recompute.selective else "",
             "applied_by": "torch.utils.checkpoint(use_reentrant=False) on each block's forward, through "
                           "transformers' GradientCheckpointingLayer"}
+
+
+def _sac_ignores_profiler_ranges() -> None:
+    """Let selective checkpointing pass over profiler ranges, as torch's own fix does (pytorch PR #196862, not in
+    torch 2.13): its caches number every op a region runs and the recompute must run the same ones, but an FSDP2
+    unit inside a block (expert parallelism's experts) opens a different number of `record_function` ranges when
+    the block is recomputed before the unit's pre-backward hook, and the recompute then fails ("profiler.
+    _record_function_enter_new.default invocation index 2 encountered during backward but not found in storage").
+    Qwen2-MoE's shared expert does that: its branch's backward, which needs the block recomputed, runs before the
+    experts'. A range computes nothing, so skipping it changes no value and no saved tensor."""
+    import torch.utils.checkpoint as checkpointing
+
+    ignored = getattr(checkpointing, "SAC_IGNORED_OPS", None)
+    if isinstance(ignored, set):
+        ignored.update({torch.ops.profiler._record_function_enter_new.default,
+                        torch.ops.profiler._record_function_exit._RecordFunction})
 
 
 def compile_blocks(model: nn.Module) -> int:

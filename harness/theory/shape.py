@@ -75,6 +75,11 @@ class Shape:
     # holds full chunks), all and trainable; 0: Ψ/N and T/N
     shard_params: int = 0
     shard_trainable: int = 0
+    # FSDP2's root unit's part of them (the parameters outside the blocks), all and trainable; 0: padded as the
+    # whole model is on average. Each unit gathers its own padded tensors (Qwen2-MoE's 1-row shared-expert gate
+    # pads a block, the root not at all), so per-unit sizes need the split
+    shard_root: int = 0
+    shard_root_trainable: int = 0
     # the elements AdamW's states cover on the most-loaded rank, where the family decides them (FSDP1's
     # use_orig_params views of its flat slices); 0: the layout's own count
     optimizer_elements: int = 0

@@ -97,11 +97,15 @@ class FSDPFamily(DCPCheckpoints, Family):
         mine = [sharded_elements(t[1], mesh.efsdp if expert and mesh.ep > 1 else shards, expert)
                 for t, expert in zip(tensors, experts)]
 
-        def shard(trained_only: bool) -> int:
-            return sum(n for n, t in zip(mine, tensors) if t[2] or not trained_only)
+        def shard(trained_only: bool, root_only: bool = False) -> int:
+            return sum(n for n, t in zip(mine, tensors)
+                       if (t[2] or not trained_only) and not (root_only and "block" in t[3]))
 
+        rooted = any("block" in t[3] for t in tensors)  # the records' tags say which tensors sit in a block
         return {"root_reshards": bool(root_reshard(cfg)), "blocks_reshard": bool(cfg.backend.reshard_after_forward),
                 "shard_params": shard(False), "shard_trainable": shard(True),
+                "shard_root": shard(False, True) if rooted else 0,
+                "shard_root_trainable": shard(True, True) if rooted else 0,
                 "shard_experts": sum(n for n, expert in zip(mine, experts) if expert)}
 
     def is_hybrid(self, backend) -> bool:
@@ -248,8 +252,13 @@ class FSDPFamily(DCPCheckpoints, Family):
             s = experts.pop()
         pad = s.shard_params * s.shards / s.params if s.shard_params else 1.0
         pad_t = s.shard_trainable * s.shards / s.t if s.shard_trainable else 1.0
-        p, ga, block = s.p * pad, s.grad_accum, s.block_params
+        ga, block = s.grad_accum, s.block_params
         root, trained_root = s.root_params, max(s.t - s.blocks * s.block_t, 0)
+        # each unit's own padding where the records split them (shard_root), else the model's on average
+        root_pad, block_pad = _unit_pads(s.shard_params, s.shard_root, root, s.blocks * block, s.shards, pad)
+        trained_root_pad, block_pad_t = _unit_pads(s.shard_trainable, s.shard_root_trainable, trained_root,
+                                                   s.blocks * s.block_t, s.shards, pad_t)
+        p = s.p * block_pad
         trained = [s.block_t] * s.blocks + [trained_root]
         shard = None if s.shards == s.dp else "dp_shard"
         post_forward = "post_forward" if s.post_forward_ranks else shard
@@ -260,12 +269,13 @@ class FSDPFamily(DCPCheckpoints, Family):
         regather = ([Collective("all_gather", block_bytes, ga * s.blocks, "forward+backward", post_forward)]
                     if backend.reshard_after_forward and block else [])
         if s.root_reshards and root:
-            regather.append(Collective("all_gather", root * p, ga, "forward+backward", shard))
+            regather.append(Collective("all_gather", root * s.p * root_pad, ga, "forward+backward", shard))
         gathers = [Collective("all_gather", size, ga, "forward+backward", shard)
-                   for size in [block_bytes] * s.blocks + [root * p] if size]
+                   for size in [block_bytes] * s.blocks + [root * s.p * root_pad] if size]
         reduces = ga if s.reduce_every_micro_batch else 1
-        reduce = [Collective("reduce_scatter", u * s.w * pad_t, reduces, "forward+backward", shard)
-                  for u in trained if u]
+        reduce = [Collective("reduce_scatter", u * s.w * (trained_root_pad if j == s.blocks else block_pad_t),
+                             reduces, "forward+backward", shard)
+                  for j, u in enumerate(trained) if u]
         across = ([Collective("all_reduce", -(-u // s.shards) * s.w, reduces, "backward", replicas)
                    for u in trained if u]
                   if s.shards < s.dp else [])
@@ -276,6 +286,7 @@ class FSDPFamily(DCPCheckpoints, Family):
 
     def paper_comm_elements(self, backend, s):
         return 2 * s.params + s.t
+
 
     def optimizer_bytes(self, backend, s):
         """AdamW over the fp32 shard (40 B a parameter). Under CPUOffloadPolicy the host steps it, and on a GPU
@@ -327,3 +338,11 @@ def gloo_allgather_buffer(s) -> float:
     op by op on 2026-12-01: tiny Qwen3-MoE at dp 2 and at dp 2 x cp 2, tiny Llama at dp 2 x cp 2, 248,448 and
     184,832 bytes, one block in fp32). NCCL gathers into FSDP2's buffer, and torch's fake group allocates nothing."""
     return s.p * s.block_params if s.gloo_buffers else 0.0
+
+
+def _unit_pads(shard_all: int, shard_root: int, root: int, blocks: int, shards: int, average: float) -> tuple:
+    """The root unit's and a block's padding factors (padded elements over elements), from one rank's padded
+    elements of all of them and of the root's; the model's `average` for both where the root's are not known."""
+    if not (shard_root and root and blocks):
+        return average, average
+    return shard_root * shards / root, (shard_all - shard_root) * shards / blocks

@@ -106,6 +106,12 @@ class CollectiveCounter(TorchDispatchMode):
     op it handles (FSDP2's gradient-norm all-reduce, 4 bytes; the replay's mirror group logs it,
     runtime/simulate/mirror_group.py)."""
 
+    # whether a functional all-to-all whose input goes whole to one rank is the ring's rotation (a `permute`):
+    # only where the ring runs (RingAwareCounter). Expert parallelism's all-to-alls send to one rank too when the
+    # router sends a micro-batch's every row to one rank's experts (tiny Qwen2-MoE at ep 2, 2026-12-03: a layer's
+    # dispatch whole to the other rank, or whole to itself), and stay all-to-alls, as the theory counts them
+    ring_permutes = False
+
     def __init__(self):
         super().__init__()
         self.calls: Counter = Counter()
@@ -123,7 +129,8 @@ class CollectiveCounter(TorchDispatchMode):
             gathered = func.namespace == "_c10d_functional" and op == "all_gather"
             # the ring's rotations: a functional all-to-all to one peer, or one its caller labels so (on CPU, c10d's
             # blocking all-to-all: parallel/cp/ring_cpu.py)
-            op = "permute" if _is_permute(op, args) or (op == "all_to_all" and labels.current() == "permute") else op
+            op = ("permute" if (self.ring_permutes and _is_permute(op, args))
+                  or (op == "all_to_all" and labels.current() == "permute") else op)
             self.calls[(op, _buffer_bytes(func, op, args, tensors), named, gathered, current_phase())] += 1
         return func(*args, **kwargs)
 
@@ -137,12 +144,13 @@ class CollectiveCounter(TorchDispatchMode):
                 for (op, b, ranks, phase), n in sorted(merged.items())]
 
 
-
 class RingAwareCounter(CollectiveCounter):
     """The counter for a run with context parallelism: torch's ring runs inside DTensor's handler for attention,
     where this mode is off, so attention on DTensors is handed to that handler here, with the mode back on, and
     the ring's collectives are counted. A subclass, so that every other run's counted step runs the plain
     counter's lines (the work count counts them: runtime/measure/work_count.py)."""
+
+    ring_permutes = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         ring = ring_handler(func, args)
