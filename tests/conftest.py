@@ -225,6 +225,8 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         "moe_no_leaf": only(("ds_zero3",), *MOE, "model=tiny_qwen3_moe", "backend.leaf_moe_blocks=false",
                             *zero3_per_module()),
         "moe_mixtral": only(("ddp", "fsdp", "ds_zero2"), *MOE, "model=tiny_mixtral"),
+        # Qwen2-MoE's shared expert beside the routed ones, under DDP, FSDP2 and ZeRO-3 (its block a leaf)
+        "moe_qwen2": moe_qwen2_sweep,
         # compiled blocks on the MoE (FSDP2, DDP): the routers' log runs eagerly between the graphs
         "moe_compile": only(("fsdp", "ddp"), *MOE, "model=tiny_qwen3_moe", "train.compile=true"),
         # expert parallelism at 2 ranks (ep 2, efsdp 1: every expert on one rank), both MoEs, and the 4-rank
@@ -235,6 +237,10 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         # and with selective_op, which saves the grouped matmuls' outputs of the rows each rank's experts ran
         "ep_selective": only(("fsdp",), *MOE, "model=tiny_mixtral", "parallelism.ep=2",
                              "train.activation_checkpointing=selective_op"),
+        # and Qwen2-MoE's, whose shared expert's backward recomputes the block before the experts' FSDP2 unit
+        # runs its pre-backward (runtime/models._sac_ignores_profiler_ranges), under selective_op_half
+        "ep_qwen2": only(("fsdp",), *MOE, "model=tiny_qwen2_moe", "parallelism.ep=2",
+                         "train.activation_checkpointing=selective_op_half"),
         "ep_two_experts": only(("ddp",), *MOE, f"model.hf_config={two_experts}"),
         "ep_resume": ep_resumed(ep_runs, 2, ("fsdp",)),
         # AutoEP's checkpoint (ZeRO-2, 4 ranks) at 2: DeepSpeed's universal conversion regroups the experts
@@ -280,6 +286,13 @@ def moe_sweep(backend: str) -> tuple:
 moe_sweep.backends = list(MOE_BACKENDS)
 
 
+def moe_qwen2_sweep(backend: str) -> tuple:
+    return (*MOE, "model=tiny_qwen2_moe", *(zero3_per_module() if backend == "ds_zero3" else ()))
+
+
+moe_qwen2_sweep.backends = ["ddp", "fsdp", "ds_zero3"]
+
+
 def states_cells(ranks: int):
     """The states-dominated memory check's cell of each of STATES_BACKENDS (memory_check.states_dominated_cells:
     the overrides under which its family releases what it gathers), at `ranks` ranks."""
@@ -306,7 +319,7 @@ def _one_sweep(fixture: str, sweep: str):
 # each sweep of the two-rank launch by the name its tests take it under
 (reshard_runs, model_dtype_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks, user_runs, nan_runs,
  moe_runs, moe_no_leaf_runs, moe_mixtral_runs, moe_compile_runs, ep_two_rank_runs, ep_mixtral_two_rank_runs, ep_selective_runs,
- two_experts_ddp_runs,
+ two_experts_ddp_runs, moe_qwen2_runs, ep_qwen2_runs,
  parity_bf16_runs) = (
     _one_sweep(fixture, sweep) for fixture, sweep in (
         ("reshard_runs", "reshard"), ("model_dtype_runs", "model_dtype"), ("migrate_runs", "migrate"),
@@ -314,7 +327,8 @@ def _one_sweep(fixture: str, sweep: str):
         ("nan_runs", "nan"), ("moe_runs", "moe"), ("moe_no_leaf_runs", "moe_no_leaf"),
         ("moe_mixtral_runs", "moe_mixtral"), ("moe_compile_runs", "moe_compile"),
         ("ep_two_rank_runs", "ep"), ("ep_mixtral_two_rank_runs", "ep_mixtral"), ("ep_selective_runs", "ep_selective"),
-        ("two_experts_ddp_runs", "ep_two_experts"), ("parity_bf16_runs", "parity_bf16")))
+        ("two_experts_ddp_runs", "ep_two_experts"), ("moe_qwen2_runs", "moe_qwen2"), ("ep_qwen2_runs", "ep_qwen2"),
+        ("parity_bf16_runs", "parity_bf16")))
 
 
 @pytest.fixture(scope="session")
@@ -475,6 +489,7 @@ def ep_cells(two_experts: Path) -> dict:
     shape = [*base, "backend=fsdp"]
     return {"qwen3_moe": [*shape, "model=tiny_qwen3_moe", f"train.checkpoint_every={SAVED_AT}"],
             "mixtral": [*shape, "model=tiny_mixtral"],
+            "qwen2_moe": [*shape, "model=tiny_qwen2_moe"],
             # HSDP on one node (backend.shard_degree=2): 2 replicas of dp_shard 2, each its own ep 2 x efsdp 1
             "qwen3_moe_hsdp": [*base, "backend=fsdp_hsdp", "backend.shard_degree=2", "model=tiny_qwen3_moe"],
             # DeepSpeed's AutoEP (backends/deepspeed/autoep.py): ZeRO-2 on one MoE, ZeRO-3 releasing what it
@@ -483,6 +498,8 @@ def ep_cells(two_experts: Path) -> dict:
                                        f"train.checkpoint_every={SAVED_AT}"],
             "mixtral_autoep_zero3": [*base, "backend=ds_zero3", "model=tiny_mixtral", *zero3_per_module(),
                                      f"train.checkpoint_every={SAVED_AT}"],
+            # AutoEP's qwen3_moe preset, which names Qwen2-MoE's shared expert and its gate (kept replicated)
+            "qwen2_moe_autoep_zero3": [*base, "backend=ds_zero3", "model=tiny_qwen2_moe", *zero3_per_module()],
             # 2 experts over 4 ranks at ep 1, and 1 a rank over efsdp 2 at ep 2: both on the second dimension
             "two_experts": [*shape, f"model.hf_config={two_experts}"],
             "two_experts_ep1": [*(o for o in shape if o != "parallelism.ep=2"), f"model.hf_config={two_experts}"]}

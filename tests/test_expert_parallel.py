@@ -96,7 +96,7 @@ def test_the_estimator_searches_ep_beside_the_data_parallel_families(capsys):
     assert {m[4] for m in meshes if m[0] in ("ddp", "ds_zeropp") or m[0].startswith("fsdp1")} == {"1"}
 
 
-def _launch_cells(ep_two_rank_runs, ep_mixtral_two_rank_runs, ep_runs, ep_selective_runs) -> dict:
+def _launch_cells(ep_two_rank_runs, ep_mixtral_two_rank_runs, ep_runs, ep_selective_runs, ep_qwen2_runs) -> dict:
     return {"qwen3_moe at 2 ranks": ep_two_rank_runs["fsdp"], "mixtral at 2 ranks": ep_mixtral_two_rank_runs["fsdp"],
             # selective_op: its recompute sends the forward's all-to-alls again, as full checkpointing's does
             "mixtral at 2 ranks, selective_op": ep_selective_runs["fsdp"],
@@ -105,17 +105,22 @@ def _launch_cells(ep_two_rank_runs, ep_mixtral_two_rank_runs, ep_runs, ep_select
             # across the replicas)
             "qwen3_moe at 4 ranks, HSDP": ep_runs["qwen3_moe_hsdp"],
             "qwen3_moe at 4 ranks, AutoEP ZeRO-2": ep_runs["qwen3_moe_autoep_zero2"],
-            "mixtral at 4 ranks, AutoEP ZeRO-3": ep_runs["mixtral_autoep_zero3"]}
+            "mixtral at 4 ranks, AutoEP ZeRO-3": ep_runs["mixtral_autoep_zero3"],
+            # Qwen2-MoE's shared expert: dense, over every data-parallel rank, beside the split experts
+            "qwen2_moe at 2 ranks, selective_op_half": ep_qwen2_runs["fsdp"],
+            "qwen2_moe at 4 ranks": ep_runs["qwen2_moe"],
+            "qwen2_moe at 4 ranks, AutoEP ZeRO-3": ep_runs["qwen2_moe_autoep_zero3"]}
 
 
-def test_expert_parallelism_trains_as_ddp_does(moe_runs, moe_mixtral_runs, ep_two_rank_runs,
-                                                ep_mixtral_two_rank_runs, ep_runs, ep_selective_runs):
+def test_expert_parallelism_trains_as_ddp_does(moe_runs, moe_mixtral_runs, moe_qwen2_runs, ep_two_rank_runs,
+                                                ep_mixtral_two_rank_runs, ep_runs, ep_selective_runs, ep_qwen2_runs):
     """The same 8 sequences a step as DDP on 2 ranks: the losses and the gradient norm (Adam's m/sqrt(v) hides a
     constant factor in the experts' gradients, which the losses alone would not show), and at 2 ranks the routing
     (moe/aux_loss is rank 0's tokens, which are DDP's rank 0's only there)."""
     for cell, (summary, records, run_dir) in _launch_cells(ep_two_rank_runs, ep_mixtral_two_rank_runs,
-                                                           ep_runs, ep_selective_runs).items():
-        reference = (moe_runs if cell.startswith("qwen3") else moe_mixtral_runs)["ddp"][1]
+                                                           ep_runs, ep_selective_runs, ep_qwen2_runs).items():
+        reference = {"qwen3": moe_runs, "mixtral": moe_mixtral_runs, "qwen2": moe_qwen2_runs}[
+            cell.split("_")[0].split(" ")[0]]["ddp"][1]
         assert summary["status"] == "ok", (cell, summary.get("reason"))
         for key in ("loss/loss", "loss/grad_norm", *(("moe/aux_loss",) if "2 ranks" in cell else ())):
             assert [r[key] for r in records] == pytest.approx([r[key] for r in reference], rel=1e-4), (cell, key)
@@ -134,9 +139,9 @@ def test_expert_parallelism_trains_as_ddp_does(moe_runs, moe_mixtral_runs, ep_tw
 
 
 def test_expert_parallel_states_bytes_and_peak_are_the_theorys(ep_two_rank_runs, ep_mixtral_two_rank_runs,
-                                                               ep_runs, ep_selective_runs):
+                                                               ep_runs, ep_selective_runs, ep_qwen2_runs):
     for cell, (summary, _, run_dir) in _launch_cells(ep_two_rank_runs, ep_mixtral_two_rank_runs, ep_runs,
-                                                     ep_selective_runs).items():
+                                                     ep_selective_runs, ep_qwen2_runs).items():
         f = summary["figures"]
         assert abs(f["memory/model_states_error_pct"]) <= 1, (cell, f["memory/model_states_error_pct"])
         ranks = json.loads((run_dir / "ranks" / "report.json").read_text())["ranks"]

@@ -19,10 +19,11 @@ from forked_ranks import run_ranks
 from test_moe import model_cfg
 
 TOKENS = 96
-CASES = {"transformers": [(name, reg) for name in ("tiny_mixtral", "tiny_qwen3_moe")
+CASES = {"transformers": [(name, reg) for name in ("tiny_mixtral", "tiny_qwen3_moe", "tiny_qwen2_moe")
                           for reg in ("fp32", "16-bit", "autocast")],
          # DeepSpeed runs its parameters in 16 bits or fp32, never under autocast
-         "autoep": [(name, reg) for name in ("tiny_mixtral", "tiny_qwen3_moe") for reg in ("fp32", "16-bit")]}
+         "autoep": [(name, reg) for name in ("tiny_mixtral", "tiny_qwen3_moe", "tiny_qwen2_moe")
+                    for reg in ("fp32", "16-bit")]}
 
 
 def saved_under_push(m, model, reg: str, router: torch.nn.Module, chosen_of, push: float) -> dict:

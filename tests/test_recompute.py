@@ -124,15 +124,16 @@ def test_the_time_model_recomputes_the_checkpointed_blocks_forward_only():
 
 
 @pytest.mark.parametrize("policy", ["selective_op", "selective_op_half"])
-@pytest.mark.parametrize("model_name", ["tiny_llama", "tiny_gpt2", "tiny_mixtral", "tiny_qwen3_moe"])
+@pytest.mark.parametrize("model_name", ["tiny_llama", "tiny_gpt2", "tiny_mixtral", "tiny_qwen3_moe", "tiny_qwen2_moe"])
 def test_a_selectively_checkpointed_block_keeps_what_the_theory_counts(model_name, policy):
     """What one selectively checkpointed block keeps through forward, storage by storage: its input (the
     checkpoint's one saved tensor) and what the policy's cache holds (the saved matmuls' and attention's outputs),
     per token, is the theory's count within 1%. selective_op_half (torchtitan's) keeps every other matmul: on
     the GQA Llama q, v, gate and down, not k, o and up. A mixture of experts' block keeps its router's logits and
     its two grouped matmuls' outputs for each routed copy instead of the dense MLP's three (selective_op_half: q, v
-    and the router's logits, every other mm as torchtitan counts them, and the grouped matmuls' outputs), and its
-    backward makes the gradients its uncheckpointed twin makes."""
+    and the router's logits, every other mm as torchtitan counts them, and the grouped matmuls' outputs), with
+    Qwen2-MoE's shared expert's three and its sigmoid gate's among the mm outputs, and its backward makes the
+    gradients its uncheckpointed twin makes."""
     from harness.runtime.compiled.compiled_activations import _record_selective_caches, _tensors_in
 
     width = [] if "moe" in model_name or "mixtral" in model_name else ["model.intermediate_size=512"]

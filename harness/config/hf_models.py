@@ -1,12 +1,13 @@
 """A model from a Hugging Face config.json (`model.hf_config=<dir or file>`), read before any rank starts.
 
 The theory (memory, FLOPs, communication) covers two shapes: the Llama block (RMSNorm, RoPE, grouped-query
-attention, SwiGLU), which Mistral and Qwen2 share, and GPT-2's. Mixtral and Qwen3-MoE are the Llama block with
-its MLP replaced by a mixture of SwiGLU experts behind a top-k softmax router (theory/moe.py). A config of any
+attention, SwiGLU), which Mistral and Qwen2 share, and GPT-2's. Mixtral, Qwen2-MoE and Qwen3-MoE are the Llama
+block with its MLP replaced by a mixture of SwiGLU experts behind a top-k softmax router (theory/moe.py), Qwen2-MoE
+with a shared SwiGLU expert beside them that every token runs, scaled by its own sigmoid gate. A config of any
 of these fills the `model` fields the theory reads (its sizes) from the file; the ranks build the model from the
 file itself, so that everything the theory does not need (norm epsilon, RoPE scaling, Qwen2's q/k/v biases) is
 as the file says. Whatever the file holds beyond what the theory covers is refused in one line that names it:
-another mixture-of-experts design (shared experts, latent attention, dense layers among the sparse ones), a
+another mixture-of-experts design (latent attention, several shared experts, dense layers among the sparse ones), a
 sliding window shorter than the sequence.
 
 A relative path is looked for from the working directory, then under conf/model/ (the presets' configs in
@@ -23,7 +24,7 @@ from . import schema
 
 # config.json's model_type -> the shape the theory knows it as (model.family)
 MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2", "mixtral": "llama",
-               "qwen3_moe": "llama"}
+               "qwen2_moe": "llama", "qwen3_moe": "llama"}
 
 # the config.json key -> our ModelConfig field, by shape
 FIELDS = {
@@ -41,7 +42,7 @@ DEFAULTS = {"tie_word_embeddings": {"llama": False, "mistral": False, "qwen2": F
 # the model_types whose attention normalises each head of q and k (transformers' q_norm, k_norm)
 QK_NORM_TYPES = ("qwen3_moe",)
 # a mixture of experts' keys, by model_type: Mixtral's intermediate_size is its experts' width (it has no
-# dense MLP); Qwen3-MoE's is the dense MLP's of the layers it keeps dense, which are refused below
+# dense MLP); Qwen2-MoE's and Qwen3-MoE's is the dense MLP's of the layers they keep dense, which are refused below
 MOE_FIELDS = {
     "mixtral": {"num_local_experts": "num_experts", "num_experts_per_tok": "experts_per_token",
                 "intermediate_size": "expert_intermediate_size", "output_router_logits": "router_aux_loss_trained",
@@ -49,19 +50,25 @@ MOE_FIELDS = {
     "qwen3_moe": {"num_experts": "num_experts", "num_experts_per_tok": "experts_per_token",
                   "moe_intermediate_size": "expert_intermediate_size", "norm_topk_prob": "normalize_top_k",
                   "output_router_logits": "router_aux_loss_trained", "router_aux_loss_coef": "router_aux_loss_coef"},
+    "qwen2_moe": {"num_experts": "num_experts", "num_experts_per_tok": "experts_per_token",
+                  "moe_intermediate_size": "expert_intermediate_size", "norm_topk_prob": "normalize_top_k",
+                  "shared_expert_intermediate_size": "shared_expert_intermediate_size",
+                  "output_router_logits": "router_aux_loss_trained", "router_aux_loss_coef": "router_aux_loss_coef"},
 }
 # transformers' defaults for the keys a mixture-of-experts config.json may leave out
 MOE_DEFAULTS = {"mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "output_router_logits": False,
                             "router_aux_loss_coef": 0.001},
                 "qwen3_moe": {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
-                              "norm_topk_prob": False, "output_router_logits": False, "router_aux_loss_coef": 0.001}}
+                              "norm_topk_prob": False, "output_router_logits": False, "router_aux_loss_coef": 0.001},
+                "qwen2_moe": {"num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                              "shared_expert_intermediate_size": 5632, "norm_topk_prob": False,
+                              "output_router_logits": False, "router_aux_loss_coef": 0.001}}
 # keys that only a mixture-of-experts config sets: another model_type with one is refused by what it is
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 # the mixture-of-experts designs the theory does not cover, and what in them it does not
 UNCOVERED_MOE = {
     "deepseek_v3": "multi-head latent attention (compressed KV), shared experts and a sigmoid group-limited router",
     "deepseek_v2": "multi-head latent attention (compressed KV), shared experts and a group-limited router",
-    "qwen2_moe": "a shared expert beside the routed ones, with its own sigmoid gate",
     "gpt_oss": "experts with biases and a clamped SwiGLU, attention sinks and alternating sliding windows",
 }
 
@@ -142,23 +149,23 @@ def file_problem(path: str) -> Optional[str]:
         return f"{where}: not a readable JSON config"
     model_type = config.get("model_type")
     if model_type in UNCOVERED_MOE:
-        return (f"{where}: a {model_type} mixture of experts; the theory covers mixtral's and qwen3_moe's routed "
-                f"SwiGLU experts, not {UNCOVERED_MOE[model_type]}")
+        return (f"{where}: a {model_type} mixture of experts; the theory covers mixtral's, qwen2_moe's and "
+                f"qwen3_moe's routed SwiGLU experts, not {UNCOVERED_MOE[model_type]}")
     moe = [k for k in MOE_KEYS if config.get(k)]
     if moe and model_type not in MOE_FIELDS:
         return (f"{where}: a mixture-of-experts model of type {model_type!r} ({moe[0]}={config[moe[0]]}); the "
-                f"theory covers mixtral's and qwen3_moe's routed SwiGLU experts only")
+                f"theory covers mixtral's, qwen2_moe's and qwen3_moe's routed SwiGLU experts only")
     if model_type not in MODEL_TYPES:
         return (f"{where}: model_type {model_type!r} is not covered by the theory, which knows the Llama block "
-                f"(llama, mistral, qwen2; mixtral and qwen3_moe with experts) and GPT-2's (gpt2)")
+                f"(llama, mistral, qwen2; mixtral, qwen2_moe and qwen3_moe with experts) and GPT-2's (gpt2)")
     return moe_problem(config, where)
 
 
 def moe_problem(config: dict, where: str) -> Optional[str]:
     """What in a supported mixture-of-experts config the theory does not count: dense layers among the sparse
-    ones (Qwen3-MoE's mlp_only_layers, decoder_sparse_step), router noise (Mixtral's jitter, which also breaks
+    ones (Qwen2-MoE's and Qwen3-MoE's mlp_only_layers, decoder_sparse_step), router noise (Mixtral's jitter, which also breaks
     the runs' loss parity)."""
-    if config.get("model_type") == "qwen3_moe":
+    if config.get("model_type") in ("qwen2_moe", "qwen3_moe"):
         if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
             return (f"{where}: some layers keep a dense MLP (mlp_only_layers={config.get('mlp_only_layers')}, "
                     f"decoder_sparse_step={config.get('decoder_sparse_step', 1)}); the theory counts every layer "

@@ -47,7 +47,7 @@ def problems(cfg) -> List[str]:
     out = []
     where = f"model.num_experts={m.num_experts}"
     if m.family != "llama" or not m.hf_config:
-        out.append(f"{where}: a mixture of experts is built from a mixtral or qwen3_moe config.json "
+        out.append(f"{where}: a mixture of experts is built from a mixtral, qwen2_moe or qwen3_moe config.json "
                    f"(model.hf_config, e.g. model=tiny_mixtral); model.family={m.family} has no experts")
     if not 1 <= m.experts_per_token <= m.num_experts:
         out.append(f"model.experts_per_token={m.experts_per_token}: each token is routed to between 1 and "

@@ -48,7 +48,8 @@ NON_NEGATIVE = {"backend.bucket_elements": "0 = automatic", "parallelism.global_
                 "parallelism.cp_loss_tiles": "0 = ALST's choice, about 1 GiB of fp32 logits a tile"}
 BELOW_ONE = ("optim.beta1", "optim.beta2")  # Adam's decay rates: in [0, 1)
 POSITIVE_WHEN_SET = ("model.num_kv_heads", "model.intermediate_size", "model.head_dim",
-                     "model.expert_intermediate_size")  # None = the family's default
+                     "model.expert_intermediate_size",
+                     "model.shared_expert_intermediate_size")  # None = the family's default (no shared expert)
 RANGED_ELSEWHERE = {"workload.lora_rank": "finetune_check", "workload.lora_alpha": "finetune_check",
                     "train.warmup_steps": "shape_rules", "dist.master_port": "value_rules",
                     "data.eval_fraction": "data_check", "train.activation_checkpointing_every": "recompute"}

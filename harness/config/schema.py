@@ -75,9 +75,9 @@ BackendConfig = _backend_config()
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    family: str = MISSING  # the shape the theory knows: llama (also Mistral, Qwen2, Mixtral, Qwen3-MoE) | gpt2
+    family: str = MISSING  # the shape the theory knows: llama (also Mistral, Qwen2 and the MoEs) | gpt2
     # a Hugging Face config.json (or its dir) that sets the fields below and builds the model
-    # (config/hf_models.py): llama, mistral, qwen2, mixtral, qwen3_moe or gpt2; a relative path is also looked
+    # (config/hf_models.py): llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe or gpt2; a relative path is also looked
     # for under conf/model/
     hf_config: Optional[str] = None
     model_type: Optional[str] = None  # config.json's model_type (set from hf_config); None = family
@@ -96,14 +96,17 @@ class ModelConfig:
     max_positions: int = 1024
     tie_embeddings: bool = False
     rope_theta: float = 10000.0
-    # A mixture of experts (config/hf_models.py reads them from a mixtral or qwen3_moe config.json): every
-    # block's MLP is `num_experts` SwiGLU experts of width `expert_intermediate_size`, each token routed to
+    # A mixture of experts (config/hf_models.py reads them from a mixtral, qwen2_moe or qwen3_moe config.json):
+    # every block's MLP is `num_experts` SwiGLU experts of width `expert_intermediate_size`, each token routed to
     # `experts_per_token` of them by a softmax router (dropless, as transformers implements it), the chosen
-    # weights renormalised when `normalize_top_k`. 0 experts: a dense model.
+    # weights renormalised when `normalize_top_k`; Qwen2-MoE adds a shared SwiGLU expert of width
+    # `shared_expert_intermediate_size` that every token runs, scaled by a sigmoid gate (None: no shared
+    # expert). 0 experts: a dense model.
     num_experts: int = 0
     experts_per_token: int = 0
     expert_intermediate_size: Optional[int] = None
     normalize_top_k: bool = True
+    shared_expert_intermediate_size: Optional[int] = None
     # the router's load-balancing loss (Switch Transformer's, transformers' load_balancing_loss_func) is always
     # logged (moe/aux_loss); it is added to the trained loss, times its coefficient, only when the model's
     # config.json asks (output_router_logits), as transformers' own training does

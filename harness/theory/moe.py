@@ -1,4 +1,4 @@
-"""Theory of a mixture-of-experts block's MLP (Mixtral, Qwen3-MoE as transformers 5 implements them): what it
+"""Theory of a mixture-of-experts block's MLP (Mixtral, Qwen2-MoE, Qwen3-MoE as transformers 5 implements them): what it
 keeps for backward, its gradients' working set, and its parameters split into what every token uses and what
 only the experts it is routed to use.
 
@@ -19,14 +19,20 @@ holds the count against torch's saved-tensor hooks, in the three regimes of theo
   (w: float32 from Mixtral's router, the logits' dtype from Qwen3-MoE's): k·(p·(2h + 4i_e) + 32 + w);
 - the router keeps its float32 softmax (4E); renormalising keeps the float32 top-k values and their sum
   (4k + 4);
-- once per micro-batch and block, the grouped matmul's int32 offsets (4E).
+- once per micro-batch and block, the grouped matmul's int32 offsets (4E);
+- Qwen2-MoE's shared expert (`Qwen2MoeSparseMoeBlock`: a dense SwiGLU of width i_s that every token runs, its
+  output scaled by sigmoid(x·w_g), one h x 1 gate): the dense MLP's four i_s-wide tensors, its output and the
+  gate's sigmoid, which the scaling product keeps: p·(4i_s + h + 1); under autocast its three Linears (gate,
+  up, the sigmoid gate) each keep a 16-bit copy of the block's norm output (3·2h) and its tensors are 16-bit.
 
 Under autocast (DDP's bf16) `grouped_mm` has no autocast rule: the experts run, and keep, in float32 (p = 4 in
 the experts' terms), and the router keeps a 16-bit copy of its input (2h); its logits, and Qwen3-MoE's
 routing weights, are 16-bit.
 
 The backward's working set inside the MLP: the gated product's backward makes two i_e-sized gradients per
-routed copy while its inputs are kept (k·2p·i_e), the dense SwiGLU's 2p·i, k times wider.
+routed copy while its inputs are kept (k·2p·i_e), the dense SwiGLU's 2p·i, k times wider; the shared expert's
+backward, which runs apart from the routed experts', makes its own two (2p·i_s), and the larger of the two is
+the moment's.
 
 Under expert parallelism what a rank keeps splits in two (`Dispatch`): per copy it sends (k per token of its own)
 and per row its experts run, which the axis's implementation decides (Axis.routed_kept: parallel/ep/kept.py,
@@ -90,7 +96,23 @@ def mlp_bytes_per_token(model, reg: str, dispatch: Optional[Dispatch] = None) ->
     router = 4 * e + (2 * h if reg == "autocast" else 0)
     if renormalises(model):
         router += 4 * k + 4
-    return routed + router
+    return routed + router + shared_bytes_per_token(model, reg)
+
+
+def shared_width(model) -> int:
+    """The shared expert's width (Qwen2-MoE's shared_expert_intermediate_size); 0 without one."""
+    return getattr(model, "shared_expert_intermediate_size", None) or 0
+
+
+def shared_bytes_per_token(model, reg: str) -> float:
+    """What the shared expert keeps for backward per token (module docstring): p·(4i_s + h + 1), and under
+    autocast its three Linears' 16-bit copies of their input. It runs on every token of the rank's own, at
+    every ep: it is a dense part of the block."""
+    i_s, h = shared_width(model), model.hidden_size
+    if not i_s:
+        return 0.0
+    p = 4 if reg == "fp32" else 2
+    return p * (4 * i_s + h + 1) + (3 * 2 * h if reg == "autocast" else 0)
 
 
 def selective_bytes_per_token(model, reg: str, dispatch: Optional[Dispatch] = None) -> float:
@@ -154,10 +176,11 @@ def rows_per_token(model, reg: str, dispatch: Optional[Dispatch] = None) -> floa
 
 def mlp_grads(model, reg: str, tokens: float, dispatch: Optional[Dispatch] = None) -> float:
     """The gated product's two gradients per routed copy (per row run, under expert parallelism: received and
-    padding), alive at its backward, for `tokens` tokens."""
+    padding), alive at its backward, for `tokens` tokens; or the shared expert's two, where they are larger."""
     split = dispatch.kept(model, reg) if dispatch else None
     rows = rows_per_token(model, reg, dispatch) * tokens + padding_rows(split, model, dispatch, tokens)
-    return rows * 2 * experts_precision(reg) * expert_width(model)
+    shared = tokens * 2 * (4 if reg == "fp32" else 2) * shared_width(model)
+    return max(rows * 2 * experts_precision(reg) * expert_width(model), shared)
 
 
 def received_shares(rows: List[List[int]], groups: List[List[int]]) -> List[float]:

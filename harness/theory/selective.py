@@ -8,10 +8,12 @@ from . import moe
 from .widths import residual_bytes, splits, widths_of
 
 
-def block_matmuls(model) -> list:
+def block_matmuls(model, implementation: str = "") -> list:
     """A block's projections in the order its forward runs them, as (output width, weight elements, rowwise):
     Llama's q, k, v, o, gate, up and down; GPT-2's fused q|k|v, attention's projection and the MLP's two; a
-    mixture of experts' q, k, v, o and its router (h x E; its experts' grouped matmuls are moe.py's). The
+    mixture of experts' q, k, v, o and its router (h x E; its experts' grouped matmuls are moe.py's), with
+    Qwen2-MoE's shared expert's gate, up and down and its sigmoid gate (h x 1): transformers' block runs the
+    shared expert before the router, DeepSpeed's AutoEP (`implementation` "autoep") after the routed experts. The
     selective policies save all of their outputs, or every other one from the first (runtime/models.py). Under
     tensor parallelism a columnwise projection's output is its heads' or columns' share, and a rowwise one's
     (o, down) is its partial sum, whole, before the collective that reduces it (parallel/tp/shard.py)."""
@@ -19,7 +21,13 @@ def block_matmuls(model) -> list:
     if model.family == "llama":
         attention = [(h_q, h * h_q, False), (h_kv, h * h_kv, False), (h_kv, h * h_kv, False), (h, h_q * h, True)]
         if moe.is_moe(model):
-            return attention + [(model.num_experts, h * model.num_experts, False)]
+            i_s, router = moe.shared_width(model), [(model.num_experts, h * model.num_experts, False)]
+            if not i_s:
+                return attention + router
+            shared = [(i_s, h * i_s, False), (i_s, h * i_s, False), (h, i_s * h, True)]
+            if implementation == "autoep":
+                return attention + router + shared + [(1, h, False)]
+            return attention + shared + router + [(1, h, False)]
         return attention + [(i, h * i, False), (i, h * i, False), (h, i * h, True)]
     return [(3 * h, 3 * h * h, False), (h, h * h, True), (i, h * i, False), (h, i * h, True)]
 
@@ -35,7 +43,9 @@ def selective_bytes_per_token(model, reg: str, stride: int = 1, mesh=None, dispa
     inner, seq, _ = splits(mesh)
     p = 4 if reg == "fp32" else 2
     kept_input = residual_bytes(reg) * model.hidden_size / seq
-    saved = sum(width if rowwise else width / inner for width, _, rowwise in block_matmuls(model)[::stride])
+    implementation = dispatch.implementation if dispatch and dispatch.ep > 1 else ""
+    saved = sum(width if rowwise else width / inner
+                for width, _, rowwise in block_matmuls(model, implementation)[::stride])
     experts = moe.selective_bytes_per_token(model, reg, dispatch) if moe.is_moe(model) else 0.0
     return kept_input + p * saved + experts + (p * h_q + 4 * a) / inner
 
