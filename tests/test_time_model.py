@@ -224,6 +224,28 @@ def test_the_comm_table_interpolates_between_gaps_on_a_log_scale():
     assert table.busy_worlds == {2}
 
 
+def test_a_ring_across_nodes_moves_over_each_ranks_nic_and_an_all_to_all_over_its_own():
+    """NCCL's rings over a group with g ranks a node drive the node's g NICs side by side (theory/time.RING_OPS): a
+    full node's ring crosses at 8 x 50 GB/s, HSDP's replica group (a rank a node) and an all-to-all at one NIC's,
+    and FSDP2's flat group over 8 nodes of 8 sees it through the mesh; a CPU run's emulated nodes keep one link."""
+    from harness.config.compose import compose
+    from harness.config.mesh import mesh_of
+
+    table = CommTable([], "cuda", 64, 450, 50)
+    size, ranks = 1e9, 64
+    ring = table.seconds("all_gather", size, ranks, True, per_node=8)
+    assert ring == pytest.approx(20e-6 + size * 63 / 64 / 400e9)
+    assert table.seconds("all_gather", size, ranks, True, per_node=1) == pytest.approx(20e-6 + size * 63 / 64 / 50e9)
+    assert table.seconds("all_to_all", size, ranks, True, per_node=8) == pytest.approx(20e-6 + size * 63 / 64 / 50e9)
+    # two ranks a node: two NICs; NVLink caps it where it carries more than the NICs can (g / (g - 1) of 450)
+    assert table.inter_node_busbw("reduce_scatter", 2) == pytest.approx(100e9)
+    assert CommTable([], "cuda", 64, 450, 400).inter_node_busbw("all_reduce", 8) == pytest.approx(450e9 * 8 / 7)
+    assert CommTable([], "cpu", 4).inter_node_busbw("all_gather", 2) == CommTable([], "cpu", 4).links[True][1]
+    mesh = mesh_of(compose(["backend=fsdp_hsdp", "parallelism=gpu8", "parallelism.nnodes=8"]))
+    assert mesh.per_node_of("dp_shard") == 8 and mesh.per_node_of("dp_replicate") == 1
+    assert mesh_of(compose(["backend=fsdp", "parallelism=gpu8", "parallelism.nnodes=8"])).per_node_of(None) == 8
+
+
 def by_op(work: dict, phase: str) -> Counter:
     out = Counter()
     for r in work["ops"]:

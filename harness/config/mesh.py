@@ -230,6 +230,19 @@ class Mesh:
     def crosses_nodes(self, ranks: Sequence[int]) -> bool:
         return len({self.node_of(r) for r in ranks}) > 1
 
+    def ranks_per_node(self, ranks: Sequence[int]) -> int:
+        """A group's ranks on each node it spans (the fewest on any): the NICs its ring drives side by side
+        (theory/time.RING_OPS)."""
+        on: Dict[int, int] = {}
+        for r in ranks:
+            on[self.node_of(r)] = on.get(self.node_of(r), 0) + 1
+        return min(on.values()) if on else 1
+
+    @functools.lru_cache(maxsize=4096)
+    def per_node_of(self, name: Optional[str]) -> int:
+        """ranks_per_node of the named axis group holding rank 0 (the groups of an axis are alike)."""
+        return self.ranks_per_node(self.ranks(name))
+
     @functools.lru_cache(maxsize=4096)
     def link(self, name: Optional[str]) -> str:
         """Which link group `name` crosses: `intra_node` (NVLink; loopback on CPU) or `inter_node` (the

@@ -256,7 +256,8 @@ def predict_counted(backend, s: Shape, work: dict, costs: DeviceCosts) -> Dict[s
     for c in work.get("collectives", []):
         ranks = c.get("ranks") or list(range(c["group"]))
         crosses = mesh.crosses_nodes(ranks)
-        one = costs.comm.seconds(c["op"], c["size_bytes"], c["group"], crosses, gaps.get(c.get("phase")))
+        one = costs.comm.seconds(c["op"], c["size_bytes"], c["group"], crosses, gaps.get(c.get("phase")),
+                                 per_node=mesh.ranks_per_node(ranks))
         total += one * c["count"]
         # an axis's collectives may sit between a block's matmuls, which wait for them (Axis.collectives_hide)
         hides = axes.collectives_hide(mesh, mesh.name_of(ranks), c["op"])

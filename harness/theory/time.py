@@ -45,6 +45,16 @@ PARTS = PHASES + ("comm_exposed", "other")
 # H100 user guide: 8 of them). The 20 µs latency is not measured here
 DEFAULT_LINK = {"cpu": (300e-6, 1.0e9), "cuda": (20e-6, 450e9)}
 DEFAULT_INTER_NODE_LINK = {"cpu": (300e-6, 1.0e9), "cuda": (20e-6, 50e9)}
+# NCCL's ring collectives over a group with g ranks on each of its nodes: NCCL runs one channel (ring) a NIC, each
+# channel entering and leaving a node through a different GPU's NIC, its other hops inside the node on NVLink.
+# So a rank's share of the ring crosses the network on 1/g of the channels: the g NICs of a node carry the
+# inter-node part side by side, and the bus bandwidth across nodes is g NICs' (what nccl-tests reads on 8-GPU
+# nodes with a 400 Gb/s NIC a GPU: 400-450 GB/s bus bandwidth for all_reduce across nodes, against 50 GB/s one
+# NIC moves), up to what NVLink carries beside it: the (g - 1)/g of the channels' hops inside the node. An
+# all-to-all or a ring's permute sends each rank's own bytes to its peers through its own NIC: one NIC's rate.
+# A CUDA node here has a NIC a GPU (the cards' systems, config/cards.py: DGX H100/H200/B200, torchtitan's Grand
+# Teton, an A100 node with a 200 Gb/s HDR NIC a GPU); a CPU run's emulated nodes share one loopback
+RING_OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "reduce")
 # stated, for a CUDA shape priced where no GPU is (the advisor or the estimate on a CPU machine): an H100 SXM's
 # dense peaks from NVIDIA's H100 datasheet, 989 TFLOP/s in bf16 and fp16 on tensor cores, 67 in fp32 (torch runs
 # fp32 matmuls without TF32 by default), and its HBM3 at 3.35 TB/s
@@ -84,7 +94,7 @@ class CommTable:
         self.links = {crosses: (table[device][0], gbps * 1e9 if gbps else table[device][1])
                       for crosses, table, gbps in ((False, DEFAULT_LINK, intra_gbps),
                                                    (True, DEFAULT_INTER_NODE_LINK, inter_gbps))}
-        self.world = world
+        self.world, self.device = world, device
         self.busy_worlds = {ranks for (_, ranks, _), curves in self.by_op.items() if any(g for g in curves)}
         self.measured = any(ranks == world for _, ranks, _ in self.by_op)
         latency, busbw = self.links[False]
@@ -92,11 +102,15 @@ class CommTable:
                        f"default: {latency * 1e6:.0f} µs + size / {busbw / 1e9:g} GB/s bus bandwidth")
 
     def seconds(self, op: str, size: float, ranks: int = 0, crosses: bool = False,
-                gap: Optional[float] = None) -> float:
+                gap: Optional[float] = None, per_node: int = 1) -> float:
+        """`per_node`: the group's ranks on each of its nodes, whose NICs a ring across nodes drives side by
+        side (RING_OPS' comment)."""
         ranks = ranks or self.world
         curves = self.by_op.get((op, ranks, crosses))
         if not curves:
             latency, busbw = self.links[crosses]
+            if crosses:
+                busbw = self.inter_node_busbw(op, per_node)
             return latency + size * bus_factor(op, ranks) / busbw
         gaps = sorted(g for g in curves if g)
         if not gaps:
@@ -109,6 +123,15 @@ class CommTable:
             return t_lo
         w = math.log(g / lo) / math.log(hi / lo)
         return t_lo + w * (t_hi - t_lo)
+
+
+    def inter_node_busbw(self, op: str, per_node: int) -> float:
+        """The bus bandwidth of `op` over a group that spans nodes with `per_node` ranks on each: a ring's over
+        g NICs, capped by the NVLink hops beside them, on a CUDA node with a NIC a GPU; one NIC's otherwise."""
+        nic = self.links[True][1]
+        if self.device != "cuda" or op not in RING_OPS or per_node <= 1:
+            return nic
+        return min(per_node * nic, self.links[False][1] * per_node / (per_node - 1))
 
 
 def _along_size(points: List[tuple], size: float) -> float:
@@ -159,7 +182,8 @@ def predict_parts(backend, s: Shape, flops_per_step: float, rates: Rates) -> Dic
     total, exposed = 0.0, 0.0
     groups: Dict[Optional[str], List[tuple]] = {}
     for c in collectives(backend, s):
-        one = rates.comm.seconds(c.op, c.size_bytes, *group_of(c, s))
+        ranks, crosses = group_of(c, s)
+        one = rates.comm.seconds(c.op, c.size_bytes, ranks, crosses, per_node=s.mesh.per_node_of(c.group))
         total += one * c.count
         groups.setdefault(c.hidden_by, []).append((one, one * c.count))
     for hidden_by, items in groups.items():

@@ -31,7 +31,7 @@ def reason(p: Plan, pick: Candidate, c: Candidate, band: Optional[Tuple[float, f
     if tied(pick, c, band):
         return (f"ties with the pick inside the error band ({slower:.1f}% slower predicted, {figures(c)}): theory "
                 "cannot order the two; probe both (advise without --dry-run)")
-    inter_gbps = p.rates.get("inter_gbps") or 0.0
+    inter_gbps = p.rates.get("inter_gbps") or 0.0  # a ring over a node's NICs: the bytes' shortest time
     extra_inter = (c.predicted_inter_node_bytes - pick.predicted_inter_node_bytes) / (inter_gbps * 1e9) \
         if inter_gbps else 0.0
     extra = c.predicted_step_s - pick.predicted_step_s

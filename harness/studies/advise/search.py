@@ -245,7 +245,9 @@ def plan(overrides: List[str], budget_bytes: Optional[int], global_batch: Option
                rates={"matmul_tflops": rates.tflops, "copy_gbps": rates.mem_gbps, "rates_source": rates.source,
                       "rates_committed": rates.committed,
                       "collectives_measured": float(rates.comm.measured), "flops_per_token": flops_per_token,
-                      "links": links_words(rates.comm), "inter_gbps": rates.comm.links[True][1] / 1e9},
+                      "links": links_words(rates.comm, par.nproc_per_node),
+                      # the fastest a byte crosses nodes: a ring over every rank of a node (theory/time.RING_OPS)
+                      "inter_gbps": rates.comm.inter_node_busbw("all_gather", par.nproc_per_node) / 1e9},
                refused=refused)
     fitting = {}  # the candidates that fit, by name: their step times come from their counted work
     for cfg, backend, extra, sync, method, make in made:
@@ -333,10 +335,13 @@ def candidate(cfg, backend: str, extra: List[str], counts: dict, flops_per_token
                      family=cfg.backend.family, kind=mesh_kind(cfg, shape))
 
 
-def links_words(comm) -> str:
-    """The collectives' links as the time model prices them: measured rows, else each level's bus bandwidth."""
+def links_words(comm, per_node: int = 1) -> str:
+    """The collectives' links as the time model prices them: measured rows, else each level's bus bandwidth (a
+    ring across nodes over the `per_node` NICs of a node's ranks: theory/time.RING_OPS)."""
     inside, across = (comm.links[crosses][1] / 1e9 for crosses in (False, True))
+    ring = comm.inter_node_busbw("all_gather", per_node) / 1e9
     return (f"{inside:,.0f} GB/s a GPU each way inside a node, {across:,.0f} across nodes"
+            + (f" ({ring:,.0f} for a ring over a node's {per_node} GPUs, a NIC each)" if ring != across else "")
             + (" (and this machine's measured collectives)" if comm.measured else ""))
 
 
