@@ -427,6 +427,8 @@ def cp_cells(llama_checkpoint) -> dict:
             "gqa/ds_zero3_tiled": (*gqa, "backend=ds_zero3", *TILED, "parallelism.cp_mlp_tiles=2"),
             "gqa/ds_zero2_tiled": (*gqa, "backend=ds_zero2", *TILED, "parallelism.cp_mlp_tiles=4",
                                    "train.activation_checkpointing=full"),
+            # and beside torch's ring under FSDP2 (its attention backward then sets the peak)
+            "gqa/fsdp_tiled": (*gqa, "backend=fsdp", *TILED, "parallelism.cp_mlp_tiles=2"),
             # ALST's tiled loss (DeepSpeed's sequence_tiled_compute around the output layer and the loss): beside
             # Ulysses under ZeRO-3, as ALST runs it, and beside torch's ring under FSDP2
             "gqa/ds_zero3_tiled_loss": (*gqa, "backend=ds_zero3", *TILED_LOSS),

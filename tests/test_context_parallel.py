@@ -53,7 +53,6 @@ def test_the_cp_ranks_join_the_data_parallel_groups_of_the_mesh():
     (["parallelism.cp=0"], "parallelism.cp=0: must be positive"),
     (["parallelism.cp_tiled_mlp=true"], "ALST's tiled MLP is an option of context parallelism here"),
     (["parallelism.cp=2", "backend=ddp", "parallelism.cp_tiled_mlp=true"], "Expected to mark a variable ready"),
-    (["parallelism.cp=2", "backend=fsdp", "parallelism.cp_tiled_mlp=true"], "the peak moves into the ring's attention"),
     (["parallelism.cp=2", "backend=ds_zero2", "parallelism.cp_tiled_mlp=true",
       "train.activation_checkpointing=selective_op"], "the selective policy saves the tiles' matmul outputs"),
     (["parallelism.cp=2", "backend=ds_zero3", "parallelism.cp_tiled_mlp=true", "parallelism.cp_mlp_tiles=3"],
@@ -335,7 +334,9 @@ def test_alsts_tiled_mlp_holds_less_by_what_the_theory_says(cp_runs):
     print(f"TILED ds_zero3: the peak falls {measured:,} B measured, {predicted:,.0f} B predicted "
           f"({100 * (measured - predicted) / predicted:+.1f}%)")
     assert predicted > 0 and measured == pytest.approx(predicted, rel=0.25)
-    for cell, tiles in (("gqa/ds_zero3_tiled", 2), ("gqa/ds_zero2_tiled", 4)):
+    # and beside torch's ring under FSDP2, whose attention backward holds its accumulators and rotated keys and
+    # values where the MLP's tensors were (parallel/cp/axis.attention_backward_bytes): the peak test holds it
+    for cell, tiles in (("gqa/ds_zero3_tiled", 2), ("gqa/ds_zero2_tiled", 4), ("gqa/fsdp_tiled", 2)):
         ran = json.loads((cp_runs[cell][2] / "settings.json").read_text())["context_parallel"]["tiled_mlp"]
         assert ran["api"].endswith("ulysses_sp.TiledMLP") and (ran["tiles"], ran["mlps"]) == (tiles, 2), cell
 

@@ -89,6 +89,12 @@ class Axis:
         """The axis's own collectives of a step (theory/collective.Collective), each naming its mesh group."""
         return []
 
+    def attention_backward_bytes(self, model, reg: str, tokens: float, mesh, rotate: str,
+                                 balanced: bool = True) -> float:
+        """What the axis's attention backward makes beyond the block's kept tensors, for one layer of a rank's
+        `tokens` (theory/activations.in_block's attention moment); 0 where the axis does not run attention."""
+        return 0.0
+
     def routed_kept(self, model, reg: str, implementation: str) -> Optional[Dict[str, float]]:
         """What a rank keeps of a mixture of experts' routed rows where the axis dispatches them to other ranks
         (theory/moe.py): bytes a copy sent, bytes a row its experts run, the rows their buffer is rounded to; None

@@ -120,6 +120,14 @@ def block_bytes_per_token(model, reg: str, mesh=None, dispatch=None) -> float:
     return 2 * (p * h + 2 * p) + 2 * p * h + 4 * p * h + 4 * a + mlp * p * i
 
 
+def mlp_half_norm(model, reg: str, seq: int) -> float:
+    """A Llama block's second norm's kept tensors a token (half of block_bytes_per_token's two norms)."""
+    h = model.hidden_size
+    if reg == "autocast":
+        return (8 * h + 4) / seq
+    return (4 * h + 4 + (4 if reg == "fp32" else 2) * h) / seq
+
+
 def gelu_kept(model) -> int:
     """The MLP-wide tensors a gpt2 block's GELU and the projection after it keep: transformers' unfused tanh
     GELU (gelu_new, GPT-2's) keeps x, tanh, x/2 and 1 + tanh, and the projection its output (5); the exact GELU
@@ -210,6 +218,15 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
         "logits_grads": tokens * (12 if logits > 1 else 8) * vocab / logits,
         "mlp_grads": (moe.mlp_grads(model, reg, tokens, dispatch) if moe.is_moe(model)
                       else tokens * 2 * a * i / inner),
+        # the attention's backward, after the MLP's: what an axis's attention makes there (torch's ring: its
+        # accumulators and rotated keys and values, parallel/cp/axis.py), where the MLP's kept tensors are freed
+        "attention_backward": sum(axis.attention_backward_bytes(
+            model, reg, tokens, mesh, getattr(par, "cp_rotate", "allgather"), getattr(par, "cp_load_balance", True))
+            for axis in axes.active(mesh)) if mesh is not None else 0.0,
+        # and the MLP half of the block is freed by then: its norm's kept tensors and the MLP's
+        "mlp_kept": tokens * (mlp_half_norm(model, reg, seq) + (moe.mlp_bytes_per_token(model, reg, dispatch)
+                                                                 if moe.is_moe(model) else 4 * a * i / inner))
+                    if model.family == "llama" else 0.0,
         "copies": 2 * matmul_weights if autocast else 0,
         "head_copy": 2 * head_matmul_weights if autocast else 0,
         "block_copies": 2 * (matmul_weights - head_matmul_weights) / model.num_layers if autocast else 0,
@@ -321,4 +338,10 @@ def in_block(a: Dict[str, float], k: int) -> float:
         whole = compiled_block(a, "plain") if compiled else a["block"] + a.get("mlp_tile", 0.0)
     blocks = kept_below(a, k) + whole
     copies = a["block_copies"] * (1 + plain_blocks(a, k))
-    return blocks + a["per_sequence"] + a["block_input"] + a["mlp_grads"] + copies
+    at_mlp = blocks + a["per_sequence"] + a["block_input"] + a["mlp_grads"] + copies
+    if not a.get("attention_backward"):
+        return at_mlp
+    # then the attention's backward (torch's ring: its transients), the MLP half's kept tensors freed by then
+    # (under ALST's tiled MLP only its norm's: tiled_mlp.apply)
+    return max(at_mlp, blocks - a["mlp_kept"] + a["per_sequence"] + a["block_input"] + a["attention_backward"]
+               + copies)

@@ -75,6 +75,30 @@ class ContextParallel(Axis):
     def collectives(self, backend, s) -> list:
         return comm.context_parallel_collectives(backend, s)
 
+    def attention_backward_bytes(self, model, reg: str, tokens: float, mesh, rotate: str,
+                                 balanced: bool = True) -> float:
+        """torch's ring backward (`_templated_ring_attention_backward`), one layer of a rank's T tokens: what it
+        holds beside the block's kept tensors at its fullest step (Ulysses: 0, not modelled). Throughout, its fp32
+        accumulators of dq, dk and dv (T x (h_q + 2 h_kv) x 4) and the keys and values it rotates (all-gathered
+        whole under `allgather`, cp x T x 2 h_kv, beside the concatenated k|v it sends; that one and the one it
+        receives under `alltoall`). At the first step one chunk's dq, dk and dv in the activations' dtype, the
+        whole slice's; at each later one a chunk's (half of it under causal load balancing) and the fp32 dk|dv it
+        passes round by all-to-all, sent and received (2 x T x 2 h_kv x 4). The larger of the two. Named in
+        docs/context-parallel.md."""
+        if mesh.cp <= 1 or mesh.cp_method != "ring":
+            return 0.0
+        from ...theory.widths import widths_of
+
+        _, h_kv, _, _, _, h_q = widths_of(model)
+        h_kv, h_q = h_kv / mesh.tp, h_q / mesh.tp  # a tensor-parallel rank's own heads
+        p = 4 if reg == "fp32" else 2
+        kv = 2 * h_kv * tokens * p
+        rotating = (mesh.cp + 1) * kv if rotate == "allgather" else 2 * kv
+        chunk = p * tokens * (h_q + 2 * h_kv)
+        first = chunk
+        later = chunk * (0.5 if balanced else 1.0) + 2 * 4 * tokens * 2 * h_kv
+        return 4 * tokens * (h_q + 2 * h_kv) + rotating + max(first, later)
+
     def apply(self, strategy, model) -> dict:
         cfg = strategy.cfg
         par = cfg.parallelism

@@ -101,15 +101,9 @@ def tiled_mlp_rules(cfg) -> List[str]:
     """What ALST's tiled MLP (parallel/cp/tiled.py) is not run with: one line each."""
     par, m, t = cfg.parallelism, cfg.model, cfg.train
     head = "parallelism.cp_tiled_mlp=true"
-    out = _tiled_rules(cfg, head, "MLP", "the MLP", "TiledMLP", "a DeepSpeed backend")
-    family = families.of(cfg.backend)
-    if not family.tiled_gradients_refusal and implementation(family, "cp") != "ulysses":  # FSDP2: its own is the ring
-        # measured: FSDP2 trains (losses within 1.3e-7 of DDP's at dp 2 x cp 2), but at 512 tokens its peak moved
-        # into the ring's attention backward (the all-gathered keys and values, the fp32 gradient accumulators)
-        # beside the MLP's three gradients: +11.8% over the theory, whose moments are the MLP's
-        out.append(f"{head}: not under backend={cfg.backend.name}: the tiled MLP runs under DeepSpeed here, as in ALST "
-                   "(under FSDP2 the peak moves into the ring's attention backward, a moment the theory does not "
-                   "hold: +11.8% at 512 tokens); use a DeepSpeed backend")
+    # under FSDP2 too since 2026-12-03, when the theory took the ring's attention backward as a moment of its own
+    # (parallel/cp/axis.attention_backward_bytes): with the MLP tiled, that moment sets the peak
+    out = _tiled_rules(cfg, head, "MLP", "the MLP", "TiledMLP", "a DeepSpeed or FSDP2 backend")
     if getattr(m, "num_experts", 0):
         out.append(f"{head}: model {m.name} is a mixture of experts, whose MLP is its experts; the tiled MLP "
                    "tiles a dense SwiGLU here")
