@@ -78,13 +78,13 @@ class ContextParallel(Axis):
     def attention_backward_bytes(self, model, reg: str, tokens: float, mesh, rotate: str,
                                  balanced: bool = True) -> float:
         """torch's ring backward (`_templated_ring_attention_backward`), one layer of a rank's T tokens: what it
-        holds beside the block's kept tensors at its fullest step (Ulysses: 0, not modelled). Throughout, its fp32
-        accumulators of dq, dk and dv (T x (h_q + 2 h_kv) x 4) and the keys and values it rotates (all-gathered
-        whole under `allgather`, cp x T x 2 h_kv, beside the concatenated k|v it sends; that one and the one it
-        receives under `alltoall`). At the first step one chunk's dq, dk and dv in the activations' dtype, the
-        whole slice's; at each later one a chunk's (half of it under causal load balancing) and the fp32 dk|dv it
-        passes round by all-to-all, sent and received (2 x T x 2 h_kv x 4). The larger of the two. Named in
-        docs/context-parallel.md."""
+        holds beside the block's kept tensors at its fullest step (Ulysses: 0, not modelled). Throughout, the keys
+        and values it rotates (all-gathered whole under `allgather`, cp x T x 2 h_kv, beside the concatenated k|v
+        it sends; that one and the one it receives under `alltoall`) and its fp32 accumulator of dq. At the first
+        step its fp32 accumulators of dk and dv and one chunk's dq, dk and dv in the activations' dtype, the whole
+        slice's; at each later one a chunk's (half of it under causal load balancing) and the fp32 dk|dv passed
+        round by all-to-all, received (the accumulators from then on) and sent (2 x T x 2 h_kv x 4). The larger
+        of the two. Named in docs/context-parallel.md."""
         if mesh.cp <= 1 or mesh.cp_method != "ring":
             return 0.0
         from ...theory.widths import widths_of
@@ -95,9 +95,11 @@ class ContextParallel(Axis):
         kv = 2 * h_kv * tokens * p
         rotating = (mesh.cp + 1) * kv if rotate == "allgather" else 2 * kv
         chunk = p * tokens * (h_q + 2 * h_kv)
-        first = chunk
-        later = chunk * (0.5 if balanced else 1.0) + 2 * 4 * tokens * 2 * h_kv
-        return 4 * tokens * (h_q + 2 * h_kv) + rotating + max(first, later)
+        first = 4 * tokens * (h_q + 2 * h_kv) + chunk
+        # from the second step dk|dv are views of the buffer received (the accumulators sent round), the one sent
+        # beside it until the exchange completes
+        later = 4 * tokens * h_q + chunk * (0.5 if balanced else 1.0) + 2 * 4 * tokens * 2 * h_kv
+        return rotating + max(first, later)
 
     def apply(self, strategy, model) -> dict:
         cfg = strategy.cfg
