@@ -67,8 +67,10 @@ MOE_DEFAULTS = {"mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "o
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 # the mixture-of-experts designs the theory does not cover, and what in them it does not
 UNCOVERED_MOE = {
-    "deepseek_v3": "multi-head latent attention (compressed KV), shared experts and a sigmoid group-limited router",
-    "deepseek_v2": "multi-head latent attention (compressed KV), shared experts and a group-limited router",
+    "deepseek_v3": "multi-head latent attention (compressed KV), ungated shared experts beside the routed ones and a "
+                   "sigmoid group-limited router",
+    "deepseek_v2": "multi-head latent attention (compressed KV), ungated shared experts beside the routed ones and a "
+                   "group-limited router",
     "gpt_oss": "experts with biases and a clamped SwiGLU, attention sinks and alternating sliding windows",
 }
 
