@@ -124,7 +124,6 @@ class CommTable:
         w = math.log(g / lo) / math.log(hi / lo)
         return t_lo + w * (t_hi - t_lo)
 
-
     def inter_node_busbw(self, op: str, per_node: int) -> float:
         """The bus bandwidth of `op` over a group that spans nodes with `per_node` ranks on each: a ring's over
         g NICs, capped by the NVLink hops beside them, on a CUDA node with a NIC a GPU; one NIC's otherwise."""
