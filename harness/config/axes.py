@@ -89,10 +89,10 @@ class Axis:
         """The axis's own collectives of a step (theory/collective.Collective), each naming its mesh group."""
         return []
 
-    def attention_backward_bytes(self, model, reg: str, tokens: float, mesh, rotate: str,
-                                 balanced: bool = True) -> float:
+    def attention_backward_bytes(self, model, par, reg: str, tokens: float, mesh) -> float:
         """What the axis's attention backward makes beyond the block's kept tensors, for one layer of a rank's
-        `tokens` (theory/activations.in_block's attention moment); 0 where the axis does not run attention."""
+        `tokens` under `par` (the parallelism config: the axis's own options) (theory/activations.in_block's
+        attention moment); 0 where the axis does not run attention."""
         return 0.0
 
     def routed_kept(self, model, reg: str, implementation: str) -> Optional[Dict[str, float]]:

@@ -29,6 +29,7 @@ Shape carries the mesh, its Collectives name a group of it), the studies and the
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from dataclasses import dataclass
@@ -233,9 +234,7 @@ class Mesh:
     def ranks_per_node(self, ranks: Sequence[int]) -> int:
         """A group's ranks on each node it spans (the fewest on any): the NICs its ring drives side by side
         (theory/time.RING_OPS)."""
-        on: Dict[int, int] = {}
-        for r in ranks:
-            on[self.node_of(r)] = on.get(self.node_of(r), 0) + 1
+        on = collections.Counter(self.node_of(r) for r in ranks)
         return min(on.values()) if on else 1
 
     @functools.lru_cache(maxsize=4096)

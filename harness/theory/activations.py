@@ -220,9 +220,8 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
                       else tokens * 2 * a * i / inner),
         # the attention's backward, after the MLP's: what an axis's attention makes there (torch's ring: its
         # accumulators and rotated keys and values, parallel/cp/axis.py), where the MLP's kept tensors are freed
-        "attention_backward": sum(axis.attention_backward_bytes(
-            model, reg, tokens, mesh, getattr(par, "cp_rotate", "allgather"), getattr(par, "cp_load_balance", True))
-            for axis in axes.active(mesh)) if mesh is not None else 0.0,
+        "attention_backward": sum(axis.attention_backward_bytes(model, par, reg, tokens, mesh)
+                                  for axis in axes.active(mesh)) if mesh is not None else 0.0,
         # and the MLP half of the block is freed by then: its norm's kept tensors and the MLP's
         "mlp_kept": tokens * (mlp_half_norm(model, reg, seq) + (moe.mlp_bytes_per_token(model, reg, dispatch)
                                                                  if moe.is_moe(model) else 4 * a * i / inner))

@@ -44,7 +44,7 @@ def apply(out: Dict[str, float], model, reg: str, count: int, mesh) -> None:
     tokens = out["tokens"]
     kept = tokens * 4 * p * i / inner + (tokens * 2 * 2 * h if reg == "autocast" else 0)
     out["block"] -= kept
-    out["mlp_kept"] = out.get("mlp_kept", kept) - kept  # what the attention's backward sees freed: the norm's
+    out["mlp_kept"] -= kept  # what the attention's backward sees freed: the norm's only
     out["mlp_tile"] = kept / count + tokens * residual_bytes(reg) * h
     out["mlp_grads"] /= count
 

@@ -287,7 +287,6 @@ class FSDPFamily(DCPCheckpoints, Family):
     def paper_comm_elements(self, backend, s):
         return 2 * s.params + s.t
 
-
     def optimizer_bytes(self, backend, s):
         """AdamW over the fp32 shard (40 B a parameter). Under CPUOffloadPolicy the host steps it, and on a GPU
         the fp32 shard crosses the host link before each all-gather (forward, and backward again when the blocks

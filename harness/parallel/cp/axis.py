@@ -75,8 +75,7 @@ class ContextParallel(Axis):
     def collectives(self, backend, s) -> list:
         return comm.context_parallel_collectives(backend, s)
 
-    def attention_backward_bytes(self, model, reg: str, tokens: float, mesh, rotate: str,
-                                 balanced: bool = True) -> float:
+    def attention_backward_bytes(self, model, par, reg: str, tokens: float, mesh) -> float:
         """torch's ring backward (`_templated_ring_attention_backward`), one layer of a rank's T tokens: what it
         holds beside the block's kept tensors at its fullest step (Ulysses: 0, not modelled). Throughout, the keys
         and values it rotates (all-gathered whole under `allgather`, cp x T x 2 h_kv, beside the concatenated k|v
@@ -93,12 +92,12 @@ class ContextParallel(Axis):
         h_kv, h_q = h_kv / mesh.tp, h_q / mesh.tp  # a tensor-parallel rank's own heads
         p = 4 if reg == "fp32" else 2
         kv = 2 * h_kv * tokens * p
-        rotating = (mesh.cp + 1) * kv if rotate == "allgather" else 2 * kv
+        rotating = (mesh.cp + 1) * kv if par.cp_rotate == "allgather" else 2 * kv
         chunk = p * tokens * (h_q + 2 * h_kv)
         first = 4 * tokens * (h_q + 2 * h_kv) + chunk
         # from the second step dk|dv are views of the buffer received (the accumulators sent round), the one sent
         # beside it until the exchange completes
-        later = 4 * tokens * h_q + chunk * (0.5 if balanced else 1.0) + 2 * 4 * tokens * 2 * h_kv
+        later = 4 * tokens * h_q + chunk * (0.5 if par.cp_load_balance else 1.0) + 2 * 4 * tokens * 2 * h_kv
         return rotating + max(first, later)
 
     def apply(self, strategy, model) -> dict:
