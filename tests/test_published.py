@@ -56,3 +56,15 @@ def test_the_local_readme_copy_keeps_the_advisors_section_when_the_table_is_rewr
     assert "the advisor's local table" in again
     table = again[again.index(published.MARKERS[0]):again.index(published.MARKERS[1])]
     assert all(r["id"] in table for r in committed["rows"][:3]), "the table is the new one"
+
+
+def test_the_mpt_stand_in_has_the_parameter_count_llm_foundry_states():
+    # llm-foundry's tables state each MPT's NumParams; the GPT-2 block that stands in for MPT (biases, a learned
+    # position table of max_seq_len rows, the 50,368-token vocabulary, tied embeddings) must have exactly that many,
+    # at two sizes and two sequence lengths (the position table grows with the sequence: MPT ran without ALiBi here)
+    rows = {r["id"]: r for r in yaml.safe_load(published.ROWS.read_text())["rows"]}
+    for name in ("foundry-a100-125m", "foundry-13b-8-4k"):
+        out = published.predict_row(rows[name])
+        assert out["model_params"] == rows[name]["params"], (name, out["model_params"])
+    line = published.params_line([out, {**out, "id": "off", "model_params": out["model_params"] + 1}])[-1]
+    assert "1 of the 2 rows" in line and "off +0.000%" in line

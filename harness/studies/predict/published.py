@@ -62,6 +62,9 @@ def predict_row(row: dict) -> dict:
     out["flops_per_token"] = est["flops_per_token"]
     out["published_mfu_pct"] = row.get("mfu_pct")
     out["counted_mfu_pct"] = 100 * est["flops_per_token"] * row["tokens_per_s_per_gpu"] / (card["tflops"] * 1e12)
+    # the model check: the parameter count the source states beside the config's (a stand-in model, as MPT's GPT-2
+    # block, is exact or it says by how much it is not)
+    out["published_params"], out["model_params"] = row.get("params"), est["model_params"]
     return out
 
 
@@ -115,9 +118,21 @@ def table(results: List[dict]) -> List[str]:
         lines += ["", f"FLOPs: on the {len(stated)} rows whose source states an MFU, our counted FLOPs at the "
                   f"published tokens/s give {100 * min(gaps):+.1f}% to {100 * max(gaps):+.1f}% of it (each source counts with "
                   "its own formula; ours counts the model's ops, attention's full square included)."]
+    lines += params_line(results)
     lines += ["", "What each row assumes where its source is silent:", ""]
     lines += [f"- {r['id']}: {r['assumed']}" for r in results if r["assumed"]]
     return lines
+
+
+def params_line(results: List[dict]) -> List[str]:
+    """How the configs' parameter counts meet the counts the sources state, where they state one."""
+    stated = [r for r in results if r.get("published_params")]
+    if not stated:
+        return []
+    off = [f"{r['id']} {100 * (r['model_params'] / r['published_params'] - 1):+.3f}%" for r in stated
+           if r["model_params"] != r["published_params"]]
+    return ["", f"Parameters: {len(stated) - len(off)} of the {len(stated)} rows whose source states its parameter "
+            "count have the config's count exactly" + (f"; the others: {', '.join(off)}." if off else ".")]
 
 
 def price_rows(rows: List[dict]) -> Dict[str, dict]:
@@ -198,6 +213,12 @@ def counted_summary(results: List[dict]) -> List[str]:
            "is counted as it ran: each row's step counted op by op on fake tensors and priced at the card's costs "
            "(harness/studies/predict/counted_shapes.py)."
            + (f" * Counted as the eager bf16 step, its compile and float8 left out: {', '.join(eager)}." if eager else "")]
+    by_source = {}
+    for r in priced:
+        by_source.setdefault(r["source"], []).append(r["counted_over_published"])
+    out += ["", "By source: " + "; ".join(
+        f"{name} {sum(abs(x - 1) * 100 <= TIME_TARGET_PCT for x in xs)} of {len(xs)} ({min(xs):.2f}x to "
+        f"{max(xs):.2f}x)" for name, xs in by_source.items()) + "."]
     skipped = [r for r in results if not r.get("counted_tokens_per_s_per_gpu")]
     if skipped:
         out += ["", "Not counted: " + "; ".join(f"{r['id']} ({r.get('counted_note', '')})" for r in skipped) + "."]
