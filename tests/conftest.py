@@ -190,6 +190,11 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         # (the peak, the states and the bytes are read: not the time breakdown or the peak's split by kind)
         "model_dtype": only(MODEL_DTYPE_BACKENDS, *BF16, "train.master_weights=model", "train.breakdown_steps=0",
                             "train.peak_by_kind=false"),
+        # FSDP2 over the bf16 model reducing in fp32 (train.reduce_dtype=fp32, KempnerForge's way), two micro-batches
+        # without sync: the unreduced gradients accumulate in fp32 (tests/test_master_weights.py)
+        "model_dtype_fp32_reduce": only(("fsdp",), *BF16, "train.master_weights=model", "train.reduce_dtype=fp32",
+                                        "parallelism.grad_accum=2", "train.breakdown_steps=0",
+                                        "train.peak_by_kind=false"),
         # FSDP2 resuming FSDP1's fp32 checkpoint (its DCP sharded state dict) at 2 ranks: the migration path
         "migrate": only(("fsdp",), *FINETUNE, "parallelism.nproc_per_node=2", "parallelism.grad_accum=3",
                         "model.init=meta", f"model.pretrained_path={llama_checkpoint}",
@@ -317,12 +322,14 @@ def _one_sweep(fixture: str, sweep: str):
 
 
 # each sweep of the two-rank launch by the name its tests take it under
-(reshard_runs, model_dtype_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks, user_runs, nan_runs,
+(reshard_runs, model_dtype_runs, model_dtype_fp32_reduce_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks,
+ user_runs, nan_runs,
  moe_runs, moe_no_leaf_runs, moe_mixtral_runs, moe_compile_runs, ep_two_rank_runs, ep_mixtral_two_rank_runs, ep_selective_runs,
  two_experts_ddp_runs, moe_qwen2_runs, ep_qwen2_runs,
  parity_bf16_runs) = (
     _one_sweep(fixture, sweep) for fixture, sweep in (
-        ("reshard_runs", "reshard"), ("model_dtype_runs", "model_dtype"), ("migrate_runs", "migrate"),
+        ("reshard_runs", "reshard"), ("model_dtype_runs", "model_dtype"),
+        ("model_dtype_fp32_reduce_runs", "model_dtype_fp32_reduce"), ("migrate_runs", "migrate"),
         ("lora_runs", "lora"), ("bf16_runs", "bf16"), ("states_two_ranks", "states"), ("user_runs", "user"),
         ("nan_runs", "nan"), ("moe_runs", "moe"), ("moe_no_leaf_runs", "moe_no_leaf"),
         ("moe_mixtral_runs", "moe_mixtral"), ("moe_compile_runs", "moe_compile"),

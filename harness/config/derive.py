@@ -54,6 +54,12 @@ def fit_to_model(cfg, overrides) -> list[str]:
     return [note]
 
 
+def reduced_bytes(precision: str, master_weights: str, reduce_dtype: str = "") -> int:
+    """Bytes of a gradient as the torch backends reduce it (and FSDP2 accumulates it unreduced): fp32 where the
+    masters are fp32 or train.reduce_dtype=fp32 asks for it, else the model's dtype."""
+    return 4 if reduce_dtype == "fp32" else stored_bytes(precision, master_weights)
+
+
 def stored_bytes(precision: str, master_weights: str) -> int:
     """Bytes of a stored parameter, gradient and AdamW state under the torch backends: 4 with fp32 masters (the
     default, and every fp32 run), the model's 16-bit dtype's 2 under train.master_weights=model."""

@@ -88,6 +88,9 @@ class Family:
     # train.master_weights=model (parameters and optimizer states in the model's dtype): why this family cannot
     # keep them so, "" where it can
     master_weights_refusal = ""
+    # whether, under master_weights=model, the family can reduce (and accumulate) gradients in fp32 when
+    # train.reduce_dtype=fp32 asks (FSDP2's MixedPrecisionPolicy over a 16-bit model)
+    reduces_in_fp32_over_model_dtype = False
     float8_all_gather = False
     # why a weight whose gradient several backward passes of one step add to (ALST's tiles: parallel/cp/) cannot
     # train under this family, "" where it can

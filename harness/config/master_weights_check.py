@@ -11,10 +11,17 @@ from . import families
 
 def problems(cfg) -> List[str]:
     t = cfg.train
+    family = families.of(cfg.backend)
+    if t.reduce_dtype == "fp32" and family.master_weights_refusal:  # its reduction is its own (DeepSpeed's)
+        return [f"train.reduce_dtype=fp32: {cfg.backend.name} reduces in its own communication dtype, not this knob's; "
+                "use train.reduce_dtype="]
     if t.master_weights != "model":
-        return []
+        return []  # fp32 masters: the torch families reduce in fp32 already, which reduce_dtype=fp32 restates
     key, out = "train.master_weights=model", []
-    refusal = families.of(cfg.backend).master_weights_refusal
+    if t.reduce_dtype == "fp32" and not family.reduces_in_fp32_over_model_dtype:
+        out.append(f"train.reduce_dtype=fp32 with {key}: only FSDP2 reduces a 16-bit model's gradients in fp32 "
+                   "here (MixedPrecisionPolicy's reduce_dtype); use train.reduce_dtype= or FSDP2")
+    refusal = family.master_weights_refusal
     if refusal:
         out.append(f"{key}: {refusal}; use train.master_weights=fp32")
     if t.precision == "fp16":

@@ -36,6 +36,7 @@ CHOICES = {
     "train.on_nonfinite": ("stop", "continue"),
     "train.float8": ("none", "tensorwise", "rowwise"),  # theory/float8.py
     "train.master_weights": ("fp32", "model"),
+    "train.reduce_dtype": ("", "fp32"),
     "data.name": ("stdlib", "synthetic", "files"),
     "optim.schedule": ("constant", "cosine"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
@@ -216,6 +217,10 @@ class TrainConfig:
     # loaded in bf16 is handed to FSDP or DDP (accelerate's "memory-constrained" mode): 8 bytes a parameter with
     # AdamW in bf16, not 16. DeepSpeed always keeps fp32 masters, and refuses it
     master_weights: str = "fp32"
+    # the dtype gradients are reduced (and, deferred to the last micro-batch, accumulated) in: "" the regime's own,
+    # fp32 under fp32 masters and the model's dtype under master_weights=model; fp32 under master_weights=model is
+    # FSDP2's MixedPrecisionPolicy(reduce_dtype=fp32) over a model cast to bf16 (KempnerForge's way), FSDP2 only
+    reduce_dtype: str = ""
     # none | full | every_k | selective_op (config/recompute.py), the same under every backend; every_<k> is
     # every_k with that k; true and false, from configs written before the policy, mean full and none
     activation_checkpointing: str = "none"

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Dict
 
 from ..config import families
-from ..config.derive import bucket_elements, stored_bytes
+from ..config.derive import bucket_elements, reduced_bytes, stored_bytes
 from ..config.mesh import Mesh, mesh_of
 from ..config.recompute import recompute_of
 from . import tiled_loss, tiled_mlp
@@ -22,6 +22,7 @@ class Shape:
     mesh: Mesh
     precision: str  # fp32 | bf16 | fp16
     master_weights: str = "fp32"  # fp32 | model: the dtype the parameters, gradients and optimizer states keep
+    reduce_dtype: str = ""  # train.reduce_dtype: "" the regime's own, fp32 (FSDP2 over a 16-bit model)
     largest_param: int = 0
     bucket_elements: int = 0  # the gradient bucket: DeepSpeed's reduce bucket as it will run, else DDP's
     grad_accum: int = 1
@@ -185,6 +186,12 @@ class Shape:
         return stored_bytes(self.precision, self.master_weights)
 
     @property
+    def r(self) -> int:
+        """Bytes of a gradient as FSDP2 reduces it, and accumulates it unreduced without sync: fp32 under fp32
+        masters or train.reduce_dtype=fp32, else the model's dtype (reduced_bytes)."""
+        return reduced_bytes(self.precision, self.master_weights, self.reduce_dtype)
+
+    @property
     def accumulates_unreduced(self) -> bool:
         """Each rank keeps its gradients unreduced from the first micro-batch to the last (no sync before it)."""
         return self.grad_accum > 1 and not self.reduce_every_micro_batch
@@ -216,6 +223,7 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
     params = counts["total"]
     recompute = recompute_of(cfg)
     fields = dict(params=params, mesh=mesh, precision=cfg.train.precision, master_weights=cfg.train.master_weights,
+                  reduce_dtype=cfg.train.reduce_dtype,
                   largest_param=counts["largest_param"], bucket_elements=bucket_elements(cfg, params),
                   grad_accum=cfg.parallelism.grad_accum,
                   reduce_every_micro_batch=not family.defers_gradient_sync(cfg.backend, cfg.parallelism.grad_sync),

@@ -41,9 +41,9 @@ def expert_units(s) -> list:
     if efsdp > 1:
         gathers = s.grad_accum * s.blocks * (2 if s.blocks_reshard else 1)
         out = [Collective("all_gather", s.block_experts * s.p * padded, gathers, "forward+backward", "efsdp"),
-               Collective("reduce_scatter", s.block_experts * s.w * padded, reduces, "forward+backward", "efsdp")]
+               Collective("reduce_scatter", s.block_experts * s.r * padded, reduces, "forward+backward", "efsdp")]
     if s.mesh.dp_replicate > 1:  # HSDP: each replica's reduced expert shard all-reduced across the replicas
-        out.append(Collective("all_reduce", s.block_experts * s.w * padded / efsdp, reduces, "backward",
+        out.append(Collective("all_reduce", s.block_experts * s.r * padded / efsdp, reduces, "backward",
                               "dp_replicate"))
     dense = dataclasses.replace(
         s, params=s.params - taken, trainable_params=None if s.trainable_params is None else s.trainable_params - taken,

@@ -37,6 +37,7 @@ class FSDPFamily(DCPCheckpoints, Family):
     strategy_class_name = "FSDPStrategy"
     framework = "PyTorch"
     representative = "fsdp"
+    reduces_in_fp32_over_model_dtype = True  # MixedPrecisionPolicy(param_dtype=None, reduce_dtype=fp32)
     term_names = {"reduce_scatter_input": "FSDP2's reduce-scatter input"}
     differences = (
         Difference("fsdp", "root module reshard_after_forward", "None (the default): the root stays unsharded "
@@ -138,7 +139,7 @@ class FSDPFamily(DCPCheckpoints, Family):
         out["post_forward_shards"] = held * post_forward_shard(s)
         if k is None:
             if s.accumulates_unreduced:
-                out["unsharded_grads"] = s.w * s.t
+                out["unsharded_grads"] = s.r * s.t
             if not s.blocks_reshard:
                 out["gathered_params"] = p * s.params
             elif phase == "forward_end":
@@ -151,14 +152,15 @@ class FSDPFamily(DCPCheckpoints, Family):
             out["gloo_allgather_buffer"] = gloo_allgather_buffer(s) if k >= 1 else 0.0
         else:  # every block not yet through its backward (resharded after it), and the root until the end
             out["gathered_params"] = p * (s.params - (s.blocks - 1 - k) * block)
-        # without gradient sync (earlier micro-batches) FSDP2 accumulates every unsharded gradient in fp32
-        out["unsharded_grads"] = (s.w * s.t if s.accumulates_unreduced
+        # without gradient sync (earlier micro-batches) FSDP2 accumulates every unsharded gradient in the reduce
+        # dtype (fp32, or the model's under master_weights=model without train.reduce_dtype=fp32)
+        out["unsharded_grads"] = (s.r * s.t if s.accumulates_unreduced
                                   else p * (s.head_trainable + s.block_out_trainable))
         if not s.accumulates_unreduced:
             if s.grad_accum == 1:  # reduced on every micro-batch, the later ones add into the whole sharded grads
                 out["sharded_grads_so_far"] = s.w * (s.blocks - 1 - k) * (s.block_t + s.expert_spread) / s.shards
-            # the last reduce-scatter's fp32 input, kept until the next one is issued
-            out["reduce_scatter_input"] = s.w * s.block_t if k < s.blocks - 1 else 0.0
+            # the last reduce-scatter's input (in the reduce dtype), kept until the next one is issued
+            out["reduce_scatter_input"] = s.r * s.block_t if k < s.blocks - 1 else 0.0
         return out
 
     def reduce_terms(self, backend, s, act, with_root: bool = True):
@@ -187,7 +189,7 @@ class FSDPFamily(DCPCheckpoints, Family):
         if s.accumulates_unreduced:
             return {}, None
         so_far = 1.0 if s.grad_accum == 1 else 0.0
-        clone = s.w * s.block_t if s.gloo_buffers else 0.0
+        clone = s.r * s.block_t if s.gloo_buffers else 0.0
 
         def at(j: int, moment: str) -> Dict[str, float]:
             below = activations.kept_below(act, j)
@@ -200,7 +202,7 @@ class FSDPFamily(DCPCheckpoints, Family):
                     "post_forward_shards": j * post_forward_shard(s),
                     "gathered_params": s.p * (s.root_params + gathered),
                     "unsharded_grads": s.p * (s.head_trainable + (s.block_t if complete else 0)),
-                    "reduce_scatter_input": s.w * s.block_t if (j < s.blocks - 1 or not complete) else 0.0,
+                    "reduce_scatter_input": s.r * s.block_t if (j < s.blocks - 1 or not complete) else 0.0,
                     "gloo_clone": 0.0 if complete else clone,
                     "gloo_allgather_buffer": gloo_allgather_buffer(s) if s.blocks_reshard and j >= 1 else 0.0,
                     "sharded_grads_so_far": so_far * s.w * (s.blocks - j - (1 if complete else 0))
@@ -211,7 +213,7 @@ class FSDPFamily(DCPCheckpoints, Family):
         def root() -> Dict[str, float]:
             # gloo's clone of the input is left out: where this moment is the worst (a large vocabulary at
             # scale) the run is on NCCL, and the traced cells' fake group clones nothing (Shape.gloo_buffers)
-            return {"unsharded_grads": s.p * root_t, "reduce_scatter_input": s.w * root_t,
+            return {"unsharded_grads": s.p * root_t, "reduce_scatter_input": s.r * root_t,
                     "sharded_grads_so_far": so_far * s.w * s.blocks * (s.block_t + s.expert_spread) / s.shards,
                     "grads_not_yet_allocated": self.missing_grads(backend, s)}
         moments = {(j, m): at(j, m) for j in range(s.blocks) for m in ("grads_complete", "reduce_scatter")}
@@ -233,10 +235,10 @@ class FSDPFamily(DCPCheckpoints, Family):
         reduce_scatter also clones its input, and its thread may let go of a block's unsharded gradients late."""
         # a block's unsharded gradients, the reduce-scatter's copy-in source, in the parameter dtype: seen alive
         # after backward in 2 of 16 bf16 tiny_llama/tiny_mistral cells, 92,424 bytes = 2 x 46,208 (a block) + 8
-        return {"a block's reduce-scatter input (FSDP2 keeps it until the next)": s.w * s.block_t,
-                "its gloo clone": s.w * s.block_t if s.device == "cpu" else 0.0,
+        return {"a block's reduce-scatter input (FSDP2 keeps it until the next)": s.r * s.block_t,
+                "its gloo clone": s.r * s.block_t if s.device == "cpu" else 0.0,
                 "a block's unsharded gradients (the copy-in's source)": s.p * s.block_t,
-                "the root's reduce-scatter input": s.w * max(s.t - s.blocks * s.block_t, 0),
+                "the root's reduce-scatter input": s.r * max(s.t - s.blocks * s.block_t, 0),
                 "the root's gathered parameters": s.p * s.root_params}
 
     def collectives(self, backend, s):
@@ -273,10 +275,10 @@ class FSDPFamily(DCPCheckpoints, Family):
         gathers = [Collective("all_gather", size, ga, "forward+backward", shard)
                    for size in [block_bytes] * s.blocks + [root * s.p * root_pad] if size]
         reduces = ga if s.reduce_every_micro_batch else 1
-        reduce = [Collective("reduce_scatter", u * s.w * (trained_root_pad if j == s.blocks else block_pad_t),
+        reduce = [Collective("reduce_scatter", u * s.r * (trained_root_pad if j == s.blocks else block_pad_t),
                              reduces, "forward+backward", shard)
                   for j, u in enumerate(trained) if u]
-        across = ([Collective("all_reduce", -(-u // s.shards) * s.w, reduces, "backward", replicas)
+        across = ([Collective("all_reduce", -(-u // s.shards) * s.r, reduces, "backward", replicas)
                    for u in trained if u]
                   if s.shards < s.dp else [])
         scales = ([Collective("all_reduce", float8.amax_all_reduce_bytes(s.float8_weights), 1, None, shard)]

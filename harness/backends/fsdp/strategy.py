@@ -36,7 +36,10 @@ class FSDPStrategy(NativeStrategy):
         self.parallelize(model)  # the mesh's axes, then float8: fully_shard shards each rank's part of them
         self.to_model_dtype(model)  # master_weights=model: sharded in the model's dtype, reduced in it too
         mesh = self.meshes.data_parallel
-        mp = (MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None) if self.states_in_model_dtype else
+        # under master_weights=model, train.reduce_dtype=fp32 reduces (and accumulates unsynced) in fp32 and casts
+        # the reduced shard back to the model's dtype, as FSDP2's policy does over a model cast to bf16
+        in_model = torch.float32 if self.cfg.train.reduce_dtype == "fp32" else None
+        mp = (MixedPrecisionPolicy(param_dtype=None, reduce_dtype=in_model) if self.states_in_model_dtype else
               MixedPrecisionPolicy(param_dtype=None if self.precision == "fp32" else self.dtype,
                                    reduce_dtype=torch.float32))
         # pinned host memory speeds the copies to and from a GPU (FSDP2's default); there is none on a CPU run

@@ -98,6 +98,7 @@ class FSDP1Family(FSDPFamily):
     name = "fsdp1"
     strategy_class_name = "FSDP1Strategy"
     representative = "fsdp1"
+    reduces_in_fp32_over_model_dtype = False  # its MixedPrecision over a 16-bit model is not measured here
     term_names = {"reduce_scatter_input": "FSDP1's reduce-scatter input (the unit's fp32 flat gradient)"}
     differences = ()  # FSDP1's root is never resharded after forward, so no setting differs under parity
     layout_notes = {"fsdp1": "FSDP1 keeps each unit's FlatParameter slice in fp32, with its gradient and AdamW's "
