@@ -195,6 +195,13 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         "model_dtype_fp32_reduce": only(("fsdp",), *BF16, "train.master_weights=model", "train.reduce_dtype=fp32",
                                         "parallelism.grad_accum=2", "train.breakdown_steps=0",
                                         "train.peak_by_kind=false"),
+        # the loss on the bf16 logits as they are (parallelism.loss_upcast=false), on a shape whose loss sets the
+        # peak (an 8,192-token vocabulary, 1,024 tokens a micro-batch): FSDP2's bf16 compute and DDP's autocast
+        "loss_in_model_dtype": only(("fsdp", "ddp"), "model=tiny_llama", "model.vocab_size=8192",
+                                    "parallelism.seq_len=256", "parallelism.micro_batch=4", "train.precision=bf16",
+                                    "train.measure_flops=false", "train.memory_steps=2",
+                                    "parallelism.loss_upcast=false", "data.name=synthetic", "train.breakdown_steps=0",
+                                    "train.peak_by_kind=false"),
         # FSDP2 resuming FSDP1's fp32 checkpoint (its DCP sharded state dict) at 2 ranks: the migration path
         "migrate": only(("fsdp",), *FINETUNE, "parallelism.nproc_per_node=2", "parallelism.grad_accum=3",
                         "model.init=meta", f"model.pretrained_path={llama_checkpoint}",
@@ -322,14 +329,15 @@ def _one_sweep(fixture: str, sweep: str):
 
 
 # each sweep of the two-rank launch by the name its tests take it under
-(reshard_runs, model_dtype_runs, model_dtype_fp32_reduce_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks,
+(reshard_runs, model_dtype_runs, model_dtype_fp32_reduce_runs, loss_in_model_dtype_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks,
  user_runs, nan_runs,
  moe_runs, moe_no_leaf_runs, moe_mixtral_runs, moe_compile_runs, ep_two_rank_runs, ep_mixtral_two_rank_runs, ep_selective_runs,
  two_experts_ddp_runs, moe_qwen2_runs, ep_qwen2_runs,
  parity_bf16_runs) = (
     _one_sweep(fixture, sweep) for fixture, sweep in (
         ("reshard_runs", "reshard"), ("model_dtype_runs", "model_dtype"),
-        ("model_dtype_fp32_reduce_runs", "model_dtype_fp32_reduce"), ("migrate_runs", "migrate"),
+        ("model_dtype_fp32_reduce_runs", "model_dtype_fp32_reduce"),
+        ("loss_in_model_dtype_runs", "loss_in_model_dtype"), ("migrate_runs", "migrate"),
         ("lora_runs", "lora"), ("bf16_runs", "bf16"), ("states_two_ranks", "states"), ("user_runs", "user"),
         ("nan_runs", "nan"), ("moe_runs", "moe"), ("moe_no_leaf_runs", "moe_no_leaf"),
         ("moe_mixtral_runs", "moe_mixtral"), ("moe_compile_runs", "moe_compile"),
@@ -458,6 +466,11 @@ def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus, two_experts)
     # dp 2 x cp 2: each cp rank routes its own half of every sequence (the ring under FSDP2, Ulysses under ZeRO-3)
     cells += [(f"moe/{backend}_cp", moe_four_ranks(backend, cp=2)) for backend in ("fsdp", "ds_zero3")]
     cells += [(f"ep/{name}", overrides) for name, overrides in ep_cells(two_experts).items()]
+    # FSDP2 over PyTorch's plan with the model's dtype for its states and an fp32 reduction (KempnerForge's regime):
+    # the DTensor parameters cast too (tests/test_master_weights.py)
+    cells += [("tp_model_dtype/fsdp", ["model=tiny_llama", "backend=fsdp", "train.precision=bf16",
+                                       "train.master_weights=model", "train.reduce_dtype=fp32",
+                                       "parallelism.grad_accum=2", *TP_COMMON])]
     summaries = launched(root / "sweeps", cells, [f"paths.root={root}", *FAST])
     out = {}
     for cell, summary in summaries.items():

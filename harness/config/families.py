@@ -91,6 +91,9 @@ class Family:
     # whether, under master_weights=model, the family can reduce (and accumulate) gradients in fp32 when
     # train.reduce_dtype=fp32 asks (FSDP2's MixedPrecisionPolicy over a 16-bit model)
     reduces_in_fp32_over_model_dtype = False
+    # under tensor parallelism with master_weights=model: why the family cannot run it, "" where it can
+    model_dtype_tp_refusal = ("not measured with tensor parallelism here (DDP's replicate under tp measured its bytes "
+                              "22% under the theory on 2026-12-03)")
     float8_all_gather = False
     # why a weight whose gradient several backward passes of one step add to (ALST's tiles: parallel/cp/) cannot
     # train under this family, "" where it can

@@ -10,6 +10,24 @@ from . import families
 
 
 def problems(cfg) -> List[str]:
+    return [*loss_dtype_problems(cfg), *master_problems(cfg)]
+
+
+def loss_dtype_problems(cfg) -> List[str]:
+    """parallelism.loss_upcast=false: the plain cross-entropy on 16-bit logits, where the loss heads that split it
+    (torch's loss_parallel, ALST's tiled loss) are not measured so."""
+    par, key = cfg.parallelism, "parallelism.loss_upcast=false"
+    if par.loss_upcast:
+        return []
+    if par.tp > 1 and par.loss_parallel:
+        return [f"{key}: torch's loss_parallel cross-entropy is not measured on 16-bit logits here; use "
+                "parallelism.loss_parallel=false or parallelism.loss_upcast=true"]
+    if par.cp_tiled_loss:
+        return [f"{key}: ALST's tiled loss upcasts each tile itself; use parallelism.loss_upcast=true"]
+    return []
+
+
+def master_problems(cfg) -> List[str]:
     t = cfg.train
     family = families.of(cfg.backend)
     if t.reduce_dtype == "fp32" and family.master_weights_refusal:  # its reduction is its own (DeepSpeed's)

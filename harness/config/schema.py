@@ -162,6 +162,10 @@ class ParallelismConfig:
     # tp > 1, PyTorch's plan: the logits stay sharded on the vocabulary into a parallel cross-entropy
     # (torch's loss_parallel, torchtitan's default), else gathered whole on every tensor-parallel rank
     loss_parallel: bool = True
+    # the cross-entropy on the logits upcast to fp32 (transformers' and torchtitan's loss), else on the logits in the
+    # dtype the model made them (a model cast to bf16 whose loss is F.cross_entropy of its bf16 logits:
+    # KempnerForge's); the log-softmax it keeps and the logits' gradients are then 16-bit (runtime/loss_head.py)
+    loss_upcast: bool = True
     # context parallelism (parallel/cp/): each data-parallel rank is `cp` ranks that each hold 1/cp of every
     # sequence, attention passing the keys and values between them (torch's ring attention under FSDP2 and DDP;
     # FSDP2 shards the parameters over dp_shard x cp, as torchtitan does). 1 = none

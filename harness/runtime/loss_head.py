@@ -14,10 +14,15 @@ import torch.nn.functional as F
 
 class CrossEntropyHead:
     """The model returns logits; the loss is their mean cross-entropy against the targets, in fp32 (the logits
-    upcast, as transformers' own loss does)."""
+    upcast, as transformers' own loss does), or with `upcast` False in the logits' own dtype
+    (parallelism.loss_upcast=false)."""
+
+    def __init__(self, upcast: bool = True):
+        self.upcast = upcast
 
     def targets(self, targets: torch.Tensor) -> ContextManager:
         return contextlib.nullcontext()
 
     def loss(self, out, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(out.logits.float().flatten(0, 1), targets.flatten())
+        logits = out.logits.float() if self.upcast else out.logits
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())

@@ -135,8 +135,16 @@ def gelu_kept(model) -> int:
     return 2 if getattr(model, "activation", None) == "gelu" else 5
 
 
-def outside_bytes_per_token(model, reg: str, mesh=None) -> float:
-    """Bytes kept outside the blocks per token: final norm, output layer input, input ids, log-softmax."""
+def loss_element_bytes(par, reg: str) -> int:
+    """Bytes of an element of the loss's log-softmax and of the logits' gradients: fp32 where the loss upcasts
+    the logits (the default) or the run is fp32, 2 where the loss takes 16-bit logits as they are
+    (parallelism.loss_upcast=false; under autocast too, as the loop computes the loss outside its region)."""
+    return 2 if reg != "fp32" and not getattr(par, "loss_upcast", True) else 4
+
+
+def outside_bytes_per_token(model, reg: str, mesh=None, loss_element: int = 4) -> float:
+    """Bytes kept outside the blocks per token: final norm, output layer input, input ids, log-softmax (of
+    `loss_element` bytes an element: loss_element_bytes)."""
     h, _, _, _, vocab, _ = widths_of(model)
     _, seq, logits = splits(mesh)
     p = 4 if reg == "fp32" else 2
@@ -144,7 +152,7 @@ def outside_bytes_per_token(model, reg: str, mesh=None) -> float:
         norm = 8 * h + 4 if reg == "autocast" else 4 * h + 4 + p * h
     else:
         norm = 4 * h + 8 if reg == "autocast" else p * h + 2 * p
-    return norm / seq + p * h + 8 + 4 * vocab / logits
+    return norm / seq + p * h + 8 + loss_element * vocab / logits
 
 
 def per_sequence_bytes(model, par, reg: str) -> float:
@@ -202,6 +210,7 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
     inner, seq, logits = splits(mesh)
     a = 4 if reg == "fp32" else 2
     autocast = reg == "autocast"
+    loss_b = loss_element_bytes(par, reg)
     out = {
         "layers": model.num_layers, "recompute": recompute, "compiled": compiled, "tokens": tokens,
         "block": tokens * block_bytes_per_token(model, reg, mesh, dispatch)
@@ -210,12 +219,13 @@ def parts(model, par, reg: str, recompute: Recompute, matmul_weights: int = 0,
         "selective_block": (tokens * selective_bytes_per_token(model, reg, recompute.matmul_stride, mesh, dispatch)
                             + (moe.selective_bytes_per_block(model, reg, dispatch, tokens) if moe.is_moe(model) else 0)
                             if recompute.selective else 0.0),
-        "outside": tokens * outside_bytes_per_token(model, reg, mesh) + per_sequence_bytes(model, par, reg) / cut,
+        "outside": (tokens * outside_bytes_per_token(model, reg, mesh, loss_b)
+                    + per_sequence_bytes(model, par, reg) / cut),
         "per_sequence": per_sequence_bytes(model, par, reg) / cut,
-        "log_softmax": tokens * 4 * vocab / logits,
+        "log_softmax": tokens * loss_b * vocab / logits,
         # loss parallel's cross-entropy backward (torch's DTensor handlers) holds a third V/tp-sized fp32 tensor
         # beside the two the plain one makes: its gradient of the log-softmax is built from a zeroed buffer
-        "logits_grads": tokens * (12 if logits > 1 else 8) * vocab / logits,
+        "logits_grads": tokens * (3 if logits > 1 else 2) * loss_b * vocab / logits,
         "mlp_grads": (moe.mlp_grads(model, reg, tokens, dispatch) if moe.is_moe(model)
                       else tokens * 2 * a * i / inner),
         # the attention's backward, after the MLP's: what an axis's attention makes there (torch's ring: its

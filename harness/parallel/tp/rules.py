@@ -68,9 +68,9 @@ def tensor_rules(cfg) -> List[str]:
     refusal = family_refusal(cfg, "tp")
     if refusal:
         out.append(f"parallelism.tp={tp}: {refusal}")
-    # measured on 2026-12-03 (tiny_llama, dp 2 x tp 2, bf16): the cast to the model's dtype does not reach the
-    # DTensor parameters, whose states stayed fp32 (+100% against the theory) under FSDP2 and DDP alike
-    if cfg.train.master_weights == "model":
-        out.append(f"parallelism.tp={tp}: train.master_weights=model is not measured with tensor parallelism; use "
-                   "train.master_weights=fp32 or parallelism.tp=1")
+    elif cfg.train.master_weights == "model" and refusal == "":
+        why = families.of(cfg.backend).model_dtype_tp_refusal  # the torch families' DTensor cast: measured per family
+        if why:
+            out.append(f"parallelism.tp={tp}: train.master_weights=model is {why}; use train.master_weights=fp32 "
+                       "or parallelism.tp=1")
     return out

@@ -103,7 +103,7 @@ class Strategy(ABC):
         self.shard_units: list = []
         # how the loop turns the model's output into the loss (runtime/loss_head.py): the cross-entropy of its
         # logits, unless an axis computes it inside the model (ALST's tiled loss: parallel/cp/tiled_loss.py)
-        self.loss_head = CrossEntropyHead()
+        self.loss_head = CrossEntropyHead(upcast=cfg.parallelism.loss_upcast)
 
     # -- the mesh -----------------------------------------------------------------------------------------
     @property

@@ -6,6 +6,7 @@ from typing import Dict
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from typing_extensions import override
 from .base import Strategy, local_tensor, tensors_in
 
@@ -27,8 +28,11 @@ class NativeStrategy(Strategy):
         as when a model loaded in bf16 is handed to the framework; the buffers (RoPE's frequencies) stay as
         transformers made them. Before the wrap, so that the framework shards and reduces that dtype."""
         if self.states_in_model_dtype:
-            for p in model.parameters():
-                p.data = p.data.to(self.dtype)
+            for p in list(model.parameters()):
+                if isinstance(p, DTensor):  # tensor parallelism's: `.data =` recasts the wrapper, not its local shard
+                    torch.utils.swap_tensors(p, nn.Parameter(p.detach().to(self.dtype), requires_grad=p.requires_grad))
+                else:
+                    p.data = p.data.to(self.dtype)
             self.settings["master_weights"] = {"dtype": str(self.dtype)}
 
     def apply_float8(self, model: nn.Module) -> None:
