@@ -1,7 +1,8 @@
 """train.master_weights=model: the parameters, gradients and AdamW states kept in the model's dtype instead of
 fp32 (accelerate's "memory-constrained" FSDP mode; accelerate #2624 is the non-convergence it can cause). The
 torch families keep them so when asked; the combinations below are refused before any rank starts, each in one
-line that says why."""
+line that says why. With it, the dtypes a 16-bit model's gradients are reduced in (train.reduce_dtype) and its
+loss is taken in (parallelism.loss_upcast), refused where a family or a loss head does not run them."""
 from __future__ import annotations
 
 from typing import List
