@@ -471,6 +471,11 @@ def four_rank_runs(tmp_path_factory, llama_checkpoint, user_corpus, two_experts)
     cells += [("tp_model_dtype/fsdp", ["model=tiny_llama", "backend=fsdp", "train.precision=bf16",
                                        "train.master_weights=model", "train.reduce_dtype=fp32",
                                        "parallelism.grad_accum=2", *TP_COMMON])]
+    # the token embedding replicated over tp, its lookup sliced into sequence shards (KempnerForge's plan), under
+    # FSDP2 and DDP (tests/test_tensor_parallel.py)
+    cells += [(f"tp_embedding/{b}", ["model=tiny_llama", f"backend={b}", "train.precision=bf16",
+                                     "parallelism.tp_embedding=replicated", "parallelism.grad_accum=2", *TP_COMMON])
+              for b in ("fsdp", "ddp")]
     summaries = launched(root / "sweeps", cells, [f"paths.root={root}", *FAST])
     out = {}
     for cell, summary in summaries.items():

@@ -53,8 +53,9 @@ class Axis:
         recorded in the mesh."""
         return {}
 
-    def local_counts(self, counts: dict, implementation: str, degree: int) -> dict:
-        """One rank's parameter counts once the axis has split the model: what the Shape's states are sized by."""
+    def local_counts(self, counts: dict, implementation: str, degree: int, mesh=None) -> dict:
+        """One rank's parameter counts once the axis has split the model: what the Shape's states are sized by
+        (`mesh`: the run's, whose options an implementation may read)."""
         return counts
 
     def activation_splits(self, mesh) -> Dict[str, int]:

@@ -70,6 +70,7 @@ class Mesh:
     post_forward: int = 0  # data-parallel ranks a block stays sharded over after forward: 0 = as `dp_shard`
     sequence_parallel: bool = False  # tp > 1: activations between blocks sharded on the sequence
     loss_parallel: bool = False  # tp > 1: the logits stay sharded on the vocabulary into the loss
+    embedding_replicated: bool = False  # tp > 1: the token embedding whole on every tensor-parallel rank
     cp_method: str = ""  # cp > 1: how the sequence is split, "ring" (torch's) or "Ulysses" (DeepSpeed's)
 
     def __post_init__(self):
@@ -287,7 +288,8 @@ class Mesh:
             dp += f" (experts: ep {self.ep} x efsdp {self.efsdp})"
         if self.tp == 1:
             return " x ".join([*outer, dp, *inner])
-        extras = [x for x, on in (("SP", self.sequence_parallel), ("loss parallel", self.loss_parallel)) if on]
+        extras = [x for x, on in (("SP", self.sequence_parallel), ("loss parallel", self.loss_parallel),
+                                  ("embedding replicated", self.embedding_replicated)) if on]
         return " x ".join([*outer, dp, *inner]) + (f" ({', '.join(extras)})" if extras else "")
 
     def as_record(self) -> Dict[str, object]:

@@ -37,6 +37,7 @@ CHOICES = {
     "train.float8": ("none", "tensorwise", "rowwise"),  # theory/float8.py
     "train.master_weights": ("fp32", "model"),
     "train.reduce_dtype": ("", "fp32"),
+    "parallelism.tp_embedding": ("sharded", "replicated"),
     "data.name": ("stdlib", "synthetic", "files"),
     "optim.schedule": ("constant", "cosine"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
@@ -162,6 +163,9 @@ class ParallelismConfig:
     # tp > 1, PyTorch's plan: the logits stay sharded on the vocabulary into a parallel cross-entropy
     # (torch's loss_parallel, torchtitan's default), else gathered whole on every tensor-parallel rank
     loss_parallel: bool = True
+    # tp > 1, PyTorch's plan: the token embedding sharded on the vocabulary (RowwiseParallel, torchtitan's), or
+    # replicated on every tensor-parallel rank, its lookup sliced into sequence shards (KempnerForge's)
+    tp_embedding: str = "sharded"
     # the cross-entropy on the logits upcast to fp32 (transformers' and torchtitan's loss), else on the logits in the
     # dtype the model made them (a model cast to bf16 whose loss is F.cross_entropy of its bf16 logits:
     # KempnerForge's); the log-softmax it keeps and the logits' gradients are then 16-bit (runtime/loss_head.py)

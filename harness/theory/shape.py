@@ -219,7 +219,7 @@ def shape_of(cfg, world: int | None, counts: Dict[str, int]) -> Shape:
     whole = counts["total"]
     family = families.of(cfg.backend)
     for axis in axes.active(mesh):  # each axis cuts the model to one rank's part (parallel/<axis>/)
-        counts = axis.local_counts(counts, axes.implementation(family, axis.name, cfg), mesh.degree(axis.name))
+        counts = axis.local_counts(counts, axes.implementation(family, axis.name, cfg), mesh.degree(axis.name), mesh)
     params = counts["total"]
     recompute = recompute_of(cfg)
     fields = dict(params=params, mesh=mesh, precision=cfg.train.precision, master_weights=cfg.train.master_weights,

@@ -35,7 +35,7 @@ class ExpertParallel(Axis):
     def degrees(self, cfg, choices=None) -> List[int]:
         return [ep for ep in choices or self.searched if not rules.degree_rules(with_degrees(cfg, {"ep": ep}))]
 
-    def local_counts(self, counts_: dict, implementation: str, degree: int) -> dict:
+    def local_counts(self, counts_: dict, implementation: str, degree: int, mesh=None) -> dict:
         return counts.local_counts(counts_, degree, implementation)
 
     # the experts run between the dispatch and the combine, and wait for both (transformers' AllToAllEP)

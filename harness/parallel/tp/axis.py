@@ -33,7 +33,8 @@ class TensorParallel(Axis):
         par = cfg.parallelism
         torch_plan = implementation == "torch"
         return {"sequence_parallel": torch_plan and bool(par.sequence_parallel),
-                "loss_parallel": torch_plan and bool(par.loss_parallel)}
+                "loss_parallel": torch_plan and bool(par.loss_parallel),
+                "embedding_replicated": torch_plan and par.tp_embedding == "replicated"}
 
     collectives_hide = False  # between a block's matmuls, which wait for them
     uncounted = ""  # PyTorch's plan is counted on fake tensors (tests/test_fake_replay.py); AutoTP is DeepSpeed's
@@ -44,8 +45,8 @@ class TensorParallel(Axis):
         return {"inner": mesh.tp, "between": mesh.tp if mesh.sequence_parallel else 1,
                 "logits": mesh.tp if mesh.loss_parallel else 1}
 
-    def local_counts(self, counts: dict, implementation: str, degree: int) -> dict:
-        return plan.local_counts(counts, implementation, degree)
+    def local_counts(self, counts: dict, implementation: str, degree: int, mesh=None) -> dict:
+        return plan.local_counts(counts, plan.plan_of(implementation, mesh), degree)
 
     def collectives(self, backend, s) -> list:
         return comm.tensor_parallel_collectives(backend, s)
@@ -56,7 +57,7 @@ class TensorParallel(Axis):
         from . import shard
 
         return shard.apply(model, strategy.meshes.dimension(self.name), strategy.mesh.sequence_parallel,
-                           strategy.mesh.loss_parallel)
+                           strategy.mesh.loss_parallel, strategy.mesh.embedding_replicated)
 
     def step_context(self, strategy) -> ContextManager:
         if not strategy.mesh.loss_parallel:

@@ -66,7 +66,8 @@ def torch_plan(backend, s) -> List[Collective]:
         add("reduce_scatter", x * matmul, 2 * forward + again)  # their rowwise outputs into sequence shards
         add("reduce_scatter", x * stream, 2 * backward)  # the inputs' gradients
         add("all_gather", x * matmul, 2 * backward)  # the outputs' gradients
-        add("reduce_scatter", x * stream, ga)  # the embedding's partial lookups into sequence shards
+        if not mesh.embedding_replicated:  # a replicated embedding's lookup is whole: sliced, not reduced
+            add("reduce_scatter", x * stream, ga)  # the embedding's partial lookups into sequence shards
         add("all_gather", x * stream, ga)  # and its gradient back whole
         add("all_gather", x * stream, ga)  # the output layer's input, from sequence shards
         add("reduce_scatter", x * stream, ga)  # and its gradient
@@ -75,7 +76,8 @@ def torch_plan(backend, s) -> List[Collective]:
     else:
         add("all_reduce", x * matmul, 2 * forward + again)  # the rowwise outputs' partial sums
         add("all_reduce", x * stream, 2 * backward)  # the colwise inputs' gradients
-        add("all_reduce", x * stream, ga)  # the embedding's partial lookups
+        if not mesh.embedding_replicated:
+            add("all_reduce", x * stream, ga)  # the embedding's partial lookups
         add("all_reduce", x * stream, ga)  # the output layer's input gradient
     if mesh.loss_parallel:
         add("all_reduce", 4 * s.tokens, 3 * ga)  # the parallel cross-entropy's max, sum of exp, target logit

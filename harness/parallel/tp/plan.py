@@ -39,8 +39,16 @@ BLOCK_PLAN = (
 )
 PLANS = {
     "torch": BLOCK_PLAN + ((r"(^|\.)embed_tokens\.weight$", 0), (r"(^|\.)lm_head\.weight$", 0)),
+    # parallelism.tp_embedding=replicated: PyTorch's plan with the embedding whole on every rank (KempnerForge's)
+    "torch_embedding_replicated": BLOCK_PLAN + ((r"(^|\.)lm_head\.weight$", 0),),
     "autotp": BLOCK_PLAN + ((r"(^|\.)lm_head\.weight$", 0),),
 }
+
+
+def plan_of(implementation: str, mesh=None) -> str:
+    """The plan an implementation runs on `mesh`: PyTorch's with its embedding replicated where the mesh says."""
+    return "torch_embedding_replicated" if implementation == "torch" and getattr(mesh, "embedding_replicated",
+                                                                                  False) else implementation
 # what parallel/tp/shard.py applies to each module the torch plan names
 COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROWWISE = ("self_attn.o_proj", "mlp.down_proj")

@@ -65,6 +65,9 @@ def tensor_rules(cfg) -> List[str]:
     if cfg.workload.name != "full":
         out.append(f"parallelism.tp={tp}: workload={cfg.workload.name} is not sharded by the tensor-parallel plans "
                    "(peft's adapters wrap the projections they split); use workload=full or parallelism.tp=1")
+    if cfg.parallelism.tp_embedding == "replicated" and m.tie_embeddings:
+        out.append(f"parallelism.tp={tp}: parallelism.tp_embedding=replicated with a tied output layer, which "
+                   "PyTorch's plan splits on the vocabulary with the embedding; use parallelism.tp_embedding=sharded")
     refusal = family_refusal(cfg, "tp")
     if refusal:
         out.append(f"parallelism.tp={tp}: {refusal}")

@@ -27,8 +27,8 @@ import contextlib
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, loss_parallel, parallelize_module)
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, PrepareModuleOutput,
+                                               RowwiseParallel, SequenceParallel, loss_parallel, parallelize_module)
 
 from ...runtime import models
 from .plan import COLWISE, ROWWISE
@@ -68,31 +68,38 @@ def block_plan(sequence_parallel: bool) -> dict:
     return plan
 
 
-def root_plan(model: nn.Module, sequence_parallel: bool, parallel_loss: bool) -> dict:
+def root_plan(model: nn.Module, sequence_parallel: bool, parallel_loss: bool,
+              embedding_replicated: bool = False) -> dict:
     """The modules outside the blocks, by their names in the model (the embedding, the final norm, the output
-    layer)."""
+    layer). A replicated embedding looks every token up whole on each rank; under sequence parallelism its
+    output is then cut into the rank's sequence shard (a slice: its gradient is gathered back in backward)."""
     seq = Shard(1) if sequence_parallel else Replicate()
     names = {module: name for name, module in model.named_modules()}
     final_norm = model.get_decoder().norm
-    return {names[model.get_input_embeddings()]: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq,
-                                                                 use_local_output=not sequence_parallel),
+    embedding = (PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq,
+                                     use_local_output=not sequence_parallel)
+                 if embedding_replicated else
+                 RowwiseParallel(input_layouts=Replicate(), output_layouts=seq, use_local_output=not sequence_parallel))
+    return {names[model.get_input_embeddings()]: embedding,
             names[final_norm]: SequenceParallel(use_local_output=False) if sequence_parallel else ReplicateNorm(),
             names[model.get_output_embeddings()]: ColwiseParallel(
                 input_layouts=seq, output_layouts=Shard(-1) if parallel_loss else Replicate(),
                 use_local_output=not parallel_loss)}
 
 
-def apply(model: nn.Module, tp_mesh, sequence_parallel: bool, parallel_loss: bool) -> dict:
+def apply(model: nn.Module, tp_mesh, sequence_parallel: bool, parallel_loss: bool,
+          embedding_replicated: bool = False) -> dict:
     """Shard `model` over `tp_mesh` by the plan (module docstring); a tied output layer is tied again to the
     sharded embedding (both split on the vocabulary). Returns the settings that ran."""
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    parallelize_module(model, tp_mesh, root_plan(model, sequence_parallel, parallel_loss))
+    parallelize_module(model, tp_mesh, root_plan(model, sequence_parallel, parallel_loss, embedding_replicated))
     for block in models.blocks(model):
         parallelize_module(block, tp_mesh, block_plan(sequence_parallel))
     if tied:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     return {"tp": tp_mesh.size(), "plan": "torch (DTensor styles, torchtitan's order)",
             "sequence_parallel": sequence_parallel, "loss_parallel": parallel_loss, "tied_output": tied,
+            "embedding": "replicated" if embedding_replicated else "sharded on the vocabulary",
             "colwise": list(COLWISE), "rowwise": list(ROWWISE)}
 
 

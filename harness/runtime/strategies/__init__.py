@@ -20,6 +20,6 @@ def make_strategy(cfg, device, world_size: int, counts: dict) -> "Strategy":
 
     family, mesh = families.of(cfg.backend), mesh_of(cfg, world_size)
     for axis in axes.active(mesh):
-        counts = axis.local_counts(counts, axes.implementation(family, axis.name, cfg), mesh.degree(axis.name))
+        counts = axis.local_counts(counts, axes.implementation(family, axis.name, cfg), mesh.degree(axis.name), mesh)
     params = counts["total"]
     return family.strategy_class()(cfg, device, world_size, params)
