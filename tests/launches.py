@@ -95,3 +95,15 @@ def sweeps(root: Path, named: dict, report: tuple = ()) -> dict:
     for name in report:
         sweep_report.build(launch_dir / name)
     return out
+
+
+def held_to_theory(summary: dict, bytes_pct: float, states: bool = True) -> dict:
+    """A cell's run ended ok, its model states within 1% of the theory (`states`), its peak within 10% and its
+    bytes within `bytes_pct`; its figures, for what a test asserts beyond."""
+    assert summary["status"] == "ok", summary.get("reason")
+    f = summary["figures"]
+    if states:
+        assert abs(f["memory/model_states_error_pct"]) <= 1, f["memory/model_states_error_pct"]
+    assert abs(f["memory/tensor_peak_error_pct"]) <= 10, f["memory/tensor_peak_error_pct"]
+    assert abs(f["comm/bytes_error_pct"]) <= bytes_pct, f["comm/bytes_error_pct"]
+    return f

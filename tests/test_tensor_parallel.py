@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from launches import held_to_theory
+
 from harness.config import rules
 from harness.parallel.tp import rules as tp_rules
 from harness.config.compose import compose
@@ -262,11 +264,7 @@ def test_a_replicated_embedding_runs_as_the_theory_says(four_rank_runs, backend)
     # measured on 2026-12-03 at dp 2 x tp 2: FSDP2 states +0.01%, peak +1.5%, bytes -0.35% (its states 13% above
     # the sharded embedding's); DDP states +0.01%, peak +0.9%, bytes -0.3%
     summary, _, run_dir = four_rank_runs[f"tp_embedding/{backend}"]
-    assert summary["status"] == "ok", summary.get("reason")
-    f = summary["figures"]
-    assert abs(f["memory/model_states_error_pct"]) <= 1, f["memory/model_states_error_pct"]
-    assert abs(f["memory/tensor_peak_error_pct"]) <= 10, f["memory/tensor_peak_error_pct"]
-    assert abs(f["comm/bytes_error_pct"]) <= 5, f["comm/bytes_error_pct"]  # DTensor's loss-parallel collectives
+    held_to_theory(summary, bytes_pct=5)  # DTensor's loss-parallel collectives
     import json
 
     assert json.loads((run_dir / "settings.json").read_text())["tensor_parallel"]["embedding"] == "replicated"

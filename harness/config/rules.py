@@ -112,7 +112,9 @@ def positive_hint(key: str) -> str:
 
 def value_rules(cfg) -> List[str]:
     """Each value on its own: a known choice, a positive size, a non-negative switch."""
-    out = [f"{key}={_get(cfg, key)}: unknown value; use one of {', '.join(allowed)}"
+    # an empty choice is the default's spelling (`key=`), named so rather than printed as a stray comma
+    named = {key: ", ".join(a or "(empty: the default)" for a in allowed) for key, allowed in CHOICES.items()}
+    out = [f"{key}={_get(cfg, key)}: unknown value; use one of {named[key]}"
            for key, allowed in CHOICES.items() if _get(cfg, key) not in allowed]
     out += [f"{key}={_get(cfg, key)}: must be positive; {positive_hint(key)}" for key in POSITIVE
             if _get(cfg, key) <= 0]

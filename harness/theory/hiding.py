@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
+from ..config import axes
 from .communication import collectives as theory_collectives
 from .shape import Shape
 
@@ -17,8 +18,6 @@ def hiding_rule(backend, s: Shape) -> Dict[str, Optional[str]]:
     axis's collectives that wait between a block's matmuls (Axis.collectives_hide) are exposed by their group
     wherever they are priced, so they do not decide the rule: tensor parallelism's whole-logits all-gather (2.1
     GB at 8,192 tokens of a 128,256 vocabulary) had outweighed FSDP2's block gathers and exposed them all."""
-    from ..config import axes
-
     rule: Dict[str, tuple] = {}
     for c in theory_collectives(backend, s):
         if c.group and not axes.collectives_hide(s.mesh, c.group, c.op):

@@ -37,21 +37,22 @@ BLOCK_PLAN = (
     (r"\.mlp\.(gate|up)_proj\.weight$", 0),
     (r"\.mlp\.down_proj\.weight$", 1),
 )
+EMBEDDING_WHOLE = BLOCK_PLAN + ((r"(^|\.)lm_head\.weight$", 0),)  # the output layer alone split on the vocabulary
 PLANS = {
     "torch": BLOCK_PLAN + ((r"(^|\.)embed_tokens\.weight$", 0), (r"(^|\.)lm_head\.weight$", 0)),
     # parallelism.tp_embedding=replicated: PyTorch's plan with the embedding whole on every rank (KempnerForge's)
-    "torch_embedding_replicated": BLOCK_PLAN + ((r"(^|\.)lm_head\.weight$", 0),),
-    "autotp": BLOCK_PLAN + ((r"(^|\.)lm_head\.weight$", 0),),
+    "torch_embedding_replicated": EMBEDDING_WHOLE,
+    "autotp": EMBEDDING_WHOLE,
 }
+# what parallel/tp/shard.py applies to each module the torch plan names
+COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
 
 
 def plan_of(implementation: str, mesh=None) -> str:
     """The plan an implementation runs on `mesh`: PyTorch's with its embedding replicated where the mesh says."""
-    return "torch_embedding_replicated" if implementation == "torch" and getattr(mesh, "embedding_replicated",
-                                                                                  False) else implementation
-# what parallel/tp/shard.py applies to each module the torch plan names
-COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
-ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
+    replicated = implementation == "torch" and mesh is not None and mesh.embedding_replicated
+    return "torch_embedding_replicated" if replicated else implementation
 
 
 @functools.lru_cache(maxsize=65536)  # a model's names, asked once a candidate by the advisor's hundreds
