@@ -36,14 +36,16 @@ def _collectives(work: dict) -> Counter:
 # DTensor's sharding cache fills (+4.3% to +5.9% beside other test files). dp 2 x tp 2 read +0.1% to +1.4% (3 runs)
 @pytest.mark.parametrize("mesh, lines_pct", [
     (["backend=fsdp"], 8), (["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.tp=2"], 5),
-    (["backend=fsdp1"], 5), (["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.cp=2"], 8),
+    (["backend=fsdp1"], 5), (["backend=fsdp1_hybrid", "parallelism.nproc_per_node=4", "backend.shard_degree=2"], 5),
+    (["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.cp=2"], 8),
     (["backend=fsdp", "parallelism.nproc_per_node=4", "parallelism.cp=2", "parallelism.cp_method=ulysses"], 8)],
-    ids=["dp", "dp_x_tp", "fsdp1", "dp_x_cp", "dp_x_cp_ulysses"])
+    ids=["dp", "dp_x_tp", "fsdp1", "fsdp1_hybrid", "dp_x_cp", "dp_x_cp_ulysses"])
 def test_a_rank_replayed_on_fake_tensors_counts_what_a_real_replay_counts(tmp_path, mesh, lines_pct):
     """tiny_llama under FSDP2, rank 0 of 2 (and of dp 2 x tp 2, PyTorch's plan with sequence and loss parallel; of
     dp 2 x cp 2, torch's ring, each of its chunks of attention and its rotations, and Ulysses, whose all-to-alls
     DeepSpeed's op answers on fake tensors without its collective (logged by the fake mode); and under FSDP1, whose flat
-    parameters are each block's own, so that two depths extend exactly too),
+    parameters are each block's own, so that two depths extend exactly too, and its HYBRID_SHARD at replicate 2 x
+    shard 2, whose shards' gradients are all-reduced across the replicas),
     counted on fake tensors at 1 and 2 blocks and extended to 4, against a real replay of 4 blocks: every op of
     every phase with its FLOPs and bytes, and every collective, are the real replay's (transformers' causal mask
     is skipped as on real tensors; the functional collectives DTensor issues, tensor parallelism's, loss
