@@ -195,6 +195,10 @@ def two_rank_sweeps(tmp_path_factory, llama_checkpoint, fp32_runs, user_corpus, 
         "model_dtype_fp32_reduce": only(("fsdp",), *BF16, "train.master_weights=model", "train.reduce_dtype=fp32",
                                         "parallelism.grad_accum=2", "train.breakdown_steps=0",
                                         "train.peak_by_kind=false"),
+        # fp32 masters reducing in bf16 (train.reduce_dtype=bf16: FSDP1's bfSixteen policy, fms-fsdp's), two
+        # micro-batches without sync (tests/test_master_weights.py)
+        "bf16_reduce": only(("fsdp", "fsdp1"), *BF16, "train.reduce_dtype=bf16", "parallelism.grad_accum=2",
+                            "train.breakdown_steps=0", "train.peak_by_kind=false"),
         # the loss on the bf16 logits as they are (parallelism.loss_upcast=false), on a shape whose loss sets the
         # peak (an 8,192-token vocabulary, 1,024 tokens a micro-batch): FSDP2's bf16 compute and DDP's autocast
         "loss_in_model_dtype": only(("fsdp", "ddp"), "model=tiny_llama", "model.vocab_size=8192",
@@ -329,14 +333,14 @@ def _one_sweep(fixture: str, sweep: str):
 
 
 # each sweep of the two-rank launch by the name its tests take it under
-(reshard_runs, model_dtype_runs, model_dtype_fp32_reduce_runs, loss_in_model_dtype_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks,
+(reshard_runs, model_dtype_runs, model_dtype_fp32_reduce_runs, bf16_reduce_runs, loss_in_model_dtype_runs, migrate_runs, lora_runs, bf16_runs, states_two_ranks,
  user_runs, nan_runs,
  moe_runs, moe_no_leaf_runs, moe_mixtral_runs, moe_compile_runs, ep_two_rank_runs, ep_mixtral_two_rank_runs, ep_selective_runs,
  two_experts_ddp_runs, moe_qwen2_runs, ep_qwen2_runs,
  parity_bf16_runs) = (
     _one_sweep(fixture, sweep) for fixture, sweep in (
         ("reshard_runs", "reshard"), ("model_dtype_runs", "model_dtype"),
-        ("model_dtype_fp32_reduce_runs", "model_dtype_fp32_reduce"),
+        ("model_dtype_fp32_reduce_runs", "model_dtype_fp32_reduce"), ("bf16_reduce_runs", "bf16_reduce"),
         ("loss_in_model_dtype_runs", "loss_in_model_dtype"), ("migrate_runs", "migrate"),
         ("lora_runs", "lora"), ("bf16_runs", "bf16"), ("states_two_ranks", "states"), ("user_runs", "user"),
         ("nan_runs", "nan"), ("moe_runs", "moe"), ("moe_no_leaf_runs", "moe_no_leaf"),

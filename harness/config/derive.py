@@ -56,8 +56,9 @@ def fit_to_model(cfg, overrides) -> list[str]:
 
 def reduced_bytes(precision: str, master_weights: str, reduce_dtype: str = "") -> int:
     """Bytes of a gradient as the torch backends reduce it (and FSDP2 accumulates it unreduced): fp32 where the
-    masters are fp32 or train.reduce_dtype=fp32 asks for it, else the model's dtype."""
-    return 4 if reduce_dtype == "fp32" else stored_bytes(precision, master_weights)
+    masters are fp32 or train.reduce_dtype=fp32 asks for it, bf16's 2 where train.reduce_dtype=bf16 asks for it
+    over fp32 masters, else the model's dtype."""
+    return {"fp32": 4, "bf16": 2}.get(reduce_dtype) or stored_bytes(precision, master_weights)
 
 
 def stored_bytes(precision: str, master_weights: str) -> int:

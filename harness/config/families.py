@@ -91,6 +91,9 @@ class Family:
     # whether, under master_weights=model, the family can reduce (and accumulate) gradients in fp32 when
     # train.reduce_dtype=fp32 asks (FSDP2's MixedPrecisionPolicy over a 16-bit model)
     reduces_in_fp32_over_model_dtype = False
+    # whether, under fp32 masters, the family can reduce (and accumulate unsynced) gradients in bf16 when
+    # train.reduce_dtype=bf16 asks (FSDP1's MixedPrecision and FSDP2's policy with reduce_dtype=bf16)
+    reduces_in_bf16_over_fp32_masters = False
     # under tensor parallelism with master_weights=model: why the family cannot run it, "" where it can
     model_dtype_tp_refusal = ("not measured with tensor parallelism here (DDP's replicate under tp measured its bytes "
                               "22% under the theory on 2026-12-03)")

@@ -31,10 +31,17 @@ def loss_dtype_problems(cfg) -> List[str]:
 def master_problems(cfg) -> List[str]:
     t = cfg.train
     family = families.of(cfg.backend)
-    if t.reduce_dtype == "fp32" and family.master_weights_refusal:  # its reduction is its own (DeepSpeed's)
-        return [f"train.reduce_dtype=fp32: {cfg.backend.name} reduces in its own communication dtype, not this knob's; "
-                "use train.reduce_dtype="]
+    if t.reduce_dtype and family.master_weights_refusal:  # its reduction is its own (DeepSpeed's)
+        return [f"train.reduce_dtype={t.reduce_dtype}: {cfg.backend.name} reduces in its own communication dtype, "
+                "not this knob's; use train.reduce_dtype="]
+    if t.reduce_dtype == "bf16" and t.precision != "bf16":
+        return [f"train.reduce_dtype=bf16: a reduction in bf16 is a bf16 run's (train.precision={t.precision}); use "
+                "train.precision=bf16 or train.reduce_dtype="]
     if t.master_weights != "model":
+        if t.reduce_dtype == "bf16" and not family.reduces_in_bf16_over_fp32_masters:
+            return [f"train.reduce_dtype=bf16: only FSDP2 and FSDP1 reduce fp32 masters' gradients in bf16 here (their "
+                    f"mixed precision's reduce_dtype), not {cfg.backend.name}; use train.reduce_dtype= or "
+                    "FSDP2"]
         return []  # fp32 masters: the torch families reduce in fp32 already, which reduce_dtype=fp32 restates
     key, out = "train.master_weights=model", []
     if t.reduce_dtype == "fp32" and not family.reduces_in_fp32_over_model_dtype:

@@ -36,7 +36,7 @@ CHOICES = {
     "train.on_nonfinite": ("stop", "continue"),
     "train.float8": ("none", "tensorwise", "rowwise"),  # theory/float8.py
     "train.master_weights": ("fp32", "model"),
-    "train.reduce_dtype": ("", "fp32"),
+    "train.reduce_dtype": ("", "fp32", "bf16"),
     "parallelism.tp_embedding": ("sharded", "replicated"),
     "data.name": ("stdlib", "synthetic", "files"),
     "optim.schedule": ("constant", "cosine"),
@@ -227,7 +227,9 @@ class TrainConfig:
     master_weights: str = "fp32"
     # the dtype gradients are reduced (and, deferred to the last micro-batch, accumulated) in: "" the regime's own,
     # fp32 under fp32 masters and the model's dtype under master_weights=model; fp32 under master_weights=model is
-    # FSDP2's MixedPrecisionPolicy(reduce_dtype=fp32) over a model cast to bf16 (KempnerForge's way), FSDP2 only
+    # FSDP2's MixedPrecisionPolicy(reduce_dtype=fp32) over a model cast to bf16 (KempnerForge's way), FSDP2 only;
+    # bf16 under fp32 masters is FSDP1's MixedPrecision(param_dtype=bf16, reduce_dtype=bf16) (fms-fsdp's and
+    # llama-recipes' bfSixteen) or FSDP2's policy so: half the reduction's bytes, fp32 states, FSDP2 and FSDP1 only
     reduce_dtype: str = ""
     # none | full | every_k | selective_op (config/recompute.py), the same under every backend; every_<k> is
     # every_k with that k; true and false, from configs written before the policy, mean full and none

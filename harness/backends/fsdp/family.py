@@ -38,6 +38,7 @@ class FSDPFamily(DCPCheckpoints, Family):
     framework = "PyTorch"
     representative = "fsdp"
     reduces_in_fp32_over_model_dtype = True  # MixedPrecisionPolicy(param_dtype=None, reduce_dtype=fp32)
+    reduces_in_bf16_over_fp32_masters = True  # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16); FSDP1's too
     # measured at dp 2 x tp 2 (tiny_llama, bf16, 2 micro-batches, 2026-12-03): states +0.03%, peak +3.6% (+4.6% with
     # train.reduce_dtype=fp32), bytes -0.5%
     model_dtype_tp_refusal = ""

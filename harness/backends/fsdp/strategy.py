@@ -41,7 +41,7 @@ class FSDPStrategy(NativeStrategy):
         in_model = torch.float32 if self.cfg.train.reduce_dtype == "fp32" else None
         mp = (MixedPrecisionPolicy(param_dtype=None, reduce_dtype=in_model) if self.states_in_model_dtype else
               MixedPrecisionPolicy(param_dtype=None if self.precision == "fp32" else self.dtype,
-                                   reduce_dtype=torch.float32))
+                                   reduce_dtype=self.reduce_dtype_over_fp32_masters()))
         # pinned host memory speeds the copies to and from a GPU (FSDP2's default); there is none on a CPU run
         offload = (CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.backend.cpu_offload
                    else OffloadPolicy())

@@ -168,7 +168,7 @@ class FSDP1Family(FSDPFamily):
         s = whole_units(s)
         out = super().phase_terms(backend, s, phase, k)
         if s.accumulates_unreduced:
-            out["unsharded_grads"] = s.p * s.t + (4.0 * s.block_t if k is not None and s.w > s.p else 0.0)
+            out["unsharded_grads"] = s.p * s.t + (s.r * s.block_t if k is not None and s.r > s.p else 0.0)
         return out
 
     def collectives(self, backend, s):

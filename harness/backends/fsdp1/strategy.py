@@ -43,7 +43,7 @@ class FSDP1Strategy(NativeStrategy):
         if self.cfg.train.compile:
             self.settings["compile"] = {"compiled_blocks": models.compile_blocks(model)}
         mp = (None if self.precision == "fp32" or self.states_in_model_dtype else
-              MixedPrecision(param_dtype=self.dtype, reduce_dtype=torch.float32))
+              MixedPrecision(param_dtype=self.dtype, reduce_dtype=self.reduce_dtype_over_fp32_masters()))
         prefetch = None if b.backward_prefetch == "NONE" else BackwardPrefetch[b.backward_prefetch]
         wrap = ModuleWrapPolicy({type(block) for block in models.blocks(model)})
         strategy = sharding_strategy(b)

@@ -23,6 +23,12 @@ class NativeStrategy(Strategy):
         """train.master_weights=model in 16 bits: parameters, gradients and AdamW states in the model's dtype."""
         return self.cfg.train.master_weights == "model" and self.precision != "fp32"
 
+    def reduce_dtype_over_fp32_masters(self) -> torch.dtype:
+        """The dtype the sharding families reduce fp32 masters' 16-bit gradients in: fp32 (torchtitan's and
+        accelerate's FSDP2 default), or bf16 where train.reduce_dtype=bf16 asks (FSDP1's bfSixteen policy, as
+        fms-fsdp and llama-recipes run it): half the bytes on the wire, the reduced shard cast back to fp32."""
+        return torch.bfloat16 if self.cfg.train.reduce_dtype == "bf16" else torch.float32
+
     def to_model_dtype(self, model: nn.Module) -> None:
         """Under master_weights=model, the parameters in the model's dtype (AdamW then makes its states in it),
         as when a model loaded in bf16 is handed to the framework; the buffers (RoPE's frequencies) stay as
