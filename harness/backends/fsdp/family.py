@@ -157,7 +157,8 @@ class FSDPFamily(DCPCheckpoints, Family):
         else:  # every block not yet through its backward (resharded after it), and the root until the end
             out["gathered_params"] = p * (s.params - (s.blocks - 1 - k) * block)
         # without gradient sync (earlier micro-batches) FSDP2 accumulates every unsharded gradient in the reduce
-        # dtype (fp32, or the model's under master_weights=model without train.reduce_dtype=fp32)
+        # dtype (Shape.r: fp32 by default, bf16 under train.reduce_dtype=bf16, the model's under master_weights=model
+        # without train.reduce_dtype=fp32)
         out["unsharded_grads"] = (s.r * s.t if s.accumulates_unreduced
                                   else p * (s.head_trainable + s.block_out_trainable))
         if not s.accumulates_unreduced:

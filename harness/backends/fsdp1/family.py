@@ -99,7 +99,7 @@ class FSDP1Family(FSDPFamily):
     strategy_class_name = "FSDP1Strategy"
     representative = "fsdp1"
     reduces_in_fp32_over_model_dtype = False  # its MixedPrecision over a 16-bit model is not measured here
-    term_names = {"reduce_scatter_input": "FSDP1's reduce-scatter input (the unit's fp32 flat gradient)"}
+    term_names = {"reduce_scatter_input": "FSDP1's reduce-scatter input (the unit's flat gradient in the reduce dtype)"}
     differences = ()  # FSDP1's root is never resharded after forward, so no setting differs under parity
     layout_notes = {"fsdp1": "FSDP1 keeps each unit's FlatParameter slice in fp32, with its gradient and AdamW's "
                              "states (16Ψ/N plus the padding that makes every rank's slice equal); the 16-bit gathered "
@@ -162,9 +162,10 @@ class FSDP1Family(FSDPFamily):
 
     def phase_terms(self, backend, s, phase, k):
         """FSDP2's moments over the flat units, but without sync FSDP1 accumulates each unit's unsharded gradient
-        in the parameter dtype (FSDP2 in fp32), and on the last micro-batch casts the unit it reduces to the fp32
-        reduce dtype first (`_post_backward_hook`): a 16-bit run keeps p·T, and 4 bytes of one block more in
-        backward."""
+        in the parameter dtype (FSDP2 in the reduce dtype), and on the last micro-batch casts the unit it reduces to
+        a wider reduce dtype first (`_post_backward_hook`): a 16-bit run keeps p·T, and r bytes of one block more
+        in backward where r > p (fp32's 4; none under train.reduce_dtype=bf16, which reduces the bf16 gradient as it
+        is)."""
         s = whole_units(s)
         out = super().phase_terms(backend, s, phase, k)
         if s.accumulates_unreduced:
