@@ -69,12 +69,46 @@ def test_a_rank_replayed_on_fake_tensors_counts_what_a_real_replay_counts(tmp_pa
         assert abs(mine["lines"][phase] - lines) <= lines_pct / 100 * lines, (phase, mine["lines"][phase], lines)
 
 
+# ZeRO-3 at its defaults keeps tiny_llama gathered from forward to backward (and its parameters, each under the
+# persistence threshold, whole); released (reuse distance 0, no prefetch, no persistence), every block gathers
+# again in backward, as past its reuse window at scale
+@pytest.mark.parametrize("backend", [["backend=ds_zero2"], ["backend=ds_zero3"],
+                                     ["backend=ds_zero3", "+backend.deepspeed.zero_optimization.stage3_max_reuse_distance=0",
+                                      "+backend.deepspeed.zero_optimization.stage3_max_live_parameters=400000",
+                                      "+backend.deepspeed.zero_optimization.stage3_prefetch_bucket_size=0",
+                                      "+backend.deepspeed.zero_optimization.stage3_param_persistence_threshold=0"]],
+                         ids=["zero2", "zero3", "zero3_released"])
+def test_deepspeed_replayed_on_fake_tensors_at_its_depth_counts_what_a_real_replay_counts(tmp_path, backend):
+    """DeepSpeed's rank 0 of 2 on tiny_llama, counted on fake tensors at the model's own depth (its reduce buckets,
+    ZeRO-1/2's flat partitions and ZeRO-3's reuse window span blocks, so two shallow depths would not extend),
+    against a real replay: every op of every phase, every collective (ZeRO-3's fetch-trace checks across ranks,
+    answered as a mirror rank reads them, included) and the Python lines are the real replay's."""
+    from forked_ranks import ForkedPopen
+    from harness.launcher.replays import replay_work
+
+    cfg = compose(["model=tiny_llama", "parallelism.micro_batch=2", "parallelism.seq_len=64", "train.steps=1",
+                   "model.num_layers=3", *backend])
+    assert counted_shapes.depths_for(cfg) == (3,)
+    real = replay_work({"d": cfg}, tmp_path / "real", jobs=1, popen=ForkedPopen)["d"]
+    fake = replay_work({"d": cfg}, tmp_path / "fake", jobs=1, popen=ForkedPopen, fake=True)["d"]
+    assert real["ok"] and fake["ok"], [r.get("traceback") for r in (real, fake)]
+    mine, theirs = fake["work"], real["work"]
+    assert _ops(mine) == _ops(theirs)
+    assert _collectives(mine) == _collectives(theirs)
+    if "zero3" in backend[0]:  # backward gathers again exactly when the blocks are released
+        again = sum(c["count"] for c in theirs["collectives"] if c["op"] == "all_gather" and c["phase"] == "backward")
+        assert (again > 0) == (len(backend) > 1), again
+    for phase, lines in theirs["lines"].items():
+        assert abs(mine["lines"][phase] - lines) <= 0.05 * lines, (phase, mine["lines"][phase], lines)
+
+
 def test_what_fake_tensors_cannot_count_is_named_and_every_k_is_replayed_at_k_and_2k_blocks():
     assert counted_shapes.not_counted("fsdp") is None and counted_shapes.not_counted("fsdp_grad_op") is None
-    assert "DeepSpeed" in counted_shapes.not_counted("ds_zero3")
+    assert counted_shapes.not_counted("ds_zero3") is None  # at the model's depth (above)
+    assert "not yet held" in counted_shapes.not_counted("ds_zero3_offload")
     assert counted_shapes.not_counted("fsdp", {"tp": 8}) is None  # PyTorch's plan: counted (above)
     assert counted_shapes.not_counted("fsdp", {"cp": 8}) is None  # torch's ring: counted (above)
-    assert "DeepSpeed" in counted_shapes.not_counted("ds_zero2", {"tp": 8})  # AutoTP's engine: not
+    assert "DeepSpeed (autotp)" in counted_shapes.not_counted("ds_zero2", {"tp": 8})  # AutoTP's engine: not
     assert "not yet held" in counted_shapes.not_counted("fsdp_offload")
     # every 2nd block checkpointed: 2 and 4 blocks differ by one checkpointed block and one kept, as the pattern
     # repeats; 1 and 2 would extend a kept block's work to every block

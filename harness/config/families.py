@@ -14,6 +14,7 @@ unknown family never falls back to another's predictions.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
@@ -71,6 +72,12 @@ class Family:
     # replicate under tensor parallelism)
     untraceable = ""
     traces_split = False
+    # its step counted on fake tensors (runtime/simulate/fake_replay.py): the steps the replay trains before it counts
+    # (what the framework settles in its first steps), and whether each block's work is its own, so that two shallow
+    # depths extend to the model's (runtime/simulate/depth_extension.py); where buckets or partitions span blocks,
+    # the replay runs at the model's own depth
+    fake_settling_steps = 1
+    blockwise_work = True
     # the parallel axes it composes with (config/axes.py), as data: {axis: whose implementation runs it}
     # (tensor parallelism: "torch", PyTorch's plan, or "autotp", DeepSpeed's; context parallelism: "torch", its
     # ring attention); and why it refuses the others
@@ -149,6 +156,11 @@ class Family:
         (runtime/simulate/early.py): start now whatever can run beside its imports, and return the callable that
         finishes, after them. Nothing here: what the replay imports covers the families built on torch alone."""
         return lambda: None
+
+    def fake_reads(self):
+        """A context inside which the framework's reads of values across ranks answer, on fake tensors, what a
+        mirror rank reads on real ones (runtime/simulate/fake_replay.py): none to answer here."""
+        return contextlib.nullcontext()
 
     def mesh_request(self, backend):
         """What the backend asks of the data-parallel ranks (a config/mesh.DPRequest); None: it shards or

@@ -48,6 +48,10 @@ class DeepSpeedFamily(Family):
     untraceable = ("the engine moves the module to its device (engine._configure_distributed_model), which torch "
                    "cannot do with fake parameters; ZeRO-3 built under zero.Init gets through forward and backward and "
                    "stops where the step reads the gradient norm's value (runtime/utils.is_invalid_grad_norm)")
+    # ZeRO-3 completes its fetch trace as the second step starts, and checks it across ranks then; ZeRO-3's reduce
+    # buckets, ZeRO-1/2's flat partitions and ZeRO-3's reuse window span blocks: counted at the model's depth
+    fake_settling_steps = 2
+    blockwise_work = False
     packages = ("deepspeed",)
     ranged_fields = ("zero_stage", "hpz_partition_size")
     jit_op_names = tuple(BUILDERS)  # jit_ops.py imports DeepSpeed only when it loads one
@@ -120,6 +124,11 @@ class DeepSpeedFamily(Family):
             out.append(f"backend.deepspeed.{c}: contradicts the harness config; remove the key and set the "
                        "harness's own option instead (parallelism.*, optim.grad_clip, train.precision)")
         return out or check.problems(cfg, mesh)
+
+    def fake_reads(self):
+        from .fake_reads import mirror_reads
+
+        return mirror_reads()
 
     def release_overrides(self, backend):
         # ZeRO-3 keeps a model smaller than its reuse distance and live-parameter limit (1e9 each by default)

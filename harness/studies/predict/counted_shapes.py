@@ -12,10 +12,12 @@
   as measured; on another, its datasheet over the measured card's: the matmul and attention rates by the dense
   bf16 peaks, the copy and elementwise rates by the memory bandwidths. The host costs and the kernel floor are
   the measured host's, not scaled. The links: the bandwidths given (theory/time.CommTable's α-β).
-- *Counted*: FSDP2 (fsdp, fsdp_grad_op), with PyTorch's tensor-parallel plan too, and FSDP1 (fsdp1), held against a
-  real replay (tests/test_fake_replay.py; conf/studies.yaml's `counted`). DeepSpeed compares values read back across ranks, which fake tensors do not hold:
-  it is not counted, and says why. The ops are this host's CPU dispatch of
-  the step (CPU autocast and attention kernels, AdamW's per-tensor loop), eager.
+- *Counted*: FSDP2 (fsdp, fsdp_grad_op), with PyTorch's tensor-parallel plan and torch's ring too, FSDP1 (fsdp1,
+  fsdp1_hybrid) and DeepSpeed's ZeRO-1, 2 and 3 (replayed at the model's own depth: their buckets and partitions
+  span blocks), each held against a real replay (tests/test_fake_replay.py; conf/studies.yaml's `counted`).
+  DeepSpeed under its own axes (AutoTP, Ulysses, AutoEP) is not yet held so: it is not counted, and says why. The
+  ops are this host's CPU dispatch of the step (CPU autocast and attention kernels, AdamW's per-tensor loop), eager.
+  ZeRO-1/2's ranks differ in their partitions (the last holds the padding); rank 0 is counted.
 """
 from __future__ import annotations
 
@@ -36,13 +38,18 @@ TIME_TARGET_PCT = 30  # issue 49's target for a predicted step against a publish
 
 def not_counted(backend: str, degrees: Optional[Dict[str, int]] = None) -> Optional[str]:
     """Why this backend's work on a mesh of these axis `degrees` cannot be counted on fake tensors, or None."""
-    if backend.startswith("ds_"):
-        return f"{backend}: DeepSpeed compares values read back across ranks, which fake tensors do not hold"
+    from ...config import families
+    from ...config.compose import backend_preset
+
     if backend not in COUNTED:
         return f"{backend}: not yet held against a real replay on fake tensors"
+    family = families.of(backend_preset(backend))
     for name, degree in (degrees or {}).items():
         if degree > 1 and axes.get(name).uncounted:
             return f"{axes.get(name).title}: {axes.get(name).uncounted}"
+        if degree > 1 and family.axes.get(name, "torch") != "torch":
+            return (f"{axes.get(name).title} under {family.framework} ({family.axes[name]}): not yet held against a "
+                    f"real replay on fake tensors")
     return None
 
 
@@ -55,17 +62,22 @@ def at_depth(cfg, depth: int):
 
 def depths_for(cfg) -> tuple:
     """The two depths whose difference is what every further block adds: DEPTHS, or under every_k checkpointing
-    k and 2k blocks (one checkpointed block and k - 1 others, as the pattern repeats)."""
+    k and 2k blocks (one checkpointed block and k - 1 others, as the pattern repeats); or the model's own depth
+    alone, where the family's blocks do not each do their own work (Family.blockwise_work)."""
+    from ...config import families
     from ...config.recompute import recompute_of
 
+    if not families.of(cfg.backend).blockwise_work:
+        return (cfg.model.num_layers,)
     recompute = recompute_of(cfg)
     return (recompute.every, 2 * recompute.every) if recompute.policy == "every_k" else DEPTHS
 
 
 def count_configs(wanted: Dict[str, tuple], jobs: int = 2, popen=None) -> Dict[str, dict]:
     """{key: {"ok": True, "work": the Work dict at its depth} or {"ok": False, "error": ...}} for `wanted`: {key:
-    (its config, the two depths to replay)}, extended to the config's own depth. Keys asking the same replay share
-    it. `popen`: how each replay process starts (launcher/replays.replay_work's; None: subprocess.Popen)."""
+    (its config, the two depths to replay, or its own depth alone)}, extended to the config's own depth. Keys
+    asking the same replay share it. `popen`: how each replay process starts (launcher/replays.replay_work's; None:
+    subprocess.Popen)."""
     import subprocess
 
     from omegaconf import OmegaConf
@@ -88,9 +100,12 @@ def count_configs(wanted: Dict[str, tuple], jobs: int = 2, popen=None) -> Dict[s
                           popen=popen or subprocess.Popen)
     out = {}
     for key, (cfg, depths) in wanted.items():
-        a, b = (replays[name] for name in asked[key])
-        failed = next((r for r in (a, b) if not r.get("ok")), None)
-        out[key] = failed or {"ok": True, "work": extend(a["work"], b["work"], depths, cfg.model.num_layers)}
+        got = [replays[name] for name in asked[key]]
+        failed = next((r for r in got if not r.get("ok")), None)
+        if failed or len(got) == 1:  # at the model's own depth: nothing to extend
+            out[key] = failed or got[0]
+            continue
+        out[key] = {"ok": True, "work": extend(got[0]["work"], got[1]["work"], depths, cfg.model.num_layers)}
     return out
 
 
